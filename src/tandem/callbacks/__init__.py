@@ -1,0 +1,3 @@
+from tandem.callbacks.callback import Callback
+
+__all__ = ["Callback"]

@@ -1,0 +1,97 @@
+"""Numerical precision: autocast for the forward pass, loss scaling for float16, dtype conversion.
+
+The strategy owns one ``Precision``; the trainer never reads the precision string itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import torch
+from lightning_utilities.core.apply_func import apply_to_collection
+from torch.optim import Optimizer
+
+from tandem.utilities.exceptions import bad_choice
+
+
+class Precision:
+    """How one precision setting changes the forward pass, backward pass and optimizer step.
+
+    Args:
+        precision: ``"32-true"`` (default), ``"64-true"``, ``"bf16-mixed"`` (autocast to bfloat16,
+            CPU and CUDA) or ``"16-mixed"`` (autocast to float16 with a ``GradScaler``).
+        device_type: ``"cpu"`` or ``"cuda"``; set by the strategy once it knows its device.
+    """
+
+    SUPPORTED: ClassVar[tuple[str, ...]] = ("32-true", "64-true", "bf16-mixed", "16-mixed")
+    _ALIASES: ClassVar[dict[Any, str]] = {
+        32: "32-true", "32": "32-true", 64: "64-true", "64": "64-true",
+        16: "16-mixed", "16": "16-mixed", "bf16": "bf16-mixed",
+    }
+
+    def __init__(self, precision: str | int = "32-true", device_type: str = "cpu") -> None:
+        precision = self._ALIASES.get(precision, precision)
+        if precision not in self.SUPPORTED:
+            raise bad_choice("precision", precision, self.SUPPORTED)
+        self.precision: str = precision
+        self.device_type = device_type
+        self.scaler: torch.amp.GradScaler | None = None
+        if precision == "16-mixed":
+            self.scaler = torch.amp.GradScaler(device_type)
+        self._last_step_skipped = False
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        return {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(self.precision)
+
+    def set_device_type(self, device_type: str) -> None:
+        """Called by the strategy when its device is known; rebuilds the scaler for that device."""
+        if device_type != self.device_type:
+            self.device_type = device_type
+            if self.scaler is not None:
+                self.scaler = torch.amp.GradScaler(device_type)
+
+    def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        return module.double() if self.precision == "64-true" else module
+
+    def convert_input(self, batch: Any) -> Any:
+        if self.precision != "64-true":
+            return batch
+        return apply_to_collection(batch, torch.Tensor, lambda t: t.double() if t.is_floating_point() else t)
+
+    @contextlib.contextmanager
+    def forward_context(self) -> Iterator[None]:
+        dtype = self.autocast_dtype
+        if dtype is None:
+            yield
+        else:
+            with torch.autocast(self.device_type, dtype=dtype):
+                yield
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def unscale_gradients(self, optimizer: Optimizer) -> None:
+        """Undo loss scaling on the gradients, so clipping and hooks see true values."""
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+
+    def optimizer_step(self, optimizer: Optimizer) -> bool:
+        """Step the optimizer; returns False when the scaler skipped the step (inf/NaN gradients)."""
+        if self.scaler is None:
+            optimizer.step()
+            return True
+        scale_before = self.scaler.get_scale()
+        self.scaler.step(optimizer)
+        self.scaler.update()
+        # The scaler lowers its scale exactly when it found inf/NaN and skipped the step.
+        return self.scaler.get_scale() >= scale_before
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])

@@ -1,0 +1,128 @@
+"""Strategies by name, and the resolution of the Trainer's accelerator / devices / strategy arguments.
+
+Everything here is pure configuration: it checks the machine (how many CUDA devices exist) but starts
+nothing, so every mistake is reported before a process or file is created.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from tandem.utilities.exceptions import TandemConfigError, bad_choice, out_of_range
+
+if TYPE_CHECKING:
+    from tandem.strategies.strategy import Strategy
+
+ACCELERATORS = ("auto", "cpu", "cuda", "gpu")
+
+
+@dataclass(frozen=True)
+class _Entry:
+    cls: type
+    description: str
+    init_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+_REGISTRY: dict[str, _Entry] = {}
+
+
+def register_strategy(name: str, cls: type, description: str, **init_kwargs: Any) -> None:
+    """Make ``Trainer(strategy=name)`` build ``cls(**init_kwargs)``."""
+    _REGISTRY[name] = _Entry(cls, description, init_kwargs)
+
+
+def available_strategies() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def resolve_accelerator(accelerator: str) -> str:
+    if accelerator not in ACCELERATORS:
+        raise bad_choice("accelerator", accelerator, ACCELERATORS)
+    if accelerator == "gpu":
+        accelerator = "cuda"
+    if accelerator == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if accelerator == "cuda" and not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise TandemConfigError(
+            f"accelerator='cuda' was requested but no CUDA device is available (torch {torch.__version__}, {build}). "
+            "Use accelerator='cpu' or 'auto', or install a CUDA build of torch on a machine with a GPU."
+        )
+    return accelerator
+
+
+def resolve_devices(accelerator: str, devices: Any) -> list[torch.device]:
+    """Turn ``devices`` ("auto", an int, a list of indices, or "0,1") into the devices of this node."""
+    available = torch.cuda.device_count() if accelerator == "cuda" else None
+    if devices == "auto":
+        count = available if accelerator == "cuda" else 1
+        indices = list(range(count))
+    elif isinstance(devices, str):
+        try:
+            parsed = [int(p) for p in devices.split(",") if p.strip()]
+        except ValueError:
+            raise out_of_range("devices", devices, "'auto', an int, a list of device indices or a string like '0,1'") from None
+        return resolve_devices(accelerator, parsed[0] if len(parsed) == 1 and "," not in devices else parsed)
+    elif isinstance(devices, bool) or not isinstance(devices, (int, list, tuple)):
+        raise out_of_range("devices", devices, "'auto', an int, or a list of CUDA device indices")
+    elif isinstance(devices, int):
+        if devices == -1:
+            devices = available if accelerator == "cuda" else 1
+        if devices < 1:
+            raise out_of_range("devices", devices, "at least 1 (or -1 for all)",
+                               "To train on the CPU, use accelerator='cpu' with devices=1.")
+        if available is not None and devices > available:
+            raise out_of_range("devices", devices, f"at most {available}, the CUDA devices visible here",
+                               "Lower devices, or check CUDA_VISIBLE_DEVICES.")
+        indices = list(range(devices))
+    else:
+        if accelerator != "cuda":
+            raise TandemConfigError(
+                f"devices={list(devices)!r} lists device indices, which only CUDA has; on the CPU pass the number "
+                "of processes, e.g. devices=2 with strategy='ddp'."
+            )
+        indices = list(devices)
+        bad = [i for i in indices if not isinstance(i, int) or not 0 <= i < available]
+        if not indices or bad or len(set(indices)) != len(indices):
+            raise out_of_range("devices", list(devices), f"distinct indices in 0..{available - 1}")
+    if accelerator == "cuda":
+        if not indices:
+            raise TandemConfigError("accelerator='cuda' found no CUDA devices; use accelerator='cpu'.")
+        return [torch.device("cuda", i) for i in indices]
+    return [torch.device("cpu")] * len(indices)
+
+
+def resolve_strategy(
+    strategy: str | Strategy, accelerator: str, devices: Any, num_nodes: int, precision: Any
+) -> Strategy:
+    """Build (or complete) the Strategy the Trainer's arguments describe."""
+    from tandem.strategies.strategy import Strategy  # the registry is imported by strategy modules
+
+    if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes < 1:
+        raise out_of_range("num_nodes", num_nodes, "an int >= 1")
+    accelerator = resolve_accelerator(accelerator)
+    if isinstance(strategy, Strategy):
+        instance = strategy
+    elif isinstance(strategy, str):
+        device_list = resolve_devices(accelerator, devices)
+        name = strategy
+        if name == "auto":
+            name = "single_device" if len(device_list) == 1 and num_nodes == 1 else "ddp"
+        if name not in _REGISTRY:
+            raise bad_choice("strategy", strategy, ["auto", *available_strategies()])
+        entry = _REGISTRY[name]
+        instance = entry.cls(**entry.init_kwargs)
+    else:
+        raise TandemConfigError(
+            f"strategy={strategy!r} must be a name ({', '.join(['auto', *available_strategies()])}) or a Strategy instance."
+        )
+    if instance.parallel_devices is None:
+        device_list = resolve_devices(accelerator, devices)
+        type(instance).check_devices(accelerator, len(device_list))
+    else:
+        device_list = instance.parallel_devices
+    instance.configure(device_list, num_nodes, precision)
+    return instance

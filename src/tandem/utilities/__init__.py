@@ -1,0 +1,1 @@
+"""Small shared helpers: seeding, rank-zero output, checkpoint files, dataloaders, errors."""

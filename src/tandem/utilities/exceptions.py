@@ -1,0 +1,48 @@
+"""One error type per kind of mistake. Each message says what was wrong, what was expected, and the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+
+class TandemConfigError(ValueError):
+    """A Trainer, strategy or callback argument is out of range or does not fit the machine."""
+
+
+class TandemUserCodeError(TypeError):
+    """A hook of the user's module returned or passed something tandem cannot use."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file is missing, unreadable, or not a tandem checkpoint."""
+
+
+class MissingMetricError(KeyError):
+    """A callback monitors a metric that was never logged."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+def bad_choice(what: str, value: Any, choices: Iterable[Any], fix: str = "") -> TandemConfigError:
+    """``what=value`` is not one of ``choices``."""
+    listed = ", ".join(repr(c) for c in choices)
+    msg = f"{what}={value!r} is not valid; expected one of: {listed}."
+    return TandemConfigError(f"{msg} {fix}".strip())
+
+
+def out_of_range(what: str, value: Any, expected: str, fix: str = "") -> TandemConfigError:
+    """``what=value`` is outside the range it must be in."""
+    msg = f"{what}={value!r} is out of range; expected {expected}."
+    return TandemConfigError(f"{msg} {fix}".strip())
+
+
+def missing_metric(owner: str, monitor: str, available: Iterable[str]) -> MissingMetricError:
+    """A monitored key was never logged; list the keys that were."""
+    keys = sorted(available)
+    shown = ", ".join(repr(k) for k in keys) if keys else "none"
+    return MissingMetricError(
+        f"{owner} monitors {monitor!r}, which was never logged. Logged metrics: {shown}. "
+        f"Log it with self.log({monitor!r}, value) in your module, or set monitor to a logged key."
+    )

@@ -1,0 +1,88 @@
+"""Seeding every source of randomness, and capturing / restoring RNG states for exact resume."""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any
+
+import torch
+
+from tandem.utilities.rank_zero import rank_zero_info
+
+_SEED_ENV = "TANDEM_GLOBAL_SEED"
+_WORKERS_ENV = "TANDEM_SEED_WORKERS"
+
+try:  # numpy is optional for users, but seeded when present
+    import numpy as np
+except ImportError:  # pragma: no cover - numpy ships with torch's usual installs
+    np = None
+
+
+def seed_everything(seed: int | None = None, workers: bool = False) -> int:
+    """Seed python's ``random``, numpy and torch (CPU and every CUDA device) with one number.
+
+    The seed is also put into the environment so that processes started by the DDP launcher seed
+    themselves alike.
+
+    Args:
+        seed: the seed; ``None`` reads ``TANDEM_GLOBAL_SEED`` from the environment, else uses 0.
+        workers: also seed ``random`` and numpy inside each dataloader worker, derived from the
+            worker's torch seed (torch already seeds itself per worker).
+
+    Returns:
+        The seed used.
+
+    Example::
+
+        seed_everything(42)
+        model = MyModule()  # same initial weights on every run and every rank
+    """
+    if seed is None:
+        seed = int(os.environ.get(_SEED_ENV, 0))
+    if not isinstance(seed, int) or not (0 <= seed < 2**32):
+        raise ValueError(f"seed_everything(seed={seed!r}): expected an integer in [0, 2**32).")
+    os.environ[_SEED_ENV] = str(seed)
+    os.environ[_WORKERS_ENV] = "1" if workers else "0"
+    random.seed(seed)
+    if np is not None:
+        np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+    rank_zero_info(f"Seed set to {seed}")
+    return seed
+
+
+def seed_workers_requested() -> bool:
+    return os.environ.get(_WORKERS_ENV) == "1"
+
+
+def worker_init_function(worker_id: int) -> None:
+    """Seeds ``random`` and numpy in a dataloader worker from the seed torch gave that worker."""
+    seed = torch.initial_seed() % 2**32
+    random.seed(seed)
+    if np is not None:
+        np.random.seed(seed)
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """Every global RNG state, in a form torch.save can store."""
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if np is not None:
+        state["numpy"] = np.random.get_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Undo :func:`capture_rng_state`; sources missing from ``state`` are left as they are."""
+    if "python" in state:
+        random.setstate(state["python"])
+    if "torch" in state:
+        torch.set_rng_state(state["torch"])
+    if "numpy" in state and np is not None:
+        np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        cuda_states = state["cuda"]
+        if len(cuda_states) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda_states)
