@@ -6,7 +6,6 @@ The strategy owns one ``Precision``; the trainer never reads the precision strin
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import torch
@@ -14,6 +13,8 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from torch.optim import Optimizer
 
 from tandem.utilities.exceptions import bad_choice
+
+_NO_CONTEXT = contextlib.nullcontext()
 
 
 class Precision:
@@ -61,14 +62,10 @@ class Precision:
             return batch
         return apply_to_collection(batch, torch.Tensor, lambda t: t.double() if t.is_floating_point() else t)
 
-    @contextlib.contextmanager
-    def forward_context(self) -> Iterator[None]:
+    def forward_context(self) -> contextlib.AbstractContextManager:
+        """Autocast for mixed precision; a shared no-op context otherwise (cheap on the per-step path)."""
         dtype = self.autocast_dtype
-        if dtype is None:
-            yield
-        else:
-            with torch.autocast(self.device_type, dtype=dtype):
-                yield
+        return _NO_CONTEXT if dtype is None else torch.autocast(self.device_type, dtype=dtype)
 
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()

@@ -7,7 +7,6 @@ its barrier passes. Distributed strategies override only what differs.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -22,6 +21,7 @@ from tandem.utilities.checkpoint import atomic_save, load_checkpoint_file
 from tandem.utilities.exceptions import TandemConfigError
 from tandem.utilities.rank_zero import set_rank
 
+_NO_CONTEXT = contextlib.nullcontext()
 ReduceOp = str  # "mean" | "sum" | "max" | "min"
 _STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 
@@ -168,6 +168,10 @@ class Strategy:
         batch = apply_to_collection(batch, torch.Tensor, lambda t: t.to(device, non_blocking=True))
         return self.precision.convert_input(batch)
 
+    def gather_predictions(self, predictions: list[Any], dataloader: Any) -> list[Any]:
+        """Per-batch predict outputs of every process, in dataset order (one process: as they are)."""
+        return predictions
+
     # ------------------------------------------------------------------ steps
     def run_step(self, method: str, *args: Any) -> Any:
         """Call ``training_step`` / ``validation_step`` / ``test_step`` / ``predict_step`` under autocast."""
@@ -176,17 +180,19 @@ class Strategy:
                 return getattr(self._module, method)(*args)
             return self._model(method, *args)
 
-    @contextlib.contextmanager
-    def no_backward_sync(self, module: nn.Module, enabled: bool) -> Iterator[None]:
+    def no_backward_sync(self, module: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
         """Skip gradient synchronisation inside this block when ``enabled`` (accumulation micro-steps)."""
-        yield
+        return _NO_CONTEXT
 
     def backward(self, loss: torch.Tensor) -> None:
         self.precision.backward(loss)
 
-    def clip_gradients(self, optimizer: Optimizer, value: float, algorithm: str) -> None:
-        """Clip by total norm (``"norm"``) or elementwise (``"value"``), after loss scaling was undone."""
+    def unscale_gradients(self, optimizer: Optimizer) -> None:
+        """Undo float16 loss scaling once per step, before hooks and clipping read the gradients."""
         self.precision.unscale_gradients(optimizer)
+
+    def clip_gradients(self, optimizer: Optimizer, value: float, algorithm: str) -> None:
+        """Clip by total norm (``"norm"``) or elementwise (``"value"``); call after :meth:`unscale_gradients`."""
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         if algorithm == "norm":
             torch.nn.utils.clip_grad_norm_(params, value)

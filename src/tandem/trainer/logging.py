@@ -48,6 +48,8 @@ class _Entry:
     total: torch.Tensor | None = None  # weighted sum for "mean"/"sum", running max/min otherwise
     count: torch.Tensor | None = None  # sum of weights, for "mean"
     updated: bool = field(default=False)  # logged since the last step flush
+    epoch_value: torch.Tensor | None = None  # the aggregate, once computed
+    dirty: bool = field(default=False)  # logged since epoch_value was computed
 
     def accumulate(self, value: torch.Tensor, weight: int) -> None:
         if self.reduce_fx in ("mean", "sum"):
@@ -71,7 +73,9 @@ class MetricCollector:
 
     def __init__(self, reduce: Callable[[torch.Tensor, str], torch.Tensor]) -> None:
         self._reduce = reduce  # the strategy's collective: (tensor, "sum" | "max" | "min" | "mean") -> tensor
-        self._entries: dict[str, _Entry] = {}
+        self._stores: dict[str, dict[str, _Entry]] = {}  # per stage: "train", "validate", "test", "predict"
+        self.stage = "train"
+        self._epoch_values: dict[str, dict[str, torch.Tensor]] = {}
         self.hook: str | None = None  # the hook now running, which sets the on_step / on_epoch defaults
         self.batch: Any = None  # the batch now running, for inferring batch sizes
         self._batch_size: int | None = None
@@ -106,10 +110,11 @@ class MetricCollector:
         if metric is None:
             value = self._as_tensor(name, value)
         with self._lock:
-            entry = self._entries.get(name)
+            entries = self._stores.setdefault(self.stage, {})
+            entry = entries.get(name)
             if entry is None:
                 entry = _Entry(on_step, on_epoch, prog_bar, logger, sync_dist, reduce_fx, metric=metric)
-                self._entries[name] = entry
+                entries[name] = entry
             if metric is not None:
                 entry.metric = metric
                 cached = getattr(metric, "_forward_cache", None)
@@ -123,6 +128,7 @@ class MetricCollector:
                     entry.accumulate(value, max(weight, 1) if reduce_fx == "mean" else 1)
             entry.step_value = step_value
             entry.updated = True
+            entry.dirty = entry.dirty or on_epoch
         if step_value is not None:
             key = f"{name}_step" if on_step and on_epoch else name
             self.callback_metrics[key] = step_value
@@ -158,7 +164,7 @@ class MetricCollector:
     def step_metrics(self) -> dict[str, torch.Tensor]:
         """Values logged with on_step since the last call, for the loggers; clears the 'updated' marks."""
         out = {}
-        for name, entry in self._entries.items():
+        for name, entry in self._stores.get(self.stage, {}).items():
             if entry.updated and entry.on_step and entry.logger and entry.step_value is not None:
                 out[f"{name}_step" if entry.on_epoch else name] = entry.step_value
             entry.updated = False
@@ -167,21 +173,29 @@ class MetricCollector:
     def epoch_metrics(self) -> dict[str, torch.Tensor]:
         """Aggregate every on_epoch value of the stage (reducing across processes where asked),
         publish them to ``callback_metrics``, and return those meant for the loggers."""
-        out = {}
-        for name, entry in self._entries.items():
+        out, values = {}, {}
+        for name, entry in self._stores.get(self.stage, {}).items():
             if not entry.on_epoch:
                 continue
-            value = self._epoch_value(entry)
+            if entry.dirty:
+                entry.epoch_value, entry.dirty = self._epoch_value(entry), False
+            value = entry.epoch_value
             if value is None:
                 continue
             key = f"{name}_epoch" if entry.on_step else name
+            values[key] = value
             self.callback_metrics[key] = value
             self.callback_metrics[name] = value
             if entry.prog_bar:
                 self.progress_bar_metrics[key] = value
             if entry.logger:
                 out[key] = value
+        self._epoch_values[self.stage] = values
         return out
+
+    def stage_values(self) -> dict[str, torch.Tensor]:
+        """Every epoch value of the current stage's last epoch (what ``validate`` / ``test`` return)."""
+        return dict(self._epoch_values.get(self.stage, {}))
 
     def _epoch_value(self, entry: _Entry) -> torch.Tensor | None:
         if entry.metric is not None:
@@ -199,18 +213,20 @@ class MetricCollector:
         return self._reduce(total, entry.reduce_fx) if entry.sync_dist else total
 
     def reset(self, state: dict[str, Any] | None = None) -> None:
-        """Start a stage's epoch: forget its entries, or reinstate those saved mid-epoch by :meth:`state_dict`."""
-        self._entries = {name: _Entry(**fields) for name, fields in (state or {}).items()}
+        """Start an epoch of the current stage: forget its entries, or reinstate those saved by :meth:`state_dict`."""
+        self._stores[self.stage] = {name: _Entry(**fields) for name, fields in (state or {}).items()}
 
     def clear_published(self) -> None:
         """Forget published values (e.g. after the sanity check)."""
         self.callback_metrics, self.logged_metrics, self.progress_bar_metrics = {}, {}, {}
 
     def state_dict(self) -> dict[str, Any]:
-        """The partial epoch aggregates (torchmetrics objects keep their own state in the module)."""
-        keep = ("on_step", "on_epoch", "prog_bar", "logger", "sync_dist", "reduce_fx", "total", "count")
+        """The training epoch's partial aggregates (torchmetrics objects keep their own state in the module)."""
+        keep = ("on_step", "on_epoch", "prog_bar", "logger", "sync_dist", "reduce_fx", "total", "count", "dirty")
         return {
-            name: {k: getattr(e, k) for k in keep} for name, e in self._entries.items() if e.metric is None
+            name: {k: getattr(e, k) for k in keep}
+            for name, e in self._stores.get("train", {}).items()
+            if e.metric is None
         }
 
 

@@ -46,3 +46,8 @@ def missing_metric(owner: str, monitor: str, available: Iterable[str]) -> Missin
         f"{owner} monitors {monitor!r}, which was never logged. Logged metrics: {shown}. "
         f"Log it with self.log({monitor!r}, value) in your module, or set monitor to a logged key."
     )
+
+
+def incompatible(what: str, reason: str, fix: str) -> TandemConfigError:
+    """Arguments that are each valid but cannot work together (or need something that is absent)."""
+    return TandemConfigError(f"{what}: {reason}. {fix}")

@@ -1,7 +1,7 @@
-"""Rank-zero output. The rank is set once, by the strategy when it sets up its environment.
+"""Rank-zero output. The rank is set by the strategy when it sets up its environment (``set_rank``).
 
-Before that, the rank the launcher put into the environment is used, so a warning raised while a
-launched rank is still starting up is not printed once per process.
+Before that, ``import tandem`` records the rank a launcher put into the environment, so a warning
+raised while a launched rank is still starting up is not printed once per process.
 """
 
 from __future__ import annotations
@@ -10,10 +10,8 @@ from typing import Any
 
 from lightning_utilities.core.rank_zero import WarningCache, rank_zero_info, rank_zero_only, rank_zero_warn
 
-from tandem.strategies.environments import rank_from_environment
-
 if getattr(rank_zero_only, "rank", None) is None:
-    rank_zero_only.rank = rank_from_environment()
+    rank_zero_only.rank = 0
 
 __all__ = ["WarningCache", "rank_zero_info", "rank_zero_only", "rank_zero_print", "rank_zero_warn", "set_rank"]
 

@@ -1,0 +1,111 @@
+"""Plain-text logging: ``metrics.csv`` and ``hparams.yaml`` in ``<save_dir>/<name>/version_<n>``."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from tandem.loggers.logger import Logger, atomic_write_text
+from tandem.utilities.exceptions import out_of_range
+from tandem.utilities.rank_zero import rank_zero_only
+
+METRICS_FILE = "metrics.csv"
+
+
+class CSVLogger(Logger):
+    """Writes metrics to ``metrics.csv`` (a ``step`` column and one column per metric name) and
+    hyperparameters to ``hparams.yaml``.
+
+    Rows are kept in memory and written every ``flush_logs_every_n_steps`` steps, at :meth:`save` (the
+    Trainer calls it at each epoch end) and at :meth:`finalize`. A metric name that appears mid-run adds a
+    column: the file is rewritten with the union of columns, and earlier rows leave the new cells empty.
+
+    Args:
+        save_dir: the folder that holds every experiment.
+        name: the experiment's folder under ``save_dir``.
+        version: an int (``version_<n>``), a folder name, or ``None`` for the next free ``version_<n>``.
+        flush_logs_every_n_steps: write pending rows once the step has advanced this far since the last write.
+
+    Example::
+
+        logger = CSVLogger("runs", name="mnist")
+        trainer = Trainer(logger=logger, max_epochs=3)
+        # afterwards: pandas.read_csv(f"{logger.log_dir}/metrics.csv")
+    """
+
+    def __init__(
+        self,
+        save_dir: str | os.PathLike,
+        name: str = "tandem_logs",
+        version: int | str | None = None,
+        flush_logs_every_n_steps: int = 100,
+    ) -> None:
+        if not isinstance(flush_logs_every_n_steps, int) or flush_logs_every_n_steps < 1:
+            raise out_of_range("CSVLogger(flush_logs_every_n_steps=...)", flush_logs_every_n_steps, "an int >= 1")
+        super().__init__(save_dir, name, version)
+        self._flush_every = flush_logs_every_n_steps
+        self._pending: list[dict[str, Any]] = []
+        self._file_columns: list[str] | None = None  # the header of metrics.csv as written
+        self._last_flush_step = 0
+
+    @property
+    def metrics_file_path(self) -> str:
+        return os.path.join(self.log_dir, METRICS_FILE)
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        self._pending.append({"step": int(step), **{k: float(v) for k, v in metrics.items()}})
+        if step - self._last_flush_step >= self._flush_every:
+            self.save()
+
+    @rank_zero_only
+    def log_hyperparams(self, params: Mapping[str, Any] | argparse.Namespace) -> None:
+        self._save_hparams_yaml(params)
+
+    @rank_zero_only
+    def save(self) -> None:
+        if not self._pending:
+            return
+        path = self.metrics_file_path
+        if self._file_columns is None:
+            self._file_columns = _read_header(path)
+        columns = list(self._file_columns or ["step"])
+        for row in self._pending:
+            columns.extend(k for k in row if k not in columns)
+        if self._file_columns is not None and columns == self._file_columns:
+            chunk = _format_rows(columns, self._pending, header=False)
+            with open(path, "a", encoding="utf-8", newline="") as f:  # rows formatted first: one write
+                f.write(chunk)
+        else:  # a new file, or new columns: rewrite everything with the union of columns
+            old_rows = _read_rows(path) if self._file_columns is not None else []
+            atomic_write_text(path, _format_rows(columns, old_rows + self._pending, header=True))
+            self._file_columns = columns
+        self._last_flush_step = self._pending[-1]["step"]
+        self._pending = []
+
+
+def _format_rows(columns: list[str], rows: list[dict[str, Any]], header: bool) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    if header:
+        writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def _read_header(path: str) -> list[str] | None:
+    """The columns of an existing metrics.csv (a resumed run appends to it), or None."""
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            return next(csv.reader(f), None)
+    except FileNotFoundError:
+        return None
+
+
+def _read_rows(path: str) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8", newline="") as f:
+        return list(csv.DictReader(f))

@@ -1,0 +1,108 @@
+"""The Trainer's arguments, validated eagerly with no side effects (no processes, files or devices)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from tandem.strategies.precision import Precision
+from tandem.utilities.exceptions import bad_choice, out_of_range
+
+CLIP_ALGORITHMS = ("norm", "value")
+
+
+def _check_limit(name: str, value: int | float) -> int | float:
+    """``limit_*_batches``: an int count >= 0 or a fraction in [0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise out_of_range(name, value, "an int >= 0 (batches) or a float in [0.0, 1.0] (fraction of the data)")
+    if isinstance(value, int) and value < 0 or isinstance(value, float) and not 0.0 <= value <= 1.0:
+        raise out_of_range(name, value, "an int >= 0 (batches) or a float in [0.0, 1.0] (fraction of the data)")
+    return value
+
+
+def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> Any:
+    if value is None and allow_none:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        expected = f"an int >= {minimum}" + (" or None" if allow_none else "")
+        raise out_of_range(name, value, expected)
+    return value
+
+
+@dataclass
+class TrainerConfig:
+    """Loop settings; see :class:`~tandem.Trainer` for their meaning."""
+
+    max_epochs: int | None = None
+    max_steps: int = -1
+    limit_train_batches: int | float = 1.0
+    limit_val_batches: int | float = 1.0
+    limit_test_batches: int | float = 1.0
+    limit_predict_batches: int | float = 1.0
+    val_check_interval: int | float = 1.0
+    check_val_every_n_epoch: int | None = 1
+    num_sanity_val_steps: int = 2
+    accumulate_grad_batches: int = 1
+    gradient_clip_val: float | None = None
+    gradient_clip_algorithm: str = "norm"
+    log_every_n_steps: int = 50
+    fast_dev_run: bool | int = False
+    precision: str | int = "32-true"
+
+    def __post_init__(self) -> None:
+        if self.max_steps is None:
+            self.max_steps = -1
+        _check_int("max_epochs", self.max_epochs, -1, allow_none=True)
+        _check_int("max_steps", self.max_steps, -1)
+        for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):
+            _check_limit(name, getattr(self, name))
+        v = self.val_check_interval
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (
+            isinstance(v, int) and v < 1 or isinstance(v, float) and not 0.0 < v <= 1.0
+        ):
+            raise out_of_range("val_check_interval", v, "an int >= 1 (batches) or a float in (0.0, 1.0] (fraction of an epoch)")
+        _check_int("check_val_every_n_epoch", self.check_val_every_n_epoch, 1, allow_none=True)
+        _check_int("num_sanity_val_steps", self.num_sanity_val_steps, -1)
+        _check_int("accumulate_grad_batches", self.accumulate_grad_batches, 1)
+        _check_int("log_every_n_steps", self.log_every_n_steps, 1)
+        if self.gradient_clip_algorithm not in CLIP_ALGORITHMS:
+            raise bad_choice("gradient_clip_algorithm", self.gradient_clip_algorithm, CLIP_ALGORITHMS)
+        clip = self.gradient_clip_val
+        if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0):
+            raise out_of_range("gradient_clip_val", clip, "a number >= 0, or None for no clipping")
+        if clip == 0:
+            self.gradient_clip_val = None
+        fdr = self.fast_dev_run
+        if isinstance(fdr, bool):
+            self.fast_dev_run = 1 if fdr else 0
+        else:
+            _check_int("fast_dev_run", fdr, 0)
+        if self.fast_dev_run:
+            n = self.fast_dev_run
+            self.max_epochs, self.max_steps, self.num_sanity_val_steps = 1, n, 0
+            self.limit_train_batches = self.limit_val_batches = n
+            self.limit_test_batches = self.limit_predict_batches = n
+            self.val_check_interval = 1.0
+        Precision(self.precision)  # raises a clear error for an unknown name
+        if self.max_epochs is None:
+            self.max_epochs = 1000 if self.max_steps == -1 else -1
+        if self.max_epochs == -1 and self.max_steps == -1:
+            raise out_of_range("max_epochs", -1, "a positive int when max_steps is not set",
+                               "Set max_epochs or max_steps so that training ends.")
+
+    @property
+    def epoch_limit(self) -> float:
+        return math.inf if self.max_epochs == -1 else self.max_epochs
+
+
+def limit_batches(name: str, limit: int | float, available: int | float) -> int | float:
+    """How many batches a ``limit_*_batches`` value allows out of ``available`` (inf for unsized loaders)."""
+    if isinstance(limit, int):
+        return min(limit, available)
+    if limit == 1.0 or limit == 0.0:
+        return available if limit == 1.0 else 0
+    if available == math.inf:
+        raise out_of_range(name, limit, "an int or 1.0 for a dataloader without a length (an iterable dataset)",
+                           f"Pass {name}=<number of batches> instead of a fraction.")
+    return max(1, int(available * limit))

@@ -1,0 +1,35 @@
+"""Loop progress and what the Trainer is doing now. Saved in checkpoints for exact resume."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Progress:
+    """Where training is. ``epoch`` counts from 0; after fit it equals the number of finished epochs."""
+
+    epoch: int = 0
+    global_step: int = 0  # optimizer steps taken (a float16 step skipped for inf/NaN counts too)
+    batches_done: int = 0  # training batches finished in the current epoch
+    epoch_finished: bool = False  # the epoch's batches are done; its end (validation, hooks) is running
+    epoch_start_rng: dict[str, Any] | None = field(default=None, repr=False)  # RNG at iter(train loader)
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+        if self.epoch_finished:  # saved at the epoch's end: resume with the next epoch
+            self.epoch, self.batches_done, self.epoch_finished, self.epoch_start_rng = self.epoch + 1, 0, False, None
+
+
+@dataclass
+class TrainerState:
+    """``fn``: the entry point running ("fit", "validate", "test", "predict");
+    ``stage``: "train", "sanity_check", "validate", "test" or "predict"."""
+
+    fn: str | None = None
+    stage: str | None = None
