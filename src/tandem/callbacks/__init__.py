@@ -1,3 +1,9 @@
-from tandem.callbacks.callback import Callback
+"""Callbacks: code that observes or steers a run from outside the module, one callback a file."""
 
-__all__ = ["Callback"]
+from tandem.callbacks.callback import Callback
+from tandem.callbacks.early_stopping import EarlyStopping
+from tandem.callbacks.lr_monitor import LearningRateMonitor
+from tandem.callbacks.model_checkpoint import ModelCheckpoint
+from tandem.callbacks.progress_bar import ProgressBar
+
+__all__ = ["Callback", "EarlyStopping", "LearningRateMonitor", "ModelCheckpoint", "ProgressBar"]

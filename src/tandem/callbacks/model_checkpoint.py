@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from tandem.trainer.trainer import Trainer
 
 _MODES = ("min", "max")
+_MODE_FIX = "Use 'min' for losses, 'max' for accuracies."
 
 
 class ModelCheckpoint(Callback):
@@ -36,7 +37,7 @@ class ModelCheckpoint(Callback):
             ``epoch=0-step=100.ckpt``; metric names and format specs work too: ``"{epoch}-{val_loss:.2f}"``.
         monitor: the logged metric that ranks checkpoints. ``None`` ranks them by step (the latest are kept).
         mode: ``"min"`` when lower is better (losses), ``"max"`` when higher is better (accuracies).
-        save_top_k: how many of the best to keep; ``-1`` keeps all, ``0`` saves none (``save_last`` still works).
+        save_top_k: how many of the best to keep; ``-1`` keeps all, ``0`` none (``save_last`` still works).
         save_last: also write ``last.ckpt`` at every save event (overwritten each time).
         every_n_train_steps: save every this many optimizer steps (0 or None: not by steps).
         every_n_epochs: save every this many epochs (default 1 when no step interval is set; 0: never).
@@ -70,15 +71,16 @@ class ModelCheckpoint(Callback):
         verbose: bool = False,
     ) -> None:
         if mode not in _MODES:
-            raise bad_choice("ModelCheckpoint(mode=...)", mode, _MODES, "Use 'min' for losses, 'max' for accuracies.")
+            raise bad_choice("ModelCheckpoint(mode=...)", mode, _MODES, _MODE_FIX)
         if not isinstance(save_top_k, int) or save_top_k < -1:
-            raise out_of_range("ModelCheckpoint(save_top_k=...)", save_top_k, "an int >= -1 (-1 keeps every checkpoint)")
+            raise out_of_range("ModelCheckpoint(save_top_k=...)", save_top_k, "an int >= -1 (-1 keeps all)")
         for arg, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise out_of_range(f"ModelCheckpoint({arg}=...)", value, "None or an int >= 0")
         if (every_n_train_steps or 0) > 0 and (every_n_epochs or 0) > 0:
             raise incompatible(
-                f"ModelCheckpoint(every_n_train_steps={every_n_train_steps}, every_n_epochs={every_n_epochs})",
+                f"ModelCheckpoint(every_n_train_steps={every_n_train_steps}, "
+                f"every_n_epochs={every_n_epochs})",
                 "a checkpoint is saved either by steps or by epochs, not both",
                 "Pass only one of them (use two ModelCheckpoint callbacks for both schedules).",
             )
@@ -142,9 +144,8 @@ class ModelCheckpoint(Callback):
             self._save(trainer)
 
     def _skip(self, trainer: Trainer) -> bool:
-        return bool(
-            trainer.sanity_checking or trainer.fast_dev_run or trainer.global_step == self._last_global_step_saved
-        )
+        already_saved = trainer.global_step == self._last_global_step_saved
+        return bool(trainer.sanity_checking or trainer.fast_dev_run or already_saved)
 
     # ------------------------------------------------------------------ saving
     def _save(self, trainer: Trainer) -> None:
@@ -183,10 +184,8 @@ class ModelCheckpoint(Callback):
         full = self.save_top_k != -1 and len(self.best_k_models) >= self.save_top_k
         if full and not self._better(score, self.kth_value):
             if self.verbose:
-                rank_zero_info(
-                    f"Epoch {trainer.current_epoch}, step {trainer.global_step}: {self.monitor!r} was not in top "
-                    f"{self.save_top_k}"
-                )
+                where = f"Epoch {trainer.current_epoch}, step {trainer.global_step}"
+                rank_zero_info(f"{where}: {self.monitor!r} was not in the top {self.save_top_k}")
             return
         dropped = None
         if full:
@@ -196,14 +195,18 @@ class ModelCheckpoint(Callback):
         self.best_k_models[path] = score
         self._update_best()
         if self.verbose:
-            what = f"{self.monitor!r} reached {score:0.5f} (best {self.best_model_score:0.5f}), " if self.monitor else ""
-            rank_zero_info(f"Epoch {trainer.current_epoch}, step {trainer.global_step}: {what}saving {path!r}")
+            where = f"Epoch {trainer.current_epoch}, step {trainer.global_step}"
+            what = ""
+            if self.monitor is not None:
+                what = f"{self.monitor!r} reached {score:0.5f} (best {self.best_model_score:0.5f}), "
+            rank_zero_info(f"{where}: {what}saving {path!r}")
         trainer.save_checkpoint(path)  # the callback's state saved with it already counts this file
         if dropped is not None and dropped not in (path, self.last_model_path):
             trainer.strategy.remove_checkpoint(dropped)
 
     def _update_best(self) -> None:
-        ranked = sorted(self.best_k_models, key=self.best_k_models.__getitem__, reverse=self._better(1.0, 0.0))
+        best_first = self._better(1.0, 0.0)  # True when higher is better
+        ranked = sorted(self.best_k_models, key=self.best_k_models.__getitem__, reverse=best_first)
         self.best_model_path = ranked[0]
         self.best_model_score = self.best_k_models[ranked[0]] if self.monitor is not None else None
         if self.save_top_k == -1 or len(ranked) >= self.save_top_k:
@@ -214,10 +217,14 @@ class ModelCheckpoint(Callback):
         """The formatted path, with ``-v1``, ``-v2``... appended while that file exists (rank 0 looks)."""
         path = self.format_checkpoint_name(metrics)
         version = 0
-        while path != keep and (path in self.best_k_models or trainer.strategy.broadcast(os.path.exists(path))):
+        while path != keep and (path in self.best_k_models or self._exists(trainer, path)):
             version += 1
             path = self.format_checkpoint_name(metrics, ver=version)
         return path
+
+    @staticmethod
+    def _exists(trainer: Trainer, path: str) -> bool:
+        return trainer.strategy.broadcast(os.path.isfile(path))  # rank 0's view: other nodes may not see it
 
     def _save_last(self, trainer: Trainer, metrics: Mapping[str, Any]) -> None:
         previous, path = self.last_model_path, self.format_checkpoint_name(metrics, self.CHECKPOINT_NAME_LAST)
@@ -269,8 +276,8 @@ class ModelCheckpoint(Callback):
         if state.get("dirpath") != self.dirpath:
             # another folder: ranking or deleting the old run's files from here would be wrong
             rank_zero_info(
-                f"ModelCheckpoint: the checkpoint folder changed from {state.get('dirpath')!r} to {self.dirpath!r}; "
-                "only best_model_path is restored, the top-k ranking starts afresh."
+                f"ModelCheckpoint: the checkpoint folder changed from {state.get('dirpath')!r} to "
+                f"{self.dirpath!r}; only best_model_path is restored, the top-k ranking starts afresh."
             )
             return
         self.best_model_score = state["best_model_score"]

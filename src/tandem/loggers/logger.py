@@ -47,7 +47,9 @@ class Logger(ABC):
         logger = PrintLogger("runs")  # log_dir: runs/tandem_logs/version_0
     """
 
-    def __init__(self, save_dir: str | os.PathLike, name: str = "tandem_logs", version: int | str | None = None) -> None:
+    def __init__(
+        self, save_dir: str | os.PathLike, name: str = "tandem_logs", version: int | str | None = None
+    ) -> None:
         self._save_dir = os.fspath(save_dir)
         self._name = name or ""
         self._version = version
@@ -112,7 +114,7 @@ class Logger(ABC):
         save_hparams_yaml(os.path.join(self.log_dir, HPARAMS_FILE), self._hparams)
         return self._hparams
 
-    @rank_zero_only
+    @rank_zero_only  # noqa: B027 (an optional override: loggers that write at once need none)
     def save(self) -> None:
         """Flush what was logged so far to disk."""
 
@@ -122,7 +124,8 @@ class Logger(ABC):
         self.save()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(save_dir={self._save_dir!r}, name={self._name!r}, version={self._version!r})"
+        name = type(self).__name__
+        return f"{name}(save_dir={self._save_dir!r}, name={self._name!r}, version={self._version!r})"
 
 
 # ---------------------------------------------------------------------- helpers shared by the loggers

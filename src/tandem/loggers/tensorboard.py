@@ -50,7 +50,7 @@ class TensorBoardLogger(Logger):
 
     @property
     def experiment(self) -> Any:
-        """The ``SummaryWriter`` (created, with the run folder, on first use); a no-op object on other ranks."""
+        """The ``SummaryWriter`` (created with the run folder on first use); a no-op object on other ranks."""
         if rank_zero_only.rank != 0:
             return _NoOpExperiment()
         if self._experiment is None:

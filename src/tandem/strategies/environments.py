@@ -1,21 +1,47 @@
 """The environment contract, read in this module and nowhere else.
 
-Variables tandem reads (set by torchrun / torch.distributed.run, by SLURM's srun, or by tandem's own
-launcher when it starts the other ranks of a script):
+A distributed job is described by environment variables. Whoever starts the processes sets them:
+torchrun / torch.distributed.run, SLURM's srun, or tandem's own launcher when it starts the other
+ranks of a script (``strategy="ddp"``) or spawns them (``strategy="ddp_spawn"``).
+
+torchrun (detected by ``TORCHELASTIC_RUN_ID``)::
 
     RANK             global rank of this process, 0 .. WORLD_SIZE-1
     LOCAL_RANK       rank of this process on its node
     WORLD_SIZE       number of processes in the job
+    GROUP_RANK       index of this node
     MASTER_ADDR      address of the rank-0 host for the process-group rendezvous
-    MASTER_PORT      free TCP port on that host
-    GROUP_RANK / NODE_RANK   index of this node (torchrun sets GROUP_RANK)
-    SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_NODELIST   under srun
-    OMP_NUM_THREADS  when set, tandem leaves torch's thread count alone
+    MASTER_PORT      TCP port on that host (torchrun's own store)
+
+SLURM (detected when ``srun`` started more than one task, outside ``salloc``'s interactive shells,
+i.e. ``SLURM_JOB_NAME`` is not ``bash`` or ``interactive``)::
+
+    SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID   rank, world size, local rank, node
+    SLURM_NODELIST   e.g. ``node[03-05,7]``; its first host is MASTER_ADDR unless MASTER_ADDR is set
+    MASTER_PORT      if unset: 15000 + the last four digits of SLURM_JOB_ID
+
+tandem's launcher (otherwise). The first process is rank 0 of its node; it exports to the ranks it
+starts RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT and
+TANDEM_LAUNCHER_PID (its own pid: a started rank ends itself when that process is gone). A process
+with LOCAL_RANK set was started by a launcher and starts nothing. With one node, MASTER_ADDR
+defaults to 127.0.0.1 and a free MASTER_PORT is picked; with several nodes, set MASTER_ADDR,
+MASTER_PORT and NODE_RANK on every node.
+
+Also read here::
+
+    OMP_NUM_THREADS     when set, tandem leaves torch's thread count alone; otherwise each process
+                        uses max(1, cpus // processes on the node) threads
+    TANDEM_GLOBAL_SEED  set by seed_everything; seeds the DistributedSampler's shuffling (else 0)
 """
 
 from __future__ import annotations
 
 import os
+import re
+import socket
+from typing import ClassVar
+
+_LOCAL_ADDRESS = "127.0.0.1"
 
 
 def rank_from_environment() -> int:
@@ -25,3 +51,271 @@ def rank_from_environment() -> int:
         if value is not None and value.isdigit():
             return int(value)
     return 0
+
+
+def _int(name: str, default: int | None = None) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        if default is None:
+            raise KeyError(f"the environment variable {name} is not set")
+        return default
+    return int(value)
+
+
+class ClusterEnvironment:
+    """Where this process sits in the job: read from the variables its launcher set.
+
+    ``creates_processes_externally`` is True when something other than tandem started the processes
+    (or this process is one that tandem started): then tandem launches nothing.
+    """
+
+    name: ClassVar[str] = ""
+
+    @classmethod
+    def detect(cls) -> bool:
+        """Whether the current environment variables describe a job of this kind."""
+        raise NotImplementedError
+
+    @property
+    def creates_processes_externally(self) -> bool:
+        return True
+
+    @property
+    def world_size(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def global_rank(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def local_rank(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def node_rank(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def main_address(self) -> str:
+        return os.environ.get("MASTER_ADDR", _LOCAL_ADDRESS)
+
+    @property
+    def main_port(self) -> int:
+        return _int("MASTER_PORT")
+
+    def export_rendezvous(self) -> None:
+        """Put MASTER_ADDR / MASTER_PORT into this process's environment for ``init_method="env://"``."""
+        os.environ["MASTER_ADDR"] = self.main_address
+        os.environ["MASTER_PORT"] = str(self.main_port)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(world_size={self.world_size}, global_rank={self.global_rank}, "
+                f"local_rank={self.local_rank}, node_rank={self.node_rank})")
+
+
+class TorchElasticEnvironment(ClusterEnvironment):
+    """Processes started by torchrun / ``python -m torch.distributed.run``."""
+
+    name = "torchrun"
+
+    @classmethod
+    def detect(cls) -> bool:
+        return all(v in os.environ for v in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK"))
+
+    @property
+    def world_size(self) -> int:
+        return _int("WORLD_SIZE")
+
+    @property
+    def global_rank(self) -> int:
+        return _int("RANK")
+
+    @property
+    def local_rank(self) -> int:
+        return _int("LOCAL_RANK")
+
+    @property
+    def node_rank(self) -> int:
+        return _int("GROUP_RANK", 0)
+
+    def export_rendezvous(self) -> None:
+        """torchrun's agent already exported them (and serves the store at MASTER_PORT)."""
+
+
+class SLURMEnvironment(ClusterEnvironment):
+    """Tasks started by ``srun`` (one process per task)."""
+
+    name = "slurm"
+
+    @classmethod
+    def detect(cls) -> bool:
+        if "SLURM_PROCID" not in os.environ or _int("SLURM_NTASKS", 1) < 2:
+            return False
+        return os.environ.get("SLURM_JOB_NAME") not in ("bash", "interactive")
+
+    @property
+    def world_size(self) -> int:
+        return _int("SLURM_NTASKS")
+
+    @property
+    def global_rank(self) -> int:
+        return _int("SLURM_PROCID")
+
+    @property
+    def local_rank(self) -> int:
+        return _int("SLURM_LOCALID")
+
+    @property
+    def node_rank(self) -> int:
+        return _int("SLURM_NODEID")
+
+    @property
+    def main_address(self) -> str:
+        if "MASTER_ADDR" in os.environ:
+            return os.environ["MASTER_ADDR"]
+        nodelist = os.environ.get("SLURM_NODELIST") or os.environ.get("SLURM_JOB_NODELIST", _LOCAL_ADDRESS)
+        return expand_nodelist(nodelist)[0]
+
+    @property
+    def main_port(self) -> int:
+        if "MASTER_PORT" in os.environ:
+            return _int("MASTER_PORT")
+        job_id = os.environ.get("SLURM_JOB_ID", "")
+        return 15000 + int(job_id[-4:]) if job_id[-4:].isdigit() else 12910
+
+
+class LocalEnvironment(ClusterEnvironment):
+    """tandem's own launcher: this process is rank 0 of its node and starts the others, or it is
+    one of those others (LOCAL_RANK is set).
+
+    Args:
+        num_processes: processes per node (the strategy's devices).
+        num_nodes: nodes in the job.
+    """
+
+    name = "local"
+
+    def __init__(self, num_processes: int = 1, num_nodes: int = 1) -> None:
+        self.num_processes = num_processes
+        self.num_nodes = num_nodes
+
+    @classmethod
+    def detect(cls) -> bool:
+        return True
+
+    @property
+    def creates_processes_externally(self) -> bool:
+        return "LOCAL_RANK" in os.environ
+
+    @property
+    def world_size(self) -> int:
+        return _int("WORLD_SIZE", self.num_processes * self.num_nodes)
+
+    @property
+    def global_rank(self) -> int:
+        return _int("RANK", self.node_rank * self.num_processes + self.local_rank)
+
+    @property
+    def local_rank(self) -> int:
+        return _int("LOCAL_RANK", 0)
+
+    @property
+    def node_rank(self) -> int:
+        return _int("NODE_RANK", _int("GROUP_RANK", 0))
+
+    @property
+    def main_port(self) -> int:
+        """MASTER_PORT, or a free port picked now and exported, so every later reader agrees."""
+        if "MASTER_PORT" not in os.environ:
+            os.environ["MASTER_PORT"] = str(find_free_port())
+        return _int("MASTER_PORT")
+
+    @property
+    def rendezvous_given(self) -> bool:
+        """Whether MASTER_ADDR, MASTER_PORT and NODE_RANK were set: several nodes need all three."""
+        return all(v in os.environ for v in ("MASTER_ADDR", "MASTER_PORT")) and (
+            "NODE_RANK" in os.environ or "GROUP_RANK" in os.environ
+        )
+
+    @property
+    def launcher_pid(self) -> int | None:
+        """The pid of the process that started this one, when tandem's launcher did."""
+        value = os.environ.get("TANDEM_LAUNCHER_PID")
+        return int(value) if value and value.isdigit() else None
+
+    def rank_variables(self, local_rank: int) -> dict[str, str]:
+        """The variables that make a process local rank ``local_rank`` of this node."""
+        return {
+            "MASTER_ADDR": self.main_address,
+            "MASTER_PORT": str(self.main_port),
+            "WORLD_SIZE": str(self.world_size),
+            "NODE_RANK": str(self.node_rank),
+            "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(self.num_processes),
+            "RANK": str(self.node_rank * self.num_processes + local_rank),
+        }
+
+    def child_environment(self, local_rank: int) -> dict[str, str]:
+        """The whole environment for a rank this process starts with ``subprocess``."""
+        return {**os.environ, **self.rank_variables(local_rank), "TANDEM_LAUNCHER_PID": str(os.getpid())}
+
+    def export_rank(self, local_rank: int) -> None:
+        """Make this process local rank ``local_rank`` (a spawned process, which inherits no variables)."""
+        os.environ.update(self.rank_variables(local_rank))
+
+
+def select_environment(num_processes: int = 1, num_nodes: int = 1) -> ClusterEnvironment:
+    """The environment that describes this process: torchrun, then SLURM, else tandem's launcher.
+
+    Args:
+        num_processes: processes per node the strategy expects (used by tandem's launcher).
+        num_nodes: nodes the strategy expects.
+    """
+    for cls in (TorchElasticEnvironment, SLURMEnvironment):
+        if cls.detect():
+            return cls()
+    return LocalEnvironment(num_processes, num_nodes)
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Expand SLURM's compressed host list: ``"node[03-05,7],gpu1"`` → node03, node04, node05, node7, gpu1."""
+    hosts: list[str] = []
+    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", nodelist):
+        hosts.extend(_expand_host(item.strip()))
+    return [h for h in hosts if h]
+
+
+def _expand_host(pattern: str) -> list[str]:
+    match = re.search(r"\[([^\]]*)\]", pattern)
+    if match is None:
+        return [pattern]
+    head, tail = pattern[: match.start()], pattern[match.end():]
+    expanded: list[str] = []
+    for part in match.group(1).split(","):
+        lo, _, hi = part.partition("-")
+        numbers = [lo] if not hi else [str(n).zfill(len(lo)) for n in range(int(lo), int(hi) + 1)]
+        for number in numbers:
+            expanded.extend(_expand_host(f"{head}{number}{tail}"))
+    return expanded
+
+
+def find_free_port(host: str = _LOCAL_ADDRESS) -> int:
+    """A TCP port nothing listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def threads_per_process(local_processes: int) -> int | None:
+    """torch threads for each of ``local_processes`` on this machine, or None when OMP_NUM_THREADS decides."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return None
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cpus // max(1, local_processes))
+
+
+def global_seed() -> int:
+    """The seed ``seed_everything`` exported (TANDEM_GLOBAL_SEED), else 0."""
+    value = os.environ.get("TANDEM_GLOBAL_SEED", "")
+    return int(value) if value.isdigit() else 0

@@ -105,6 +105,7 @@ def _epoch_batches(trainer: Trainer) -> Iterator[Any]:
             restore_rng_state(progress.epoch_start_rng)
         skippable.skip = skip
         iterator = iter(loader)
+        skippable.start()  # draw the epoch's order now, before the checkpoint's RNG state returns
     if trainer._resume_rng is not None:
         restore_rng_state(trainer._resume_rng)
         trainer._resume_rng = None

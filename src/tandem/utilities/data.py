@@ -62,34 +62,54 @@ def rebuild_dataloader(
 class SkippableSampler(Sampler):
     """Wraps a (batch) sampler so an epoch can start after its first ``skip`` items.
 
-    The wrapped sampler's iterator is started eagerly, when this one is: random samplers draw their
-    seed from the global RNG at that moment, not later when the first batch is fetched. That makes
-    the epoch's order depend only on the RNG state at ``iter(dataloader)``, which the trainer
-    records, so a resumed run draws the same order and skips the done batches without loading them.
+    Iteration is as lazy as the wrapped sampler's (a plain loop and tandem draw the same shuffled order
+    from the same seed). For a resume, :meth:`start` begins the newest iteration without fetching any
+    data: a random sampler draws its seed from the global RNG at that moment, so the trainer can
+    replay the epoch's recorded RNG state, start, skip the done batches' indices, and then restore the
+    checkpoint's RNG state before the first batch is loaded.
     """
 
     def __init__(self, inner: Sampler | Sequence[Any]) -> None:
         self.inner = inner
         self.skip = 0  # consumed (and reset) by the next __iter__
+        self._latest: _SkippingIterator | None = None
 
     def __len__(self) -> int:
         return len(self.inner)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Any]:
         skip, self.skip = self.skip, 0
-        it = iter(self.inner)
-        buffered = [item for _, item in zip(range(skip + 1), it)]  # starts the inner iterator now
-        return _chain(buffered[skip:], it)
+        self._latest = _SkippingIterator(self.inner, skip)
+        return self._latest
+
+    def start(self) -> None:
+        """Start the newest iteration now (draw its random order and skip), without loading data."""
+        if self._latest is not None:
+            self._latest.start()
 
     def __getattr__(self, name: str) -> Any:  # set_epoch and friends reach the wrapped sampler
-        if name == "inner":
+        if name in ("inner", "_latest", "skip"):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
 
-def _chain(head: list[Any], rest: Iterator[Any]) -> Iterator[Any]:
-    yield from head
-    yield from rest
+class _SkippingIterator:
+    def __init__(self, inner: Any, skip: int) -> None:
+        self._inner, self._skip, self._it = inner, skip, None
+
+    def start(self) -> None:
+        if self._it is None:
+            self._it = iter(self._inner)
+            for _ in zip(range(self._skip), self._it):
+                pass
+
+    def __iter__(self) -> _SkippingIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self._it is None:
+            self.start()
+        return next(self._it)
 
 
 def make_skippable(loader: DataLoader) -> tuple[DataLoader, SkippableSampler | None]:

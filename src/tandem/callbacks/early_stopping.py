@@ -1,0 +1,141 @@
+"""EarlyStopping: stop training when a monitored metric stops improving."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from tandem.callbacks.callback import Callback
+from tandem.utilities.exceptions import bad_choice, missing_metric, out_of_range
+from tandem.utilities.rank_zero import rank_zero_info, rank_zero_warn
+
+if TYPE_CHECKING:
+    from tandem.module import TrainingModule
+    from tandem.trainer.trainer import Trainer
+
+_MODES = ("min", "max")
+_MODE_FIX = "Use 'min' for losses, 'max' for accuracies."
+
+
+class EarlyStopping(Callback):
+    """Stop training when ``monitor`` has not improved by more than ``min_delta`` for ``patience`` checks.
+
+    The check runs at the end of each training epoch, after that epoch's validation. Every process decides
+    from global rank 0's value of the metric, so all of them stop at the same epoch.
+
+    Args:
+        monitor: the logged metric to watch, e.g. ``"val_loss"``.
+        min_delta: the smallest change that counts as an improvement (>= 0).
+        patience: how many checks without improvement to allow before stopping (>= 0).
+        mode: ``"min"`` when lower is better, ``"max"`` when higher is better.
+        check_finite: stop as soon as the metric is NaN or infinite.
+        strict: raise when ``monitor`` was never logged (otherwise warn once and skip the check).
+        verbose: report each improvement, not only the reason for stopping.
+        stopping_threshold: stop as soon as the metric is better than this.
+        divergence_threshold: stop as soon as the metric is worse than this.
+
+    Example::
+
+        trainer = Trainer(callbacks=[EarlyStopping("val_loss", patience=5, min_delta=1e-3)], max_epochs=100)
+    """
+
+    def __init__(
+        self,
+        monitor: str,
+        min_delta: float = 0.0,
+        patience: int = 3,
+        mode: str = "min",
+        check_finite: bool = True,
+        strict: bool = True,
+        verbose: bool = False,
+        stopping_threshold: float | None = None,
+        divergence_threshold: float | None = None,
+    ) -> None:
+        if mode not in _MODES:
+            raise bad_choice("EarlyStopping(mode=...)", mode, _MODES, _MODE_FIX)
+        if not isinstance(patience, int) or patience < 0:
+            raise out_of_range("EarlyStopping(patience=...)", patience, "an int >= 0")
+        if not isinstance(min_delta, (int, float)) or not math.isfinite(min_delta) or min_delta < 0:
+            raise out_of_range("EarlyStopping(min_delta=...)", min_delta, "a finite number >= 0")
+        self.monitor = monitor
+        self.min_delta = float(min_delta)
+        self.patience = patience
+        self.mode = mode
+        self.check_finite = check_finite
+        self.strict = strict
+        self.verbose = verbose
+        self.stopping_threshold = stopping_threshold
+        self.divergence_threshold = divergence_threshold
+        self.wait_count = 0
+        self.stopped_epoch = 0
+        self.best_score = math.inf if mode == "min" else -math.inf
+        self._warned_missing = False
+
+    @property
+    def state_key(self) -> str:
+        key = {"monitor": self.monitor, "mode": self.mode}
+        return f"{type(self).__qualname__}{key!r}"
+
+    def on_train_epoch_end(self, trainer: Trainer, module: TrainingModule) -> None:
+        if trainer.sanity_checking:
+            return
+        local = trainer.callback_metrics.get(self.monitor)
+        current = trainer.strategy.broadcast(float(local) if local is not None else None)
+        if current is None:
+            if self.strict:
+                raise missing_metric("EarlyStopping", self.monitor, trainer.callback_metrics)
+            if not self._warned_missing:
+                self._warned_missing = True
+                rank_zero_warn(
+                    f"EarlyStopping(monitor={self.monitor!r}, strict=False): the metric was not logged, so "
+                    f"the check is skipped. Logged metrics: {sorted(trainer.callback_metrics)}."
+                )
+            return
+        should_stop, reason = self._evaluate(current)
+        if should_stop:
+            self.stopped_epoch = trainer.current_epoch
+            trainer.should_stop = True
+        if reason and (should_stop or self.verbose):
+            rank_zero_info(f"EarlyStopping: {reason}")
+
+    def _better(self, a: float, b: float) -> bool:
+        return a < b if self.mode == "min" else a > b
+
+    def _evaluate(self, current: float) -> tuple[bool, str | None]:
+        """Update the counters with ``current`` (rank 0's value) and say whether to stop, and why."""
+        if self.check_finite and not math.isfinite(current):
+            return True, f"{self.monitor} = {current} is not finite (best: {self.best_score:.3f}). Stopping."
+        if self.stopping_threshold is not None and self._better(current, self.stopping_threshold):
+            return True, f"{self.monitor} = {current} reached stopping_threshold={self.stopping_threshold}."
+        if self.divergence_threshold is not None and self._better(self.divergence_threshold, current):
+            return True, f"{self.monitor} = {current} passed divergence_threshold={self.divergence_threshold}"
+        delta = -self.min_delta if self.mode == "min" else self.min_delta
+        if self._better(current - delta, self.best_score):
+            reason = (
+                f"{self.monitor} improved to {current:.3f}"
+                if math.isinf(self.best_score)
+                else f"{self.monitor} improved by {abs(self.best_score - current):.3f} to {current:.3f}"
+            )
+            self.best_score, self.wait_count = current, 0
+            return False, reason
+        self.wait_count += 1
+        if self.wait_count >= self.patience:
+            return True, (
+                f"{self.monitor} did not improve in the last {self.wait_count} checks; "
+                f"the best value was {self.best_score:.3f}. Stopping."
+            )
+        return False, None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "wait_count": self.wait_count,
+            "stopped_epoch": self.stopped_epoch,
+            "best_score": self.best_score,
+            "patience": self.patience,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.wait_count = state["wait_count"]
+        self.stopped_epoch = state["stopped_epoch"]
+        self.best_score = state["best_score"]
+        self.patience = state["patience"]

@@ -1,0 +1,170 @@
+"""ProgressBar: tqdm bars for training, validation, testing and prediction, on global rank 0 only."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from tandem.callbacks.callback import Callback
+from tandem.trainer.logging import to_float
+from tandem.utilities.exceptions import out_of_range
+
+if TYPE_CHECKING:
+    from tandem.module import TrainingModule
+    from tandem.trainer.trainer import Trainer
+
+_POSTFIX_EVERY_S = 0.5  # reading metrics syncs the device, so the numbers are refreshed at most this often
+
+
+class ProgressBar(Callback):
+    """Progress bars with tqdm: ``Epoch n`` for training, and bars for the sanity check, validation,
+    testing and prediction. Only global rank 0 draws; other processes print nothing.
+
+    The training bar shows the step ``loss`` and every value logged with ``prog_bar=True``; these numbers
+    are refreshed at most every half second and at the end of each epoch.
+
+    Args:
+        refresh_rate: advance the bars every this many batches; 0 disables the bars.
+        leave: keep each epoch's training bar on screen (a new line per epoch) instead of reusing one line.
+
+    Example::
+
+        trainer = Trainer(callbacks=[ProgressBar(refresh_rate=10, leave=True)])
+    """
+
+    def __init__(self, refresh_rate: int = 1, leave: bool = False) -> None:
+        if not isinstance(refresh_rate, int) or refresh_rate < 0:
+            raise out_of_range("ProgressBar(refresh_rate=...)", refresh_rate, "an int >= 0 (0: no bars)")
+        self.refresh_rate = refresh_rate
+        self.leave = leave
+        self._bars: dict[str, Any] = {}  # "train" | "eval" | "test" | "predict" -> tqdm
+        self._loss: torch.Tensor | None = None
+        self._postfix_time = 0.0
+
+    def _enabled(self, trainer: Trainer) -> bool:
+        return self.refresh_rate > 0 and trainer.is_global_zero
+
+    def _open(self, kind: str, desc: str, total: float | None, leave: bool) -> None:
+        from tqdm import tqdm
+
+        self._close(kind)
+        position = 1 if kind == "eval" and "train" in self._bars else 0
+        total = None if total is None or math.isinf(total) else int(total)
+        self._bars[kind] = tqdm(
+            desc=desc, total=total, leave=leave, position=position, dynamic_ncols=True, file=sys.stderr,
+            smoothing=0,
+        )
+
+    def _close(self, kind: str) -> None:
+        bar = self._bars.pop(kind, None)
+        if bar is not None:
+            bar.close()
+
+    def _advance(self, kind: str, batch_idx: int) -> None:
+        bar = self._bars.get(kind)
+        if bar is None:
+            return
+        n = batch_idx + 1
+        if n % self.refresh_rate == 0 or n == bar.total:
+            bar.update(n - bar.n)
+
+    def _show_metrics(self, trainer: Trainer, refresh: bool) -> None:
+        bar = self._bars.get("train")
+        if bar is None:
+            return
+        values: dict[str, Any] = {} if self._loss is None else {"loss": self._loss}
+        values.update(trainer.progress_bar_metrics)
+        bar.set_postfix(to_float(values), refresh=refresh)
+        self._postfix_time = time.monotonic()
+
+    # ------------------------------------------------------------------ training
+    def on_train_epoch_start(self, trainer: Trainer, module: TrainingModule) -> None:
+        if not self._enabled(trainer):
+            return
+        desc, total = f"Epoch {trainer.current_epoch}", trainer.num_training_batches
+        bar = self._bars.get("train")
+        if bar is None:
+            self._open("train", desc, total, leave=True)
+        else:  # one line reused across epochs
+            bar.reset(total=None if math.isinf(total) else int(total))
+            bar.set_description(desc, refresh=False)
+        self._loss = None
+        self._postfix_time = time.monotonic()
+
+    def on_train_batch_end(
+        self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if "train" not in self._bars:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        if isinstance(loss, torch.Tensor):
+            self._loss = loss.detach()  # no graph kept alive, no device sync yet
+        self._advance("train", batch_idx)
+        if time.monotonic() - self._postfix_time >= _POSTFIX_EVERY_S:
+            self._show_metrics(trainer, refresh=False)
+
+    def on_train_epoch_end(self, trainer: Trainer, module: TrainingModule) -> None:
+        self._show_metrics(trainer, refresh=True)
+        if self.leave:
+            self._close("train")
+
+    def on_train_end(self, trainer: Trainer, module: TrainingModule) -> None:
+        self._close("train")
+
+    # ------------------------------------------------------------------ sanity check and validation
+    def on_validation_start(self, trainer: Trainer, module: TrainingModule) -> None:
+        if self._enabled(trainer):
+            desc = "Sanity Checking" if trainer.sanity_checking else "Validation"
+            self._open("eval", desc, trainer.num_val_batches, leave=False)
+
+    def on_validation_batch_end(
+        self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._advance("eval", batch_idx)
+
+    def on_validation_end(self, trainer: Trainer, module: TrainingModule) -> None:
+        self._close("eval")
+        if not trainer.sanity_checking:
+            self._show_metrics(trainer, refresh=True)
+
+    def on_sanity_check_end(self, trainer: Trainer, module: TrainingModule) -> None:
+        self._close("eval")
+
+    # ------------------------------------------------------------------ test and predict
+    def on_test_start(self, trainer: Trainer, module: TrainingModule) -> None:
+        if self._enabled(trainer):
+            self._open("test", "Testing", trainer.num_test_batches, leave=True)
+
+    def on_test_batch_end(
+        self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._advance("test", batch_idx)
+
+    def on_test_end(self, trainer: Trainer, module: TrainingModule) -> None:
+        self._close("test")
+
+    def on_predict_start(self, trainer: Trainer, module: TrainingModule) -> None:
+        if self._enabled(trainer):
+            self._open("predict", "Predicting", trainer.num_predict_batches, leave=True)
+
+    def on_predict_batch_end(
+        self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._advance("predict", batch_idx)
+
+    def on_predict_end(self, trainer: Trainer, module: TrainingModule) -> None:
+        self._close("predict")
+
+    def on_exception(self, trainer: Trainer, module: TrainingModule, exception: BaseException) -> None:
+        for kind in list(self._bars):
+            self._close(kind)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_bars"], state["_loss"] = {}, None  # tqdm objects cannot be pickled (spawned processes)
+        return state

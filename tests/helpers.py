@@ -1,0 +1,86 @@
+"""Small modules, data and runners shared by the tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import tandem
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_data(n: int = 64, features: int = 8, classes: int = 3, seed: int = 1) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, features, generator=g)
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+    return TensorDataset(x, y % classes)
+
+
+def loader(n: int = 64, batch_size: int = 16, shuffle: bool = False, **kwargs) -> DataLoader:
+    return DataLoader(make_data(n), batch_size=batch_size, shuffle=shuffle, **kwargs)
+
+
+class TinyModule(tandem.TrainingModule):
+    """A classifier that logs train/val/test losses; optimizer and scheduler configurable."""
+
+    def __init__(self, lr: float = 0.1, optimizer: str = "sgd", dropout: float = 0.0, scheduler: bool = False):
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.Dropout(dropout), nn.ReLU(), nn.Linear(16, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("train_loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self(x)
+        self.log("val_loss", F.cross_entropy(logits, y))
+        self.log("val_acc", (logits.argmax(1) == y).float().mean())
+
+    def test_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("test_loss", F.cross_entropy(self(x), y))
+
+    def configure_optimizers(self):
+        if self.hparams.optimizer == "adam":
+            opt = torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+        else:
+            opt = torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
+        if not self.hparams.scheduler:
+            return opt
+        return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)}
+
+
+def quiet_trainer(**kwargs) -> tandem.Trainer:
+    """A CPU trainer without logger, checkpoints, progress bar or summary unless asked."""
+    defaults = dict(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                    enable_model_summary=False, num_sanity_val_steps=0)
+    defaults.update(kwargs)
+    return tandem.Trainer(**defaults)
+
+
+def run_python(args: list[str], timeout: float = 120, cwd: str | Path | None = None,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run a Python script in a fresh process with the repo's tandem importable; output captured."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=cwd, env=full_env)
+
+
+def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)

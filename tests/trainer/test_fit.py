@@ -1,0 +1,259 @@
+"""Training behaviour on a single device: steps, hooks, accumulation, clipping, parity with plain torch."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import TinyModule, loader, make_data, max_abs_diff, quiet_trainer
+from torch.utils.data import DataLoader
+
+import tandem
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_fit_counts_epochs_and_steps_and_lowers_the_loss():
+    tandem.seed_everything(0)
+    model = TinyModule(lr=0.1)
+    x, y = make_data(64).tensors
+    before = F.cross_entropy(model(x), y).item()
+    trainer = quiet_trainer(max_epochs=5)
+    trainer.fit(model, loader(64, 16, shuffle=True))
+    assert trainer.current_epoch == 5
+    assert trainer.global_step == 5 * 4
+    assert F.cross_entropy(model(x), y).item() < before * 0.8
+
+
+def test_max_steps_stops_mid_epoch_and_limit_train_batches_caps_each_epoch():
+    trainer = quiet_trainer(max_steps=6)
+    trainer.fit(TinyModule(), loader(64, 16))
+    assert trainer.global_step == 6 and trainer.current_epoch == 2
+    trainer = quiet_trainer(max_epochs=3, limit_train_batches=2)
+    trainer.fit(TinyModule(), loader(64, 16))
+    assert trainer.global_step == 6 and trainer.num_training_batches == 2
+    trainer = quiet_trainer(max_epochs=1, limit_train_batches=0.5)
+    trainer.fit(TinyModule(), loader(64, 16))
+    assert trainer.global_step == 2
+
+
+def test_parity_with_a_hand_written_loop_shuffled_dropout_adam_steplr():
+    tandem.seed_everything(3)
+    model = TinyModule(lr=0.01, optimizer="adam", dropout=0.2, scheduler=True)
+    reference = copy.deepcopy(model)
+    state = torch.get_rng_state()
+    quiet_trainer(max_epochs=3).fit(model, loader(64, 16, shuffle=True))
+
+    torch.set_rng_state(state)
+    opt = torch.optim.Adam(reference.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    data = loader(64, 16, shuffle=True)
+    reference.train()
+    for _ in range(3):
+        for x, y in data:
+            loss = F.cross_entropy(reference(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        sched.step()
+    assert max_abs_diff(model.state_dict(), reference.state_dict()) == 0.0
+
+
+def test_accumulating_two_half_batches_equals_one_full_batch():
+    tandem.seed_everything(0)
+    a = TinyModule(lr=0.1)
+    b = copy.deepcopy(a)
+    quiet_trainer(max_epochs=2, accumulate_grad_batches=2).fit(a, loader(64, 8))
+    trainer = quiet_trainer(max_epochs=2)
+    trainer.fit(b, loader(64, 16))
+    assert trainer.global_step == 8
+    assert max_abs_diff(a.state_dict(), b.state_dict()) < 1e-6
+
+
+@pytest.mark.parametrize("algorithm", ["norm", "value"])
+def test_gradient_clipping_limits_what_the_optimizer_sees(algorithm):
+    seen = []
+
+    class Spy(tandem.Callback):
+        def on_before_optimizer_step(self, trainer, module, optimizer):
+            seen.append([p.grad.clone() for p in module.parameters()])
+
+    class Clipped(TinyModule):
+        def on_before_zero_grad(self, optimizer):
+            seen.append([p.grad.clone() for p in self.parameters()])
+
+    quiet_trainer(max_steps=3, gradient_clip_val=0.01, gradient_clip_algorithm=algorithm,
+                  callbacks=[Spy()]).fit(Clipped(lr=10.0), loader())
+    before, after = seen[0], seen[1]
+    if algorithm == "norm":
+        total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in after]))
+        assert total <= 0.01 + 1e-6
+        assert torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in before])) > 0.01
+    else:
+        assert max(g.abs().max().item() for g in after) <= 0.01 + 1e-7
+
+
+def test_hooks_run_in_order_module_first_then_callbacks_in_user_order():
+    calls = []
+
+    class Recorder(tandem.Callback):
+        def __init__(self, name):
+            self.name = name
+
+        @property
+        def state_key(self):
+            return self.name
+
+        def on_train_epoch_start(self, trainer, module):
+            calls.append((self.name, "on_train_epoch_start"))
+
+        def on_validation_end(self, trainer, module):
+            calls.append((self.name, "on_validation_end"))
+
+        def on_train_epoch_end(self, trainer, module):
+            assert "val_loss" in trainer.callback_metrics  # validation ran before the epoch's end
+            calls.append((self.name, "on_train_epoch_end"))
+
+    class Hooked(TinyModule):
+        def on_train_epoch_start(self):
+            calls.append(("module", "on_train_epoch_start"))
+
+        def on_train_epoch_end(self):
+            calls.append(("module", "on_train_epoch_end"))
+
+    quiet_trainer(max_epochs=1, callbacks=[Recorder("b"), Recorder("a")]).fit(Hooked(), loader(), loader())
+    assert calls == [
+        ("module", "on_train_epoch_start"), ("b", "on_train_epoch_start"), ("a", "on_train_epoch_start"),
+        ("b", "on_validation_end"), ("a", "on_validation_end"),
+        ("module", "on_train_epoch_end"), ("b", "on_train_epoch_end"), ("a", "on_train_epoch_end"),
+    ]
+
+
+def test_training_step_returning_none_skips_the_batch():
+    class Skipper(TinyModule):
+        def training_step(self, batch, batch_idx):
+            return None if batch_idx % 2 else super().training_step(batch, batch_idx)
+
+    trainer = quiet_trainer(max_epochs=1)
+    trainer.fit(Skipper(), loader(64, 16))
+    assert trainer.global_step == 2
+
+
+def test_validation_interval_sanity_check_and_check_every_n_epochs():
+    counts = {"val_batches": 0, "sanity": 0}
+
+    class Count(tandem.Callback):
+        def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            counts["val_batches"] += 1
+            counts["sanity"] += trainer.sanity_checking
+
+    trainer = quiet_trainer(max_epochs=2, val_check_interval=0.5, num_sanity_val_steps=2, callbacks=[Count()])
+    trainer.fit(TinyModule(), loader(64, 16), loader(48, 16))
+    assert counts == {"sanity": 2, "val_batches": 2 + 2 * 2 * 3}
+    assert "val_loss" in trainer.callback_metrics
+    counts.update(val_batches=0, sanity=0)
+    quiet_trainer(max_epochs=4, check_val_every_n_epoch=2, callbacks=[Count()]).fit(
+        TinyModule(), loader(64, 16), loader(48, 16))
+    assert counts["val_batches"] == 2 * 3
+
+
+def test_sanity_check_metrics_are_not_kept():
+    trainer = quiet_trainer(max_epochs=1, num_sanity_val_steps=1, limit_train_batches=0)
+    with pytest.warns(UserWarning, match="No training batches"):
+        trainer.fit(TinyModule(), loader(), loader())
+    # no training batches, but the end-of-epoch validation ran for real
+    assert "val_loss" in trainer.callback_metrics
+
+
+def test_validate_test_and_predict_return_values():
+    tandem.seed_everything(0)
+    model = TinyModule()
+    trainer = quiet_trainer()
+    data = loader(50, 16)
+    (val,) = trainer.validate(model, data)
+    (test,) = trainer.test(model, data)
+    x, y = make_data(50).tensors
+    with torch.no_grad():
+        expected = F.cross_entropy(model(x), y).item()
+    assert val["val_loss"] == pytest.approx(expected, rel=1e-5)  # batch-size weighted epoch mean
+    assert test["test_loss"] == pytest.approx(expected, rel=1e-5)
+    predictions = trainer.predict(model, DataLoader(make_data(50), batch_size=16))
+    assert [p.shape[0] for p in predictions] == [16, 16, 16, 2]
+    with torch.no_grad():
+        assert torch.allclose(torch.cat(predictions), model(x))
+
+
+def test_fast_dev_run_runs_one_batch_of_each_and_writes_nothing(tmp_path):
+    trainer = tandem.Trainer(fast_dev_run=True, accelerator="cpu", enable_progress_bar=False,
+                             default_root_dir=tmp_path)
+    trainer.fit(TinyModule(), loader(), loader())
+    assert trainer.global_step == 1
+    assert trainer.loggers == []
+    assert not any(tmp_path.rglob("*.ckpt"))
+
+
+def test_datamodule_prepare_setup_and_loaders():
+    events = []
+
+    class DM(tandem.DataModule):
+        def prepare_data(self):
+            events.append("prepare")
+
+        def setup(self, stage):
+            events.append(f"setup:{stage}")
+
+        def train_dataloader(self):
+            return loader()
+
+        def val_dataloader(self):
+            return loader(32)
+
+    trainer = quiet_trainer(max_epochs=1)
+    trainer.fit(TinyModule(), datamodule=DM())
+    assert events == ["prepare", "setup:fit"]
+    assert "val_loss" in trainer.callback_metrics
+
+
+def test_precisions_on_cpu():
+    for precision, dtype in (("64-true", torch.float64), ("bf16-mixed", torch.float32), ("32-true", torch.float32)):
+        model = TinyModule()
+        trainer = quiet_trainer(max_steps=2, precision=precision)
+        trainer.fit(model, loader())
+        assert next(model.parameters()).dtype == dtype
+        assert trainer.precision == precision
+
+
+def test_float16_mixed_scaler_state_is_checkpointed(tmp_path):
+    model = TinyModule()
+    trainer = quiet_trainer(max_steps=3, precision="16-mixed")
+    trainer.fit(model, loader())
+    path = tmp_path / "amp.ckpt"
+    trainer.save_checkpoint(path)
+    saved = torch.load(path, weights_only=False)
+    assert saved["precision"]["scaler"]["scale"] == trainer.strategy.precision.scaler.get_scale()
+    resumed = quiet_trainer(max_steps=4, precision="16-mixed")
+    resumed.fit(TinyModule(), loader(), ckpt_path=path)
+    assert resumed.global_step == 4
+
+
+def test_deterministic_flag_turns_on_deterministic_algorithms():
+    try:
+        quiet_trainer(max_steps=1, deterministic=True).fit(TinyModule(), loader())
+        assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def test_module_properties_inside_a_run():
+    seen = {}
+
+    class Props(TinyModule):
+        def on_train_epoch_end(self):
+            seen.update(epoch=self.current_epoch, step=self.global_step, rank=self.global_rank,
+                        device=self.device, trainer=self.trainer)
+
+    trainer = quiet_trainer(max_epochs=1)
+    trainer.fit(Props(), loader())
+    assert seen == {"epoch": 0, "step": 4, "rank": 0, "device": torch.device("cpu"), "trainer": trainer}
