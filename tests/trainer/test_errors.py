@@ -1,0 +1,184 @@
+"""Bad input gets a clear error naming the fix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import TinyModule, loader, quiet_trainer
+
+import tandem
+from tandem.utilities.exceptions import CheckpointError, TandemConfigError, TandemUserCodeError
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(strategy="dpp"), r"strategy='dpp' is not valid; expected one of: 'auto', .*'single_device'"),
+        (dict(accelerator="tpu"), r"accelerator='tpu' is not valid; expected one of: 'auto', 'cpu', 'cuda'"),
+        (dict(precision="8-bit"), r"precision='8-bit' is not valid; expected one of: '32-true', '64-true'"),
+        (dict(devices=0), r"devices=0 is out of range; expected at least 1.*accelerator='cpu'"),
+        (dict(devices=2, strategy="single_device"), r"strategy='single_device' uses at most 1 device.*'ddp'"),
+        (dict(devices=[0, 1]), r"only CUDA has; on the CPU pass the number of processes"),
+        (dict(devices="two"), r"devices='two' is out of range"),
+        (dict(accumulate_grad_batches=0), r"accumulate_grad_batches=0 is out of range; expected an int >= 1"),
+        (dict(limit_train_batches=1.5), r"limit_train_batches=1.5 is out of range"),
+        (dict(limit_val_batches=-1), r"limit_val_batches=-1 is out of range"),
+        (dict(max_epochs=-3), r"max_epochs=-3 is out of range"),
+        (dict(max_epochs=-1), r"Set max_epochs or max_steps so that training ends"),
+        (dict(gradient_clip_algorithm="l2"), r"gradient_clip_algorithm='l2' is not valid; expected one of: 'norm', 'value'"),
+        (dict(gradient_clip_val=-1.0), r"gradient_clip_val=-1.0 is out of range"),
+        (dict(val_check_interval=0.0), r"val_check_interval=0.0 is out of range"),
+        (dict(callbacks=[object()]), r"callbacks must be tandem.Callback instances"),
+        (dict(logger="tb"), r"is not a tandem Logger"),
+        (dict(num_nodes=0), r"num_nodes=0 is out of range"),
+    ],
+)
+def test_bad_trainer_arguments(kwargs, match):
+    with pytest.raises(TandemConfigError, match=match):
+        tandem.Trainer(accelerator=kwargs.pop("accelerator", "cpu"), **kwargs)
+
+
+def test_cuda_requested_without_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(TandemConfigError, match=r"accelerator='cuda' was requested but no CUDA device.*accelerator='cpu'"):
+        tandem.Trainer(accelerator="cuda")
+
+
+def test_more_cuda_devices_than_exist(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(TandemConfigError, match=r"devices=4 is out of range; expected at most 2.*CUDA_VISIBLE_DEVICES"):
+        tandem.Trainer(accelerator="cuda", devices=4, strategy="ddp")
+    with pytest.raises(TandemConfigError, match=r"devices=\[0, 5\] is out of range; expected distinct indices in 0..1"):
+        tandem.Trainer(accelerator="cuda", devices=[0, 5], strategy="ddp")
+
+
+@pytest.mark.parametrize(
+    ("returned", "match"),
+    [
+        ("a string", r"training_step returned str; expected the loss as a scalar tensor"),
+        ({"logits": 1}, r"a dict without a scalar tensor under 'loss' \(keys: \['logits'\]\)"),
+        (torch.ones(3, requires_grad=True), r"Tensor of shape \(3,\)"),
+        (torch.tensor(1.0), r"does not require grad"),
+    ],
+)
+def test_training_step_returning_the_wrong_thing(returned, match):
+    class Bad(TinyModule):
+        def training_step(self, batch, batch_idx):
+            return returned
+
+    with pytest.raises(TandemUserCodeError, match=match):
+        quiet_trainer(max_steps=1).fit(Bad(), loader())
+
+
+@pytest.mark.parametrize(
+    ("returned", "match"),
+    [
+        (None, r"configure_optimizers returned None: that is not an optimizer"),
+        ("sgd", r"that is not an optimizer"),
+        ({"lr_scheduler": None}, r"a dict needs the key 'optimizer'"),
+        ("two", r"exactly one optimizer per module, got 2"),
+        ("plateau", r"ReduceLROnPlateau needs a metric: add 'monitor'"),
+        ("interval", r"lr_scheduler 'interval'='hour' is not valid"),
+    ],
+)
+def test_configure_optimizers_shape(returned, match):
+    class Bad(TinyModule):
+        def configure_optimizers(self):
+            sgd = torch.optim.SGD(self.parameters(), lr=0.1)
+            if returned == "two":
+                return [sgd, torch.optim.SGD(self.parameters(), lr=0.1)]
+            if returned == "plateau":
+                return {"optimizer": sgd, "lr_scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(sgd)}
+            if returned == "interval":
+                return {"optimizer": sgd, "lr_scheduler": {
+                    "scheduler": torch.optim.lr_scheduler.StepLR(sgd, 1), "interval": "hour"}}
+            return returned
+
+    with pytest.raises((TandemUserCodeError, TandemConfigError), match=match):
+        quiet_trainer(max_steps=1).fit(Bad(), loader())
+
+
+def test_configure_optimizers_missing():
+    class NoOpt(tandem.TrainingModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(8, 3)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).sum()
+
+    with pytest.raises(NotImplementedError, match=r"NoOpt has no configure_optimizers.*torch.optim.Adam"):
+        quiet_trainer(max_steps=1).fit(NoOpt(), loader())
+
+
+@pytest.mark.parametrize("value", ["high", [1.0, 2.0], torch.ones(2)])
+def test_logging_something_that_is_not_a_number(value):
+    class Bad(TinyModule):
+        def training_step(self, batch, batch_idx):
+            self.log("bad", value)
+            return super().training_step(batch, batch_idx)
+
+    with pytest.raises(TandemUserCodeError, match=r"self.log\('bad', ...\) got"):
+        quiet_trainer(max_steps=1).fit(Bad(), loader())
+
+
+def test_bad_reduce_fx():
+    class Bad(TinyModule):
+        def training_step(self, batch, batch_idx):
+            self.log("x", 1.0, reduce_fx="median")
+            return super().training_step(batch, batch_idx)
+
+    with pytest.raises(TandemConfigError, match=r"reduce_fx=...\)='median' is not valid; expected one of: 'mean'"):
+        quiet_trainer(max_steps=1).fit(Bad(), loader())
+
+
+def test_scheduler_monitor_never_logged_lists_logged_keys():
+    class Plateau(TinyModule):
+        def configure_optimizers(self):
+            sgd = torch.optim.SGD(self.parameters(), lr=0.1)
+            return {"optimizer": sgd, "lr_scheduler": {
+                "scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(sgd), "monitor": "val_los"}}
+
+    with pytest.raises(KeyError, match=r"monitors 'val_los', which was never logged. Logged metrics: .*'val_loss'"):
+        quiet_trainer(max_epochs=1).fit(Plateau(), loader(), loader())
+
+
+def test_fit_without_training_data_and_validate_without_validation_data():
+    with pytest.raises(TandemConfigError, match=r"Trainer.fit needs training data: pass train_dataloaders="):
+        quiet_trainer().fit(TinyModule())
+    with pytest.raises(TandemConfigError, match=r"Trainer.validate needs data: pass dataloaders=.*val_dataloader\(\)"):
+        quiet_trainer().validate(TinyModule())
+    with pytest.raises(TandemConfigError, match=r"both dataloaders and a datamodule"):
+        quiet_trainer().fit(TinyModule(), loader(), datamodule=tandem.DataModule())
+
+
+def test_fit_with_a_plain_module():
+    with pytest.raises(TandemUserCodeError, match=r"expects a tandem.TrainingModule, got Linear"):
+        quiet_trainer().fit(torch.nn.Linear(2, 2), loader())
+
+
+def test_bad_checkpoint_paths(tmp_path):
+    trainer = quiet_trainer(max_epochs=1)
+    with pytest.raises(CheckpointError, match=r"'.*missing.ckpt' does not exist"):
+        trainer.fit(TinyModule(), loader(), ckpt_path=tmp_path / "missing.ckpt")
+
+    good = tmp_path / "good.ckpt"
+    trainer.fit(TinyModule(), loader())
+    trainer.save_checkpoint(good)
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match=r"truncated.ckpt' could not be read .*truncated"):
+        quiet_trainer(max_epochs=2).fit(TinyModule(), loader(), ckpt_path=truncated)
+
+    foreign = tmp_path / "weights.pt"
+    torch.save(TinyModule().state_dict(), foreign)
+    with pytest.raises(CheckpointError, match=r"weights.pt' is not a tandem checkpoint .*load_state_dict"):
+        quiet_trainer(max_epochs=2).fit(TinyModule(), loader(), ckpt_path=foreign)
+
+    garbage = tmp_path / "garbage.ckpt"
+    garbage.write_text("not a checkpoint")
+    with pytest.raises(CheckpointError, match=r"garbage.ckpt' could not be read"):
+        quiet_trainer().validate(TinyModule(), loader(), ckpt_path=garbage)

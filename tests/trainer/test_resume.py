@@ -1,0 +1,85 @@
+"""Exact resume, each run in a new process: weights bit for bit, same batches, no re-read data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import TinyModule, loader, max_abs_diff, quiet_trainer, run_python
+
+SCRIPT = str(Path(__file__).parent / "scripts" / "resume_run.py")
+
+
+def _run(tmp_path: Path, root: str, out: str, epochs: int, *extra: str, expect_rc: int = 0) -> dict:
+    result = run_python([SCRIPT, str(tmp_path / root), str(tmp_path / out), str(epochs), *extra], timeout=90)
+    assert result.returncode == expect_rc, result.stderr[-3000:]
+    if expect_rc != 0:
+        return {"stderr": result.stderr}
+    info = json.loads((tmp_path / f"{out}.json").read_text())
+    info["weights"] = torch.load(tmp_path / f"{out}.pt")
+    info["stderr"] = result.stderr
+    return info
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("full")
+    return _run(tmp, "root", "full", 4)
+
+
+@pytest.mark.timeout(120)
+def test_two_epochs_then_resume_to_four_equals_four_epochs(tmp_path, uninterrupted):
+    first = _run(tmp_path, "root", "first", 2)
+    assert first["global_step"] == 14
+    assert (tmp_path / "root" / "checkpoints" / "last.ckpt").is_file()
+    resumed = _run(tmp_path, "root", "resumed", 4, "--resume")
+    assert resumed["global_step"] == 28 and resumed["epoch"] == 4
+    assert max_abs_diff(resumed["weights"], uninterrupted["weights"]) == 0.0
+    assert resumed["fingerprints"] == uninterrupted["fingerprints"][14:]
+    assert resumed["metrics"] == uninterrupted["metrics"]
+
+
+@pytest.mark.timeout(120)
+def test_crash_mid_epoch_then_resume_from_last_ckpt_continues_with_the_next_batch(tmp_path, uninterrupted):
+    # 7 batches an epoch; a checkpoint every 5 steps; the process dies after step 12 (last.ckpt is step 10).
+    _run(tmp_path, "root", "crashed", 4, "--every-n-steps", "5", "--die-at-step", "12", expect_rc=3)
+    saved = torch.load(tmp_path / "root" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert saved["global_step"] == 10 and saved["loops"]["batches_done"] == 3
+    resumed = _run(tmp_path, "root", "resumed", 4, "--every-n-steps", "5", "--resume")
+    assert resumed["global_step"] == 28
+    assert max_abs_diff(resumed["weights"], uninterrupted["weights"]) == 0.0
+    # the same shuffled order from the next batch on, and the done batches were never loaded again
+    assert resumed["fingerprints"] == uninterrupted["fingerprints"][10:]
+    assert resumed["reads"] == (16 * 3 + 4) + 2 * 100
+    # the epoch's partial metric sums came back with the checkpoint
+    assert resumed["metrics"] == pytest.approx(uninterrupted["metrics"])
+
+
+@pytest.mark.timeout(120)
+def test_iterable_dataset_mid_epoch_resume_warns_and_reads_ahead(tmp_path):
+    _run(tmp_path, "root", "crashed", 2, "--iterable", "--every-n-steps", "3", "--die-at-step", "4", expect_rc=3)
+    resumed = _run(tmp_path, "root", "resumed", 2, "--iterable", "--every-n-steps", "3", "--resume")
+    assert "cannot skip ahead" in resumed["stderr"] and "reads and discards its first 3 batches" in resumed["stderr"]
+    assert resumed["global_step"] == 14
+    assert resumed["reads"] == 2 * 100
+
+
+@pytest.mark.timeout(60)
+def test_last_without_any_checkpoint_starts_from_scratch(tmp_path):
+    trainer = quiet_trainer(max_epochs=1, default_root_dir=tmp_path)
+    with pytest.warns(UserWarning, match="found no last.ckpt yet; training starts from scratch"):
+        trainer.fit(TinyModule(), loader(), ckpt_path="last")
+    assert trainer.global_step == 4
+
+
+@pytest.mark.timeout(60)
+def test_weights_only_checkpoint_cannot_resume_training(tmp_path):
+    trainer = quiet_trainer(max_epochs=1)
+    trainer.fit(TinyModule(), loader())
+    trainer.save_checkpoint(tmp_path / "w.ckpt", weights_only=True)
+    (result,) = quiet_trainer().validate(TinyModule(), loader(), ckpt_path=tmp_path / "w.ckpt")
+    assert "val_loss" in result
+    with pytest.raises(Exception, match="holds weights only"):
+        quiet_trainer(max_epochs=2).fit(TinyModule(), loader(), ckpt_path=tmp_path / "w.ckpt")
