@@ -595,6 +595,11 @@ def _build_callbacks(callbacks: Any, checkpointing: bool, progress_bar: bool, mo
 
         if not any(isinstance(c, ProgressBar) for c in callbacks):
             callbacks.append(ProgressBar())
+    if model_summary:
+        from tandem.callbacks.model_summary import ModelSummary
+
+        if not any(isinstance(c, ModelSummary) for c in callbacks):
+            callbacks.insert(0, ModelSummary())
     keys = [c.state_key for c in callbacks]
     duplicates = sorted({k for k in keys if keys.count(k) > 1})
     if duplicates:
