@@ -67,18 +67,26 @@ class TinyModule(tandem.TrainingModule):
 
 def quiet_trainer(**kwargs) -> tandem.Trainer:
     """A CPU trainer without logger, checkpoints, progress bar or summary unless asked."""
-    defaults = dict(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                    enable_model_summary=False, num_sanity_val_steps=0)
+    defaults = dict(
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
     defaults.update(kwargs)
     return tandem.Trainer(**defaults)
 
 
-def run_python(args: list[str], timeout: float = 120, cwd: str | Path | None = None,
-               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_python(
+    args: list[str], timeout: float = 120, cwd: str | Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """Run a Python script in a fresh process with the repo's tandem importable; output captured."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd, env=full_env)
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=full_env
+    )
 
 
 def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

@@ -121,8 +121,15 @@ class TrainingModule(nn.Module):
         if self._trainer is None:
             return  # called outside a Trainer run (e.g. a unit test calling training_step): nothing to collect
         self._trainer._metrics.log(
-            name, value, on_step=on_step, on_epoch=on_epoch, prog_bar=prog_bar, logger=logger,
-            sync_dist=sync_dist, reduce_fx=reduce_fx, batch_size=batch_size,
+            name,
+            value,
+            on_step=on_step,
+            on_epoch=on_epoch,
+            prog_bar=prog_bar,
+            logger=logger,
+            sync_dist=sync_dist,
+            reduce_fx=reduce_fx,
+            batch_size=batch_size,
         )
 
     def log_dict(self, values: Mapping[str, Any], **kwargs: Any) -> None:
@@ -230,7 +237,7 @@ def _collect_init_args(frame: Any, cls: type) -> dict[str, Any]:
         code = frame.f_code
         local_vars = frame.f_locals
         if code.co_name == "__init__" and isinstance(local_vars.get("self"), cls):
-            sig = inspect.signature(getattr(type(local_vars["self"]), "__init__"))
+            sig = inspect.signature(type(local_vars["self"]).__init__)
             args = {}
             for name, param in sig.parameters.items():
                 if name == "self" or name not in local_vars:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import TinyModule, loader, quiet_trainer
 
 import tandem
+from helpers import TinyModule, loader, quiet_trainer
 from tandem.utilities.exceptions import CheckpointError, TandemConfigError, TandemUserCodeError
 
 pytestmark = pytest.mark.timeout(30)
@@ -27,7 +27,10 @@ pytestmark = pytest.mark.timeout(30)
         (dict(limit_val_batches=-1), r"limit_val_batches=-1 is out of range"),
         (dict(max_epochs=-3), r"max_epochs=-3 is out of range"),
         (dict(max_epochs=-1), r"Set max_epochs or max_steps so that training ends"),
-        (dict(gradient_clip_algorithm="l2"), r"gradient_clip_algorithm='l2' is not valid; expected one of: 'norm', 'value'"),
+        (
+            dict(gradient_clip_algorithm="l2"),
+            r"gradient_clip_algorithm='l2' is not valid; expected one of: 'norm', 'value'",
+        ),
         (dict(gradient_clip_val=-1.0), r"gradient_clip_val=-1.0 is out of range"),
         (dict(val_check_interval=0.0), r"val_check_interval=0.0 is out of range"),
         (dict(callbacks=[object()]), r"callbacks must be tandem.Callback instances"),
@@ -42,7 +45,9 @@ def test_bad_trainer_arguments(kwargs, match):
 
 def test_cuda_requested_without_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(TandemConfigError, match=r"accelerator='cuda' was requested but no CUDA device.*accelerator='cpu'"):
+    with pytest.raises(
+        TandemConfigError, match=r"accelerator='cuda' was requested but no CUDA device.*accelerator='cpu'"
+    ):
         tandem.Trainer(accelerator="cuda")
 
 
@@ -93,8 +98,10 @@ def test_configure_optimizers_shape(returned, match):
             if returned == "plateau":
                 return {"optimizer": sgd, "lr_scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(sgd)}
             if returned == "interval":
-                return {"optimizer": sgd, "lr_scheduler": {
-                    "scheduler": torch.optim.lr_scheduler.StepLR(sgd, 1), "interval": "hour"}}
+                return {
+                    "optimizer": sgd,
+                    "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(sgd, 1), "interval": "hour"},
+                }
             return returned
 
     with pytest.raises((TandemUserCodeError, TandemConfigError), match=match):
@@ -139,8 +146,10 @@ def test_scheduler_monitor_never_logged_lists_logged_keys():
     class Plateau(TinyModule):
         def configure_optimizers(self):
             sgd = torch.optim.SGD(self.parameters(), lr=0.1)
-            return {"optimizer": sgd, "lr_scheduler": {
-                "scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(sgd), "monitor": "val_los"}}
+            return {
+                "optimizer": sgd,
+                "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(sgd), "monitor": "val_los"},
+            }
 
     with pytest.raises(KeyError, match=r"monitors 'val_los', which was never logged. Logged metrics: .*'val_loss'"):
         quiet_trainer(max_epochs=1).fit(Plateau(), loader(), loader())

@@ -7,10 +7,10 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import TinyModule, loader, make_data, max_abs_diff, quiet_trainer
 from torch.utils.data import DataLoader
 
 import tandem
+from helpers import TinyModule, loader, make_data, max_abs_diff, quiet_trainer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -84,8 +84,9 @@ def test_gradient_clipping_limits_what_the_optimizer_sees(algorithm):
         def on_before_zero_grad(self, optimizer):
             seen.append([p.grad.clone() for p in self.parameters()])
 
-    quiet_trainer(max_steps=3, gradient_clip_val=0.01, gradient_clip_algorithm=algorithm,
-                  callbacks=[Spy()]).fit(Clipped(lr=10.0), loader())
+    quiet_trainer(max_steps=3, gradient_clip_val=0.01, gradient_clip_algorithm=algorithm, callbacks=[Spy()]).fit(
+        Clipped(lr=10.0), loader()
+    )
     before, after = seen[0], seen[1]
     if algorithm == "norm":
         total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in after]))
@@ -125,9 +126,14 @@ def test_hooks_run_in_order_module_first_then_callbacks_in_user_order():
 
     quiet_trainer(max_epochs=1, callbacks=[Recorder("b"), Recorder("a")]).fit(Hooked(), loader(), loader())
     assert calls == [
-        ("module", "on_train_epoch_start"), ("b", "on_train_epoch_start"), ("a", "on_train_epoch_start"),
-        ("b", "on_validation_end"), ("a", "on_validation_end"),
-        ("module", "on_train_epoch_end"), ("b", "on_train_epoch_end"), ("a", "on_train_epoch_end"),
+        ("module", "on_train_epoch_start"),
+        ("b", "on_train_epoch_start"),
+        ("a", "on_train_epoch_start"),
+        ("b", "on_validation_end"),
+        ("a", "on_validation_end"),
+        ("module", "on_train_epoch_end"),
+        ("b", "on_train_epoch_end"),
+        ("a", "on_train_epoch_end"),
     ]
 
 
@@ -155,7 +161,8 @@ def test_validation_interval_sanity_check_and_check_every_n_epochs():
     assert "val_loss" in trainer.callback_metrics
     counts.update(val_batches=0, sanity=0)
     quiet_trainer(max_epochs=4, check_val_every_n_epoch=2, callbacks=[Count()]).fit(
-        TinyModule(), loader(64, 16), loader(48, 16))
+        TinyModule(), loader(64, 16), loader(48, 16)
+    )
     assert counts["val_batches"] == 2 * 3
 
 
@@ -186,8 +193,7 @@ def test_validate_test_and_predict_return_values():
 
 
 def test_fast_dev_run_runs_one_batch_of_each_and_writes_nothing(tmp_path):
-    trainer = tandem.Trainer(fast_dev_run=True, accelerator="cpu", enable_progress_bar=False,
-                             default_root_dir=tmp_path)
+    trainer = tandem.Trainer(fast_dev_run=True, accelerator="cpu", enable_progress_bar=False, default_root_dir=tmp_path)
     trainer.fit(TinyModule(), loader(), loader())
     assert trainer.global_step == 1
     assert trainer.loggers == []
@@ -251,8 +257,13 @@ def test_module_properties_inside_a_run():
 
     class Props(TinyModule):
         def on_train_epoch_end(self):
-            seen.update(epoch=self.current_epoch, step=self.global_step, rank=self.global_rank,
-                        device=self.device, trainer=self.trainer)
+            seen.update(
+                epoch=self.current_epoch,
+                step=self.global_step,
+                rank=self.global_rank,
+                device=self.device,
+                trainer=self.trainer,
+            )
 
     trainer = quiet_trainer(max_epochs=1)
     trainer.fit(Props(), loader())

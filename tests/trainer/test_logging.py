@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import TinyModule, loader, quiet_trainer
 from torch.utils.data import DataLoader, TensorDataset
 
+from helpers import TinyModule, loader, quiet_trainer
 from tandem.loggers.logger import Logger
 from tandem.trainer.logging import MetricCollector
 
@@ -105,8 +105,17 @@ def test_collector_reduces_sums_and_counts_across_processes():
 
     collector = MetricCollector(fake_reduce)
     collector.stage, collector.hook = "validate", "validation_step"
-    collector.log("m", torch.tensor(2.0), on_step=None, on_epoch=None, prog_bar=False, logger=True,
-                  sync_dist=True, reduce_fx="mean", batch_size=2)
+    collector.log(
+        "m",
+        torch.tensor(2.0),
+        on_step=None,
+        on_epoch=None,
+        prog_bar=False,
+        logger=True,
+        sync_dist=True,
+        reduce_fx="mean",
+        batch_size=2,
+    )
     values = collector.epoch_metrics()
     assert values["m"].item() == pytest.approx(34.0 / 12.0)
 

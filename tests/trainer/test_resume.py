@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from helpers import TinyModule, loader, max_abs_diff, quiet_trainer, run_python
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "resume_run.py")

@@ -52,11 +52,11 @@ class EarlyStopping(Callback):
         divergence_threshold: float | None = None,
     ) -> None:
         if mode not in _MODES:
-            raise bad_choice("EarlyStopping(mode=...)", mode, _MODES, _MODE_FIX)
+            raise bad_choice("EarlyStopping: mode", mode, _MODES, _MODE_FIX)
         if not isinstance(patience, int) or patience < 0:
-            raise out_of_range("EarlyStopping(patience=...)", patience, "an int >= 0")
+            raise out_of_range("EarlyStopping: patience", patience, "an int >= 0")
         if not isinstance(min_delta, (int, float)) or not math.isfinite(min_delta) or min_delta < 0:
-            raise out_of_range("EarlyStopping(min_delta=...)", min_delta, "a finite number >= 0")
+            raise out_of_range("EarlyStopping: min_delta", min_delta, "a finite number >= 0")
         self.monitor = monitor
         self.min_delta = float(min_delta)
         self.patience = patience

@@ -39,7 +39,7 @@ class LearningRateMonitor(Callback):
         self, logging_interval: str | None = None, log_momentum: bool = False, log_weight_decay: bool = False
     ) -> None:
         if logging_interval not in _INTERVALS:
-            raise bad_choice("LearningRateMonitor(logging_interval=...)", logging_interval, _INTERVALS)
+            raise bad_choice("LearningRateMonitor: logging_interval", logging_interval, _INTERVALS)
         self.logging_interval = logging_interval
         self.log_momentum = log_momentum
         self.log_weight_decay = log_weight_decay
@@ -75,12 +75,12 @@ class LearningRateMonitor(Callback):
     def _log(self, trainer: Trainer, interval: str) -> None:
         if not trainer.is_global_zero:
             return
-        stats = self.stats(trainer, interval)
+        stats = self._stats(trainer, interval)
         if stats:
             for logger in trainer.loggers:
                 logger.log_metrics(stats, step=trainer.global_step)
 
-    def stats(self, trainer: Trainer, interval: str) -> dict[str, float]:
+    def _stats(self, trainer: Trainer, interval: str) -> dict[str, float]:
         """The values due at ``interval`` ("step" or "epoch"), keyed by their logged names."""
         scheduled = {id(cfg.scheduler.optimizer): cfg.interval for cfg in trainer.lr_scheduler_configs}
         names = self._names or optimizer_names(trainer.optimizers)

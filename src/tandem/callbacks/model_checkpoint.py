@@ -71,12 +71,12 @@ class ModelCheckpoint(Callback):
         verbose: bool = False,
     ) -> None:
         if mode not in _MODES:
-            raise bad_choice("ModelCheckpoint(mode=...)", mode, _MODES, _MODE_FIX)
+            raise bad_choice("ModelCheckpoint: mode", mode, _MODES, _MODE_FIX)
         if not isinstance(save_top_k, int) or save_top_k < -1:
-            raise out_of_range("ModelCheckpoint(save_top_k=...)", save_top_k, "an int >= -1 (-1 keeps all)")
+            raise out_of_range("ModelCheckpoint: save_top_k", save_top_k, "an int >= -1 (-1 keeps all)")
         for arg, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
             if value is not None and (not isinstance(value, int) or value < 0):
-                raise out_of_range(f"ModelCheckpoint({arg}=...)", value, "None or an int >= 0")
+                raise out_of_range(f"ModelCheckpoint: {arg}", value, "None or an int >= 0")
         if (every_n_train_steps or 0) > 0 and (every_n_epochs or 0) > 0:
             raise incompatible(
                 f"ModelCheckpoint(every_n_train_steps={every_n_train_steps}, "
@@ -170,7 +170,7 @@ class ModelCheckpoint(Callback):
         score = trainer.strategy.broadcast(float(local) if local is not None else None)
         if score is None:
             available = [k for k in metrics if k not in ("epoch", "step")]
-            raise missing_metric(f"ModelCheckpoint(monitor={self.monitor!r})", self.monitor, available)
+            raise missing_metric("ModelCheckpoint", self.monitor, available)
         if math.isnan(score):
             score = math.inf if self.mode == "min" else -math.inf
         return score

@@ -39,7 +39,7 @@ class ProgressBar(Callback):
 
     def __init__(self, refresh_rate: int = 1, leave: bool = False) -> None:
         if not isinstance(refresh_rate, int) or refresh_rate < 0:
-            raise out_of_range("ProgressBar(refresh_rate=...)", refresh_rate, "an int >= 0 (0: no bars)")
+            raise out_of_range("ProgressBar: refresh_rate", refresh_rate, "an int >= 0 (0: no bars)")
         self.refresh_rate = refresh_rate
         self.leave = leave
         self._bars: dict[str, Any] = {}  # "train" | "eval" | "test" | "predict" -> tqdm
@@ -91,8 +91,8 @@ class ProgressBar(Callback):
         if bar is None:
             self._open("train", desc, total, leave=True)
         else:  # one line reused across epochs
-            bar.reset(total=None if math.isinf(total) else int(total))
             bar.set_description(desc, refresh=False)
+            bar.reset(total=None if math.isinf(total) else int(total))
         self._loss = None
         self._postfix_time = time.monotonic()
 
@@ -118,9 +118,12 @@ class ProgressBar(Callback):
 
     # ------------------------------------------------------------------ sanity check and validation
     def on_validation_start(self, trainer: Trainer, module: TrainingModule) -> None:
-        if self._enabled(trainer):
-            desc = "Sanity Checking" if trainer.sanity_checking else "Validation"
-            self._open("eval", desc, trainer.num_val_batches, leave=False)
+        if not self._enabled(trainer):
+            return
+        if trainer.sanity_checking:
+            self._open("eval", "Sanity Checking", trainer.num_sanity_val_steps, leave=False)
+        else:
+            self._open("eval", "Validation", trainer.num_val_batches, leave=False)
 
     def on_validation_batch_end(
         self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int

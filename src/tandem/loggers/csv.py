@@ -45,8 +45,7 @@ class CSVLogger(Logger):
         flush_logs_every_n_steps: int = 100,
     ) -> None:
         if not isinstance(flush_logs_every_n_steps, int) or flush_logs_every_n_steps < 1:
-            what = "CSVLogger(flush_logs_every_n_steps=...)"
-            raise out_of_range(what, flush_logs_every_n_steps, "an int >= 1")
+            raise out_of_range("CSVLogger: flush_logs_every_n_steps", flush_logs_every_n_steps, "an int >= 1")
         super().__init__(save_dir, name, version)
         self._flush_every = flush_logs_every_n_steps
         self._pending: list[dict[str, Any]] = []

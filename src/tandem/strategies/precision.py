@@ -15,6 +15,7 @@ from torch.optim import Optimizer
 from tandem.utilities.exceptions import bad_choice
 
 _NO_CONTEXT = contextlib.nullcontext()
+_AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
 
 class Precision:
@@ -28,8 +29,13 @@ class Precision:
 
     SUPPORTED: ClassVar[tuple[str, ...]] = ("32-true", "64-true", "bf16-mixed", "16-mixed")
     _ALIASES: ClassVar[dict[Any, str]] = {
-        32: "32-true", "32": "32-true", 64: "64-true", "64": "64-true",
-        16: "16-mixed", "16": "16-mixed", "bf16": "bf16-mixed",
+        32: "32-true",
+        "32": "32-true",
+        64: "64-true",
+        "64": "64-true",
+        16: "16-mixed",
+        "16": "16-mixed",
+        "bf16": "bf16-mixed",
     }
 
     def __init__(self, precision: str | int = "32-true", device_type: str = "cpu") -> None:
@@ -45,7 +51,7 @@ class Precision:
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
-        return {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(self.precision)
+        return _AUTOCAST_DTYPES.get(self.precision)
 
     def set_device_type(self, device_type: str) -> None:
         """Called by the strategy when its device is known; rebuilds the scaler for that device."""

@@ -64,7 +64,9 @@ def resolve_devices(accelerator: str, devices: Any) -> list[torch.device]:
         try:
             parsed = [int(p) for p in devices.split(",") if p.strip()]
         except ValueError:
-            raise out_of_range("devices", devices, "'auto', an int, a list of device indices or a string like '0,1'") from None
+            raise out_of_range(
+                "devices", devices, "'auto', an int, a list of device indices or a string like '0,1'"
+            ) from None
         return resolve_devices(accelerator, parsed[0] if len(parsed) == 1 and "," not in devices else parsed)
     elif isinstance(devices, bool) or not isinstance(devices, (int, list, tuple)):
         raise out_of_range("devices", devices, "'auto', an int, or a list of CUDA device indices")
@@ -72,11 +74,19 @@ def resolve_devices(accelerator: str, devices: Any) -> list[torch.device]:
         if devices == -1:
             devices = available if accelerator == "cuda" else 1
         if devices < 1:
-            raise out_of_range("devices", devices, "at least 1 (or -1 for all)",
-                               "To train on the CPU, use accelerator='cpu' with devices=1.")
+            raise out_of_range(
+                "devices",
+                devices,
+                "at least 1 (or -1 for all)",
+                "To train on the CPU, use accelerator='cpu' with devices=1.",
+            )
         if available is not None and devices > available:
-            raise out_of_range("devices", devices, f"at most {available}, the CUDA devices visible here",
-                               "Lower devices, or check CUDA_VISIBLE_DEVICES.")
+            raise out_of_range(
+                "devices",
+                devices,
+                f"at most {available}, the CUDA devices visible here",
+                "Lower devices, or check CUDA_VISIBLE_DEVICES.",
+            )
         indices = list(range(devices))
     else:
         if accelerator != "cuda":

@@ -58,10 +58,14 @@ class TrainerConfig:
         for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):
             _check_limit(name, getattr(self, name))
         v = self.val_check_interval
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or (
-            isinstance(v, int) and v < 1 or isinstance(v, float) and not 0.0 < v <= 1.0
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, (int, float))
+            or (isinstance(v, int) and v < 1 or isinstance(v, float) and not 0.0 < v <= 1.0)
         ):
-            raise out_of_range("val_check_interval", v, "an int >= 1 (batches) or a float in (0.0, 1.0] (fraction of an epoch)")
+            raise out_of_range(
+                "val_check_interval", v, "an int >= 1 (batches) or a float in (0.0, 1.0] (fraction of an epoch)"
+            )
         _check_int("check_val_every_n_epoch", self.check_val_every_n_epoch, 1, allow_none=True)
         _check_int("num_sanity_val_steps", self.num_sanity_val_steps, -1)
         _check_int("accumulate_grad_batches", self.accumulate_grad_batches, 1)
@@ -88,8 +92,12 @@ class TrainerConfig:
         if self.max_epochs is None:
             self.max_epochs = 1000 if self.max_steps == -1 else -1
         if self.max_epochs == -1 and self.max_steps == -1:
-            raise out_of_range("max_epochs", -1, "a positive int when max_steps is not set",
-                               "Set max_epochs or max_steps so that training ends.")
+            raise out_of_range(
+                "max_epochs",
+                -1,
+                "a positive int when max_steps is not set",
+                "Set max_epochs or max_steps so that training ends.",
+            )
 
     @property
     def epoch_limit(self) -> float:
@@ -103,6 +111,10 @@ def limit_batches(name: str, limit: int | float, available: int | float) -> int 
     if limit == 1.0 or limit == 0.0:
         return available if limit == 1.0 else 0
     if available == math.inf:
-        raise out_of_range(name, limit, "an int or 1.0 for a dataloader without a length (an iterable dataset)",
-                           f"Pass {name}=<number of batches> instead of a fraction.")
+        raise out_of_range(
+            name,
+            limit,
+            "an int or 1.0 for a dataloader without a length (an iterable dataset)",
+            f"Pass {name}=<number of batches> instead of a fraction.",
+        )
     return max(1, int(available * limit))

@@ -7,10 +7,12 @@ weighted sum and a count, reduced across processes as sums and counts, then divi
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import numbers
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,10 +23,40 @@ from tandem.utilities.exceptions import TandemUserCodeError, bad_choice
 REDUCE_FX = ("mean", "sum", "max", "min")
 
 # Hooks whose self.log calls default to on_step=True, on_epoch=False (everything else: the reverse).
-_STEP_HOOKS = frozenset({
-    "training_step", "on_train_batch_start", "on_train_batch_end", "on_before_backward", "on_after_backward",
-    "on_before_optimizer_step", "on_before_zero_grad",
-})
+_STEP_HOOKS = frozenset(
+    {
+        "training_step",
+        "on_train_batch_start",
+        "on_train_batch_end",
+        "on_before_backward",
+        "on_after_backward",
+        "on_before_optimizer_step",
+        "on_before_zero_grad",
+    }
+)
+
+
+# Set in a DataParallel replica's thread: self.log calls there are appended to this list (name, value,
+# options) instead of being recorded, and the strategy logs each name once, combined across replicas.
+_REPLICA_LOGS: contextvars.ContextVar[list[tuple[str, Any, dict[str, Any]]] | None] = contextvars.ContextVar(
+    "tandem_replica_logs", default=None
+)
+
+
+@contextlib.contextmanager
+def replica_log_buffer() -> Iterator[list[tuple[str, Any, dict[str, Any]]]]:
+    """Collect the ``self.log`` calls made in this thread inside the block into the yielded list.
+
+    Each item is ``(name, value, options)``: the value as a detached scalar tensor (or a torchmetrics
+    Metric), the options as given to ``self.log``. Nothing reaches the collector; the caller combines
+    and logs. DataParallel opens one buffer in each replica's thread.
+    """
+    buffer: list[tuple[str, Any, dict[str, Any]]] = []
+    token = _REPLICA_LOGS.set(buffer)
+    try:
+        yield buffer
+    finally:
+        _REPLICA_LOGS.reset(token)
 
 
 def _is_metric(value: Any) -> bool:
@@ -103,6 +135,12 @@ class MetricCollector:
     ) -> None:
         if reduce_fx not in REDUCE_FX:
             raise bad_choice(f"self.log({name!r}, reduce_fx=...)", reduce_fx, REDUCE_FX)
+        buffer = _REPLICA_LOGS.get()
+        if buffer is not None:  # inside a DataParallel replica: the strategy combines and logs once
+            options = dict(on_step=on_step, on_epoch=on_epoch, prog_bar=prog_bar, logger=logger,
+                           sync_dist=sync_dist, reduce_fx=reduce_fx, batch_size=batch_size)
+            buffer.append((name, value if _is_metric(value) else self._as_tensor(name, value), options))
+            return
         in_step_hook = self.hook in _STEP_HOOKS
         on_step = in_step_hook if on_step is None else on_step
         on_epoch = (not in_step_hook) if on_epoch is None else on_epoch
@@ -145,7 +183,8 @@ class MetricCollector:
                     f"self.log({name!r}, ...) got a tensor of shape {tuple(value.shape)}; log one number per "
                     "name, e.g. value.mean(), or a torchmetrics Metric."
                 )
-            return value.detach().reshape(())
+            value = value.detach()
+            return value if value.ndim == 0 else value.reshape(())
         if isinstance(value, numbers.Number) and not isinstance(value, bool):
             return torch.tensor(float(value))
         raise TandemUserCodeError(

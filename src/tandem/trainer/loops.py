@@ -182,9 +182,12 @@ def _loss_from(output: Any) -> torch.Tensor | None:
                 "loss from the module's outputs (not under torch.no_grad() and without .detach() / .item())."
             )
         return loss
-    got = f"a dict without a scalar tensor under 'loss' (keys: {sorted(output)})" if isinstance(
-        output, Mapping) else f"{type(output).__name__}" + (
-        f" of shape {tuple(output.shape)}" if isinstance(output, torch.Tensor) else "")
+    got = (
+        f"a dict without a scalar tensor under 'loss' (keys: {sorted(output)})"
+        if isinstance(output, Mapping)
+        else f"{type(output).__name__}"
+        + (f" of shape {tuple(output.shape)}" if isinstance(output, torch.Tensor) else "")
+    )
     raise TandemUserCodeError(
         f"training_step returned {got}; expected the loss as a scalar tensor, a dict with a 'loss' tensor, "
         "or None to skip the batch."
@@ -202,10 +205,14 @@ def _detached_outputs(output: Any, loss: torch.Tensor | None) -> Any:
 def run_evaluation(trainer: Trainer, stage: str, sanity: bool = False) -> Any:
     """One pass over the validation, test or predict data. Returns epoch metrics, or predictions."""
     strategy, metrics = trainer.strategy, trainer._metrics
-    loader = {"validate": trainer.val_dataloaders, "test": trainer.test_dataloaders,
-              "predict": trainer.predict_dataloaders}[stage]
-    n = {"validate": trainer.num_val_batches, "test": trainer.num_test_batches,
-         "predict": trainer.num_predict_batches}[stage]
+    loader = {
+        "validate": trainer.val_dataloaders,
+        "test": trainer.test_dataloaders,
+        "predict": trainer.predict_dataloaders,
+    }[stage]
+    n = {"validate": trainer.num_val_batches, "test": trainer.num_test_batches, "predict": trainer.num_predict_batches}[
+        stage
+    ]
     if sanity:
         n = n if trainer._config.num_sanity_val_steps == -1 else min(n, trainer._config.num_sanity_val_steps)
     name = _STEP_NAME[stage]

@@ -6,7 +6,6 @@ import glob
 import math
 import os
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -97,13 +96,21 @@ class Trainer:
         fast_dev_run: bool | int = False,
     ) -> None:
         self._config = TrainerConfig(
-            max_epochs=max_epochs, max_steps=max_steps, limit_train_batches=limit_train_batches,
-            limit_val_batches=limit_val_batches, limit_test_batches=limit_test_batches,
-            limit_predict_batches=limit_predict_batches, val_check_interval=val_check_interval,
-            check_val_every_n_epoch=check_val_every_n_epoch, num_sanity_val_steps=num_sanity_val_steps,
-            accumulate_grad_batches=accumulate_grad_batches, gradient_clip_val=gradient_clip_val,
-            gradient_clip_algorithm=gradient_clip_algorithm, log_every_n_steps=log_every_n_steps,
-            fast_dev_run=fast_dev_run, precision=precision,
+            max_epochs=max_epochs,
+            max_steps=max_steps,
+            limit_train_batches=limit_train_batches,
+            limit_val_batches=limit_val_batches,
+            limit_test_batches=limit_test_batches,
+            limit_predict_batches=limit_predict_batches,
+            val_check_interval=val_check_interval,
+            check_val_every_n_epoch=check_val_every_n_epoch,
+            num_sanity_val_steps=num_sanity_val_steps,
+            accumulate_grad_batches=accumulate_grad_batches,
+            gradient_clip_val=gradient_clip_val,
+            gradient_clip_algorithm=gradient_clip_algorithm,
+            log_every_n_steps=log_every_n_steps,
+            fast_dev_run=fast_dev_run,
+            precision=precision,
         )
         self.strategy: Strategy = resolve_strategy(strategy, accelerator, devices, num_nodes, precision)
         self.default_root_dir: str = os.fspath(default_root_dir) if default_root_dir is not None else os.getcwd()
@@ -214,9 +221,7 @@ class Trainer:
     # ================================================================== set-up
     def _setup(self, fn: str, model: TrainingModule, train: Any, evaluation: Any, datamodule: Any) -> None:
         if datamodule is not None and (train is not None or evaluation is not None):
-            raise TandemConfigError(
-                f"Trainer.{fn} got both dataloaders and a datamodule; pass one of them."
-            )
+            raise TandemConfigError(f"Trainer.{fn} got both dataloaders and a datamodule; pass one of them.")
         if self.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
@@ -264,13 +269,17 @@ class Trainer:
             if self.num_training_batches == 0:
                 rank_zero_warn("No training batches (limit_train_batches or an empty dataloader): fit trains nothing.")
         stage = "validate" if fn == "fit" else fn
-        loader = evaluation if evaluation is not None else from_datamodule(
-            {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}[stage]
+        loader = (
+            evaluation
+            if evaluation is not None
+            else from_datamodule(
+                {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}[stage]
+            )
         )
         if loader is None and fn != "fit":
             raise TandemConfigError(
                 f"Trainer.{fn} needs data: pass dataloaders=DataLoader(...), or a datamodule whose "
-                f"{ {'validate': 'val', 'test': 'test', 'predict': 'predict'}[fn]}_dataloader() returns one."
+                f"{ {'validate': 'val', 'test': 'test', 'predict': 'predict'}[fn] }_dataloader() returns one."
             )
         step = {"validate": "validation_step", "test": "test_step", "predict": "predict_step"}[stage]
         if loader is not None and stage != "predict" and getattr(type(model), step) is getattr(TrainingModule, step):
@@ -280,16 +289,24 @@ class Trainer:
             loader = None
         if loader is not None:
             loader = strategy.process_dataloader(_check_loader(loader, "dataloaders"), stage)
-            limit = getattr(config, {"validate": "limit_val_batches", "test": "limit_test_batches",
-                                     "predict": "limit_predict_batches"}[stage])
-            count = limit_batches(f"limit_{stage.replace('validate', 'val')}_batches", limit,
-                                  len(loader) if has_len(loader) else math.inf)
+            limit = getattr(
+                config,
+                {"validate": "limit_val_batches", "test": "limit_test_batches", "predict": "limit_predict_batches"}[
+                    stage
+                ],
+            )
+            count = limit_batches(
+                f"limit_{stage.replace('validate', 'val')}_batches", limit, len(loader) if has_len(loader) else math.inf
+            )
         else:
             count = 0
         attr = {"validate": "val_dataloaders", "test": "test_dataloaders", "predict": "predict_dataloaders"}[stage]
         setattr(self, attr, loader)
-        setattr(self, {"validate": "num_val_batches", "test": "num_test_batches",
-                       "predict": "num_predict_batches"}[stage], count)
+        setattr(
+            self,
+            {"validate": "num_val_batches", "test": "num_test_batches", "predict": "num_predict_batches"}[stage],
+            count,
+        )
 
     def _finish(self, fn: str, status: str) -> None:
         for callback in self.callbacks:
@@ -402,7 +419,9 @@ class Trainer:
         if ckpt_path == "best":
             callback = self.checkpoint_callback
             if callback is None or not callback.best_model_path:
-                raise TandemConfigError("ckpt_path='best' needs a ModelCheckpoint(monitor=...) that has saved a checkpoint.")
+                raise TandemConfigError(
+                    "ckpt_path='best' needs a ModelCheckpoint(monitor=...) that has saved a checkpoint."
+                )
             return callback.best_model_path
         if ckpt_path != "last":
             return os.fspath(ckpt_path)
@@ -530,6 +549,12 @@ class Trainer:
         return self.strategy.precision.precision
 
     @property
+    def num_sanity_val_steps(self) -> int | float:
+        """Validation batches the sanity check runs (0 when there is no validation data)."""
+        steps = self._config.num_sanity_val_steps
+        return self.num_val_batches if steps == -1 else min(steps, self.num_val_batches)
+
+    @property
     def sanity_checking(self) -> bool:
         return self.state.stage == "sanity_check"
 
@@ -603,7 +628,9 @@ def _build_callbacks(callbacks: Any, checkpointing: bool, progress_bar: bool, mo
     keys = [c.state_key for c in callbacks]
     duplicates = sorted({k for k in keys if keys.count(k) > 1})
     if duplicates:
-        raise TandemConfigError(f"Two callbacks share the checkpoint state key {duplicates[0]!r}; give them different settings.")
+        raise TandemConfigError(
+            f"Two callbacks share the checkpoint state key {duplicates[0]!r}; give them different settings."
+        )
     return callbacks
 
 
@@ -613,7 +640,9 @@ def _check_loader(loader: Any, name: str) -> Any:
             raise TandemConfigError(f"{name} got {len(loader)} dataloaders; tandem takes one per stage.")
         loader = loader[0]
     if not isinstance(loader, Iterable):
-        raise TandemConfigError(f"{name} must be a DataLoader (or an iterable of batches); got {type(loader).__name__}.")
+        raise TandemConfigError(
+            f"{name} must be a DataLoader (or an iterable of batches); got {type(loader).__name__}."
+        )
     return loader
 
 
@@ -639,5 +668,3 @@ def _bind_callback(method: Any, module: TrainingModule) -> Any:
         method(trainer, module, *args)
 
     return call
-
-

@@ -38,8 +38,10 @@ def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
     """Read a tandem checkpoint onto the CPU, or raise :class:`CheckpointError` naming the file."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"Checkpoint {str(path)!r} does not exist. Check ckpt_path, or pass "
-                              "ckpt_path='last' to resume from the newest last.ckpt of this run.")
+        raise CheckpointError(
+            f"Checkpoint {str(path)!r} does not exist. Check ckpt_path, or pass "
+            "ckpt_path='last' to resume from the newest last.ckpt of this run."
+        )
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as err:  # torch raises many types for a damaged file

@@ -13,8 +13,17 @@ from tandem.utilities.seed import seed_workers_requested, worker_init_function
 
 # DataLoader.__init__ arguments that are stored under the same attribute name.
 _LOADER_ATTRS = (
-    "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
-    "generator", "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order",
+    "num_workers",
+    "collate_fn",
+    "pin_memory",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "generator",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory_device",
+    "in_order",
 )
 
 

@@ -6,12 +6,23 @@ raised while a launched rank is still starting up is not printed once per proces
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from lightning_utilities.core.rank_zero import WarningCache, rank_zero_info, rank_zero_only, rank_zero_warn
 
 if getattr(rank_zero_only, "rank", None) is None:
     rank_zero_only.rank = 0
+
+# rank_zero_info writes to this logger; without a handler its messages (why training stopped, the seed)
+# would be invisible. Add one unless the application configured logging for it already.
+_info_logger = logging.getLogger("lightning_utilities.core.rank_zero")
+if not _info_logger.handlers:
+    _handler = logging.StreamHandler()
+    _handler.setFormatter(logging.Formatter("%(message)s"))
+    _info_logger.addHandler(_handler)
+    _info_logger.setLevel(logging.INFO)
+    _info_logger.propagate = False
 
 __all__ = ["WarningCache", "rank_zero_info", "rank_zero_only", "rank_zero_print", "rank_zero_warn", "set_rank"]
 

@@ -78,11 +78,25 @@ callbacks = [ModelCheckpoint(save_last=True, save_top_k=0, every_n_train_steps=a
 if args.die_at_step:
     callbacks.append(Die())
 data = DataLoader(Stream() if args.iterable else Counting(), batch_size=16, shuffle=not args.iterable)
-trainer = tandem.Trainer(accelerator="cpu", max_epochs=args.max_epochs, default_root_dir=args.root, logger=False,
-                         enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
+trainer = tandem.Trainer(
+    accelerator="cpu",
+    max_epochs=args.max_epochs,
+    default_root_dir=args.root,
+    logger=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+    callbacks=callbacks,
+)
 trainer.fit(model, data, ckpt_path="last" if args.resume else None)
 torch.save(model.state_dict(), args.out + ".pt")
 with open(args.out + ".json", "w") as f:
-    json.dump({"fingerprints": model.fingerprints, "reads": reads[0], "global_step": trainer.global_step,
-               "epoch": trainer.current_epoch,
-               "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()}}, f)
+    json.dump(
+        {
+            "fingerprints": model.fingerprints,
+            "reads": reads[0],
+            "global_step": trainer.global_step,
+            "epoch": trainer.current_epoch,
+            "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
+        },
+        f,
+    )

@@ -1,0 +1,117 @@
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from callbacks._fake import RecordingLogger, fake_trainer
+from tandem.callbacks import LearningRateMonitor
+from tandem.utilities.exceptions import TandemConfigError
+
+
+def _params(n=1):
+    return [torch.nn.Parameter(torch.zeros(1)) for _ in range(n)]
+
+
+def _trainer(optimizers, schedulers=(), rank=0, **attrs):
+    logger = RecordingLogger()
+    trainer = fake_trainer(
+        ".", rank=rank, loggers=[logger], optimizers=list(optimizers), lr_scheduler_configs=list(schedulers),
+        **attrs,
+    )
+    return trainer, logger
+
+
+def _scheduler(optimizer, interval):
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
+    return SimpleNamespace(scheduler=scheduler, interval=interval, frequency=1, monitor=None)
+
+
+def _start(callback, trainer):
+    callback.setup(trainer, None, "fit")
+    callback.on_train_start(trainer, None)
+
+
+def test_keys_follow_lightnings_names():
+    sgd = torch.optim.SGD(_params(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    adam = torch.optim.Adam([{"params": _params()}, {"params": _params(), "lr": 0.01}], lr=0.001)
+    named = torch.optim.SGD([{"params": _params(), "name": "head"}, {"params": _params()}], lr=0.5)
+    trainer, logger = _trainer([sgd, adam, named])
+    callback = LearningRateMonitor(logging_interval="epoch", log_momentum=True, log_weight_decay=True)
+    _start(callback, trainer)
+    callback.on_train_epoch_start(trainer, None)
+
+    (logged, step), = logger.calls
+    assert step == 0
+    assert logged == pytest.approx({
+        "lr-SGD": 0.1, "lr-SGD-momentum": 0.9, "lr-SGD-weight_decay": 1e-4,
+        "lr-Adam/pg1": 0.001, "lr-Adam/pg1-momentum": 0.9, "lr-Adam/pg1-weight_decay": 0.0,
+        "lr-Adam/pg2": 0.01, "lr-Adam/pg2-momentum": 0.9, "lr-Adam/pg2-weight_decay": 0.0,
+        "lr-SGD-1/head": 0.5, "lr-SGD-1/head-momentum": 0.0, "lr-SGD-1/head-weight_decay": 0.0,
+        "lr-SGD-1/pg2": 0.5, "lr-SGD-1/pg2-momentum": 0.0, "lr-SGD-1/pg2-weight_decay": 0.0,
+    })
+
+
+def test_step_interval_logs_every_log_every_n_steps_once_per_step():
+    optimizer = torch.optim.SGD(_params(), lr=0.1)
+    trainer, logger = _trainer([optimizer], log_every_n_steps=2)
+    callback = LearningRateMonitor(logging_interval="step")
+    _start(callback, trainer)
+    callback.on_train_epoch_start(trainer, None)
+    for batch_idx, step in enumerate([0, 0, 1, 1, 2, 2, 3, 3, 4]):  # two micro-batches per step
+        trainer.global_step = step
+        optimizer.param_groups[0]["lr"] = 0.1 * (step + 1)
+        callback.on_train_batch_start(trainer, None, None, batch_idx)
+    assert [(step, round(m["lr-SGD"], 6)) for m, step in logger.calls] == [(0, 0.1), (2, 0.3), (4, 0.5)]
+
+
+def test_epoch_interval_logs_at_epoch_start_only():
+    trainer, logger = _trainer([torch.optim.SGD(_params(), lr=0.1)], log_every_n_steps=1)
+    callback = LearningRateMonitor(logging_interval="epoch")
+    _start(callback, trainer)
+    for epoch in range(2):
+        trainer.global_step = epoch * 5
+        callback.on_train_epoch_start(trainer, None)
+        callback.on_train_batch_start(trainer, None, None, 0)
+    assert [step for _, step in logger.calls] == [0, 5]
+
+
+def test_default_interval_follows_each_scheduler():
+    stepped = torch.optim.SGD(_params(), lr=0.1)
+    epoched = torch.optim.Adam(_params(), lr=0.2)
+    plain = torch.optim.RMSprop(_params(), lr=0.3)
+    schedulers = [_scheduler(stepped, "step"), _scheduler(epoched, "epoch")]
+    trainer, logger = _trainer([stepped, epoched, plain], schedulers, log_every_n_steps=1)
+    callback = LearningRateMonitor()
+    _start(callback, trainer)
+    callback.on_train_epoch_start(trainer, None)
+    callback.on_train_batch_start(trainer, None, None, 0)
+    (at_epoch, _), (at_step, _) = logger.calls
+    assert set(at_epoch) == {"lr-Adam", "lr-RMSprop"}  # optimizers without a scheduler log per epoch
+    assert set(at_step) == {"lr-SGD"}
+
+
+def test_every_logger_gets_the_values_on_rank_zero_only():
+    second = RecordingLogger()
+    trainer, first = _trainer([torch.optim.SGD(_params(), lr=0.1)])
+    trainer.loggers.append(second)
+    callback = LearningRateMonitor(logging_interval="epoch")
+    _start(callback, trainer)
+    callback.on_train_epoch_start(trainer, None)
+    assert first.calls == second.calls == [({"lr-SGD": 0.1}, 0)]
+
+    trainer1, logger1 = _trainer([torch.optim.SGD(_params(), lr=0.1)], rank=1)
+    _start(callback, trainer1)
+    callback.on_train_epoch_start(trainer1, None)
+    assert logger1.calls == []
+
+
+def test_no_logger_is_a_clear_error_at_setup():
+    trainer = fake_trainer(".")
+    with pytest.raises(TandemConfigError, match=r"LearningRateMonitor: .*has none\. Enable a logger"):
+        LearningRateMonitor().setup(trainer, None, "fit")
+    LearningRateMonitor().setup(trainer, None, "test")  # nothing is logged outside fit
+
+
+def test_bad_interval_is_rejected_at_construction():
+    with pytest.raises(TandemConfigError, match="logging_interval='batch' is not valid; expected one of"):
+        LearningRateMonitor(logging_interval="batch")

@@ -1,0 +1,237 @@
+import os
+
+import pytest
+import torch
+
+from callbacks._fake import fake_trainer, metrics
+from tandem.callbacks import ModelCheckpoint
+from tandem.utilities.exceptions import MissingMetricError, TandemConfigError
+
+
+def _setup(callback, tmp_path, **attrs):
+    trainer = fake_trainer(tmp_path, callbacks=[callback], **attrs)
+    callback.setup(trainer, None, "fit")
+    return trainer
+
+
+def _epoch_end(callback, trainer, epoch, steps_per_epoch=10, **values):
+    trainer.current_epoch = epoch
+    trainer.global_step = (epoch + 1) * steps_per_epoch
+    trainer.callback_metrics = metrics(**values)
+    callback.on_train_epoch_end(trainer, None)
+
+
+def _files(folder):
+    return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+
+
+# ---------------------------------------------------------------------- names
+def test_format_checkpoint_name_fills_epoch_step_metrics_and_version(tmp_path):
+    default = ModelCheckpoint(dirpath=tmp_path)
+    expected = str(tmp_path / "epoch=0-step=100.ckpt")
+    assert default.format_checkpoint_name({"epoch": 0, "step": 100}) == expected
+
+    named = ModelCheckpoint(filename="{epoch:02d}-{val_loss:.2f}-{train.acc:.1f}")
+    values = {"epoch": torch.tensor(3), "val_loss": torch.tensor(0.1234), "train.acc": 0.87}
+    assert named.format_checkpoint_name(values) == "epoch=03-val_loss=0.12-train.acc=0.9.ckpt"
+    assert named.format_checkpoint_name(values, ver=2) == "epoch=03-val_loss=0.12-train.acc=0.9-v2.ckpt"
+
+    bare = ModelCheckpoint(filename="model-{epoch}-{val_loss:.1f}", auto_insert_metric_name=False)
+    assert bare.format_checkpoint_name({"epoch": 1, "val_loss": 2.25}) == "model-1-2.2.ckpt"
+
+    # a placeholder that names no logged value is written as 0 (validation may not have run yet)
+    assert named.format_checkpoint_name({"epoch": 1}) == "epoch=01-val_loss=0.00-train.acc=0.0.ckpt"
+
+
+def test_dirpath_defaults_to_first_logger_then_root(tmp_path):
+    from callbacks._fake import RecordingLogger
+
+    with_logger = ModelCheckpoint()
+    _setup(with_logger, tmp_path, loggers=[RecordingLogger(str(tmp_path / "logs" / "version_3"))])
+    assert with_logger.dirpath == str(tmp_path / "logs" / "version_3" / "checkpoints")
+
+    without = ModelCheckpoint()
+    _setup(without, tmp_path)
+    assert without.dirpath == str(tmp_path / "checkpoints")
+
+    given = ModelCheckpoint(dirpath=tmp_path / "mine")
+    _setup(given, tmp_path, loggers=[RecordingLogger(str(tmp_path / "logs"))])
+    assert given.dirpath == str(tmp_path / "mine")
+
+
+# ---------------------------------------------------------------------- top-k
+@pytest.mark.parametrize(
+    ("mode", "scores", "kept_epochs", "best_epoch"),
+    [("min", [5, 3, 4, 1, 2], [3, 4], 3), ("max", [5, 3, 4, 1, 6], [0, 4], 4)],
+)
+def test_top_k_keeps_the_best_and_deletes_evicted_files(tmp_path, mode, scores, kept_epochs, best_epoch):
+    callback = ModelCheckpoint(dirpath=tmp_path, monitor="val_loss", mode=mode, save_top_k=2)
+    trainer = _setup(callback, tmp_path)
+    for epoch, score in enumerate(scores):
+        _epoch_end(callback, trainer, epoch, val_loss=score)
+
+    expected = [f"epoch={e}-step={(e + 1) * 10}.ckpt" for e in kept_epochs]
+    assert _files(tmp_path) == sorted(expected)
+    assert set(callback.best_k_models) == {str(tmp_path / name) for name in expected}
+    assert callback.best_model_path == str(tmp_path / f"epoch={best_epoch}-step={(best_epoch + 1) * 10}.ckpt")
+    assert callback.best_model_score == scores[best_epoch]
+    worst = max if mode == "min" else min
+    assert callback.kth_value == worst(scores[e] for e in kept_epochs)
+    # the state saved inside the best file already lists that file as the best
+    saved = torch.load(callback.best_model_path, weights_only=False)["callbacks"][callback.state_key]
+    assert saved["best_model_path"] == callback.best_model_path
+
+
+def test_save_top_k_minus_one_keeps_all_and_zero_keeps_none_but_last(tmp_path):
+    keep_all = ModelCheckpoint(dirpath=tmp_path / "all", monitor="val_loss", save_top_k=-1)
+    trainer = _setup(keep_all, tmp_path)
+    for epoch, score in enumerate([3, 2, 5]):
+        _epoch_end(keep_all, trainer, epoch, val_loss=score)
+    assert len(_files(tmp_path / "all")) == 3
+    assert keep_all.best_model_score == 2
+
+    only_last = ModelCheckpoint(dirpath=tmp_path / "last", monitor="val_loss", save_top_k=0, save_last=True)
+    trainer = _setup(only_last, tmp_path)
+    for epoch, score in enumerate([3, 2]):
+        _epoch_end(only_last, trainer, epoch, val_loss=score)
+    assert _files(tmp_path / "last") == ["last.ckpt"]
+    assert only_last.best_k_models == {} and only_last.best_model_path == ""
+
+
+def test_save_last_overwrites_last_ckpt_at_every_save_event(tmp_path):
+    callback = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0)
+    assert callback.CHECKPOINT_NAME_LAST == "last"
+    trainer = _setup(callback, tmp_path)
+    for epoch in range(3):
+        _epoch_end(callback, trainer, epoch)
+        assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == (epoch + 1) * 10
+    assert callback.last_model_path == str(tmp_path / "last.ckpt")
+    assert _files(tmp_path) == ["last.ckpt"]
+
+
+def test_without_monitor_the_latest_checkpoint_is_kept(tmp_path):
+    callback = ModelCheckpoint(dirpath=tmp_path)
+    trainer = _setup(callback, tmp_path)
+    for epoch in range(3):
+        _epoch_end(callback, trainer, epoch, train_loss=1.0)
+    assert _files(tmp_path) == ["epoch=2-step=30.ckpt"]
+    assert callback.best_model_path == str(tmp_path / "epoch=2-step=30.ckpt")
+    assert callback.best_model_score is None
+
+
+def test_existing_file_of_the_same_name_gets_a_version_suffix(tmp_path):
+    callback = ModelCheckpoint(dirpath=tmp_path, filename="model", save_top_k=-1)
+    trainer = _setup(callback, tmp_path)
+    for epoch in range(3):
+        _epoch_end(callback, trainer, epoch)
+    assert _files(tmp_path) == ["model-v1.ckpt", "model-v2.ckpt", "model.ckpt"]
+
+
+def test_nan_score_never_becomes_best(tmp_path):
+    callback = ModelCheckpoint(dirpath=tmp_path, monitor="val_loss", save_top_k=1)
+    trainer = _setup(callback, tmp_path)
+    _epoch_end(callback, trainer, 0, val_loss=1.0)
+    _epoch_end(callback, trainer, 1, val_loss=float("nan"))
+    assert callback.best_model_score == 1.0
+    assert _files(tmp_path) == ["epoch=0-step=10.ckpt"]
+
+
+# ---------------------------------------------------------------------- when to save
+def test_every_n_train_steps_saves_once_per_due_step_and_not_at_epoch_end(tmp_path):
+    callback = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=-1)
+    trainer = _setup(callback, tmp_path)
+    # two micro-batches per optimizer step (gradient accumulation): global_step repeats
+    for batch_idx, step in enumerate([0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7]):
+        trainer.global_step = step
+        callback.on_train_batch_end(trainer, None, {"loss": torch.tensor(1.0)}, None, batch_idx)
+    callback.on_train_epoch_end(trainer, None)
+    assert trainer.saved == [str(tmp_path / "epoch=0-step=3.ckpt"), str(tmp_path / "epoch=0-step=6.ckpt")]
+
+
+def test_every_n_epochs_and_no_saves_in_sanity_check_or_fast_dev_run(tmp_path):
+    callback = ModelCheckpoint(dirpath=tmp_path, every_n_epochs=2, save_top_k=-1)
+    trainer = _setup(callback, tmp_path)
+    for epoch in range(4):
+        _epoch_end(callback, trainer, epoch)
+        callback.on_train_batch_end(trainer, None, None, None, 0)  # step saving is off
+    assert _files(tmp_path) == ["epoch=1-step=20.ckpt", "epoch=3-step=40.ckpt"]
+
+    for flag in ({"sanity_checking": True}, {"fast_dev_run": 1}):
+        quiet = ModelCheckpoint(dirpath=tmp_path / str(flag), save_last=True)
+        trainer = _setup(quiet, tmp_path, **flag)
+        _epoch_end(quiet, trainer, 0)
+        assert trainer.saved == []
+
+
+def test_missing_monitor_lists_the_logged_keys(tmp_path):
+    callback = ModelCheckpoint(dirpath=tmp_path, monitor="val_loss")
+    trainer = _setup(callback, tmp_path)
+    with pytest.raises(MissingMetricError) as err:
+        _epoch_end(callback, trainer, 0, train_loss=1.0, val_acc=0.5)
+    message = str(err.value)
+    assert "'val_loss'" in message and "'train_loss', 'val_acc'" in message and "self.log" in message
+
+
+# ---------------------------------------------------------------------- several processes
+def test_every_rank_follows_rank_zeros_score(tmp_path):
+    channel = []
+    rank0, rank1 = ModelCheckpoint(monitor="val_loss"), ModelCheckpoint(monitor="val_loss")
+    trainer0 = fake_trainer(tmp_path, rank=0, channel=channel, callbacks=[rank0])
+    trainer1 = fake_trainer(tmp_path, rank=1, channel=channel, callbacks=[rank1])
+    rank0.setup(trainer0, None, "fit")
+    rank1.setup(trainer1, None, "fit")
+    # rank 0 improves every epoch; rank 1's local metric gets worse, and one epoch it is missing
+    local0 = [{"val_loss": 3.0}, {"val_loss": 2.0}, {"val_loss": 1.0}]
+    local1 = [{"val_loss": 1.0}, {"val_loss": 2.0}, {"other": 0.0}]
+    for epoch in range(3):
+        _epoch_end(rank0, trainer0, epoch, **local0[epoch])
+        _epoch_end(rank1, trainer1, epoch, **local1[epoch])
+    assert channel == []
+    assert trainer1.saved == trainer0.saved and len(trainer0.saved) == 3
+    assert trainer1.strategy.removed == trainer0.strategy.removed
+    assert rank1.best_k_models == rank0.best_k_models
+    assert rank1.best_model_score == rank0.best_model_score == 1.0
+    assert _files(tmp_path / "checkpoints") == ["epoch=2-step=30.ckpt"]
+
+
+# ---------------------------------------------------------------------- state
+def test_state_dict_round_trip_and_state_key(tmp_path):
+    callback = ModelCheckpoint(dirpath=tmp_path, monitor="val_loss", save_top_k=2, save_last=True)
+    trainer = _setup(callback, tmp_path)
+    for epoch, score in enumerate([3, 1, 2]):
+        _epoch_end(callback, trainer, epoch, val_loss=score)
+    state = callback.state_dict()
+    for key in ("monitor", "best_model_score", "best_model_path", "best_k_models", "kth_best_model_path",
+                "dirpath", "last_model_path"):
+        assert key in state
+
+    assert callback.state_key.startswith("ModelCheckpoint{'monitor': 'val_loss', 'mode': 'min'")
+    assert ModelCheckpoint(monitor="val_acc", mode="max").state_key != callback.state_key
+
+    restored = ModelCheckpoint(dirpath=tmp_path, monitor="val_loss", save_top_k=2, save_last=True)
+    restored.load_state_dict(state)
+    assert restored.state_dict() == state
+    assert restored.kth_best_model_path == callback.kth_best_model_path
+
+    # restored before setup resolved the default folder: applied once it is known
+    later = ModelCheckpoint(monitor="val_loss", save_top_k=2)
+    later.load_state_dict(state)
+    _setup(later, tmp_path / "other")
+    assert later.best_model_path == callback.best_model_path
+    assert later.best_k_models == {}  # another folder: ranking restarts instead of deleting old files
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fix"),
+    [
+        ({"mode": "avg"}, "'min' for losses"),
+        ({"save_top_k": -2}, "save_top_k=-2 is out of range"),
+        ({"every_n_epochs": -1}, "every_n_epochs=-1 is out of range"),
+        ({"every_n_train_steps": 1.5}, "every_n_train_steps=1.5"),
+        ({"every_n_train_steps": 100, "every_n_epochs": 1}, "Pass only one of them"),
+    ],
+)
+def test_bad_arguments_fail_at_construction_naming_the_fix(kwargs, fix):
+    with pytest.raises(TandemConfigError, match="ModelCheckpoint") as err:
+        ModelCheckpoint(**kwargs)
+    assert fix in str(err.value)

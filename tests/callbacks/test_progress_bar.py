@@ -1,0 +1,121 @@
+import types
+
+import pytest
+import torch
+
+import tandem.callbacks.progress_bar as progress_bar_module
+from callbacks._fake import fake_trainer, metrics
+from tandem.callbacks import ProgressBar
+from tandem.utilities.exceptions import TandemConfigError
+
+
+def _train_epoch(bar, trainer, epoch=0, loss=0.5, validate=False):
+    trainer.current_epoch = epoch
+    bar.on_train_epoch_start(trainer, None)
+    for batch_idx in range(trainer.num_training_batches):
+        bar.on_train_batch_end(trainer, None, {"loss": torch.tensor(loss)}, None, batch_idx)
+    if validate:
+        _evaluate(bar, trainer, "validation", trainer.num_val_batches)
+    bar.on_train_epoch_end(trainer, None)
+
+
+def _evaluate(bar, trainer, kind, n):
+    getattr(bar, f"on_{kind}_start")(trainer, None)
+    for batch_idx in range(n):
+        getattr(bar, f"on_{kind}_batch_end")(trainer, None, None, None, batch_idx)
+    getattr(bar, f"on_{kind}_end")(trainer, None)
+
+
+def _whole_run(bar, trainer):
+    trainer.sanity_checking = True
+    bar.on_sanity_check_start(trainer, None)
+    _evaluate(bar, trainer, "validation", 2)
+    bar.on_sanity_check_end(trainer, None)
+    trainer.sanity_checking = False
+    for epoch in range(2):
+        _train_epoch(bar, trainer, epoch, validate=True)
+    bar.on_train_end(trainer, None)
+    _evaluate(bar, trainer, "test", trainer.num_test_batches)
+    _evaluate(bar, trainer, "predict", trainer.num_predict_batches)
+
+
+def test_rank_zero_shows_epoch_loss_and_progress_bar_metrics(capsys):
+    bar = ProgressBar()
+    trainer = fake_trainer(".")
+    trainer.progress_bar_metrics = metrics(val_acc=0.75)
+    _train_epoch(bar, trainer, epoch=3, loss=0.25)
+    bar.on_train_end(trainer, None)
+    err = capsys.readouterr().err
+    assert "Epoch 3" in err and "10/10" in err and "it/s" in err
+    assert "loss=0.25" in err and "val_acc=0.75" in err
+
+
+def test_other_ranks_draw_and_print_nothing(capsys):
+    bar = ProgressBar()
+    _whole_run(bar, fake_trainer(".", rank=1))
+    captured = capsys.readouterr()
+    assert captured.err == "" and captured.out == ""
+
+
+def test_sanity_validation_test_and_predict_bars_open_and_close(capsys):
+    bar = ProgressBar()
+    trainer = fake_trainer(".")
+    _whole_run(bar, trainer)
+    err = capsys.readouterr().err
+    for text in ("Sanity Checking", "Validation", "Epoch 1", "Testing", "3/3", "Predicting", "4/4"):
+        assert text in err
+    assert err.count("Epoch 0") >= 1
+    assert bar._bars == {}  # every bar closed by its end hook
+
+
+def test_on_exception_closes_open_bars(capsys):
+    bar = ProgressBar()
+    trainer = fake_trainer(".")
+    bar.on_train_epoch_start(trainer, None)
+    bar.on_validation_start(trainer, None)
+    bar.on_exception(trainer, None, RuntimeError("boom"))
+    assert bar._bars == {}
+
+
+def test_metrics_are_read_from_the_device_at_most_every_half_second(monkeypatch):
+    clock = types.SimpleNamespace(now=100.0)
+    monkeypatch.setattr(progress_bar_module, "time", types.SimpleNamespace(monotonic=lambda: clock.now))
+    reads = []
+    real_to_float = progress_bar_module.to_float
+
+    def counting_to_float(values):
+        reads.append(1)
+        return real_to_float(values)
+
+    monkeypatch.setattr(progress_bar_module, "to_float", counting_to_float)
+
+    bar = ProgressBar()
+    trainer = fake_trainer(".", num_training_batches=50)
+    bar.on_train_epoch_start(trainer, None)
+    for batch_idx in range(20):
+        bar.on_train_batch_end(trainer, None, {"loss": torch.tensor(1.0)}, None, batch_idx)
+    assert reads == []  # no host sync per step
+    clock.now += 0.6
+    for batch_idx in range(20, 30):
+        bar.on_train_batch_end(trainer, None, {"loss": torch.tensor(1.0)}, None, batch_idx)
+    assert len(reads) == 1
+    bar.on_train_epoch_end(trainer, None)
+    assert len(reads) == 2
+    bar.on_train_end(trainer, None)
+
+
+def test_loss_is_kept_without_its_graph():
+    bar = ProgressBar()
+    trainer = fake_trainer(".")
+    bar.on_train_epoch_start(trainer, None)
+    loss = (torch.ones(2, requires_grad=True) * 2).sum()
+    bar.on_train_batch_end(trainer, None, {"loss": loss}, None, 0)
+    assert not bar._loss.requires_grad
+    bar.on_train_end(trainer, None)
+
+
+def test_refresh_rate_zero_disables_and_negative_is_rejected(capsys):
+    _whole_run(ProgressBar(refresh_rate=0), fake_trainer("."))
+    assert capsys.readouterr().err == ""
+    with pytest.raises(TandemConfigError, match="ProgressBar: refresh_rate=-1 is out of range"):
+        ProgressBar(refresh_rate=-1)

@@ -1,0 +1,75 @@
+import csv
+import os
+
+import pytest
+
+from tandem.loggers import CSVLogger
+from tandem.loggers import logger as logger_module
+from tandem.utilities.exceptions import TandemConfigError
+
+
+def _read(logger):
+    with open(os.path.join(logger.log_dir, "metrics.csv"), newline="") as f:
+        return list(csv.reader(f))
+
+
+def test_columns_are_the_union_of_keys_and_grow_mid_run(tmp_path):
+    logger = CSVLogger(tmp_path)
+    logger.log_metrics({"train_loss": 1.5}, step=0)
+    logger.log_metrics({"train_loss": 1.25}, step=1)
+    logger.save()
+    assert _read(logger) == [["step", "train_loss"], ["0", "1.5"], ["1", "1.25"]]
+
+    logger.log_metrics({"train_loss": 1.0}, step=2)
+    logger.save()  # same columns: appended
+    logger.log_metrics({"val_loss": 2.0, "epoch": 0.0}, step=2)  # new keys: the file is rewritten
+    logger.finalize("success")
+    assert _read(logger) == [
+        ["step", "train_loss", "val_loss", "epoch"],
+        ["0", "1.5", "", ""],
+        ["1", "1.25", "", ""],
+        ["2", "1.0", "", ""],
+        ["2", "", "2.0", "0.0"],
+    ]
+
+
+def test_rows_are_flushed_every_n_steps_without_waiting_for_save(tmp_path):
+    logger = CSVLogger(tmp_path, flush_logs_every_n_steps=10)
+    for step in range(0, 10, 5):
+        logger.log_metrics({"loss": float(step)}, step=step)
+    assert not os.path.exists(os.path.join(logger.log_dir, "metrics.csv"))
+    logger.log_metrics({"loss": 10.0}, step=10)
+    assert [row[0] for row in _read(logger)] == ["step", "0", "5", "10"]
+
+
+def test_a_failed_rewrite_leaves_the_previous_file_whole(tmp_path, monkeypatch):
+    logger = CSVLogger(tmp_path)
+    logger.log_metrics({"a": 1.0}, step=0)
+    logger.save()
+    before = _read(logger)
+
+    def failing_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(logger_module.os, "replace", failing_replace)
+    logger.log_metrics({"b": 2.0}, step=1)
+    with pytest.raises(OSError, match="disk full"):
+        logger.save()
+    monkeypatch.undo()
+    assert _read(logger) == before
+    assert os.listdir(logger.log_dir) == ["metrics.csv"]  # the temporary file was removed
+
+
+def test_a_resumed_run_appends_to_the_existing_file(tmp_path):
+    first = CSVLogger(tmp_path, version=0)
+    first.log_metrics({"loss": 1.0}, step=0)
+    first.finalize("success")
+    second = CSVLogger(tmp_path, version=0)
+    second.log_metrics({"loss": 0.5}, step=1)
+    second.finalize("success")
+    assert _read(second) == [["step", "loss"], ["0", "1.0"], ["1", "0.5"]]
+
+
+def test_flush_interval_must_be_positive(tmp_path):
+    with pytest.raises(TandemConfigError, match="CSVLogger: flush_logs_every_n_steps=0 is out of range"):
+        CSVLogger(tmp_path, flush_logs_every_n_steps=0)

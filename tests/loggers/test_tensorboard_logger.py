@@ -1,0 +1,64 @@
+import os
+import pickle
+from pathlib import Path
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+
+from tandem.loggers import TensorBoardLogger
+
+
+def _events(log_dir):
+    accumulator = EventAccumulator(log_dir)
+    accumulator.Reload()
+    return accumulator
+
+
+def test_scalars_and_hparams_are_readable_back_from_one_run(tmp_path):
+    logger = TensorBoardLogger(tmp_path, name="exp")
+    optim = {"name": "sgd", "nesterov": True}
+    logger.log_hyperparams({"lr": 0.1, "optim": optim, "path": Path("/x"), "none": None})
+    for step in range(3):
+        logger.log_metrics({"train_loss": 1.0 / (step + 1), "epoch": 0.0}, step=step * 10)
+    logger.save()
+    logger.finalize("success")
+
+    log_dir = str(tmp_path / "exp" / "version_0")
+    assert logger.log_dir == log_dir
+    files = os.listdir(log_dir)
+    assert "hparams.yaml" in files
+    assert all(not os.path.isdir(os.path.join(log_dir, f)) for f in files)  # no add_hparams sub-run
+
+    events = _events(log_dir)
+    loss = events.Scalars("train_loss")
+    assert [e.step for e in loss] == [0, 10, 20]
+    assert [round(e.value, 4) for e in loss] == [1.0, 0.5, 0.3333]
+
+    content = events.PluginTagToContent("hparams")
+    start = HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
+    assert start.hparams["lr"].number_value == 0.1
+    assert start.hparams["optim/name"].string_value == "sgd"
+    assert start.hparams["optim/nesterov"].number_value == 1  # torch writes bools as numbers
+    assert start.hparams["path"].string_value == "/x"
+    assert start.hparams["none"].string_value == "None"
+
+
+def test_experiment_is_the_summary_writer_created_on_first_use(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    logger = TensorBoardLogger(tmp_path, flush_secs=1)
+    assert not tmp_path.joinpath("tandem_logs").exists()
+    writer = logger.experiment
+    assert isinstance(writer, SummaryWriter) and logger.experiment is writer
+    assert writer.log_dir == logger.log_dir
+    writer.add_text("note", "hello", 0)
+    logger.finalize("success")
+    assert _events(logger.log_dir).Tags()["tensors"] == ["note/text_summary"]
+
+
+def test_a_used_logger_can_be_pickled_for_spawned_processes(tmp_path):
+    logger = TensorBoardLogger(tmp_path)
+    logger.log_metrics({"a": 1.0}, step=0)
+    clone = pickle.loads(pickle.dumps(logger))
+    assert clone.log_dir == logger.log_dir and clone.version == 0
+    logger.finalize("success")
