@@ -1,8 +1,18 @@
 """Strategies: where the module runs and how processes cooperate. Found by name through the registry."""
 
+from tandem.strategies.data_parallel import DataParallelStrategy
+from tandem.strategies.ddp import DDPStrategy
 from tandem.strategies.precision import Precision
 from tandem.strategies.registry import available_strategies, register_strategy
 from tandem.strategies.single_device import SingleDeviceStrategy
 from tandem.strategies.strategy import Strategy
 
-__all__ = ["Precision", "SingleDeviceStrategy", "Strategy", "available_strategies", "register_strategy"]
+__all__ = [
+    "DDPStrategy",
+    "DataParallelStrategy",
+    "Precision",
+    "SingleDeviceStrategy",
+    "Strategy",
+    "available_strategies",
+    "register_strategy",
+]

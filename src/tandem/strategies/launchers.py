@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -29,12 +31,14 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 from lightning_utilities.core.apply_func import apply_to_collection
+from torch.multiprocessing.spawn import ProcessContext, ProcessException
 
 from tandem.strategies.environments import LocalEnvironment
 from tandem.utilities.exceptions import TandemConfigError
 
 _POLL_S = 0.1
 _TERMINATE_GRACE_S = 5.0
+_ECHO_WAIT_S = 2.0  # how long rank 0, failing, waits to see whether a started rank failed first
 
 
 def script_command() -> list[str]:
@@ -88,6 +92,18 @@ class _Watchdog:
     def failed_child(self) -> _Child | None:
         return next((c for c in self.children if c.proc.poll() not in (None, 0)), None)
 
+    def wait_for_failure(self, seconds: float) -> _Child | None:
+        """A started rank that failed, waiting up to ``seconds`` for one while any is still running."""
+        deadline = time.monotonic() + seconds
+        while self.children and not self.stopping:
+            failed = self.failed_child()
+            if failed is not None or time.monotonic() > deadline:
+                return failed
+            if all(c.proc.poll() is not None for c in self.children):
+                return None
+            time.sleep(_POLL_S / 2)
+        return None
+
     def _watch(self) -> None:
         while not self.stopping:
             failed = self.failed_child()
@@ -97,7 +113,7 @@ class _Watchdog:
                 return
             time.sleep(_POLL_S)
 
-    def fail(self, child: _Child) -> None:
+    def fail(self, child: _Child, echo: BaseException | None = None) -> None:
         """Report the failed rank, end the others, and end this process (it may be stuck in a collective)."""
         with self._lock:
             if self.stopping:
@@ -107,7 +123,11 @@ class _Watchdog:
                 how, exit_code = f"was killed by {signal.Signals(-code).name}", 128 - code
             else:
                 how, exit_code = f"exited with code {code}", code
-            print(f"[tandem] rank {child.rank} {how}; stopping the other ranks.", file=sys.stderr, flush=True)
+            line = f"[tandem] rank {child.rank} {how}; stopping the other ranks."
+            if echo is not None:
+                first = str(echo).strip().splitlines()[0] if str(echo).strip() else ""
+                line += f" (rank 0 then raised {type(echo).__name__}: {first[:200]})"
+            print(line, file=sys.stderr, flush=True)
             self.stop()
             sys.stdout.flush()
             os._exit(exit_code)
@@ -135,6 +155,11 @@ class _Watchdog:
 _WATCHDOG = _Watchdog()  # one per process: a script's later Trainers reuse the ranks started by the first
 
 
+def processes_started() -> bool:
+    """Whether this process already started the other local ranks of its script."""
+    return bool(_WATCHDOG.children)
+
+
 def _die_with_parent(parent_pid: int, libc: Any) -> Callable[[], None]:
     def preexec() -> None:  # runs in the child between fork and exec
         if libc is not None:
@@ -145,8 +170,9 @@ def _die_with_parent(parent_pid: int, libc: Any) -> Callable[[], None]:
     return preexec
 
 
+@functools.cache  # once per process, however many Trainers launch
 def _watch_parent(pid: int) -> None:
-    """The fallback where PR_SET_PDEATHSIG is missing: a started rank ends itself when its launcher is gone."""
+    """Where PR_SET_PDEATHSIG is missing: a started rank ends itself when its launcher is gone."""
 
     def watch() -> None:
         while os.getppid() == pid:
@@ -178,10 +204,10 @@ class ScriptLauncher:
             self._start_children()
         try:
             return function(*args, **kwargs)
-        except BaseException:
-            failed = _WATCHDOG.failed_child()
-            if failed is not None:  # this rank's error is an echo of the other rank's failure
-                _WATCHDOG.fail(failed)
+        except BaseException as error:
+            failed = _WATCHDOG.wait_for_failure(0.0 if isinstance(error, KeyboardInterrupt) else _ECHO_WAIT_S)
+            if failed is not None:  # most likely an echo of that rank's failure (a closed connection)
+                _WATCHDOG.fail(failed, echo=error)
             _WATCHDOG.stop()
             raise
 
@@ -202,11 +228,15 @@ class ScriptLauncher:
 # ---------------------------------------------------------------------------------------------- spawn
 
 
+def _to_cpu(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().cpu()
+
+
 def collect(trainer: Any) -> dict[str, Any]:
     """What rank 0 of ``ddp_spawn`` sends back: trained weights, callback metrics, checkpoint paths."""
     payload: dict[str, Any] = {
         "state_dict": {k: v.detach().cpu() for k, v in trainer.strategy.module.state_dict().items()},
-        "callback_metrics": apply_to_collection(dict(trainer.callback_metrics), torch.Tensor, lambda t: t.cpu()),
+        "callback_metrics": apply_to_collection(dict(trainer.callback_metrics), torch.Tensor, _to_cpu),
     }
     checkpoint = getattr(trainer, "checkpoint_callback", None)
     if checkpoint is not None:
@@ -215,12 +245,12 @@ def collect(trainer: Any) -> dict[str, Any]:
             for name in ("best_model_path", "last_model_path", "best_model_score")
             if hasattr(checkpoint, name)
         }
-        payload["checkpoint"] = apply_to_collection(payload["checkpoint"], torch.Tensor, lambda t: t.cpu())
+        payload["checkpoint"] = apply_to_collection(payload["checkpoint"], torch.Tensor, _to_cpu)
     return payload
 
 
 def apply(trainer: Any, payload: dict[str, Any], module: torch.nn.Module | None) -> None:
-    """Put rank 0's results into the calling process: weights into ``module``, metrics and paths into ``trainer``."""
+    """Put rank 0's results into the calling process: weights into ``module``, the rest into ``trainer``."""
     if module is not None:
         module.load_state_dict(payload["state_dict"])
     trainer.callback_metrics.clear()
@@ -238,9 +268,19 @@ def _spawned(
     environment.export_rank(local_rank)
     result = function(*args, **kwargs)
     if environment.global_rank == 0:
-        result = apply_to_collection(result, torch.Tensor, lambda t: t.detach().cpu())
+        result = apply_to_collection(result, torch.Tensor, _to_cpu)
         payload = collect(trainer) if trainer is not None else None
         torch.save({"result": result, "payload": payload}, result_path)
+
+
+def _first_failure(context: ProcessContext, err: ProcessException) -> tuple[int, str]:
+    """The process that failed first (the others' errors are mostly echoes) and its traceback."""
+    written = [(os.path.getmtime(f), i, f) for i, f in enumerate(context.error_files) if os.path.exists(f)]
+    if not written:
+        return err.error_index, str(err).strip()
+    _, index, path = min(written)
+    with open(path, "rb") as fh:
+        return index, pickle.load(fh)
 
 
 class SpawnLauncher:
@@ -258,7 +298,9 @@ class SpawnLauncher:
 
     is_interactive_compatible = True
 
-    def __init__(self, environment: LocalEnvironment, num_processes: int, start_method: str = "spawn") -> None:
+    def __init__(
+        self, environment: LocalEnvironment, num_processes: int, start_method: str = "spawn"
+    ) -> None:
         self.environment = environment
         self.num_processes = num_processes
         self.start_method = start_method
@@ -268,16 +310,21 @@ class SpawnLauncher:
         folder = tempfile.mkdtemp(prefix="tandem-spawn-")
         result_path = os.path.join(folder, "rank0.pt")
         try:
+            context = mp.start_processes(
+                _spawned,
+                args=(self.environment, function, args, kwargs, trainer, result_path),
+                nprocs=self.num_processes,
+                join=False,
+                start_method=self.start_method,
+            )
             try:
-                mp.start_processes(
-                    _spawned,
-                    args=(self.environment, function, args, kwargs, trainer, result_path),
-                    nprocs=self.num_processes,
-                    start_method=self.start_method,
-                )
-            except mp.ProcessException as err:
-                rank = self.environment.node_rank * self.num_processes + err.error_index
-                raise RuntimeError(f"ddp_spawn: rank {rank} failed; the other ranks were stopped.\n{err}") from None
+                while not context.join():
+                    pass
+            except ProcessException as err:
+                index, text = _first_failure(context, err)
+                rank = self.environment.node_rank * self.num_processes + index
+                raise RuntimeError(f"ddp_spawn: rank {rank} failed; the other ranks were stopped. "
+                                   f"Its traceback:\n{text}") from None
             if not os.path.exists(result_path):  # global rank 0 runs on another node
                 return None
             received = torch.load(result_path, weights_only=False)

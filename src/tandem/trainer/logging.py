@@ -116,6 +116,15 @@ class MetricCollector:
         self.logged_metrics: dict[str, float] = {}
         self.progress_bar_metrics: dict[str, torch.Tensor] = {}
 
+    def __getstate__(self) -> dict[str, Any]:  # pickled with the Trainer for ddp_spawn
+        state = self.__dict__.copy()
+        state["_lock"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     # ------------------------------------------------------------------ collecting
     def set_batch(self, batch: Any) -> None:
         self.batch, self._batch_size = batch, None
@@ -137,8 +146,15 @@ class MetricCollector:
             raise bad_choice(f"self.log({name!r}, reduce_fx=...)", reduce_fx, REDUCE_FX)
         buffer = _REPLICA_LOGS.get()
         if buffer is not None:  # inside a DataParallel replica: the strategy combines and logs once
-            options = dict(on_step=on_step, on_epoch=on_epoch, prog_bar=prog_bar, logger=logger,
-                           sync_dist=sync_dist, reduce_fx=reduce_fx, batch_size=batch_size)
+            options = dict(
+                on_step=on_step,
+                on_epoch=on_epoch,
+                prog_bar=prog_bar,
+                logger=logger,
+                sync_dist=sync_dist,
+                reduce_fx=reduce_fx,
+                batch_size=batch_size,
+            )
             buffer.append((name, value if _is_metric(value) else self._as_tensor(name, value), options))
             return
         in_step_hook = self.hook in _STEP_HOOKS

@@ -1,0 +1,341 @@
+"""DDPStrategy without processes: configuration, launcher choice, samplers, prediction reordering.
+
+Ranks are simulated with environment variables (a LocalEnvironment with LOCAL_RANK set), so
+``world_size`` and ``global_rank`` are what a launched rank would see; no process group is joined.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    Sampler,
+    TensorDataset,
+    WeightedRandomSampler,
+)
+
+from tandem.strategies import DDPStrategy
+from tandem.strategies.ddp import (
+    DistributedSamplerWrapper,
+    EvalDistributedSampler,
+    FirstItems,
+    interleave_predictions,
+)
+from tandem.strategies.launchers import ScriptLauncher, SpawnLauncher
+from tandem.strategies.registry import resolve_strategy
+from tandem.utilities.data import find_sampler
+from tandem.utilities.exceptions import TandemConfigError
+
+_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
+              "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_NTASKS", "TANDEM_GLOBAL_SEED", "LOCAL_WORLD_SIZE")
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch):
+    for name in _VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
+def _as_rank(monkeypatch, rank: int, world: int = 2) -> None:
+    for name, value in {"RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": world}.items():
+        monkeypatch.setenv(name, str(value))
+
+
+def _strategy(devices: int = 2, **kwargs: object) -> DDPStrategy:
+    strategy = DDPStrategy(**kwargs)
+    strategy.configure([torch.device("cpu")] * devices, 1, "32-true")
+    return strategy
+
+
+def _dataset(n: int) -> TensorDataset:
+    return TensorDataset(torch.arange(n, dtype=torch.float32).unsqueeze(1))
+
+
+def _indices(loader: DataLoader) -> list[int]:
+    return [int(v) for (batch,) in loader for v in batch.flatten().tolist()]
+
+
+# ---------------------------------------------------------------------------------------------- configuration
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"start_method": "fork"}, "start_method='fork' is not valid"),
+        ({"timeout": 30}, "timeout=30 is out of range"),
+        ({"bucket_cap_mb": 0}, "bucket_cap_mb=0"),
+    ],
+)
+def test_constructor_rejects_bad_arguments(kwargs, match):
+    with pytest.raises(TandemConfigError, match=match):
+        DDPStrategy(**kwargs)
+
+
+def test_cpu_only_checks():
+    with pytest.raises(TandemConfigError, match="'nccl' needs CUDA"):
+        _strategy(process_group_backend="nccl")
+    with pytest.raises(TandemConfigError, match="sync_batchnorm=True needs CUDA"):
+        _strategy(sync_batchnorm=True)
+    strategy = _strategy(timeout=datetime.timedelta(seconds=5), bucket_cap_mb=1, static_graph=True)
+    assert strategy.process_group_backend == "gloo"
+    assert strategy.ddp_kwargs == {"find_unused_parameters": False, "static_graph": True,
+                                   "gradient_as_bucket_view": False, "bucket_cap_mb": 1}
+
+
+def test_registry_names():
+    ddp = resolve_strategy("ddp", "cpu", 2, 1, "32-true")
+    spawn = resolve_strategy("ddp_spawn", "cpu", 2, 1, "32-true")
+    auto = resolve_strategy("auto", "cpu", 2, 1, "32-true")
+    assert isinstance(ddp, DDPStrategy) and ddp.start_method == "popen"
+    assert isinstance(spawn, DDPStrategy) and spawn.start_method == "spawn"
+    assert isinstance(auto, DDPStrategy)
+    assert ddp.parallel_devices == [torch.device("cpu")] * 2 and ddp.num_processes == 2
+
+
+def test_launcher_choice(monkeypatch):
+    assert isinstance(_strategy().launcher, ScriptLauncher)
+    assert isinstance(_strategy(start_method="spawn").launcher, SpawnLauncher)
+    assert _strategy(devices=1).launcher is None  # one process: nothing to start
+    _as_rank(monkeypatch, 1)
+    assert _strategy(start_method="spawn").launcher is None  # a spawned rank starts nothing
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    assert _strategy().launcher is None  # torchrun started the processes
+
+
+def test_topology_from_the_environment(monkeypatch):
+    _as_rank(monkeypatch, 1)
+    strategy = _strategy()
+    assert (strategy.global_rank, strategy.local_rank, strategy.world_size, strategy.is_global_zero) == (1, 1, 2, False)
+    assert strategy.distributed_sampler_kwargs == {"num_replicas": 2, "rank": 1}
+    assert strategy.root_device == torch.device("cpu")
+
+
+def test_setup_environment_refuses_to_wait_for_ranks_never_started():
+    with pytest.raises(TandemConfigError, match="before the other ranks were started"):
+        _strategy().setup_environment()
+
+
+def test_setup_environment_checks_the_world_size(monkeypatch):
+    _as_rank(monkeypatch, 0, world=4)
+    with pytest.raises(TandemConfigError, match=r"devices × num_nodes = 2 × 1 = 2"):
+        _strategy().setup_environment()
+
+
+def test_collectives_without_a_process_group_are_identities():
+    strategy = _strategy()
+    value = torch.tensor([1.0, 2.0])
+    assert strategy.reduce(value, "sum") is value
+    assert strategy.all_gather(value).shape == (1, 2)
+    assert strategy.broadcast("x") == "x"
+    with pytest.raises(TandemConfigError, match="reduce_op='avg'"):
+        strategy.reduce(value, "avg")
+
+
+def test_unused_parameter_error_names_the_parameters():
+    strategy = _strategy()
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.used = nn.Linear(2, 2)
+            self.frozen = nn.Linear(2, 2).requires_grad_(False)  # not counted by DDP
+            self.unused = nn.Linear(2, 2)
+
+    strategy._module = Net()
+    torch_message = ("Expected to have finished reduction in the prior iteration before starting a new one. ... "
+                     "Parameter indices which did not receive grad for rank 1: 2 3\n In addition, ...")
+    explained = strategy._explain(RuntimeError(torch_message))
+    assert "unused.weight, unused.bias" in str(explained)
+    assert "DDPStrategy(find_unused_parameters=True)" in str(explained)
+    other = RuntimeError("something else")
+    assert strategy._explain(other) is other
+
+
+# ---------------------------------------------------------------------------------------------- training data
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_training_sampler_keeps_the_users_choices(monkeypatch, shuffle, drop_last):
+    monkeypatch.setenv("TANDEM_GLOBAL_SEED", "7")
+    per_rank = []
+    for rank in (0, 1):
+        _as_rank(monkeypatch, rank)
+        loader = _strategy().process_dataloader(DataLoader(_dataset(11), batch_size=2, shuffle=shuffle,
+                                                           drop_last=drop_last), "fit")
+        sampler = find_sampler(loader)
+        assert isinstance(sampler, DistributedSampler)
+        assert (sampler.shuffle, sampler.drop_last, sampler.seed, loader.drop_last) == (shuffle, drop_last, 7, drop_last)
+        assert (sampler.num_replicas, sampler.rank) == (2, rank)
+        per_rank.append(_indices(loader))
+    if not shuffle:
+        assert per_rank[0][:4] == [0, 2, 4, 6] and per_rank[1][:4] == [1, 3, 5, 7]  # interleaved, in order
+    if drop_last:  # as one process with batch 4 and drop_last: 2 batches, no sample twice
+        assert len(per_rank[0]) == len(per_rank[1]) == 4 and len(set(per_rank[0]) | set(per_rank[1])) == 8
+    else:  # every sample, padded by repeating the first ones
+        assert len(per_rank[0]) == len(per_rank[1]) == 6 and set(per_rank[0]) | set(per_rank[1]) == set(range(11))
+
+
+def test_shuffled_order_changes_per_epoch_and_is_reproducible(monkeypatch):
+    _as_rank(monkeypatch, 0)
+    loader = _strategy().process_dataloader(DataLoader(_dataset(40), batch_size=4, shuffle=True), "fit")
+    sampler = find_sampler(loader)
+    sampler.set_epoch(0)
+    first = _indices(loader)
+    sampler.set_epoch(1)
+    second = _indices(loader)
+    sampler.set_epoch(0)
+    assert first != second and _indices(loader) == first
+
+
+class Reversed(Sampler):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n - 1, -1, -1))
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def test_custom_sampler_is_wrapped_not_dropped(monkeypatch):
+    shards = []
+    for rank in (0, 1):
+        _as_rank(monkeypatch, rank)
+        loader = _strategy().process_dataloader(DataLoader(_dataset(10), batch_size=2, sampler=Reversed(10)), "fit")
+        assert isinstance(find_sampler(loader), DistributedSamplerWrapper)
+        shards.append(_indices(loader))
+    assert shards == [[9, 7, 5, 3, 1], [8, 6, 4, 2, 0]]  # the custom order, sharded
+
+
+def test_random_custom_sampler_draws_alike_on_every_rank(monkeypatch):
+    weights = torch.rand(20).tolist()
+    shards = []
+    for rank in (0, 1):
+        _as_rank(monkeypatch, rank)
+        torch.manual_seed(rank)  # ranks whose global RNG differs still draw the same sequence
+        sampler = WeightedRandomSampler(weights, num_samples=20, replacement=False)
+        loader = _strategy().process_dataloader(DataLoader(_dataset(20), batch_size=5, sampler=sampler), "fit")
+        shards.append(_indices(loader))
+    assert sorted(shards[0] + shards[1]) == list(range(20))
+
+
+def test_custom_batch_sampler_is_wrapped(monkeypatch):
+    batches = BatchSampler(Reversed(8), batch_size=2, drop_last=False)
+    shards = []
+    for rank in (0, 1):
+        _as_rank(monkeypatch, rank)
+        custom = type("MyBatches", (BatchSampler,), {})(Reversed(8), 2, False)
+        loader = _strategy().process_dataloader(DataLoader(_dataset(8), batch_sampler=custom), "fit")
+        shards.append(_indices(loader))
+    expected = list(batches)
+    assert shards == [expected[0] + expected[2], expected[1] + expected[3]]
+
+
+def test_loaders_left_alone(monkeypatch):
+    _as_rank(monkeypatch, 0)
+    plain = DataLoader(_dataset(8), batch_size=2)
+    assert _strategy(use_distributed_sampler=False).process_dataloader(plain, "fit") is plain
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(range(4))
+
+    stream = DataLoader(Stream(), batch_size=2)
+    assert _strategy().process_dataloader(stream, "fit") is stream
+    with pytest.raises(TandemConfigError, match="stage='train'"):
+        _strategy().process_dataloader(plain, "train")
+
+
+def test_first_items_keeps_set_epoch_reachable():
+    inner = DistributedSampler(_dataset(12), num_replicas=2, rank=0, shuffle=True)
+    loader = DataLoader(_dataset(12), batch_sampler=FirstItems(BatchSampler(inner, 2, False), 2))
+    assert len(loader) == 2 and len(list(loader)) == 2
+    assert find_sampler(loader) is inner
+
+
+# ---------------------------------------------------------------------------------------------- evaluation data
+
+
+@pytest.mark.parametrize("stage", ["validate", "test", "predict"])
+def test_evaluation_counts_every_sample_once(monkeypatch, stage):
+    shards = []
+    for rank in (0, 1):
+        _as_rank(monkeypatch, rank)
+        loader = _strategy().process_dataloader(DataLoader(_dataset(101), batch_size=10, shuffle=True), stage)
+        shards.append(_indices(loader))
+    assert shards[0] == list(range(0, 101, 2)) and shards[1] == list(range(1, 101, 2))  # in order, no padding
+    assert (len(shards[0]), len(shards[1])) == (51, 50)
+
+
+def test_evaluation_sampler_exactly_once():
+    shards = [list(EvalDistributedSampler(range(101), num_replicas=2, rank=r)) for r in (0, 1)]
+    assert sorted(shards[0] + shards[1]) == list(range(101))
+    assert [len(EvalDistributedSampler(range(101), 2, r)) for r in (0, 1)] == [51, 50]
+    assert [len(EvalDistributedSampler(range(1), 2, r)) for r in (0, 1)] == [1, 0]
+
+
+def test_evaluation_drop_last_drops_what_one_process_drops(monkeypatch):
+    shards = []
+    for rank in (0, 1):
+        _as_rank(monkeypatch, rank)
+        loader = _strategy().process_dataloader(DataLoader(_dataset(25), batch_size=10, drop_last=True), "test")
+        shards.append(_indices(loader))
+    assert sorted(shards[0] + shards[1]) == list(range(20))
+
+
+# ---------------------------------------------------------------------------------------------- predictions
+
+
+def _predict_per_rank(monkeypatch, n: int, batch_size: int, step) -> tuple[list, list]:
+    """Per-rank outputs of ``step`` over the sharded loaders, and what one process returns."""
+    per_rank = []
+    for rank in (0, 1):
+        _as_rank(monkeypatch, rank)
+        loader = _strategy().process_dataloader(DataLoader(_dataset(n), batch_size=batch_size), "predict")
+        per_rank.append([step(batch) for (batch,) in loader])
+    single = [step(batch) for (batch,) in DataLoader(_dataset(n), batch_size=batch_size)]
+    return per_rank, single
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        lambda x: x * 2,
+        lambda x: {"y": x[:, 0], "ids": x[:, 0].long().tolist()},
+        lambda x: (x, {"twice": x * 2}),
+    ],
+    ids=["tensor", "dict-with-list", "tuple"],
+)
+def test_interleave_predictions_rebuilds_the_single_process_result(monkeypatch, step):
+    per_rank, single = _predict_per_rank(monkeypatch, 101, 10, step)
+    gathered = interleave_predictions(per_rank, batch_size=10)
+    assert len(gathered) == len(single) == 11
+    torch.testing.assert_close(gathered, single)
+
+
+def test_interleave_predictions_whole_batches():
+    per_rank = [["b0", "b2", "b4"], ["b1", "b3"]]
+    assert interleave_predictions(per_rank, batch_size=0) == ["b0", "b1", "b2", "b3", "b4"]
+
+
+def test_interleave_predictions_falls_back_rank_by_rank():
+    per_rank = [[torch.tensor(1.0), torch.tensor(3.0)], [torch.tensor(2.0)]]  # scalars cannot be split
+    with pytest.warns(UserWarning, match="could not be split"):
+        assert interleave_predictions(per_rank, batch_size=2) == [torch.tensor(1.0), torch.tensor(3.0),
+                                                                   torch.tensor(2.0)]
+
+
+def test_gather_predictions_without_a_process_group_is_identity(monkeypatch):
+    _as_rank(monkeypatch, 0)
+    strategy = _strategy()
+    loader = strategy.process_dataloader(DataLoader(_dataset(5), batch_size=2), "predict")
+    assert strategy.gather_predictions(["a"], loader) == ["a"]

@@ -1,0 +1,173 @@
+"""Cluster environments read from simulated environment variables; no processes."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+from tandem.strategies.environments import (
+    LocalEnvironment,
+    SLURMEnvironment,
+    TorchElasticEnvironment,
+    expand_nodelist,
+    find_free_port,
+    global_seed,
+    rank_from_environment,
+    select_environment,
+    threads_per_process,
+)
+
+_VARIABLES = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR",
+    "MASTER_PORT", "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID",
+    "SLURM_NODELIST", "SLURM_JOB_NODELIST", "SLURM_JOB_ID", "SLURM_JOB_NAME", "TANDEM_LAUNCHER_PID",
+    "OMP_NUM_THREADS", "TANDEM_GLOBAL_SEED",
+)
+
+
+@pytest.fixture
+def env(monkeypatch):
+    """A clean environment; ``env(NAME=value, ...)`` sets variables for this test only."""
+    for name in _VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+    def set_variables(**variables: object) -> None:
+        for name, value in variables.items():
+            monkeypatch.setenv(name, str(value))
+
+    return set_variables
+
+
+def test_local_environment_for_the_first_process(env):
+    environment = select_environment(num_processes=3, num_nodes=1)
+    assert isinstance(environment, LocalEnvironment)
+    assert not environment.creates_processes_externally
+    assert (environment.world_size, environment.global_rank, environment.local_rank, environment.node_rank) == (
+        3, 0, 0, 0
+    )
+    assert environment.main_address == "127.0.0.1"
+    port = environment.main_port  # picked now and exported, so every later reader agrees
+    assert os.environ["MASTER_PORT"] == str(port)
+    assert environment.main_port == port
+
+
+def test_local_environment_for_a_started_rank(env):
+    env(RANK=3, LOCAL_RANK=1, WORLD_SIZE=4, NODE_RANK=1, MASTER_ADDR="10.0.0.1", MASTER_PORT=2345,
+        TANDEM_LAUNCHER_PID=77)
+    environment = select_environment(num_processes=2, num_nodes=2)
+    assert isinstance(environment, LocalEnvironment)
+    assert environment.creates_processes_externally
+    assert (environment.world_size, environment.global_rank, environment.local_rank, environment.node_rank) == (
+        4, 3, 1, 1
+    )
+    assert (environment.main_address, environment.main_port, environment.launcher_pid) == ("10.0.0.1", 2345, 77)
+
+
+def test_local_environment_exports_rank_variables_for_children(env):
+    env(NODE_RANK=1, MASTER_ADDR="10.0.0.1", MASTER_PORT=2345)
+    environment = LocalEnvironment(num_processes=2, num_nodes=2)
+    assert environment.rendezvous_given
+    child = environment.child_environment(local_rank=1)
+    assert {k: child[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")} == {
+        "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "2345",
+    }
+    assert child["TANDEM_LAUNCHER_PID"] == str(os.getpid())
+    assert "LOCAL_RANK" not in os.environ  # only the child's copy has it
+    environment.export_rank(1)  # what a spawned process does for itself
+    assert environment.creates_processes_externally and environment.global_rank == 3
+
+
+def test_torchrun_environment(env):
+    env(TORCHELASTIC_RUN_ID="abc", RANK=5, LOCAL_RANK=1, WORLD_SIZE=8, GROUP_RANK=2, LOCAL_WORLD_SIZE=2,
+        MASTER_ADDR="host0", MASTER_PORT=29500)
+    environment = select_environment(num_processes=2, num_nodes=4)
+    assert isinstance(environment, TorchElasticEnvironment)
+    assert environment.creates_processes_externally
+    assert (environment.world_size, environment.global_rank, environment.local_rank, environment.node_rank) == (
+        8, 5, 1, 2
+    )
+    assert (environment.main_address, environment.main_port) == ("host0", 29500)
+
+
+def test_rank_variables_without_torchelastic_are_not_torchrun(env):
+    env(RANK=1, LOCAL_RANK=1, WORLD_SIZE=2)
+    assert not TorchElasticEnvironment.detect()
+    assert isinstance(select_environment(2), LocalEnvironment)
+
+
+def _slurm(env, **extra: object) -> None:
+    variables = dict(SLURM_PROCID=5, SLURM_NTASKS=8, SLURM_LOCALID=1, SLURM_NODEID=2,
+                     SLURM_NODELIST="node[03-05,7]", SLURM_JOB_ID=12345678, SLURM_JOB_NAME="train.sh")
+    variables.update(extra)
+    env(**variables)
+
+
+def test_slurm_environment(env):
+    _slurm(env)
+    environment = select_environment(num_processes=2, num_nodes=4)
+    assert isinstance(environment, SLURMEnvironment)
+    assert environment.creates_processes_externally
+    assert (environment.world_size, environment.global_rank, environment.local_rank, environment.node_rank) == (
+        8, 5, 1, 2
+    )
+    assert environment.main_address == "node03"  # the first host of the nodelist
+    assert environment.main_port == 15000 + 5678  # from the job id, the same on every node
+    environment.export_rendezvous()
+    assert (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]) == ("node03", "20678")
+
+
+def test_slurm_master_variables_win(env):
+    _slurm(env, MASTER_ADDR="login1", MASTER_PORT=4242)
+    environment = SLURMEnvironment()
+    assert (environment.main_address, environment.main_port) == ("login1", 4242)
+
+
+@pytest.mark.parametrize("extra", [{"SLURM_JOB_NAME": "bash"}, {"SLURM_JOB_NAME": "interactive"}, {"SLURM_NTASKS": 1}])
+def test_slurm_not_detected_in_interactive_or_single_task_jobs(env, extra):
+    _slurm(env, **extra)
+    assert not SLURMEnvironment.detect()
+    assert isinstance(select_environment(2), LocalEnvironment)
+
+
+def test_torchrun_inside_slurm_wins(env):
+    _slurm(env)
+    env(TORCHELASTIC_RUN_ID="abc", RANK=0, LOCAL_RANK=0, WORLD_SIZE=2)
+    assert isinstance(select_environment(2), TorchElasticEnvironment)
+
+
+@pytest.mark.parametrize(
+    ("nodelist", "hosts"),
+    [
+        ("node[03-05,7]", ["node03", "node04", "node05", "node7"]),
+        ("node[03-05,7],gpu1", ["node03", "node04", "node05", "node7", "gpu1"]),
+        ("a1,b2", ["a1", "b2"]),
+        ("host", ["host"]),
+        ("rack[1-2]-n[08-09]", ["rack1-n08", "rack1-n09", "rack2-n08", "rack2-n09"]),
+        ("gpu[9-11].cluster", ["gpu9.cluster", "gpu10.cluster", "gpu11.cluster"]),
+    ],
+)
+def test_expand_nodelist(nodelist, hosts):
+    assert expand_nodelist(nodelist) == hosts
+
+
+def test_find_free_port_can_be_bound():
+    port = find_free_port()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+def test_threads_per_process(env):
+    cpus = len(os.sched_getaffinity(0))
+    assert threads_per_process(1) == cpus
+    assert threads_per_process(cpus * 4) == 1
+    env(OMP_NUM_THREADS=3)
+    assert threads_per_process(2) is None  # the user decided
+
+
+def test_global_seed_and_rank(env):
+    assert global_seed() == 0 and rank_from_environment() == 0
+    env(TANDEM_GLOBAL_SEED=42, SLURM_PROCID=3)
+    assert global_seed() == 42 and rank_from_environment() == 3
