@@ -60,6 +60,8 @@ class Strategy:
     supported_accelerators: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
     #: most devices this strategy can use on one node (None: any number)
     max_devices: ClassVar[int | None] = 1
+    #: whether process_dataloader may replace samplers to shard data (``Trainer(use_distributed_sampler=...)``)
+    use_distributed_sampler: bool = True
 
     def __init__(self, devices: list[torch.device] | None = None, precision: str | Precision | None = None) -> None:
         self.parallel_devices: list[torch.device] | None = devices

@@ -55,6 +55,8 @@ class Trainer:
         enable_model_summary: print parameter counts at fit start (rank zero only).
         log_every_n_steps: send step metrics to the loggers every n optimizer steps.
         deterministic: make torch use deterministic algorithms.
+        use_distributed_sampler: let a distributed strategy replace the samplers to shard the data
+            (False: shard it yourself).
         fast_dev_run: run 1 (or n) batches of training, validation and test, without loggers or
             checkpoints, to smoke-test a module.
 
@@ -94,6 +96,7 @@ class Trainer:
         log_every_n_steps: int = 50,
         deterministic: bool = False,
         fast_dev_run: bool | int = False,
+        use_distributed_sampler: bool = True,
     ) -> None:
         self._config = TrainerConfig(
             max_epochs=max_epochs,
@@ -113,6 +116,8 @@ class Trainer:
             precision=precision,
         )
         self.strategy: Strategy = resolve_strategy(strategy, accelerator, devices, num_nodes, precision)
+        if not use_distributed_sampler:
+            self.strategy.use_distributed_sampler = False
         self.default_root_dir: str = os.fspath(default_root_dir) if default_root_dir is not None else os.getcwd()
         self.deterministic = deterministic
         self.loggers: list[Any] = [] if self.fast_dev_run else _build_loggers(logger, self.default_root_dir)
