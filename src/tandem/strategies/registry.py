@@ -117,22 +117,20 @@ def resolve_strategy(
     if isinstance(strategy, Strategy):
         instance = strategy
     elif isinstance(strategy, str):
-        device_list = resolve_devices(accelerator, devices)
         name = strategy
         if name == "auto":
-            name = "single_device" if len(device_list) == 1 and num_nodes == 1 else "ddp"
+            single = len(resolve_devices(accelerator, devices)) == 1 and num_nodes == 1
+            name = "single_device" if single else "ddp"
         if name not in _REGISTRY:
             raise bad_choice("strategy", strategy, ["auto", *available_strategies()])
         entry = _REGISTRY[name]
         instance = entry.cls(**entry.init_kwargs)
     else:
-        raise TandemConfigError(
-            f"strategy={strategy!r} must be a name ({', '.join(['auto', *available_strategies()])}) or a Strategy instance."
-        )
-    if instance.parallel_devices is None:
+        names = ", ".join(["auto", *available_strategies()])
+        raise TandemConfigError(f"strategy={strategy!r} must be a name ({names}) or a Strategy instance.")
+    device_list = instance.parallel_devices
+    if device_list is None:  # the instance leaves the devices to the Trainer's arguments
         device_list = resolve_devices(accelerator, devices)
         type(instance).check_devices(accelerator, len(device_list))
-    else:
-        device_list = instance.parallel_devices
     instance.configure(device_list, num_nodes, precision)
     return instance
