@@ -175,6 +175,9 @@ class TrainingModule(nn.Module):
     def device(self) -> torch.device:
         for tensor in self.parameters():
             return tensor.device
+        for module in self.modules():  # a DataParallel replica keeps its parameters here
+            for tensor in getattr(module, "_former_parameters", {}).values():
+                return tensor.device
         for tensor in self.buffers():
             return tensor.device
         return torch.device("cpu")
@@ -231,21 +234,17 @@ class TrainingModule(nn.Module):
 
 
 def _collect_init_args(frame: Any, cls: type) -> dict[str, Any]:
-    """The arguments of the ``__init__`` calls on the stack, outermost subclass last (it wins)."""
+    """The arguments of the ``__init__`` calls on the stack for this object; the innermost call wins."""
     collected: list[dict[str, Any]] = []
     while frame is not None:
-        code = frame.f_code
-        local_vars = frame.f_locals
+        code, local_vars = frame.f_code, frame.f_locals
         if code.co_name == "__init__" and isinstance(local_vars.get("self"), cls):
-            sig = inspect.signature(type(local_vars["self"]).__init__)
-            args = {}
-            for name, param in sig.parameters.items():
-                if name == "self" or name not in local_vars:
-                    continue
-                if param.kind is param.VAR_KEYWORD:
-                    args.update(local_vars[name])
-                elif param.kind is not param.VAR_POSITIONAL:
-                    args[name] = local_vars[name]
+            count = code.co_argcount + code.co_kwonlyargcount
+            names = code.co_varnames[:count]
+            args = {name: local_vars[name] for name in names[1:] if name in local_vars}
+            if code.co_flags & inspect.CO_VARKEYWORDS:
+                varkw = code.co_varnames[count + bool(code.co_flags & inspect.CO_VARARGS)]
+                args.update(local_vars.get(varkw, {}))
             collected.append(args)
         frame = frame.f_back
     merged: dict[str, Any] = {}

@@ -130,3 +130,11 @@ def test_hparams_from_init_arguments():
     module = TinyModule(lr=0.5, optimizer="adam")
     assert module.hparams == {"lr": 0.5, "optimizer": "adam", "dropout": 0.0, "scheduler": False}
     assert module.hparams.lr == 0.5
+
+
+def test_hparams_merge_base_and_subclass_init_arguments():
+    class Child(TinyModule):
+        def __init__(self, depth: int = 3):
+            super().__init__(lr=0.5)
+
+    assert Child().hparams == {"depth": 3, "lr": 0.5, "optimizer": "sgd", "dropout": 0.0, "scheduler": False}

@@ -74,7 +74,7 @@ class ThroughputMonitor(Callback):
         elapsed = self._clock() - self._starts[0][0]
         if elapsed <= 0:
             return
-        devices = trainer.world_size * getattr(trainer.strategy, "devices_per_process", 1)
+        devices = trainer.world_size * trainer.strategy.devices_per_process
         batches = len(self._starts) / elapsed * trainer.world_size
         samples = sum(n for _, n in self._starts) / elapsed * trainer.world_size
         self.last = {

@@ -98,6 +98,11 @@ class Strategy:
         return self.parallel_devices[0] if self.parallel_devices else torch.device("cpu")
 
     @property
+    def devices_per_process(self) -> int:
+        """Devices one process drives (DataParallel: several; everyone else: one)."""
+        return 1
+
+    @property
     def launcher(self) -> Any:
         """An object with ``launch(fn, *args, trainer=...)`` when other processes must be started, else None."""
         return None
