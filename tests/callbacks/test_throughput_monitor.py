@@ -72,7 +72,7 @@ def test_per_device_rates_count_the_devices_of_a_dp_process():
 def test_totals_scale_with_world_size():
     logged = {}
     module = SimpleNamespace(log=lambda name, value, **kw: logged.__setitem__(name, value))
-    strategy = SimpleNamespace(root_device=torch.device("cpu"))  # one device per process, as in ddp
+    strategy = SimpleNamespace(root_device=torch.device("cpu"), devices_per_process=1)  # as in ddp
     trainer = SimpleNamespace(world_size=4, strategy=strategy, global_step=0, log_every_n_steps=1)
     monitor = ticking(ThroughputMonitor())
     monitor.on_train_batch_start(trainer, module, torch.zeros(8, 3), 0)
