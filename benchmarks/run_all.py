@@ -1,0 +1,53 @@
+"""Run every benchmark in this folder, one after another (``make bench``).
+
+overhead.py and import_time.py run first, then any other ``*.py`` here (ddp.py, gpu.py, ...) in name
+order; gpu.py is skipped with a note when CUDA is not available. Extra arguments are not forwarded:
+run a script by itself to change its settings. Exits 1 if any benchmark failed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+FIRST = ("overhead.py", "import_time.py")
+NEEDS_CUDA = ("gpu.py",)
+
+
+def benchmark_scripts() -> list[Path]:
+    others = sorted(p.name for p in HERE.glob("*.py") if p.name not in (*FIRST, Path(__file__).name)
+                    and not p.name.startswith("_"))
+    return [HERE / name for name in (*FIRST, *others) if (HERE / name).exists()]
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def main() -> None:
+    summary = []
+    for script in benchmark_scripts():
+        if script.name in NEEDS_CUDA and not cuda_available():
+            print(f"\n=== {script.name}: skipped, CUDA is not available on this machine", flush=True)
+            summary.append((script.name, "skipped (no CUDA)", 0.0))
+            continue
+        print(f"\n=== {script.name}", flush=True)
+        start = time.perf_counter()
+        returncode = subprocess.run([sys.executable, str(script)], check=False).returncode
+        elapsed = time.perf_counter() - start
+        summary.append((script.name, "ok" if returncode == 0 else f"FAILED (exit {returncode})", elapsed))
+
+    print("\n=== summary")
+    for name, status, elapsed in summary:
+        print(f"  {name:<20} {status:<20} {elapsed:6.1f} s")
+    if any(status.startswith("FAILED") for _, status, _ in summary):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
