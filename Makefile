@@ -22,9 +22,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 setup: $(VENV)/.installed
 
 demo: setup
-	$(PY) examples/digits.py --max-epochs 10
+	$(PY) examples/digits.py --root-dir runs/digits
 	@echo ""
-	@echo "Logs are under lightning-style run folders in ./runs/digits; watch them with:"
+	@echo "Runs are in runs/digits/tandem_logs/version_<n>; watch them with:"
 	@echo "  $(VENV)/bin/tensorboard --logdir runs/digits"
 
 test: setup

@@ -172,7 +172,8 @@ class Strategy:
 
     def batch_to_device(self, batch: Any) -> Any:
         device = self.root_device
-        batch = apply_to_collection(batch, torch.Tensor, lambda t: t.to(device, non_blocking=True))
+        if device.type != "cpu":  # loaders yield CPU tensors: on the CPU there is nothing to move
+            batch = apply_to_collection(batch, torch.Tensor, lambda t: t.to(device, non_blocking=True))
         return self.precision.convert_input(batch)
 
     def gather_predictions(self, predictions: list[Any], dataloader: Any) -> list[Any]:
@@ -185,7 +186,7 @@ class Strategy:
         with self.precision.forward_context():
             if self._model is self._module:
                 return getattr(self._module, method)(*args)
-            return self._model(method, *args)
+            return self._model(method, *args)  # through the wrapper (StepForward routes to the method)
 
     def no_backward_sync(self, module: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
         """Skip gradient synchronisation inside this block when ``enabled`` (accumulation micro-steps)."""

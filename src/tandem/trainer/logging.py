@@ -11,7 +11,6 @@ import contextlib
 import contextvars
 import numbers
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,19 +110,9 @@ class MetricCollector:
         self.hook: str | None = None  # the hook now running, which sets the on_step / on_epoch defaults
         self.batch: Any = None  # the batch now running, for inferring batch sizes
         self._batch_size: int | None = None
-        self._lock = threading.Lock()  # DataParallel runs steps in threads
         self.callback_metrics: dict[str, torch.Tensor] = {}
         self.logged_metrics: dict[str, float] = {}
         self.progress_bar_metrics: dict[str, torch.Tensor] = {}
-
-    def __getstate__(self) -> dict[str, Any]:  # pickled with the Trainer for ddp_spawn
-        state = self.__dict__.copy()
-        state["_lock"] = None
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ collecting
     def set_batch(self, batch: Any) -> None:
@@ -157,32 +146,39 @@ class MetricCollector:
             )
             buffer.append((name, value if _is_metric(value) else self._as_tensor(name, value), options))
             return
-        in_step_hook = self.hook in _STEP_HOOKS
-        on_step = in_step_hook if on_step is None else on_step
-        on_epoch = (not in_step_hook) if on_epoch is None else on_epoch
-        metric = value if _is_metric(value) else None
-        if metric is None:
-            value = self._as_tensor(name, value)
-        with self._lock:
-            entries = self._stores.setdefault(self.stage, {})
-            entry = entries.get(name)
-            if entry is None:
-                entry = _Entry(on_step, on_epoch, prog_bar, logger, sync_dist, reduce_fx, metric=metric)
-                entries[name] = entry
-            if metric is not None:
-                entry.metric = metric
-                cached = getattr(metric, "_forward_cache", None)
-                step_value = cached.detach() if isinstance(cached, torch.Tensor) else None
-            else:
-                step_value = value
-                if sync_dist and on_step:
-                    step_value = self._reduce(value, reduce_fx)
-                if on_epoch:
-                    weight = batch_size if batch_size is not None else self._current_batch_size()
-                    entry.accumulate(value, max(weight, 1) if reduce_fx == "mean" else 1)
-            entry.step_value = step_value
-            entry.updated = True
+        if on_step is None or on_epoch is None:
+            in_step_hook = self.hook in _STEP_HOOKS
+            on_step = in_step_hook if on_step is None else on_step
+            on_epoch = (not in_step_hook) if on_epoch is None else on_epoch
+        if isinstance(value, torch.Tensor) and value.ndim == 0:  # the common case, kept cheap
+            value, metric = value.detach(), None
+        else:
+            metric = value if _is_metric(value) else None
+            if metric is None:
+                value = self._as_tensor(name, value)
+        entries = self._stores.get(self.stage)
+        if entries is None:
+            entries = self._stores[self.stage] = {}
+        entry = entries.get(name)
+        if entry is None:
+            entry = entries[name] = _Entry(on_step, on_epoch, prog_bar, logger, sync_dist, reduce_fx, metric=metric)
+        if metric is not None:
+            entry.metric = metric
             entry.dirty = entry.dirty or on_epoch
+            cached = getattr(metric, "_forward_cache", None)
+            step_value = cached.detach() if isinstance(cached, torch.Tensor) else None
+        else:
+            step_value = value
+            # Evaluation ranks run different numbers of batches (every sample exactly once), so a
+            # per-step collective there would wait forever: evaluation step values stay per rank.
+            if sync_dist and on_step and self.stage == "train":
+                step_value = self._reduce(value, reduce_fx)
+            if on_epoch:
+                weight = batch_size if batch_size is not None else self._current_batch_size()
+                entry.accumulate(value, max(weight, 1) if reduce_fx == "mean" else 1)
+                entry.dirty = True
+        entry.step_value = step_value
+        entry.updated = True
         if step_value is not None:
             key = f"{name}_step" if on_step and on_epoch else name
             self.callback_metrics[key] = step_value

@@ -152,8 +152,8 @@ def run_training_batch(trainer: Trainer, batch: Any, batch_idx: int) -> None:
         if progress.global_step % trainer.log_every_n_steps == 0 and trainer.loggers:
             trainer._log_to_loggers(metrics.step_metrics())
     progress.batches_done = batch_idx + 1
-    outputs = _detached_outputs(output, loss)
-    trainer._call("on_train_batch_end", outputs, batch, batch_idx)
+    if trainer._hooks["on_train_batch_end"]:
+        trainer._call("on_train_batch_end", _detached_outputs(output, loss), batch, batch_idx)
 
 
 def run_optimizer_step(trainer: Trainer) -> None:

@@ -326,9 +326,11 @@ class Trainer:
     # ================================================================== hooks
     def _call(self, hook: str, *args: Any) -> None:
         """Run ``hook`` on the module, then on each callback in the user's order."""
-        self._metrics.hook = hook
-        for fn in self._hooks.get(hook, ()):
-            fn(*args)
+        fns = self._hooks.get(hook)
+        if fns:
+            self._metrics.hook = hook
+            for fn in fns:
+                fn(*args)
 
     def _step_schedulers(self, interval: str) -> None:
         count = self.global_step if interval == "step" else self.current_epoch + 1

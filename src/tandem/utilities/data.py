@@ -88,6 +88,9 @@ class SkippableSampler(Sampler):
 
     def __iter__(self) -> Iterator[Any]:
         skip, self.skip = self.skip, 0
+        if not skip:  # the usual epoch: the wrapped sampler's own iterator, no per-batch cost
+            self._latest = None
+            return iter(self.inner)
         self._latest = _SkippingIterator(self.inner, skip)
         return self._latest
 
