@@ -12,6 +12,12 @@ torchrun (detected by ``TORCHELASTIC_RUN_ID``)::
     GROUP_RANK       index of this node
     MASTER_ADDR      address of the rank-0 host for the process-group rendezvous
     MASTER_PORT      TCP port on that host (torchrun's own store)
+    TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_USE_AGENT_STORE
+                     with restarts allowed and the agent's store shared with the workers (torch's
+                     default since 2.5), a restarted job can read the previous attempt's keys and
+                     fail or hang in init_process_group (pytorch/pytorch#135712): tandem warns. Fix:
+                     ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --rdzv-backend c10d ...``
+                     (or ``--standalone``); the static rendezvous always shares its store.
 
 SLURM (detected when ``srun`` started more than one task, outside ``salloc``'s interactive shells,
 i.e. ``SLURM_JOB_NAME`` is not ``bash`` or ``interactive``)::
@@ -40,6 +46,8 @@ import os
 import re
 import socket
 from typing import ClassVar
+
+from tandem.utilities.rank_zero import rank_zero_warn
 
 _LOCAL_ADDRESS = "127.0.0.1"
 
@@ -110,8 +118,10 @@ class ClusterEnvironment:
         os.environ["MASTER_PORT"] = str(self.main_port)
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(world_size={self.world_size}, global_rank={self.global_rank}, "
-                f"local_rank={self.local_rank}, node_rank={self.node_rank})")
+        return (
+            f"{type(self).__name__}(world_size={self.world_size}, global_rank={self.global_rank}, "
+            f"local_rank={self.local_rank}, node_rank={self.node_rank})"
+        )
 
 
 class TorchElasticEnvironment(ClusterEnvironment):
@@ -139,8 +149,22 @@ class TorchElasticEnvironment(ClusterEnvironment):
     def node_rank(self) -> int:
         return _int("GROUP_RANK", 0)
 
+    @property
+    def restarts_share_store(self) -> bool:
+        """Whether a restart would reuse torchrun's store, which still holds the previous attempt's keys."""
+        return _int("TORCHELASTIC_MAX_RESTARTS", 0) > 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
     def export_rendezvous(self) -> None:
-        """torchrun's agent already exported them (and serves the store at MASTER_PORT)."""
+        """torchrun's agent already exported them (and serves the store at MASTER_PORT); warn when its
+        restarts would reuse that store."""
+        if self.restarts_share_store:
+            rank_zero_warn(
+                f"torchrun --max-restarts={_int('TORCHELASTIC_MAX_RESTARTS')} shares its rendezvous store with "
+                "the workers, so a restarted job can read the previous attempt's keys and fail or hang while it "
+                "joins the process group (pytorch/pytorch#135712). Start torchrun with "
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 and the c10d rendezvous (--standalone, or --rdzv-backend "
+                "c10d --rdzv-endpoint HOST:PORT)."
+            )
 
 
 class SLURMEnvironment(ClusterEnvironment):
@@ -290,7 +314,7 @@ def _expand_host(pattern: str) -> list[str]:
     match = re.search(r"\[([^\]]*)\]", pattern)
     if match is None:
         return [pattern]
-    head, tail = pattern[: match.start()], pattern[match.end():]
+    head, tail = pattern[: match.start()], pattern[match.end() :]
     expanded: list[str] = []
     for part in match.group(1).split(","):
         lo, _, hi = part.partition("-")

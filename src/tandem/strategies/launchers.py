@@ -262,8 +262,13 @@ def apply(trainer: Any, payload: dict[str, Any], module: torch.nn.Module | None)
 
 
 def _spawned(
-    local_rank: int, environment: LocalEnvironment, function: Callable[..., Any], args: tuple,
-    kwargs: dict, trainer: Any, result_path: str,
+    local_rank: int,
+    environment: LocalEnvironment,
+    function: Callable[..., Any],
+    args: tuple,
+    kwargs: dict,
+    trainer: Any,
+    result_path: str,
 ) -> None:
     environment.export_rank(local_rank)
     result = function(*args, **kwargs)
@@ -298,9 +303,7 @@ class SpawnLauncher:
 
     is_interactive_compatible = True
 
-    def __init__(
-        self, environment: LocalEnvironment, num_processes: int, start_method: str = "spawn"
-    ) -> None:
+    def __init__(self, environment: LocalEnvironment, num_processes: int, start_method: str = "spawn") -> None:
         self.environment = environment
         self.num_processes = num_processes
         self.start_method = start_method
@@ -323,8 +326,9 @@ class SpawnLauncher:
             except ProcessException as err:
                 index, text = _first_failure(context, err)
                 rank = self.environment.node_rank * self.num_processes + index
-                raise RuntimeError(f"ddp_spawn: rank {rank} failed; the other ranks were stopped. "
-                                   f"Its traceback:\n{text}") from None
+                raise RuntimeError(
+                    f"ddp_spawn: rank {rank} failed; the other ranks were stopped. Its traceback:\n{text}"
+                ) from None
             if not os.path.exists(result_path):  # global rank 0 runs on another node
                 return None
             received = torch.load(result_path, weights_only=False)

@@ -1,0 +1,147 @@
+"""A ``Trainer(strategy="ddp")`` fit, started however the test chooses: tandem's own launcher, torchrun
+(one node or two), or a simulated srun. Each rank writes what it saw to ``--out``.
+
+Modes:
+    fit       train 12 steps; each rank saves rank{global_rank}.pt (weights, ranks, environment, threads)
+    crash     rank --crash-rank raises at step 3; each rank first writes its pid to pid{rank}
+    wait      after 2 steps each rank writes its pid to ready{rank}, then trains slowly until a signal ends it
+    restart   fit(ckpt_path="last") with a step ModelCheckpoint in the default run folder; on the first attempt
+              (no marker file yet) rank 1 SIGKILLs itself after step 7; then like fit
+    late      rank 1 sleeps before fit, so rank 0 waits for it in init_process_group until --timeout seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import tandem
+from tandem.callbacks.model_checkpoint import ModelCheckpoint
+from tandem.strategies import launchers
+from tandem.strategies.ddp import DDPStrategy
+
+STEPS = 12  # 8 batches per rank and epoch: the fit crosses an epoch boundary
+
+
+class Classifier(tandem.TrainingModule):
+    """Dropout, Adam and a shuffled loader: exact resume needs the RNG states and the sampler's order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.2), nn.ReLU(), nn.Linear(16, 3))
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self.net(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=0.01)
+
+
+class Probe(tandem.Callback):
+    """Records the step the fit started from; writes pid files; crashes, sleeps or dies where asked."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.out = Path(args.out)
+        self.start_step = -1
+
+    def on_train_start(self, trainer: tandem.Trainer, module: tandem.TrainingModule) -> None:
+        self.start_step = trainer.global_step
+        (self.out / f"pid{trainer.global_rank}").write_text(str(os.getpid()))
+
+    def on_train_batch_start(self, trainer: tandem.Trainer, module: tandem.TrainingModule, batch, batch_idx) -> None:
+        if self.args.mode == "crash" and trainer.global_step == 3 and trainer.global_rank == self.args.crash_rank:
+            raise RuntimeError(f"boom at step 3 on rank {trainer.global_rank}")
+
+    def on_train_batch_end(
+        self, trainer: tandem.Trainer, module: tandem.TrainingModule, outputs, batch, batch_idx
+    ) -> None:
+        if self.args.mode == "wait":
+            if trainer.global_step == 2:
+                (self.out / f"ready{trainer.global_rank}").write_text(str(os.getpid()))
+            time.sleep(0.05)
+        marker = self.out / "killed"  # the first attempt only: torchrun restarts every worker
+        if (
+            self.args.mode == "restart"
+            and trainer.global_step == 7
+            and trainer.global_rank == 1
+            and not marker.exists()
+        ):
+            marker.write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def data() -> DataLoader:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 8, generator=g)
+    y = ((x[:, 0] > 0).long() + (x[:, 1] > 0).long()) % 3
+    return DataLoader(TensorDataset(x, y), batch_size=4, shuffle=True)
+
+
+def main(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    if args.mode == "late" and os.environ.get("LOCAL_RANK") == "1":
+        time.sleep(120)  # never joins: rank 0's init_process_group times out first
+    tandem.seed_everything(7)
+    strategy = DDPStrategy(timeout=datetime.timedelta(seconds=args.timeout)) if args.timeout else "ddp"
+    probe = Probe(args)
+    callbacks: list[tandem.Callback] = [probe]
+    if args.mode == "restart":  # the recipe in README: torchrun --max-restarts=N, ckpt_path="last"
+        callbacks.append(ModelCheckpoint(every_n_train_steps=2, save_last=True, save_top_k=0))
+    trainer = tandem.Trainer(
+        accelerator="cpu",
+        strategy=strategy,
+        devices=args.devices,
+        num_nodes=args.num_nodes,
+        max_steps=args.steps if args.mode != "wait" else 100_000,
+        callbacks=callbacks,
+        default_root_dir=out,
+        logger=args.mode == "restart",
+        enable_checkpointing=args.mode == "restart",
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(Classifier(), data(), ckpt_path="last" if args.mode == "restart" else None)
+    # code after fit runs on every rank: each writes its own file
+    result = {
+        "weights": {k: v.clone() for k, v in trainer.training_module.state_dict().items()},
+        "global_rank": trainer.global_rank,
+        "local_rank": trainer.local_rank,
+        "node_rank": trainer.node_rank,
+        "world_size": trainer.world_size,
+        "global_step": trainer.global_step,
+        "start_step": probe.start_step,
+        "environment": type(trainer.strategy.environment).__name__,
+        "started_ranks": launchers.processes_started(),
+        "launcher": type(trainer.strategy.launcher).__name__,
+        "threads": torch.get_num_threads(),
+        "restart_count": os.environ.get("TORCHELASTIC_RESTART_COUNT"),
+        "last_ckpt": trainer.checkpoint_callback.last_model_path if trainer.checkpoint_callback else None,
+    }
+    torch.save(result, out / f"rank{trainer.global_rank}.pt")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=["fit", "crash", "wait", "restart", "late"])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--num-nodes", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument("--crash-rank", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=0.0, help="process-group timeout in seconds (0: default)")
+    main(parser.parse_args())
+    sys.exit(0)

@@ -1,0 +1,319 @@
+"""``Trainer(strategy="ddp")`` started every way a job starts: tandem's launcher, torchrun on one node and on two
+(loopback), simulated srun, and torchrun restarting a killed worker; how a crash, Ctrl-C and a rank that never
+joins end the job; threads per process.
+
+``strategy="ddp"`` re-runs the current command for the other ranks, so every fit runs ``scripts/launch_fit.py``
+in fresh processes (CPU, gloo, free ports). Each rank saves what it saw to ``rank{r}.pt`` in the test's folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tandem.strategies.environments import TorchElasticEnvironment, find_free_port, select_environment
+
+SCRIPT = Path(__file__).parent / "scripts" / "launch_fit.py"
+_LAUNCH_VARIABLES = re.compile(
+    r"^(RANK|LOCAL_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|GROUP_RANK|NODE_RANK|MASTER_ADDR|MASTER_PORT|OMP_NUM_THREADS"
+    r"|TANDEM_.*|TORCHELASTIC_.*|SLURM_.*)$"
+)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """This environment without any launcher's variables; one torch thread per process unless ``extra`` says."""
+    env = {k: v for k, v in os.environ.items() if not _LAUNCH_VARIABLES.match(k)}
+    return {**env, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **extra}
+
+
+def _python(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _popen(args: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """Python in its own session (so a test can signal or kill its whole process group); stderr captured."""
+    return subprocess.Popen(
+        [sys.executable, *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _torchrun(options: str, *args: str) -> list[str]:
+    """``python -m torch.distributed.run`` with ``options`` and a c10d rendezvous on a free loopback port."""
+    endpoint = f"--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{find_free_port()}"
+    return ["-m", "torch.distributed.run", *options.split(), *endpoint.split(), *args]
+
+
+def _survivors(out: Path) -> list[int]:
+    """Processes (not zombies) whose command line names ``out``: every rank and agent a test started does."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if str(out) in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def _nothing_left(out: Path, within: float = 5.0) -> bool:
+    deadline = time.monotonic() + within
+    while _survivors(out) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not _survivors(out)
+
+
+def _kill_survivors(out: Path) -> None:
+    for pid in _survivors(out):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(autouse=True)
+def _no_strays(tmp_path):
+    """What a failed or timed-out test left running is killed afterwards (torchrun's workers have their own
+    session, so killing the agent does not reach them)."""
+    yield
+    _kill_survivors(tmp_path)
+
+
+def _results(out: Path, world: int = 2) -> list[dict]:
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def _assert_equal_weights(results: list[dict], reference: dict[str, torch.Tensor]) -> None:
+    """Every rank ends with the reference weights, bit for bit."""
+    for result in results:
+        assert result["global_step"] == 12
+        assert result["weights"].keys() == reference.keys()
+        for name, value in reference.items():
+            torch.testing.assert_close(result["weights"][name], value, atol=0, rtol=0)
+
+
+def _launched_nothing(results: list[dict], environment: str) -> None:
+    for result in results:
+        assert result["environment"] == environment
+        assert result["launcher"] == "NoneType" and result["started_ranks"] is False
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[str, torch.Tensor]:
+    """The fit under tandem's own launcher (``python launch_fit.py fit``): the weights every other start matches."""
+    out = tmp_path_factory.mktemp("tandem-launcher")
+    try:
+        done = _python([str(SCRIPT), "fit", "--out", str(out)], _env())
+    except subprocess.TimeoutExpired:
+        _kill_survivors(out)
+        raise
+    assert done.returncode == 0, done.stderr
+    results = _results(out)
+    assert [r["global_rank"] for r in results] == [0, 1]
+    assert [r["environment"] for r in results] == ["LocalEnvironment"] * 2
+    assert [r["started_ranks"] for r in results] == [True, False]  # rank 0 started rank 1
+    weights = results[0]["weights"]
+    _assert_equal_weights(results, weights)
+    assert _nothing_left(out)
+    return weights
+
+
+# ---------------------------------------------------------------------------------------------- failures
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("crash_rank", [1, 0])
+def test_exception_in_one_rank_ends_the_job(tmp_path, crash_rank):
+    """The failing rank's traceback is shown, the job exits non-zero within seconds, and no process is left."""
+    start = time.monotonic()
+    done = _python([str(SCRIPT), "crash", "--crash-rank", str(crash_rank), "--out", str(tmp_path)], _env(), timeout=30)
+    elapsed = time.monotonic() - start
+    assert done.returncode != 0
+    assert elapsed < 30
+    assert f"RuntimeError: boom at step 3 on rank {crash_rank}" in done.stderr, done.stderr
+    if crash_rank == 1:  # rank 0, stuck in the step's all-reduce, names the rank that failed and stops
+        assert re.search(
+            r"\[tandem\] rank 1 (exited with code 1|was killed by SIGABRT); stopping the other ranks", done.stderr
+        ), done.stderr
+    assert all((tmp_path / f"pid{r}").exists() for r in (0, 1))  # both ranks were training
+    assert _nothing_left(tmp_path)
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_stops_every_rank(tmp_path):
+    """SIGINT to the job's process group (what Ctrl-C in a terminal does) ends rank 0 and the rank it started."""
+    proc = _popen([str(SCRIPT), "wait", "--out", str(tmp_path)], _env())
+    try:
+        deadline = time.monotonic() + 40
+        while not all((tmp_path / f"ready{r}").exists() for r in (0, 1)):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=15) != 0
+        assert "KeyboardInterrupt" in proc.stderr.read()
+        assert _nothing_left(tmp_path)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.stderr.close()
+
+
+@pytest.mark.timeout(60)
+def test_process_group_timeout_reaches_init_process_group(tmp_path):
+    """DDPStrategy(timeout=5 s): rank 0 gives up on a rank that never joins after about 5 s, not 30 minutes."""
+    start = time.monotonic()
+    done = _python([str(SCRIPT), "late", "--timeout", "5", "--out", str(tmp_path)], _env(), timeout=45)
+    elapsed = time.monotonic() - start
+    assert done.returncode != 0
+    assert re.search(r"Timed out after \d+ seconds waiting for clients\. 1/2 clients joined", done.stderr), done.stderr
+    assert 5 < elapsed < 25
+    assert _nothing_left(tmp_path)  # rank 1, still asleep, was stopped with rank 0
+
+
+# ---------------------------------------------------------------------------------------------- other starters
+
+
+@pytest.mark.timeout(90)
+def test_torchrun_single_node(tmp_path, reference):
+    """torchrun starts both ranks; tandem reads its environment, starts nothing, and trains as its own launcher."""
+    done = _python(_torchrun("--nproc-per-node 2", str(SCRIPT), "fit", "--out", str(tmp_path)), _env())
+    assert done.returncode == 0, done.stderr
+    results = _results(tmp_path)
+    _launched_nothing(results, "TorchElasticEnvironment")
+    assert [(r["global_rank"], r["local_rank"], r["node_rank"], r["world_size"]) for r in results] == [
+        (0, 0, 0, 2),
+        (1, 1, 0, 2),
+    ]
+    _assert_equal_weights(results, reference)
+    assert _nothing_left(tmp_path)
+
+
+@pytest.mark.timeout(90)
+def test_torchrun_two_nodes_on_loopback(tmp_path, reference):
+    """Two torchrun agents (one per "node", one process each) meet at a c10d rendezvous on 127.0.0.1."""
+    port = find_free_port()
+    agents = []
+    for node in (0, 1):
+        options = f"--nnodes 2 --nproc-per-node 1 --node-rank {node} --rdzv-id job"
+        endpoint = f"--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port}"
+        command = ["-m", "torch.distributed.run", *options.split(), *endpoint.split(), str(SCRIPT)]
+        script_args = ["fit", "--devices", "1", "--num-nodes", "2", "--out", str(tmp_path)]
+        agents.append(_popen([*command, *script_args], _env()))
+    try:
+        errors = [agent.communicate(timeout=60)[1] for agent in agents]
+        assert [agent.returncode for agent in agents] == [0, 0], errors
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGKILL)
+    results = _results(tmp_path)
+    _launched_nothing(results, "TorchElasticEnvironment")
+    assert [(r["global_rank"], r["local_rank"], r["world_size"]) for r in results] == [(0, 0, 2), (1, 0, 2)]
+    assert sorted(r["node_rank"] for r in results) == [0, 1]
+    _assert_equal_weights(results, reference)
+    assert _nothing_left(tmp_path)
+
+
+@pytest.mark.timeout(60)
+def test_slurm_environment(tmp_path, reference):
+    """Two tasks started the way srun starts them: tandem reads SLURM's variables and starts nothing."""
+    port = str(find_free_port())
+    tasks = []
+    for rank in (0, 1):
+        slurm = {
+            "SLURM_PROCID": str(rank),
+            "SLURM_NTASKS": "2",
+            "SLURM_LOCALID": str(rank),
+            "SLURM_NODEID": "0",
+            "SLURM_NODELIST": "localhost",
+            "SLURM_JOB_ID": "4242",
+            "SLURM_JOB_NAME": "train",
+            "MASTER_PORT": port,
+        }
+        tasks.append(_popen([str(SCRIPT), "fit", "--out", str(tmp_path)], _env(**slurm)))
+    try:
+        errors = [task.communicate(timeout=45)[1] for task in tasks]
+        assert [task.returncode for task in tasks] == [0, 0], errors
+    finally:
+        for task in tasks:
+            if task.poll() is None:
+                os.killpg(task.pid, signal.SIGKILL)
+    results = _results(tmp_path)
+    _launched_nothing(results, "SLURMEnvironment")
+    assert [(r["global_rank"], r["local_rank"], r["node_rank"]) for r in results] == [(0, 0, 0), (1, 1, 0)]
+    _assert_equal_weights(results, reference)
+
+
+@pytest.mark.timeout(90)
+def test_torchrun_restart_resumes_from_last_checkpoint(tmp_path, reference):
+    """The README's fault-tolerance recipe: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone
+    --max-restarts=1, ModelCheckpoint(every_n_train_steps=2,
+    save_last=True) in the default run folder, fit(ckpt_path="last"). Rank 1 SIGKILLs itself after step 7 on
+    the first attempt; torchrun restarts both workers, which resume from the step-6 last.ckpt of version_0
+    and end with the uninterrupted run's weights, bit for bit."""
+    torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1"]
+    env = _env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")  # a fresh store per attempt (see the test below)
+    done = _python([*torchrun, str(SCRIPT), "restart", "--out", str(tmp_path)], env)
+    assert done.returncode == 0, done.stderr
+    assert "pytorch/pytorch#135712" not in done.stderr
+    assert (tmp_path / "killed").exists()  # the first attempt did die
+    assert "exitcode: -9" in done.stderr  # torchrun saw the SIGKILL
+    first = tmp_path / "tandem_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    assert torch.load(first, weights_only=False)["global_step"] == 6  # written by the first attempt
+    results = _results(tmp_path)
+    _launched_nothing(results, "TorchElasticEnvironment")
+    for result in results:
+        assert result["restart_count"] == "1"
+        assert result["start_step"] == 6  # resumed, did not start over
+        assert result["last_ckpt"] == str(tmp_path / "tandem_logs" / "version_1" / "checkpoints" / "last.ckpt")
+    _assert_equal_weights(results, reference)
+    assert _nothing_left(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------- threads
+
+
+@pytest.mark.timeout(60)
+def test_threads_per_process(tmp_path):
+    """max(1, cpus // local processes) torch threads per rank, unless OMP_NUM_THREADS is set."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    per_process = max(1, cpus // 2)
+    other = 1 if per_process > 1 else min(2, cpus)  # a count unlike tandem's (torch caps it at the cpus)
+    for omp, expected in ((None, per_process), (str(other), other)):
+        out = tmp_path / f"omp-{omp}"
+        out.mkdir()
+        env = _env(OMP_NUM_THREADS=omp) if omp else {k: v for k, v in _env().items() if k != "OMP_NUM_THREADS"}
+        done = _python([str(SCRIPT), "fit", "--steps", "1", "--out", str(out)], env)
+        assert done.returncode == 0, done.stderr
+        assert [r["threads"] for r in _results(out)] == [expected, expected], omp
+
+
+def test_torchrun_restarts_with_a_shared_store_warn(monkeypatch):
+    """torch >= 2.5 keeps torchrun's store, and the last attempt's keys, across restarts: a restarted job can fail
+    or hang in init_process_group (measured: 2 of 5 restarts with c10d, 5 of 5 with the static rendezvous)."""
+    torchrun = "TORCHELASTIC_RUN_ID=job RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 TORCHELASTIC_MAX_RESTARTS=1"
+    for name, value in (item.split("=") for item in f"{torchrun} TORCHELASTIC_USE_AGENT_STORE=True".split()):
+        monkeypatch.setenv(name, value)
+    environment = select_environment(num_processes=2)
+    assert isinstance(environment, TorchElasticEnvironment) and environment.restarts_share_store
+    with pytest.warns(UserWarning, match="TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"):
+        environment.export_rendezvous()
+    for name, value in (("TORCHELASTIC_USE_AGENT_STORE", "False"), ("TORCHELASTIC_MAX_RESTARTS", "0")):
+        with monkeypatch.context() as patch:
+            patch.setenv(name, value)
+            assert not environment.restarts_share_store
