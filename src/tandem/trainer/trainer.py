@@ -423,6 +423,8 @@ class Trainer:
         self._resume_rng = checkpoint.get("rng_states")
 
     def _resolve_ckpt_path(self, ckpt_path: str | os.PathLike) -> str | None:
+        """The file to load. "best" is the same on every rank (checkpoint decisions are rank 0's);
+        "last" is searched for on rank 0 and broadcast, so every rank loads the same file."""
         if ckpt_path == "best":
             callback = self.checkpoint_callback
             if callback is None or not callback.best_model_path:
@@ -430,8 +432,11 @@ class Trainer:
                     "ckpt_path='best' needs a ModelCheckpoint(monitor=...) that has saved a checkpoint."
                 )
             return callback.best_model_path
-        if ckpt_path != "last":
-            return os.fspath(ckpt_path)
+        if ckpt_path == "last":
+            return self.strategy.broadcast(self._find_last_checkpoint() if self.is_global_zero else None)
+        return os.fspath(ckpt_path)
+
+    def _find_last_checkpoint(self) -> str | None:
         candidates = []
         for callback in self.checkpoint_callbacks:
             if callback.dirpath:
