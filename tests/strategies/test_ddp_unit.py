@@ -22,19 +22,31 @@ from torch.utils.data import (
 )
 
 from tandem.strategies import DDPStrategy
-from tandem.strategies.ddp import (
+from tandem.strategies.launchers import ScriptLauncher, SpawnLauncher
+from tandem.strategies.registry import resolve_strategy
+from tandem.strategies.samplers import (
     DistributedSamplerWrapper,
     EvalDistributedSampler,
     FirstItems,
     interleave_predictions,
 )
-from tandem.strategies.launchers import ScriptLauncher, SpawnLauncher
-from tandem.strategies.registry import resolve_strategy
 from tandem.utilities.data import find_sampler
 from tandem.utilities.exceptions import TandemConfigError
 
-_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
-              "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_NTASKS", "TANDEM_GLOBAL_SEED", "LOCAL_WORLD_SIZE")
+_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "GROUP_RANK",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "TANDEM_GLOBAL_SEED",
+    "LOCAL_WORLD_SIZE",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -85,8 +97,12 @@ def test_cpu_only_checks():
         _strategy(sync_batchnorm=True)
     strategy = _strategy(timeout=datetime.timedelta(seconds=5), bucket_cap_mb=1, static_graph=True)
     assert strategy.process_group_backend == "gloo"
-    assert strategy.ddp_kwargs == {"find_unused_parameters": False, "static_graph": True,
-                                   "gradient_as_bucket_view": False, "bucket_cap_mb": 1}
+    assert strategy.ddp_kwargs == {
+        "find_unused_parameters": False,
+        "static_graph": True,
+        "gradient_as_bucket_view": False,
+        "bucket_cap_mb": 1,
+    }
 
 
 def test_registry_names():
@@ -149,8 +165,10 @@ def test_unused_parameter_error_names_the_parameters():
             self.unused = nn.Linear(2, 2)
 
     strategy._module = Net()
-    torch_message = ("Expected to have finished reduction in the prior iteration before starting a new one. ... "
-                     "Parameter indices which did not receive grad for rank 1: 2 3\n In addition, ...")
+    torch_message = (
+        "Expected to have finished reduction in the prior iteration before starting a new one. ... "
+        "Parameter indices which did not receive grad for rank 1: 2 3\n In addition, ..."
+    )
     explained = strategy._explain(RuntimeError(torch_message))
     assert "unused.weight, unused.bias" in str(explained)
     assert "DDPStrategy(find_unused_parameters=True)" in str(explained)
@@ -168,11 +186,17 @@ def test_training_sampler_keeps_the_users_choices(monkeypatch, shuffle, drop_las
     per_rank = []
     for rank in (0, 1):
         _as_rank(monkeypatch, rank)
-        loader = _strategy().process_dataloader(DataLoader(_dataset(11), batch_size=2, shuffle=shuffle,
-                                                           drop_last=drop_last), "fit")
+        loader = _strategy().process_dataloader(
+            DataLoader(_dataset(11), batch_size=2, shuffle=shuffle, drop_last=drop_last), "fit"
+        )
         sampler = find_sampler(loader)
         assert isinstance(sampler, DistributedSampler)
-        assert (sampler.shuffle, sampler.drop_last, sampler.seed, loader.drop_last) == (shuffle, drop_last, 7, drop_last)
+        assert (sampler.shuffle, sampler.drop_last, sampler.seed, loader.drop_last) == (
+            shuffle,
+            drop_last,
+            7,
+            drop_last,
+        )
         assert (sampler.num_replicas, sampler.rank) == (2, rank)
         per_rank.append(_indices(loader))
     if not shuffle:
@@ -330,8 +354,11 @@ def test_interleave_predictions_whole_batches():
 def test_interleave_predictions_falls_back_rank_by_rank():
     per_rank = [[torch.tensor(1.0), torch.tensor(3.0)], [torch.tensor(2.0)]]  # scalars cannot be split
     with pytest.warns(UserWarning, match="could not be split"):
-        assert interleave_predictions(per_rank, batch_size=2) == [torch.tensor(1.0), torch.tensor(3.0),
-                                                                   torch.tensor(2.0)]
+        assert interleave_predictions(per_rank, batch_size=2) == [
+            torch.tensor(1.0),
+            torch.tensor(3.0),
+            torch.tensor(2.0),
+        ]
 
 
 def test_gather_predictions_without_a_process_group_is_identity(monkeypatch):

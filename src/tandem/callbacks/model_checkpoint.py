@@ -157,17 +157,18 @@ class ModelCheckpoint(Callback):
             self._save_last(trainer, metrics)
 
     def _monitor_candidates(self, trainer: Trainer) -> dict[str, Any]:
-        metrics = dict(trainer.callback_metrics)
+        """Global rank 0's metrics, as numbers: every rank then names, ranks and deletes the same files."""
+        metrics = {name: _number(value) for name, value in trainer.callback_metrics.items()}
         metrics.setdefault("epoch", trainer.current_epoch)
         metrics["step"] = trainer.global_step
-        return metrics
+        return trainer.strategy.broadcast(metrics)
 
     def _score(self, trainer: Trainer, metrics: Mapping[str, Any]) -> float:
         """Rank 0's value of the monitored metric (the step without a monitor); NaN ranks last."""
         if self.monitor is None:
             return float(trainer.global_step)
-        local = metrics.get(self.monitor)
-        score = trainer.strategy.broadcast(float(local) if local is not None else None)
+        value = metrics.get(self.monitor)  # rank 0's (see _monitor_candidates)
+        score = float(value) if value is not None else None
         if score is None:
             available = [k for k in metrics if k not in ("epoch", "step")]
             raise missing_metric("ModelCheckpoint", self.monitor, available)

@@ -3,20 +3,22 @@
 Launch: see :mod:`tandem.strategies.launchers` (who starts the processes) and
 :mod:`tandem.strategies.environments` (how a process learns its rank).
 
-Data: the training loader gets a DistributedSampler that keeps the user's shuffle / drop_last /
-custom sampler; evaluation and predict loaders get an interleaving sampler that gives every sample
-to exactly one rank (rank r: samples r, r+N, r+2N, ...), so sums and counts reduced across ranks
-equal single-device results, and :meth:`DDPStrategy.gather_predictions` rebuilds the single-device
-prediction list on every rank.
+Data: see :mod:`tandem.strategies.samplers`. The training loader is sharded with a DistributedSampler
+that keeps the user's shuffle / drop_last / custom sampler; evaluation and predict loaders give every
+sample to exactly one rank (rank r: samples r, r+N, r+2N, ...), so metrics reduced across ranks as
+sums and counts equal single-device results. ``trainer.predict`` returns every sample's prediction,
+in dataset order, on every rank.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
+import gc
 import itertools
 import re
-from collections.abc import Callable, Iterator, Mapping, Sized
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -24,14 +26,7 @@ import torch.distributed as dist
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import (
-    BatchSampler,
-    DataLoader,
-    DistributedSampler,
-    RandomSampler,
-    Sampler,
-    SequentialSampler,
-)
+from torch.utils.data import DataLoader
 
 from tandem.strategies import launchers
 from tandem.strategies.environments import (
@@ -43,16 +38,21 @@ from tandem.strategies.environments import (
 )
 from tandem.strategies.precision import Precision
 from tandem.strategies.registry import register_strategy
+from tandem.strategies.samplers import (
+    FirstItems,
+    evaluation_layout,
+    interleave_predictions,
+    shard_evaluation,
+    shard_training,
+)
 from tandem.strategies.strategy import ReduceOp, StepForward, Strategy
-from tandem.utilities.data import SkippableSampler, has_len, is_iterable_style, rebuild_dataloader
+from tandem.utilities.data import has_len, is_iterable_style, rebuild_dataloader
 from tandem.utilities.exceptions import TandemConfigError, bad_choice, out_of_range
 from tandem.utilities.rank_zero import rank_zero_warn, set_rank
 
 START_METHODS = ("popen", "spawn")
 STAGES = ("fit", "validate", "test", "predict")
-_REDUCE_OPS = {
-    "sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN
-}
+_REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
 
 class DDPStrategy(Strategy):
@@ -182,8 +182,10 @@ class DDPStrategy(Strategy):
         if not isinstance(environment, LocalEnvironment) or self.world_size == 1:
             return None  # torchrun / srun started the processes, or there is only one
         if self.start_method == "spawn":
-            return None if environment.creates_processes_externally else launchers.SpawnLauncher(
-                environment, self.num_processes
+            return (
+                None
+                if environment.creates_processes_externally
+                else launchers.SpawnLauncher(environment, self.num_processes)
             )
         return launchers.ScriptLauncher(environment, self.num_processes)
 
@@ -204,9 +206,13 @@ class DDPStrategy(Strategy):
         if not dist.is_initialized():
             environment.export_rendezvous()
             dist.init_process_group(
-                self.process_group_backend, init_method="env://", rank=environment.global_rank,
-                world_size=environment.world_size, timeout=self.timeout,
+                self.process_group_backend,
+                init_method="env://",
+                rank=environment.global_rank,
+                world_size=environment.world_size,
+                timeout=self.timeout,
             )
+            atexit.register(_destroy_process_group)
         elif dist.get_world_size() != environment.world_size:
             raise TandemConfigError(
                 f"this process already joined a process group of {dist.get_world_size()} processes, but "
@@ -237,6 +243,17 @@ class DDPStrategy(Strategy):
                 "DDPStrategy.setup_environment() ran before the other ranks were started, so it would wait "
                 "for them forever. Run the stage through strategy.launcher.launch(function, ...)."
             )
+
+    def module_to_device(self, module: nn.Module) -> nn.Module:
+        """Move the module, and give this process its own copy of any tensor it shares with another process:
+        ddp_spawn receives the caller's module through shared memory, and without a copy every rank would
+        step the same parameters."""
+        module = super().module_to_device(module)
+        with torch.no_grad():
+            for tensor in itertools.chain(module.parameters(), module.buffers()):
+                if tensor.device.type == "cpu" and tensor.is_shared():  # CUDA tensors always say shared
+                    tensor.data = tensor.data.clone()
+        return module
 
     def wrap_module(self, module: nn.Module) -> nn.Module:
         if self.sync_batchnorm:
@@ -365,10 +382,11 @@ class DDPStrategy(Strategy):
             raise bad_choice("stage", stage, STAGES)
         shardable = isinstance(dataloader, DataLoader) and not is_iterable_style(dataloader)
         if self.use_distributed_sampler and shardable and self.world_size > 1:
-            if stage == "fit":
-                dataloader = _shard_training(dataloader, self.world_size, self.global_rank)
+            if stage == "fit":  # rank 0's seed: ranks seeded differently must still shard one permutation
+                seed = self.broadcast(global_seed())
+                dataloader = shard_training(dataloader, self.world_size, self.global_rank, seed)
             else:
-                dataloader = _shard_evaluation(dataloader, self.world_size, self.global_rank)
+                dataloader = shard_evaluation(dataloader, self.world_size, self.global_rank)
         if stage == "fit" and shardable:
             dataloader = self._even_batches(dataloader)
         return dataloader
@@ -395,201 +413,23 @@ class DDPStrategy(Strategy):
         Outputs are moved to the CPU. Without tandem's evaluation sampler (``use_distributed_sampler=False``)
         each rank keeps its own predictions.
         """
-        layout = _evaluation_layout(dataloader)
+        layout = evaluation_layout(dataloader)
         if not dist.is_initialized() or layout is None:
             return predictions
         local = apply_to_collection(predictions, torch.Tensor, lambda t: t.detach().cpu())
         return interleave_predictions(self._all_gather_object(local), layout)
 
 
-# ---------------------------------------------------------------------------------------------- samplers
+def _destroy_process_group() -> None:
+    """At exit, while the interpreter is still whole, free the process group that setup_environment joined.
 
-
-class DistributedSamplerWrapper(DistributedSampler):
-    """Shards the indices a user's sampler draws: every rank draws the whole sequence, then keeps its share.
-
-    The draw happens under the torch seed ``seed + epoch`` so that every rank draws the same sequence
-    (a sampler drawing from python's ``random`` or numpy must be seeded alike on every rank).
+    DistributedDataParallel wrappers sit in reference cycles that hold the group; if they are only freed
+    while the interpreter shuts down, a gloo worker thread may need the GIL then, and the process aborts
+    ("terminate called without an active exception", SIGABRT) after the script succeeded.
     """
-
-    def __init__(
-        self, sampler: Sampler, num_replicas: int, rank: int, seed: int = 0, drop_last: bool = False
-    ) -> None:
-        super().__init__(range(len(sampler)), num_replicas=num_replicas, rank=rank, shuffle=False,
-                         seed=seed, drop_last=drop_last)
-        self.sampler = sampler
-
-    def __iter__(self) -> Iterator[Any]:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.seed + self.epoch)
-            drawn = list(self.sampler)
-        return (drawn[i] for i in super().__iter__())
-
-    def set_epoch(self, epoch: int) -> None:
-        super().set_epoch(epoch)
-        if hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(epoch)
-
-
-class EvalDistributedSampler(Sampler):
-    """Rank ``rank`` of ``num_replicas`` takes items rank, rank+N, rank+2N, ... of ``source``, in order:
-    every item exactly once, no padding. The items are sample indices, or whole batches when ``source``
-    is a batch sampler."""
-
-    def __init__(self, source: Sized, num_replicas: int, rank: int) -> None:
-        self.source = source
-        self.num_replicas = num_replicas
-        self.rank = rank
-
-    def __iter__(self) -> Iterator[Any]:
-        return itertools.islice(iter(self.source), self.rank, None, self.num_replicas)
-
-    def __len__(self) -> int:
-        return len(range(self.rank, len(self.source), self.num_replicas))
-
-
-class FirstItems(BatchSampler):
-    """The first ``count`` items of ``sampler`` (indices or batches).
-
-    A BatchSampler subclass only so that :func:`~tandem.utilities.data.find_sampler` sees through it
-    to the sampler below, whose ``set_epoch`` the Trainer calls.
-    """
-
-    def __init__(self, sampler: Sized, count: int) -> None:  # BatchSampler.__init__ is not called
-        self.sampler = sampler
-        self.count = count
-
-    def __iter__(self) -> Iterator[Any]:
-        return itertools.islice(iter(self.sampler), self.count)
-
-    def __len__(self) -> int:
-        return min(self.count, len(self.sampler))
-
-
-def _is_plain_random(sampler: Sampler) -> bool:
-    return type(sampler) is RandomSampler and not sampler.replacement and sampler._num_samples is None
-
-
-def _shard_training(loader: DataLoader, num_replicas: int, rank: int) -> DataLoader:
-    """The user's sampler becomes a DistributedSampler (shuffling only if theirs did) or is wrapped in one."""
-    if type(loader.batch_sampler) is not BatchSampler and loader.batch_sampler is not None:  # a custom one
-        wrapper = DistributedSamplerWrapper(loader.batch_sampler, num_replicas, rank, global_seed())
-        return rebuild_dataloader(loader, batch_sampler=wrapper)
-    sampler = loader.sampler
-    if isinstance(sampler, DistributedSampler):
-        return loader
-    if type(sampler) is SequentialSampler or _is_plain_random(sampler):
-        new: Sampler = DistributedSampler(
-            loader.dataset, num_replicas=num_replicas, rank=rank, shuffle=type(sampler) is RandomSampler,
-            seed=global_seed(), drop_last=loader.drop_last,
-        )
-    else:
-        new = DistributedSamplerWrapper(sampler, num_replicas, rank, global_seed(), loader.drop_last)
-    return rebuild_dataloader(loader, sampler=new)
-
-
-def _shard_evaluation(loader: DataLoader, num_replicas: int, rank: int) -> DataLoader:
-    """Interleave samples across ranks, each exactly once, in the order one process would see them."""
-    if type(loader.batch_sampler) is BatchSampler:
-        sampler, batch_size = loader.sampler, loader.batch_size
-        if isinstance(sampler, (SequentialSampler, RandomSampler, DistributedSampler)):
-            source: Sized = range(len(loader.dataset))  # in order: every rank must agree on the sequence
-        else:
-            source = sampler
-        if loader.drop_last:  # one process would drop the last partial batch: drop the same samples
-            source = FirstItems(source, len(source) - len(source) % batch_size)
-        shard = EvalDistributedSampler(source, num_replicas, rank)
-        return rebuild_dataloader(loader, batch_sampler=BatchSampler(shard, batch_size, drop_last=False))
-    if loader.batch_sampler is not None:  # a custom batch sampler: whole batches go round the ranks
-        shard = EvalDistributedSampler(loader.batch_sampler, num_replicas, rank)
-        return rebuild_dataloader(loader, batch_sampler=shard)
-    return rebuild_dataloader(loader, sampler=EvalDistributedSampler(loader.sampler, num_replicas, rank))
-
-
-def _unwrap(sampler: Any) -> Any:
-    return sampler.inner if isinstance(sampler, SkippableSampler) else sampler
-
-
-def _evaluation_layout(loader: DataLoader) -> int | None:
-    """The batch size when samples went round the ranks, 0 when whole batches did, None when not sharded."""
-    batches = _unwrap(loader.batch_sampler)
-    if isinstance(batches, BatchSampler) and isinstance(batches.sampler, EvalDistributedSampler):
-        return batches.batch_size
-    if isinstance(batches, EvalDistributedSampler) or (
-        batches is None and isinstance(_unwrap(loader.sampler), EvalDistributedSampler)
-    ):
-        return 0
-    return None
-
-
-# ---------------------------------------------------------------------------------------------- predictions
-
-
-def interleave_predictions(per_rank: list[list[Any]], batch_size: int) -> list[Any]:
-    """Undo the evaluation sharding: rank r's outputs covered samples (or, with ``batch_size=0``,
-    batches) r, r+N, ...; return the per-batch outputs one process would have produced.
-
-    Batch outputs are split per sample along dim 0 of every tensor (lists count as per-sample values,
-    dicts and tuples as structure), put back in dataset order and re-batched by ``batch_size``. If an
-    output cannot be split that way, the ranks' outputs are returned one rank after the other.
-    """
-    n = len(per_rank)
-    if batch_size == 0:
-        return [per_rank[j % n][j // n] for j in range(sum(len(p) for p in per_rank))]
-    samples = [_split_all(outputs) for outputs in per_rank]
-    total = sum(len(s) for s in samples if s is not None)
-    if any(s is None or len(s) != len(range(r, total, n)) for r, s in enumerate(samples)):
-        rank_zero_warn("predict_step outputs could not be split per sample along dim 0; the predictions are "
-                       "returned rank after rank (rank r predicted samples r, r+N, ...).")
-        return [output for outputs in per_rank for output in outputs]
-    ordered = [samples[i % n][i // n] for i in range(total)]
-    return [_join(ordered[k: k + batch_size]) for k in range(0, total, batch_size)]
-
-
-def _split_all(outputs: list[Any]) -> list[Any] | None:
-    pieces: list[Any] = []
-    for output in outputs:
-        split = _split(output)
-        if split is None:
-            return None
-        pieces.extend(split)
-    return pieces
-
-
-def _split(obj: Any) -> list[Any] | None:
-    """One batch output as a list of per-sample pieces of the same structure, or None."""
-    if isinstance(obj, torch.Tensor):
-        return list(obj.split(1)) if obj.ndim > 0 else None
-    if isinstance(obj, list):
-        return [[item] for item in obj]
-    if isinstance(obj, Mapping):
-        parts = {key: _split(value) for key, value in obj.items()}
-    elif isinstance(obj, tuple):
-        parts = dict(enumerate(_split(value) for value in obj))
-    else:
-        return None
-    lengths = {len(p) if p is not None else -1 for p in parts.values()}
-    if len(lengths) != 1 or -1 in lengths:
-        return None
-    count = lengths.pop()
-    if isinstance(obj, Mapping):
-        return [{key: parts[key][i] for key in parts} for i in range(count)]
-    return [_tuple_like(obj, [parts[j][i] for j in range(len(obj))]) for i in range(count)]
-
-
-def _join(pieces: list[Any]) -> Any:
-    first = pieces[0]
-    if isinstance(first, torch.Tensor):
-        return torch.cat(pieces)
-    if isinstance(first, list):
-        return [item for piece in pieces for item in piece]
-    if isinstance(first, Mapping):
-        return {key: _join([p[key] for p in pieces]) for key in first}
-    return _tuple_like(first, [_join([p[j] for p in pieces]) for j in range(len(first))])
-
-
-def _tuple_like(template: tuple, items: list[Any]) -> tuple:
-    return type(template)(*items) if hasattr(template, "_fields") else tuple(items)
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 register_strategy("ddp", DDPStrategy, "one process per device; re-runs the script (or joins torchrun / srun)")

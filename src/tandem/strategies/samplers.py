@@ -1,0 +1,224 @@
+"""Samplers that shard a DDP job's data, and the reordering that undoes the sharding of predictions.
+
+Training: the user's sampler becomes a :class:`~torch.utils.data.DistributedSampler` (shuffling only if
+theirs shuffled, with the same drop_last), or is wrapped in a :class:`DistributedSamplerWrapper`.
+
+Evaluation and predict: :class:`EvalDistributedSampler` gives rank r the samples r, r+N, r+2N, ... of the
+order one process would see, each exactly once and without padding, so sums and counts reduced across
+ranks equal single-device results; :func:`interleave_predictions` rebuilds the single-device list of
+predictions from every rank's outputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping, Sized
+from typing import Any
+
+import torch
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+)
+
+from tandem.utilities.data import SkippableSampler, rebuild_dataloader
+from tandem.utilities.rank_zero import rank_zero_warn
+
+
+class DistributedSamplerWrapper(DistributedSampler):
+    """Shards the indices a user's sampler draws: every rank draws the whole sequence, then keeps its share.
+
+    The draw happens under the torch seed ``seed + epoch`` so that every rank draws the same sequence
+    (a sampler drawing from python's ``random`` or numpy must be seeded alike on every rank).
+    """
+
+    def __init__(self, sampler: Sampler, num_replicas: int, rank: int, seed: int = 0, drop_last: bool = False) -> None:
+        super().__init__(
+            range(len(sampler)), num_replicas=num_replicas, rank=rank, shuffle=False, seed=seed, drop_last=drop_last
+        )
+        self.sampler = sampler
+
+    def __iter__(self) -> Iterator[Any]:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed + self.epoch)
+            drawn = list(self.sampler)
+        return (drawn[i] for i in super().__iter__())
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+
+class EvalDistributedSampler(Sampler):
+    """Rank ``rank`` of ``num_replicas`` takes items rank, rank+N, rank+2N, ... of ``source``, in order:
+    every item exactly once, no padding. The items are sample indices, or whole batches when ``source``
+    is a batch sampler."""
+
+    def __init__(self, source: Sized, num_replicas: int, rank: int) -> None:
+        self.source = source
+        self.num_replicas = num_replicas
+        self.rank = rank
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.islice(iter(self.source), self.rank, None, self.num_replicas)
+
+    def __len__(self) -> int:
+        return len(range(self.rank, len(self.source), self.num_replicas))
+
+
+class FirstItems(BatchSampler):
+    """The first ``count`` items of ``sampler`` (indices or batches).
+
+    A BatchSampler subclass only so that :func:`~tandem.utilities.data.find_sampler` sees through it
+    to the sampler below, whose ``set_epoch`` the Trainer calls.
+    """
+
+    def __init__(self, sampler: Sized, count: int) -> None:  # BatchSampler.__init__ is not called
+        self.sampler = sampler
+        self.count = count
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.islice(iter(self.sampler), self.count)
+
+    def __len__(self) -> int:
+        return min(self.count, len(self.sampler))
+
+
+def _is_plain_random(sampler: Sampler) -> bool:
+    return type(sampler) is RandomSampler and not sampler.replacement and sampler._num_samples is None
+
+
+def shard_training(loader: DataLoader, num_replicas: int, rank: int, seed: int) -> DataLoader:
+    """The user's sampler becomes a DistributedSampler (shuffling only if theirs did) or is wrapped in one.
+
+    ``seed`` must be the same on every rank, or the ranks would shard different permutations.
+    """
+    if type(loader.batch_sampler) is not BatchSampler and loader.batch_sampler is not None:  # a custom one
+        wrapper = DistributedSamplerWrapper(loader.batch_sampler, num_replicas, rank, seed)
+        return rebuild_dataloader(loader, batch_sampler=wrapper)
+    sampler = loader.sampler
+    if isinstance(sampler, DistributedSampler):
+        return loader
+    if type(sampler) is SequentialSampler or _is_plain_random(sampler):
+        new: Sampler = DistributedSampler(
+            loader.dataset,
+            num_replicas=num_replicas,
+            rank=rank,
+            shuffle=type(sampler) is RandomSampler,
+            seed=seed,
+            drop_last=loader.drop_last,
+        )
+    else:
+        new = DistributedSamplerWrapper(sampler, num_replicas, rank, seed, loader.drop_last)
+    return rebuild_dataloader(loader, sampler=new)
+
+
+def shard_evaluation(loader: DataLoader, num_replicas: int, rank: int) -> DataLoader:
+    """Interleave samples across ranks, each exactly once, in the order one process would see them."""
+    if type(loader.batch_sampler) is BatchSampler:
+        sampler, batch_size = loader.sampler, loader.batch_size
+        if isinstance(sampler, (SequentialSampler, RandomSampler, DistributedSampler)):
+            source: Sized = range(len(loader.dataset))  # in order: every rank must agree on the sequence
+        else:
+            source = sampler
+        if loader.drop_last:  # one process would drop the last partial batch: drop the same samples
+            source = FirstItems(source, len(source) - len(source) % batch_size)
+        shard = EvalDistributedSampler(source, num_replicas, rank)
+        return rebuild_dataloader(loader, batch_sampler=BatchSampler(shard, batch_size, drop_last=False))
+    if loader.batch_sampler is not None:  # a custom batch sampler: whole batches go round the ranks
+        shard = EvalDistributedSampler(loader.batch_sampler, num_replicas, rank)
+        return rebuild_dataloader(loader, batch_sampler=shard)
+    return rebuild_dataloader(loader, sampler=EvalDistributedSampler(loader.sampler, num_replicas, rank))
+
+
+def _unwrap(sampler: Any) -> Any:
+    return sampler.inner if isinstance(sampler, SkippableSampler) else sampler
+
+
+def evaluation_layout(loader: DataLoader) -> int | None:
+    """The batch size when samples went round the ranks, 0 when whole batches did, None when not sharded."""
+    batches = _unwrap(loader.batch_sampler)
+    if isinstance(batches, BatchSampler) and isinstance(batches.sampler, EvalDistributedSampler):
+        return batches.batch_size
+    if isinstance(batches, EvalDistributedSampler) or (
+        batches is None and isinstance(_unwrap(loader.sampler), EvalDistributedSampler)
+    ):
+        return 0
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- predictions
+
+
+def interleave_predictions(per_rank: list[list[Any]], batch_size: int) -> list[Any]:
+    """Undo the evaluation sharding: rank r's outputs covered samples (or, with ``batch_size=0``,
+    batches) r, r+N, ...; return the per-batch outputs one process would have produced.
+
+    Batch outputs are split per sample along dim 0 of every tensor (lists count as per-sample values,
+    dicts and tuples as structure), put back in dataset order and re-batched by ``batch_size``. If an
+    output cannot be split that way, the ranks' outputs are returned one rank after the other.
+    """
+    n = len(per_rank)
+    if batch_size == 0:
+        return [per_rank[j % n][j // n] for j in range(sum(len(p) for p in per_rank))]
+    samples = [_split_all(outputs) for outputs in per_rank]
+    total = sum(len(s) for s in samples if s is not None)
+    if any(s is None or len(s) != len(range(r, total, n)) for r, s in enumerate(samples)):
+        rank_zero_warn(
+            "predict_step outputs could not be split per sample along dim 0; the predictions are "
+            "returned rank after rank (rank r predicted samples r, r+N, ...)."
+        )
+        return [output for outputs in per_rank for output in outputs]
+    ordered = [samples[i % n][i // n] for i in range(total)]
+    return [_join(ordered[k : k + batch_size]) for k in range(0, total, batch_size)]
+
+
+def _split_all(outputs: list[Any]) -> list[Any] | None:
+    pieces: list[Any] = []
+    for output in outputs:
+        split = _split(output)
+        if split is None:
+            return None
+        pieces.extend(split)
+    return pieces
+
+
+def _split(obj: Any) -> list[Any] | None:
+    """One batch output as a list of per-sample pieces of the same structure, or None."""
+    if isinstance(obj, torch.Tensor):
+        return list(obj.split(1)) if obj.ndim > 0 else None
+    if isinstance(obj, list):
+        return [[item] for item in obj]
+    if isinstance(obj, Mapping):
+        parts = {key: _split(value) for key, value in obj.items()}
+    elif isinstance(obj, tuple):
+        parts = dict(enumerate(_split(value) for value in obj))
+    else:
+        return None
+    lengths = {len(p) if p is not None else -1 for p in parts.values()}
+    if len(lengths) != 1 or -1 in lengths:
+        return None
+    count = lengths.pop()
+    if isinstance(obj, Mapping):
+        return [{key: parts[key][i] for key in parts} for i in range(count)]
+    return [_tuple_like(obj, [parts[j][i] for j in range(len(obj))]) for i in range(count)]
+
+
+def _join(pieces: list[Any]) -> Any:
+    first = pieces[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(pieces)
+    if isinstance(first, list):
+        return [item for piece in pieces for item in piece]
+    if isinstance(first, Mapping):
+        return {key: _join([p[key] for p in pieces]) for key in first}
+    return _tuple_like(first, [_join([p[j] for p in pieces]) for j in range(len(first))])
+
+
+def _tuple_like(template: tuple, items: list[Any]) -> tuple:
+    return type(template)(*items) if hasattr(template, "_fields") else tuple(items)

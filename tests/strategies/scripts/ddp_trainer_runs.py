@@ -1,0 +1,349 @@
+"""Trainer(strategy="ddp", devices=2) end to end. Run as a script: it starts rank 1 by re-running itself.
+
+Every scenario named on the command line runs on every rank, one after the other in the same process
+group, and each rank saves what it saw to ``<out>/<scenario>-rank<r>.pt`` for the test to check:
+
+    equivalence  ranks seeded differently; SGD+momentum and Adam, accumulate 1 and 2; shuffle=True sharding;
+                 and a hand-written DistributedDataParallel loop on the same process group
+    evaluation   validate / test / predict over 101 samples (uneven); unequal training batch counts
+    logging      sync_dist mean / sum / max / min; progress bar, self.print and TensorBoard on rank 0 only;
+                 DataModule.prepare_data once per node, setup on every rank
+    decisions    ModelCheckpoint + EarlyStopping monitoring a metric that differs per rank
+    resume       2 epochs + resume from last.ckpt to 4 == 4 epochs (shuffle, dropout, Adam); one file per save
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import io
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from ddp_trainer_common import BATCH, EVAL_BATCH, EVAL_SAMPLES, TRAIN_SAMPLES, Net, dataset, weights
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
+
+import tandem
+from tandem.callbacks import EarlyStopping, ModelCheckpoint
+from tandem.strategies import DDPStrategy
+from tandem.strategies import strategy as strategy_module
+
+QUIET = dict(
+    accelerator="cpu",
+    devices=2,
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+    num_sanity_val_steps=0,
+)
+
+
+def launched_rank() -> int:
+    """The rank before the first fit (rank 1 is this script re-run with RANK set)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+class Recorder(tandem.Callback):
+    """What a rank saw: the weights and optimizer state when training starts, and each batch's samples."""
+
+    def __init__(self) -> None:
+        self.start: dict[str, torch.Tensor] = {}
+        self.optimizer_start: dict[str, Any] = {}
+        self.samples: list[list[float]] = []
+
+    def on_train_start(self, trainer: tandem.Trainer, module: tandem.TrainingModule) -> None:
+        self.start = weights(module)
+        self.optimizer_start = trainer.optimizers[0].state_dict()
+
+    def on_train_batch_start(self, trainer: tandem.Trainer, module: tandem.TrainingModule, batch: Any, i: int) -> None:
+        self.samples.append(batch[0][:, 0].tolist())
+
+
+# ---------------------------------------------------------------------------------------------- equivalence
+
+
+def hand_written_ddp(epochs: int) -> dict[str, torch.Tensor]:
+    """The torch recipe: DistributedDataParallel + DistributedSampler + SGD, on tandem's process group."""
+    torch.manual_seed(launched_rank())  # DDP broadcasts rank 0's weights
+    model = Net("sgd")
+    ddp = DistributedDataParallel(model)
+    data = dataset(TRAIN_SAMPLES)
+    sampler = DistributedSampler(data, shuffle=False)
+    loader = DataLoader(data, batch_size=BATCH, sampler=sampler)
+    optimizer = torch.optim.SGD(model.parameters(), lr=model.hparams.lr, momentum=0.9)
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            loss = F.cross_entropy(ddp(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    return weights(model)
+
+
+def equivalence(out: Path) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for optimizer in ("sgd", "adam"):
+        for k in (1, 2):
+            tandem.seed_everything(1000 * launched_rank())  # rank 0: seed 0, rank 1: seed 1000
+            model = Net(optimizer)
+            init = weights(model)
+            recorder = Recorder()
+            trainer = tandem.Trainer(
+                strategy="ddp", max_epochs=2, accumulate_grad_batches=k, callbacks=[recorder], **QUIET
+            )
+            trainer.fit(model, DataLoader(dataset(TRAIN_SAMPLES), batch_size=BATCH, shuffle=False))
+            results[f"{optimizer}-k{k}"] = {
+                "init": init,
+                "start": recorder.start,
+                "final": weights(model),
+                "steps": trainer.global_step,
+                "samples": recorder.samples,
+            }
+    results["hand_written"] = hand_written_ddp(epochs=2)
+    # shuffle=True: the ranks' seeds differ, yet they must draw one permutation and split it
+    recorder = Recorder()
+    trainer = tandem.Trainer(strategy="ddp", max_epochs=2, callbacks=[recorder], **QUIET)
+    trainer.fit(Net(), DataLoader(dataset(TRAIN_SAMPLES), batch_size=BATCH, shuffle=True))
+    results["shuffled_samples"] = recorder.samples
+    return results
+
+
+# ---------------------------------------------------------------------------------------------- evaluation
+
+
+def evaluation(out: Path) -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = Net()
+    trainer = tandem.Trainer(strategy="ddp", **QUIET)
+    loader = DataLoader(dataset(EVAL_SAMPLES, seed=2), batch_size=EVAL_BATCH)
+    result: dict[str, Any] = {"weights": weights(model)}
+    result["validate"] = trainer.validate(model, loader)
+    result["test"] = trainer.test(model, loader)
+    result["val_batches"] = trainer.num_val_batches
+    result["predict"] = trainer.predict(model, loader)
+    # one sample per batch: 51 batches on rank 0, 50 on rank 1, each logging a step-level synced value
+    result["validate_batch_1"] = trainer.validate(model, DataLoader(dataset(EVAL_SAMPLES, seed=2), batch_size=1))
+
+    # unequal training batch counts (the user shards by hand): 5 and 8 batches are evened to 5
+    rank = trainer.global_rank
+    mine = dataset(20 + 12 * rank, seed=3 + rank)
+    uneven = tandem.Trainer(strategy="ddp", max_epochs=2, use_distributed_sampler=False, **QUIET)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        uneven.fit(Net(), DataLoader(mine, batch_size=4))
+    result["uneven_steps"] = uneven.global_step
+    result["uneven_warnings"] = [str(w.message) for w in caught if "different numbers" in str(w.message)]
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- logging
+
+
+class CountingDDP(DDPStrategy):
+    """Counts the reductions (the MetricCollector's collective)."""
+
+    reductions = 0
+
+    def reduce(self, tensor: torch.Tensor, reduce_op: str = "mean") -> torch.Tensor:
+        CountingDDP.reductions += 1
+        return super().reduce(tensor, reduce_op)
+
+
+class Logs(Net):
+    """Rank r logs v = (r + 1) * (batch_idx + 1) with weight r + 1 at every step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.step_values: list[float] = []
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        rank = self.trainer.global_rank
+        value = float((rank + 1) * (batch_idx + 1))
+        for fx in ("mean", "sum", "max", "min"):
+            self.log(f"v_{fx}", value, on_step=False, on_epoch=True, sync_dist=True, reduce_fx=fx, batch_size=rank + 1)
+        self.log("v_step", value, on_step=True, on_epoch=False, sync_dist=True)
+        self.step_values.append(float(self.trainer.callback_metrics["v_step"]))
+        return super().training_step(batch, batch_idx)
+
+    def on_train_epoch_end(self) -> None:
+        self.print(f"tandem-print epoch {self.current_epoch}")
+
+
+class Prepared(tandem.DataModule):
+    def __init__(self, folder: Path) -> None:
+        super().__init__()
+        self.marker = folder / "prepared.txt"
+        self.prepared = 0
+        self.stages: list[str] = []
+
+    def prepare_data(self) -> None:
+        time.sleep(0.5)  # the other rank must wait, not run ahead into setup
+        self.marker.write_text(str(os.getpid()))
+        self.prepared += 1
+
+    def setup(self, stage: str) -> None:
+        assert self.marker.exists(), "setup ran before prepare_data finished on local rank 0"
+        self.stages.append(stage)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(dataset(64), batch_size=BATCH)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(dataset(EVAL_SAMPLES, seed=2), batch_size=EVAL_BATCH)
+
+
+class Tee(io.TextIOBase):
+    """Writes through to ``stream`` and keeps a copy: what this process printed."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream, self.copy = stream, io.StringIO()
+
+    def write(self, text: str) -> int:
+        self.copy.write(text)
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
+def logging(out: Path) -> dict[str, Any]:
+    root = out / "logging"
+    root.mkdir(exist_ok=True)
+    model, data = Logs(), Prepared(out)
+    strategy = CountingDDP()
+    trainer = tandem.Trainer(
+        strategy=strategy,
+        accelerator="cpu",
+        devices=2,
+        max_epochs=2,
+        default_root_dir=root,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    )
+    stdout, stderr = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = Tee(stdout), Tee(stderr)
+    try:
+        trainer.fit(model, datamodule=data)
+    finally:
+        printed = sys.stdout.copy.getvalue() + sys.stderr.copy.getvalue()
+        sys.stdout, sys.stderr = stdout, stderr
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("v_")}
+    trainer.validate(model, datamodule=data)
+    return {
+        "metrics": metrics,
+        "step_values": model.step_values,
+        "batches": trainer.num_training_batches,
+        "reductions": CountingDDP.reductions,
+        "printed": printed,
+        "prepared": data.prepared,
+        "stages": data.stages,
+        "log_dir": trainer.log_dir,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- decisions
+
+
+class RankScore(Net):
+    """Logs ``score`` without sync_dist: rank 0 improves for two epochs, then worsens; rank 1 keeps improving."""
+
+    RANK0 = (5.0, 4.0, 4.5, 4.6, 4.7, 4.8, 4.9, 5.0)
+
+    def on_train_epoch_end(self) -> None:
+        epoch = self.current_epoch
+        score = self.RANK0[epoch] if self.trainer.global_rank == 0 else 3.0 - 0.25 * epoch
+        self.log("score", score)
+
+
+def decisions(out: Path) -> dict[str, Any]:
+    folder = out / "decisions"
+    checkpoint = ModelCheckpoint(
+        dirpath=folder, monitor="score", mode="min", save_top_k=2, filename="{epoch}-{score:.2f}"
+    )
+    stopping = EarlyStopping("score", patience=2, mode="min")
+    trainer = tandem.Trainer(
+        strategy="ddp", max_epochs=8, callbacks=[checkpoint, stopping], **{**QUIET, "enable_checkpointing": True}
+    )
+    trainer.fit(RankScore(), DataLoader(dataset(32), batch_size=BATCH))
+    return {
+        "epochs": trainer.current_epoch,
+        "stopped_epoch": stopping.stopped_epoch,
+        "best_model_path": checkpoint.best_model_path,
+        "best_model_score": checkpoint.best_model_score,
+        "best_k_models": dict(checkpoint.best_k_models),
+    }
+
+
+# ---------------------------------------------------------------------------------------------- resume
+
+
+def resume(out: Path) -> dict[str, Any]:
+    writes = []
+    save = strategy_module.atomic_save
+
+    def counting_save(obj: Any, path: Any) -> None:
+        writes.append(os.path.basename(path))
+        save(obj, path)
+
+    strategy_module.atomic_save = counting_save
+
+    def run(folder: str, epochs: int, ckpt_path: str | None = None) -> tuple[Recorder, Net]:
+        tandem.seed_everything(7)
+        model, recorder = Net("adam", lr=0.01, dropout=0.3), Recorder()
+        checkpoint = ModelCheckpoint(save_top_k=-1, save_last=True)
+        trainer = tandem.Trainer(
+            strategy="ddp",
+            max_epochs=epochs,
+            callbacks=[checkpoint, recorder],
+            default_root_dir=out / folder,
+            **{**QUIET, "enable_checkpointing": True},
+        )
+        trainer.fit(model, DataLoader(dataset(TRAIN_SAMPLES), batch_size=BATCH, shuffle=True), ckpt_path=ckpt_path)
+        return recorder, model
+
+    _, whole = run("whole", 4)
+    _, first_half = run("halves", 2)
+    writes_before_resume = list(writes)
+    restored, resumed = run("halves", 4, ckpt_path="last")
+    strategy_module.atomic_save = save
+    return {
+        "whole": weights(whole),
+        "first_half": weights(first_half),
+        "restored": restored.start,
+        "restored_optimizer": restored.optimizer_start,
+        "resumed": weights(resumed),
+        "writes_first_half": writes_before_resume,
+    }
+
+
+SCENARIOS = {f.__name__: f for f in (equivalence, evaluation, logging, decisions, resume)}
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("scenarios", nargs="+", choices=sorted(SCENARIOS))
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--hang-after", type=float, default=120.0, help="print every thread's stack and exit")
+    arguments = parser.parse_args()
+    faulthandler.dump_traceback_later(arguments.hang_after, exit=True)  # a hang fails with its stack shown
+    folder = Path(arguments.out)
+    for name in arguments.scenarios:
+        started = time.perf_counter()
+        result = SCENARIOS[name](folder)
+        result["seconds"] = time.perf_counter() - started
+        result["world_size"] = dist.get_world_size()
+        torch.save(result, folder / f"{name}-rank{dist.get_rank()}.pt")

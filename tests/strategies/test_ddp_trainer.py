@@ -1,0 +1,285 @@
+"""Trainer(strategy="ddp", devices=2, accelerator="cpu") end to end, checked against one process.
+
+``strategy="ddp"`` re-runs the current command for rank 1, so the DDP runs happen in a script:
+``scripts/ddp_trainer_runs.py`` plays every scenario once (two ranks, one process group, ~10 s) and each
+rank saves what it saw; the tests below check those files against single-device references computed
+here, in the test process. Only ``ddp_spawn``, which does not re-run the script, runs from pytest itself.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import tandem
+from helpers import max_abs_diff, quiet_trainer
+from tandem.utilities.checkpoint import load_checkpoint_file
+
+SCRIPTS = Path(__file__).parent / "scripts"
+SCENARIOS = ("equivalence", "evaluation", "logging", "decisions", "resume")
+_RANK_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "TANDEM_LAUNCHER_PID",
+    "TANDEM_GLOBAL_SEED",
+    "OMP_NUM_THREADS",
+)
+
+
+@pytest.fixture(scope="module")
+def common() -> ModuleType:
+    """``scripts/ddp_trainer_common.py``: the module and data both sides train (importable by ddp_spawn's children)."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import ddp_trainer_common
+
+        yield ddp_trainer_common
+    finally:
+        sys.path.remove(str(SCRIPTS))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every scenario's per-rank results, and the job's captured output."""
+    out = tmp_path_factory.mktemp("ddp_trainer")
+    env = {k: v for k, v in os.environ.items() if k not in _RANK_VARIABLES}  # tandem picks the threads
+    done = subprocess.run(
+        [sys.executable, str(SCRIPTS / "ddp_trainer_runs.py"), *SCENARIOS, "--out", str(out), "--hang-after", "90"],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        env={**env, "PYTHONUNBUFFERED": "1"},
+        cwd=out,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    results: dict[str, Any] = {"out": out, "output": done.stdout + done.stderr}
+    for name in SCENARIOS:
+        results[name] = [torch.load(out / f"{name}-rank{r}.pt", weights_only=False) for r in (0, 1)]
+    return results
+
+
+def _fit_one_process(common: ModuleType, optimizer: str, k: int) -> tuple[dict, dict]:
+    """One process, batch 2b, the same samples and rank 0's initial weights (seed 0)."""
+    torch.manual_seed(0)
+    model = common.Net(optimizer)
+    init = common.weights(model)
+    trainer = quiet_trainer(max_epochs=2, accumulate_grad_batches=k)
+    trainer.fit(model, DataLoader(common.dataset(common.TRAIN_SAMPLES), batch_size=2 * common.BATCH))
+    return init, common.weights(model)
+
+
+# ---------------------------------------------------------------------------------------------- training
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("k", [1, 2], ids=["k1", "k2"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_two_ranks_equal_one_process_with_twice_the_batch(runs, common, optimizer, k):
+    init, final = _fit_one_process(common, optimizer, k)
+    for rank, result in enumerate(runs["equivalence"]):
+        run = result[f"{optimizer}-k{k}"]
+        assert run["steps"] == 48 // k  # 2 epochs of 24 batches per rank: ≥ 20 optimizer steps
+        assert max_abs_diff(run["start"], init) == 0.0  # DDP broadcast rank 0's initial weights
+        assert max_abs_diff(run["final"], final) <= 1e-6, (rank, max_abs_diff(run["final"], final))
+
+
+@pytest.mark.timeout(150)
+def test_ranks_seeded_differently_start_equal(runs):
+    rank0, rank1 = (result["adam-k1"] for result in runs["equivalence"])
+    assert max_abs_diff(rank0["init"], rank1["init"]) > 0.01  # seed_everything(0) vs seed_everything(1000)
+    assert max_abs_diff(rank0["start"], rank0["init"]) == 0.0
+    assert max_abs_diff(rank1["start"], rank0["init"]) == 0.0
+    assert max_abs_diff(rank0["final"], rank1["final"]) == 0.0
+
+
+@pytest.mark.timeout(150)
+def test_sampler_interleaves_and_shuffles_one_permutation(runs, common):
+    n = common.TRAIN_SAMPLES
+    for rank, result in enumerate(runs["equivalence"]):  # shuffle=False: rank r gets samples r, r+2, ...
+        first = [round(v * n) for v in result["sgd-k1"]["samples"][0]]
+        assert first == [rank, rank + 2, rank + 4, rank + 6]
+    # shuffle=True with ranks seeded differently: still one permutation per epoch, split between the ranks
+    per_rank = [[round(v * n) for batch in r["shuffled_samples"] for v in batch] for r in runs["equivalence"]]
+    half = n // 2
+    epochs = [[p[e * half : (e + 1) * half] for p in per_rank] for e in (0, 1)]
+    for ranks in epochs:
+        assert sorted(ranks[0] + ranks[1]) == list(range(n))
+    assert epochs[0][0] != epochs[1][0]  # set_epoch: a new order each epoch
+
+
+@pytest.mark.timeout(150)
+def test_parity_with_hand_written_torch_ddp(runs):
+    for result in runs["equivalence"]:  # DistributedDataParallel + DistributedSampler + SGD, written by hand
+        assert max_abs_diff(result["hand_written"], result["sgd-k1"]["final"]) == 0.0
+
+
+@pytest.mark.timeout(150)
+def test_unequal_training_batch_counts_are_evened_with_a_warning(runs):
+    rank0, rank1 = runs["evaluation"]
+    assert rank0["uneven_steps"] == rank1["uneven_steps"] == 10  # 5 and 8 batches: both train 5 per epoch
+    assert len(rank0["uneven_warnings"]) == 1 and "[5, 8]" in rank0["uneven_warnings"][0]
+    assert rank1["uneven_warnings"] == []  # warnings come from rank 0 only
+
+
+# ---------------------------------------------------------------------------------------------- evaluation
+
+
+@pytest.mark.timeout(150)
+def test_uneven_validate_and_test_equal_one_process(runs, common):
+    model = common.Net()
+    model.load_state_dict(runs["evaluation"][0]["weights"])
+    loader = DataLoader(common.dataset(common.EVAL_SAMPLES, seed=2), batch_size=common.EVAL_BATCH)
+    expected = {"validate": quiet_trainer().validate(model, loader)[0], "test": quiet_trainer().test(model, loader)[0]}
+    assert [r["val_batches"] for r in runs["evaluation"]] == [6, 5]  # 51 and 50 samples: no padding
+    for result in runs["evaluation"]:
+        for stage, metrics in expected.items():
+            got = result[stage][0]
+            assert got.keys() == metrics.keys()
+            for name, value in metrics.items():
+                assert math.isclose(got[name], value, rel_tol=1e-6, abs_tol=1e-6), (stage, name, got[name], value)
+            acc = "val_acc" if stage == "validate" else "test_acc"
+            assert got[acc] == metrics[acc]  # torchmetrics syncs its counts: exact
+        # batch size 1: 51 and 50 batches, each logging a step-level sync_dist value, and nothing hangs
+        for name, value in expected["validate"].items():
+            assert math.isclose(result["validate_batch_1"][0][name], value, rel_tol=1e-6, abs_tol=1e-6)
+
+
+@pytest.mark.timeout(150)
+def test_predict_returns_every_sample_in_dataset_order_on_every_rank(runs, common):
+    data = common.dataset(common.EVAL_SAMPLES, seed=2)
+    model = common.Net()
+    model.load_state_dict(runs["evaluation"][0]["weights"])
+    expected = quiet_trainer().predict(model, DataLoader(data, batch_size=common.EVAL_BATCH))
+    for result in runs["evaluation"]:
+        predictions = result["predict"]
+        assert [len(p["x0"]) for p in predictions] == [len(p["x0"]) for p in expected]  # 10 × 10, then 1
+        assert torch.equal(torch.cat([p["x0"] for p in predictions]), data.tensors[0][:, 0])
+        logits = torch.cat([p["logits"] for p in predictions])
+        torch.testing.assert_close(logits, torch.cat([p["logits"] for p in expected]), atol=1e-6, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------- logging
+
+
+@pytest.mark.timeout(150)
+def test_sync_dist_reduces_sums_and_counts_once_per_epoch(runs):
+    # rank r logs v = (r + 1) * (i + 1) at batch i with weight r + 1
+    n = runs["logging"][0]["batches"]
+    values = {r: [(r + 1) * (i + 1) for i in range(n)] for r in (0, 1)}
+    weighted = sum(v * (r + 1) for r in (0, 1) for v in values[r])
+    expected = {
+        "v_mean": weighted / sum((r + 1) * n for r in (0, 1)),
+        "v_sum": sum(values[0]) + sum(values[1]),
+        "v_max": max(values[1]),
+        "v_min": min(values[0]),
+        "v_step": (values[0][-1] + values[1][-1]) / 2,
+    }
+    for result in runs["logging"]:
+        assert result["metrics"] == pytest.approx(expected, rel=1e-6)
+        assert result["step_values"] == [1.5 * (i + 1) for i in range(n)] * 2  # step mean over the ranks
+        # one reduction per synced step value, and per epoch: mean (sum and count), sum, max, min
+        assert result["reductions"] == 2 * n + 2 * 5
+
+
+@pytest.mark.timeout(150)
+def test_print_progress_bar_and_loggers_act_on_rank_zero(runs):
+    rank0, rank1 = runs["logging"]
+    output = runs["output"]
+    assert output.count("tandem-print epoch 0") == 1 and output.count("tandem-print epoch 1") == 1
+    assert "Epoch 0" in rank0["printed"] and rank1["printed"] == ""
+    assert output.count("Epoch 0") == rank0["printed"].count("Epoch 0")  # nothing from rank 1
+    assert rank0["log_dir"] == rank1["log_dir"]
+    logs = runs["out"] / "logging" / "tandem_logs"
+    assert sorted(p.name for p in logs.iterdir()) == ["version_0"]
+    assert len(list((logs / "version_0").glob("events.out.tfevents.*"))) == 1
+
+
+@pytest.mark.timeout(150)
+def test_prepare_data_once_per_node_and_setup_on_every_rank(runs):
+    rank0, rank1 = runs["logging"]
+    assert rank0["prepared"] == 2 and rank1["prepared"] == 0  # fit and validate each prepare once, on rank 0
+    assert rank0["stages"] == rank1["stages"] == ["fit", "validate"]  # rank 1's setup found rank 0's file
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+
+
+@pytest.mark.timeout(150)
+def test_decisions_on_a_per_rank_metric_follow_rank_zero(runs):
+    rank0, rank1 = runs["decisions"]
+    assert rank0["epochs"] == rank1["epochs"] == 4 and rank0["stopped_epoch"] == rank1["stopped_epoch"] == 3
+    assert rank0["best_k_models"] == rank1["best_k_models"]  # rank 0's scores and file names on every rank
+    assert rank0["best_model_path"] == rank1["best_model_path"]
+    assert rank0["best_model_score"] == 4.0
+    names = sorted(os.path.basename(p) for p in rank0["best_k_models"])
+    assert names == ["epoch=1-score=4.00.ckpt", "epoch=2-score=4.50.ckpt"]
+    assert sorted(p.name for p in (runs["out"] / "decisions").iterdir()) == names
+
+
+@pytest.mark.timeout(150)
+def test_resume_is_exact_and_identical_on_every_rank(runs):
+    rank0, rank1 = runs["resume"]
+    for result in (rank0, rank1):  # 2 epochs + resume from last.ckpt to 4 == 4 epochs, bit for bit
+        assert max_abs_diff(result["resumed"], result["whole"]) == 0.0
+        assert max_abs_diff(result["restored"], result["first_half"]) == 0.0
+    assert max_abs_diff(rank0["restored"], rank1["restored"]) == 0.0
+    optimizers = [r["restored_optimizer"]["state"] for r in (rank0, rank1)]
+    assert optimizers[0].keys() == optimizers[1].keys() and optimizers[0]
+    for index, state in optimizers[0].items():
+        for key, value in state.items():
+            assert torch.equal(value, optimizers[1][index][key])
+
+
+@pytest.mark.timeout(150)
+def test_one_checkpoint_file_per_save_written_by_rank_zero(runs):
+    rank0, rank1 = runs["resume"]
+    per_epoch = [f"epoch={e}-step={24 * (e + 1)}.ckpt" for e in range(4)]
+    whole = [name for e in per_epoch for name in (e, "last.ckpt")]
+    assert rank0["writes_first_half"] == whole + whole[:4] and rank1["writes_first_half"] == []
+    folder = runs["out"] / "halves" / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == sorted([*per_epoch, "last.ckpt"])  # no temporary files
+    last = load_checkpoint_file(folder / "last.ckpt")
+    assert last["epoch"] == 3 and last["global_step"] == 96
+    assert max_abs_diff(last["state_dict"], rank0["resumed"]) == 0.0
+
+
+# ---------------------------------------------------------------------------------------------- ddp_spawn
+
+
+@pytest.mark.timeout(150)
+def test_ddp_spawn_from_this_process_returns_the_ddp_result(runs, common, monkeypatch):
+    for name in _RANK_VARIABLES:
+        monkeypatch.delenv(name, raising=False)  # and restored after: the launcher exports MASTER_PORT
+    torch.manual_seed(0)
+    model = common.Net("sgd")
+    trainer = tandem.Trainer(
+        strategy="ddp_spawn",
+        accelerator="cpu",
+        devices=2,
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, DataLoader(common.dataset(common.TRAIN_SAMPLES), batch_size=common.BATCH))
+    assert max_abs_diff(common.weights(model), runs["equivalence"][0]["sgd-k1"]["final"]) == 0.0
+    assert set(trainer.callback_metrics) == {"train_loss"} and torch.isfinite(trainer.callback_metrics["train_loss"])
