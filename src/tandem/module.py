@@ -114,7 +114,9 @@ class TrainingModule(nn.Module):
                 hooks, epoch in evaluation and epoch-end hooks. Both: keys ``name_step`` and ``name_epoch``.
             prog_bar: show in the progress bar.
             logger: send to the loggers.
-            sync_dist: reduce across processes (by sums and counts, then divide).
+            sync_dist: reduce across processes (by sums and counts, then divide). Epoch values are
+                reduced once per epoch; in evaluation, step values stay per process (ranks see
+                different numbers of batches there, so a per-step collective could never complete).
             reduce_fx: ``"mean"`` (weighted by batch size), ``"sum"``, ``"max"`` or ``"min"``.
             batch_size: weight for the epoch mean; inferred from the batch when omitted.
         """

@@ -195,8 +195,9 @@ def test_sync_dist_reduces_sums_and_counts_once_per_epoch(runs):
     for result in runs["logging"]:
         assert result["metrics"] == pytest.approx(expected, rel=1e-6)
         assert result["step_values"] == [1.5 * (i + 1) for i in range(n)] * 2  # step mean over the ranks
-        # one reduction per synced step value, and per epoch: mean (sum and count), sum, max, min
-        assert result["reductions"] == 2 * n + 2 * 5
+        # one reduction per synced step value, and per epoch: mean (sum and count), sum, max, min,
+        # plus the agreement on should_stop
+        assert result["reductions"] == 2 * n + 2 * (5 + 1)
 
 
 @pytest.mark.timeout(150)
@@ -232,6 +233,9 @@ def test_decisions_on_a_per_rank_metric_follow_rank_zero(runs):
     names = sorted(os.path.basename(p) for p in rank0["best_k_models"])
     assert names == ["epoch=1-score=4.00.ckpt", "epoch=2-score=4.50.ckpt"]
     assert sorted(p.name for p in (runs["out"] / "decisions").iterdir()) == names
+    # should_stop set on rank 1 alone: both ranks finish that epoch and stop together, nobody hangs
+    assert rank0["one_rank_stop_epochs"] == rank1["one_rank_stop_epochs"] == 2
+    assert rank0["one_rank_stop_steps"] == rank1["one_rank_stop_steps"]
 
 
 @pytest.mark.timeout(150)

@@ -64,8 +64,8 @@ def run_training_epoch(trainer: Trainer) -> None:
         if val_every and (batch_idx + 1) % val_every == 0 and batch_idx + 1 < n and _val_due_this_epoch(trainer):
             run_evaluation(trainer, "validate")
             metrics.stage = trainer.state.stage = "train"
-        if trainer.should_stop or 0 <= trainer.max_steps <= trainer.global_step:
-            break
+        if 0 <= trainer.max_steps <= trainer.global_step or trainer.should_stop and trainer.world_size == 1:
+            break  # with several processes, should_stop is agreed on at the end of the epoch (below)
     progress.epoch_finished = True
     metrics.stage = trainer.state.stage = "train"
     train_epoch_metrics = metrics.epoch_metrics()
@@ -74,6 +74,8 @@ def run_training_epoch(trainer: Trainer) -> None:
         metrics.stage = trainer.state.stage = "train"
     trainer._step_schedulers("epoch")
     trainer._call("on_train_epoch_end")
+    # One rank asking to stop stops them all: a rank that left the loop alone would hang the others.
+    trainer.should_stop = trainer.strategy.reduce_boolean_decision(trainer.should_stop, all=False)
     train_epoch_metrics.update(metrics.epoch_metrics())  # values logged in on_train_epoch_end hooks
     trainer._log_to_loggers({**train_epoch_metrics, "epoch": progress.epoch})
     for logger in trainer.loggers:

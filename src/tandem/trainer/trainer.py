@@ -346,7 +346,7 @@ class Trainer:
                     raise missing_metric("The lr_scheduler config", config.monitor, self.callback_metrics)
                 rank_zero_warn(f"lr_scheduler monitor {config.monitor!r} was not logged; the scheduler did not step.")
                 continue
-            config.scheduler.step(float(value))
+            config.scheduler.step(self.strategy.broadcast(float(value)))  # rank 0's value: equal LRs
 
     def _log_to_loggers(self, metrics: dict[str, Any]) -> None:
         if not metrics:

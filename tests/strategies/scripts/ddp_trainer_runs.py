@@ -280,7 +280,17 @@ def decisions(out: Path) -> dict[str, Any]:
         strategy="ddp", max_epochs=8, callbacks=[checkpoint, stopping], **{**QUIET, "enable_checkpointing": True}
     )
     trainer.fit(RankScore(), DataLoader(dataset(32), batch_size=BATCH))
+
+    class StopOnRankOne(tandem.Callback):  # a user's stop on one rank only, mid-epoch
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if trainer.global_rank == 1 and trainer.current_epoch == 1 and batch_idx == 0:
+                trainer.should_stop = True
+
+    one_rank_stop = tandem.Trainer(strategy="ddp", max_epochs=8, callbacks=[StopOnRankOne()], **QUIET)
+    one_rank_stop.fit(RankScore(), DataLoader(dataset(32), batch_size=BATCH))
     return {
+        "one_rank_stop_epochs": one_rank_stop.current_epoch,
+        "one_rank_stop_steps": one_rank_stop.global_step,
         "epochs": trainer.current_epoch,
         "stopped_epoch": stopping.stopped_epoch,
         "best_model_path": checkpoint.best_model_path,
