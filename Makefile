@@ -29,11 +29,12 @@ demo: setup
 
 test: setup
 	$(PY) -m ruff check src tests examples benchmarks
+	$(PY) -m ruff format --check src tests benchmarks
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: setup
 	$(PY) -m ruff check src tests examples benchmarks
-	$(PY) -m ruff format --check src tests examples benchmarks || true
+	$(PY) -m ruff format --check src tests benchmarks
 
 bench: setup
 	$(PY) benchmarks/run_all.py

@@ -40,7 +40,10 @@ print(json.dumps({"torch_s": torch_s, "tandem_s": tandem_s, "added": added}))
 
 def _probe(with_tandem: bool) -> dict:
     proc = subprocess.run(
-        [sys.executable, "-c", _PROBE.replace("WITH_TANDEM", str(with_tandem))], capture_output=True, text=True, check=False
+        [sys.executable, "-c", _PROBE.replace("WITH_TANDEM", str(with_tandem))],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if proc.returncode != 0:
         sys.exit(f"the import probe failed (exit {proc.returncode}):\n{proc.stderr}")
@@ -66,11 +69,15 @@ def main() -> None:
     print(f"import time, median of {args.repeats} fresh processes each:")
     print(f"  import torch                 {base:6.3f} s")
     print(f"  import torch; import tandem  {total:6.3f} s")
-    print(f"  difference                   {delta:+6.3f} s (target <= {TARGET_S} s: "
-          f"{'met' if delta <= TARGET_S else 'MISSED'})")
+    print(
+        f"  difference                   {delta:+6.3f} s (target <= {TARGET_S} s: "
+        f"{'met' if delta <= TARGET_S else 'MISSED'})"
+    )
     print(f"  packages `import tandem` added: {', '.join(added) or '(none)'}")
     eager = [name for name in MUST_STAY_LAZY if name in added]
-    print(f"  imported too early: {', '.join(eager) if eager else 'none'} (must stay lazy: {', '.join(MUST_STAY_LAZY)})")
+    print(
+        f"  imported too early: {', '.join(eager) if eager else 'none'} (must stay lazy: {', '.join(MUST_STAY_LAZY)})"
+    )
     if args.check and (eager or delta > TARGET_S):
         sys.exit(1)
 

@@ -98,8 +98,14 @@ def run_tandem(steps: int) -> float:
     loader = _data(steps)
     model = MLP()
     trainer = Trainer(
-        accelerator="cpu", devices=1, max_steps=steps, max_epochs=-1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        max_epochs=-1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     trainer.fit(model, loader)
     assert trainer.global_step == steps, f"tandem took {trainer.global_step} steps, expected {steps}"
@@ -124,7 +130,9 @@ def _spawn(mode: str, steps: int) -> dict:
     start = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, __file__, "--worker", mode, "--steps", str(steps)],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     wall_s = time.perf_counter() - start
     if proc.returncode != 0:
@@ -145,10 +153,14 @@ def main() -> None:
         worker(args.worker, args.steps)
         return
 
-    print(f"overhead: MLP 32-64-10, batch {BATCH_SIZE}, SGD, {args.steps} steps, 1 thread, "
-          f"{args.repeats} pairs of fresh processes")
-    print(f"{'pair':>4}  {'raw us/step':>11}  {'tandem us/step':>14}  {'ratio':>6}  "
-          f"{'raw wall s':>10}  {'tandem wall s':>13}  final loss (raw / tandem)")
+    print(
+        f"overhead: MLP 32-64-10, batch {BATCH_SIZE}, SGD, {args.steps} steps, 1 thread, "
+        f"{args.repeats} pairs of fresh processes"
+    )
+    print(
+        f"{'pair':>4}  {'raw us/step':>11}  {'tandem us/step':>14}  {'ratio':>6}  "
+        f"{'raw wall s':>10}  {'tandem wall s':>13}  final loss (raw / tandem)"
+    )
     rows = []
     for pair in range(args.repeats):
         order = ("raw", "tandem") if pair % 2 == 0 else ("tandem", "raw")  # alternate who goes first
@@ -158,16 +170,20 @@ def main() -> None:
         ratio = tandem_us / raw_us
         rows.append((raw_us, tandem_us, ratio, raw["wall_s"], tandem["wall_s"]))
         same = "same" if abs(raw["final_loss"] - tandem["final_loss"]) <= 1e-6 else "DIFFERENT"
-        print(f"{pair:>4}  {raw_us:>11.1f}  {tandem_us:>14.1f}  {ratio:>6.3f}  {raw['wall_s']:>10.2f}  "
-              f"{tandem['wall_s']:>13.2f}  {raw['final_loss']:.6f} / {tandem['final_loss']:.6f} ({same})")
+        print(
+            f"{pair:>4}  {raw_us:>11.1f}  {tandem_us:>14.1f}  {ratio:>6.3f}  {raw['wall_s']:>10.2f}  "
+            f"{tandem['wall_s']:>13.2f}  {raw['final_loss']:.6f} / {tandem['final_loss']:.6f} ({same})"
+        )
         if same != "same":
             sys.exit("raw and tandem ended with different losses: they did not do the same work.")
 
     raw_us, tandem_us, ratio, raw_wall, tandem_wall = (statistics.median(col) for col in zip(*rows))
     print(f"{'med':>4}  {raw_us:>11.1f}  {tandem_us:>14.1f}  {ratio:>6.3f}  {raw_wall:>10.2f}  {tandem_wall:>13.2f}")
     verdict = "met" if ratio <= TARGET_RATIO else "MISSED"
-    print(f"median ratio tandem/raw: {ratio:.3f}x (target <= {TARGET_RATIO}x: {verdict}); "
-          f"tandem adds {tandem_us - raw_us:.1f} us per step")
+    print(
+        f"median ratio tandem/raw: {ratio:.3f}x (target <= {TARGET_RATIO}x: {verdict}); "
+        f"tandem adds {tandem_us - raw_us:.1f} us per step"
+    )
     if args.check and ratio > TARGET_RATIO:
         sys.exit(1)
 

@@ -18,8 +18,9 @@ NEEDS_CUDA = ("gpu.py",)
 
 
 def benchmark_scripts() -> list[Path]:
-    others = sorted(p.name for p in HERE.glob("*.py") if p.name not in (*FIRST, Path(__file__).name)
-                    and not p.name.startswith("_"))
+    others = sorted(
+        p.name for p in HERE.glob("*.py") if p.name not in (*FIRST, Path(__file__).name) and not p.name.startswith("_")
+    )
     return [HERE / name for name in (*FIRST, *others) if (HERE / name).exists()]
 
 

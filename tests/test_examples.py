@@ -17,7 +17,10 @@ def run_example(name: str, *args: str, timeout: float) -> str:
     """Run ``examples/<name>`` with ``args``; return its stdout after checking it exited 0."""
     proc = subprocess.run(
         [sys.executable, str(EXAMPLES / name), *args],
-        capture_output=True, text=True, timeout=timeout, check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
     assert proc.returncode == 0, f"{name} exited with {proc.returncode}:\n{proc.stdout}\n{proc.stderr[-3000:]}"
     return proc.stdout

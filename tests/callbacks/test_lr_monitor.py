@@ -15,7 +15,11 @@ def _params(n=1):
 def _trainer(optimizers, schedulers=(), rank=0, **attrs):
     logger = RecordingLogger()
     trainer = fake_trainer(
-        ".", rank=rank, loggers=[logger], optimizers=list(optimizers), lr_scheduler_configs=list(schedulers),
+        ".",
+        rank=rank,
+        loggers=[logger],
+        optimizers=list(optimizers),
+        lr_scheduler_configs=list(schedulers),
         **attrs,
     )
     return trainer, logger
@@ -40,15 +44,27 @@ def test_keys_follow_lightnings_names():
     _start(callback, trainer)
     callback.on_train_epoch_start(trainer, None)
 
-    (logged, step), = logger.calls
+    ((logged, step),) = logger.calls
     assert step == 0
-    assert logged == pytest.approx({
-        "lr-SGD": 0.1, "lr-SGD-momentum": 0.9, "lr-SGD-weight_decay": 1e-4,
-        "lr-Adam/pg1": 0.001, "lr-Adam/pg1-momentum": 0.9, "lr-Adam/pg1-weight_decay": 0.0,
-        "lr-Adam/pg2": 0.01, "lr-Adam/pg2-momentum": 0.9, "lr-Adam/pg2-weight_decay": 0.0,
-        "lr-SGD-1/head": 0.5, "lr-SGD-1/head-momentum": 0.0, "lr-SGD-1/head-weight_decay": 0.0,
-        "lr-SGD-1/pg2": 0.5, "lr-SGD-1/pg2-momentum": 0.0, "lr-SGD-1/pg2-weight_decay": 0.0,
-    })
+    assert logged == pytest.approx(
+        {
+            "lr-SGD": 0.1,
+            "lr-SGD-momentum": 0.9,
+            "lr-SGD-weight_decay": 1e-4,
+            "lr-Adam/pg1": 0.001,
+            "lr-Adam/pg1-momentum": 0.9,
+            "lr-Adam/pg1-weight_decay": 0.0,
+            "lr-Adam/pg2": 0.01,
+            "lr-Adam/pg2-momentum": 0.9,
+            "lr-Adam/pg2-weight_decay": 0.0,
+            "lr-SGD-1/head": 0.5,
+            "lr-SGD-1/head-momentum": 0.0,
+            "lr-SGD-1/head-weight_decay": 0.0,
+            "lr-SGD-1/pg2": 0.5,
+            "lr-SGD-1/pg2-momentum": 0.0,
+            "lr-SGD-1/pg2-weight_decay": 0.0,
+        }
+    )
 
 
 def test_step_interval_logs_every_log_every_n_steps_once_per_step():

@@ -201,8 +201,15 @@ def test_state_dict_round_trip_and_state_key(tmp_path):
     for epoch, score in enumerate([3, 1, 2]):
         _epoch_end(callback, trainer, epoch, val_loss=score)
     state = callback.state_dict()
-    for key in ("monitor", "best_model_score", "best_model_path", "best_k_models", "kth_best_model_path",
-                "dirpath", "last_model_path"):
+    for key in (
+        "monitor",
+        "best_model_score",
+        "best_model_path",
+        "best_k_models",
+        "kth_best_model_path",
+        "dirpath",
+        "last_model_path",
+    ):
         assert key in state
 
     assert callback.state_key.startswith("ModelCheckpoint{'monitor': 'val_loss', 'mode': 'min'")

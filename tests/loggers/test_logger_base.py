@@ -58,8 +58,13 @@ def test_hparams_yaml_holds_plain_values_and_str_of_the_rest(tmp_path, logger_cl
     logger.finalize("success")
     loaded = load_hparams_yaml(Path(logger.log_dir) / "hparams.yaml")
     assert loaded == {
-        "lr": 0.1, "layers": [64, 32], "name": "mlp", "data": "/data/x",
-        "act": "ReLU()", "opt": {"betas": [0.9, 0.99], "nesterov": True}, "seed": None,
+        "lr": 0.1,
+        "layers": [64, 32],
+        "name": "mlp",
+        "data": "/data/x",
+        "act": "ReLU()",
+        "opt": {"betas": [0.9, 0.99], "nesterov": True},
+        "seed": None,
     }
 
 

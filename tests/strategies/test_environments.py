@@ -20,10 +20,26 @@ from tandem.strategies.environments import (
 )
 
 _VARIABLES = (
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR",
-    "MASTER_PORT", "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID",
-    "SLURM_NODELIST", "SLURM_JOB_NODELIST", "SLURM_JOB_ID", "SLURM_JOB_NAME", "TANDEM_LAUNCHER_PID",
-    "OMP_NUM_THREADS", "TANDEM_GLOBAL_SEED",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "SLURM_NODEID",
+    "SLURM_NODELIST",
+    "SLURM_JOB_NODELIST",
+    "SLURM_JOB_ID",
+    "SLURM_JOB_NAME",
+    "TANDEM_LAUNCHER_PID",
+    "OMP_NUM_THREADS",
+    "TANDEM_GLOBAL_SEED",
 )
 
 
@@ -45,7 +61,10 @@ def test_local_environment_for_the_first_process(env):
     assert isinstance(environment, LocalEnvironment)
     assert not environment.creates_processes_externally
     assert (environment.world_size, environment.global_rank, environment.local_rank, environment.node_rank) == (
-        3, 0, 0, 0
+        3,
+        0,
+        0,
+        0,
     )
     assert environment.main_address == "127.0.0.1"
     port = environment.main_port  # picked now and exported, so every later reader agrees
@@ -54,13 +73,23 @@ def test_local_environment_for_the_first_process(env):
 
 
 def test_local_environment_for_a_started_rank(env):
-    env(RANK=3, LOCAL_RANK=1, WORLD_SIZE=4, NODE_RANK=1, MASTER_ADDR="10.0.0.1", MASTER_PORT=2345,
-        TANDEM_LAUNCHER_PID=77)
+    env(
+        RANK=3,
+        LOCAL_RANK=1,
+        WORLD_SIZE=4,
+        NODE_RANK=1,
+        MASTER_ADDR="10.0.0.1",
+        MASTER_PORT=2345,
+        TANDEM_LAUNCHER_PID=77,
+    )
     environment = select_environment(num_processes=2, num_nodes=2)
     assert isinstance(environment, LocalEnvironment)
     assert environment.creates_processes_externally
     assert (environment.world_size, environment.global_rank, environment.local_rank, environment.node_rank) == (
-        4, 3, 1, 1
+        4,
+        3,
+        1,
+        1,
     )
     assert (environment.main_address, environment.main_port, environment.launcher_pid) == ("10.0.0.1", 2345, 77)
 
@@ -71,7 +100,11 @@ def test_local_environment_exports_rank_variables_for_children(env):
     assert environment.rendezvous_given
     child = environment.child_environment(local_rank=1)
     assert {k: child[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")} == {
-        "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1",
+        "RANK": "3",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "4",
+        "NODE_RANK": "1",
+        "MASTER_ADDR": "10.0.0.1",
         "MASTER_PORT": "2345",
     }
     assert child["TANDEM_LAUNCHER_PID"] == str(os.getpid())
@@ -81,13 +114,24 @@ def test_local_environment_exports_rank_variables_for_children(env):
 
 
 def test_torchrun_environment(env):
-    env(TORCHELASTIC_RUN_ID="abc", RANK=5, LOCAL_RANK=1, WORLD_SIZE=8, GROUP_RANK=2, LOCAL_WORLD_SIZE=2,
-        MASTER_ADDR="host0", MASTER_PORT=29500)
+    env(
+        TORCHELASTIC_RUN_ID="abc",
+        RANK=5,
+        LOCAL_RANK=1,
+        WORLD_SIZE=8,
+        GROUP_RANK=2,
+        LOCAL_WORLD_SIZE=2,
+        MASTER_ADDR="host0",
+        MASTER_PORT=29500,
+    )
     environment = select_environment(num_processes=2, num_nodes=4)
     assert isinstance(environment, TorchElasticEnvironment)
     assert environment.creates_processes_externally
     assert (environment.world_size, environment.global_rank, environment.local_rank, environment.node_rank) == (
-        8, 5, 1, 2
+        8,
+        5,
+        1,
+        2,
     )
     assert (environment.main_address, environment.main_port) == ("host0", 29500)
 
@@ -99,8 +143,15 @@ def test_rank_variables_without_torchelastic_are_not_torchrun(env):
 
 
 def _slurm(env, **extra: object) -> None:
-    variables = dict(SLURM_PROCID=5, SLURM_NTASKS=8, SLURM_LOCALID=1, SLURM_NODEID=2,
-                     SLURM_NODELIST="node[03-05,7]", SLURM_JOB_ID=12345678, SLURM_JOB_NAME="train.sh")
+    variables = dict(
+        SLURM_PROCID=5,
+        SLURM_NTASKS=8,
+        SLURM_LOCALID=1,
+        SLURM_NODEID=2,
+        SLURM_NODELIST="node[03-05,7]",
+        SLURM_JOB_ID=12345678,
+        SLURM_JOB_NAME="train.sh",
+    )
     variables.update(extra)
     env(**variables)
 
@@ -111,7 +162,10 @@ def test_slurm_environment(env):
     assert isinstance(environment, SLURMEnvironment)
     assert environment.creates_processes_externally
     assert (environment.world_size, environment.global_rank, environment.local_rank, environment.node_rank) == (
-        8, 5, 1, 2
+        8,
+        5,
+        1,
+        2,
     )
     assert environment.main_address == "node03"  # the first host of the nodelist
     assert environment.main_port == 15000 + 5678  # from the job id, the same on every node

@@ -23,8 +23,19 @@ from tandem.strategies.environments import find_free_port
 from tandem.utilities.exceptions import TandemConfigError
 
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_steps.py"
-_RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
-                   "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_NTASKS", "TANDEM_LAUNCHER_PID")
+_RANK_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "GROUP_RANK",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "TANDEM_LAUNCHER_PID",
+)
 
 
 def _env() -> dict[str, str]:
@@ -102,8 +113,23 @@ def test_script_launcher_and_torchrun_train_alike(tmp_path):
     by_script = _check_train_results(out_script, "LocalEnvironment")
 
     endpoint = f"127.0.0.1:{find_free_port()}"
-    done = _run(["-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-                 "--rdzv-endpoint", endpoint, str(SCRIPT), "train", "--out", str(out_torchrun), "--expect-torchrun"])
+    done = _run(
+        [
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            endpoint,
+            str(SCRIPT),
+            "train",
+            "--out",
+            str(out_torchrun),
+            "--expect-torchrun",
+        ]
+    )
     assert done.returncode == 0, done.stderr  # the script asserts that tandem launched nothing itself
     by_torchrun = _check_train_results(out_torchrun, "TorchElasticEnvironment")
     for name in by_script:
@@ -121,8 +147,9 @@ def test_crash_in_rank_1_ends_the_job(tmp_path, rank0_sleeps):
     assert elapsed < 30
     assert "RuntimeError: boom at step 3 on rank 1" in done.stderr  # the failing rank's traceback is shown
     # one line names the rank (its exit code is 1, or 134 when torch aborts while exiting with a live group)
-    assert re.search(r"\[tandem\] rank 1 (exited with code 1|was killed by SIGABRT); stopping the other ranks",
-                     done.stderr), done.stderr
+    assert re.search(
+        r"\[tandem\] rank 1 (exited with code 1|was killed by SIGABRT); stopping the other ranks", done.stderr
+    ), done.stderr
     pids = [int((tmp_path / f"pid{r}").read_text()) for r in (0, 1)]
     assert _all_ended(pids)
 
@@ -130,8 +157,13 @@ def test_crash_in_rank_1_ends_the_job(tmp_path, rank0_sleeps):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
 def test_signal_to_rank_0_ends_every_rank(tmp_path, sig):
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "wait", "--out", str(tmp_path)], env=_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "wait", "--out", str(tmp_path)],
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 40
         while not all((tmp_path / f"ready{r}").exists() for r in (0, 1)):

@@ -58,9 +58,7 @@ class LearningRateMonitor(Callback):
         self._names = optimizer_names(trainer.optimizers)
         self._last_step_logged = -1
 
-    def on_train_batch_start(
-        self, trainer: Trainer, module: TrainingModule, batch: Any, batch_idx: int
-    ) -> None:
+    def on_train_batch_start(self, trainer: Trainer, module: TrainingModule, batch: Any, batch_idx: int) -> None:
         step = trainer.global_step
         due = step % trainer.log_every_n_steps == 0 and step != self._last_step_logged
         if self.logging_interval == "epoch" or not due:

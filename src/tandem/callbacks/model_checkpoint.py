@@ -79,8 +79,7 @@ class ModelCheckpoint(Callback):
                 raise out_of_range(f"ModelCheckpoint: {arg}", value, "None or an int >= 0")
         if (every_n_train_steps or 0) > 0 and (every_n_epochs or 0) > 0:
             raise incompatible(
-                f"ModelCheckpoint(every_n_train_steps={every_n_train_steps}, "
-                f"every_n_epochs={every_n_epochs})",
+                f"ModelCheckpoint(every_n_train_steps={every_n_train_steps}, every_n_epochs={every_n_epochs})",
                 "a checkpoint is saved either by steps or by epochs, not both",
                 "Pass only one of them (use two ModelCheckpoint callbacks for both schedules).",
             )

@@ -56,7 +56,12 @@ class ProgressBar(Callback):
         position = 1 if kind == "eval" and "train" in self._bars else 0
         total = None if total is None or math.isinf(total) else int(total)
         self._bars[kind] = tqdm(
-            desc=desc, total=total, leave=leave, position=position, dynamic_ncols=True, file=sys.stderr,
+            desc=desc,
+            total=total,
+            leave=leave,
+            position=position,
+            dynamic_ncols=True,
+            file=sys.stderr,
             smoothing=0,
         )
 

@@ -49,8 +49,14 @@ def make_strategy(devices: int, **kwargs: object) -> DDPStrategy:
     return strategy
 
 
-def train_steps(strategy: DDPStrategy, module: nn.Module, steps: int, crash_at: int | None = None,
-                rank0_sleeps: bool = False, delay: float = 0.0) -> None:
+def train_steps(
+    strategy: DDPStrategy,
+    module: nn.Module,
+    steps: int,
+    crash_at: int | None = None,
+    rank0_sleeps: bool = False,
+    delay: float = 0.0,
+) -> None:
     optimizer = torch.optim.SGD(strategy.module.parameters(), lr=0.1)
     rank = strategy.global_rank
     g = torch.Generator().manual_seed(100 + rank)  # every rank sees different data
@@ -184,24 +190,35 @@ def spawned(strategy: DDPStrategy, module: nn.Module, trainer: types.SimpleNames
     train_steps(strategy, strategy.module, steps=3)
     trainer.callback_metrics["seen_by"] = torch.tensor(float(strategy.global_rank))
     trainer.checkpoint_callback.best_model_path = f"best-from-rank{strategy.global_rank}.ckpt"
-    return {"rank": strategy.global_rank, "sum": strategy.reduce(torch.tensor(1.0), "sum").item(),
-            "weights": {k: v.clone() for k, v in strategy.module.state_dict().items()}}
+    return {
+        "rank": strategy.global_rank,
+        "sum": strategy.reduce(torch.tensor(1.0), "sum").item(),
+        "weights": {k: v.clone() for k, v in strategy.module.state_dict().items()},
+    }
 
 
 def run_spawn(args: argparse.Namespace, crash: bool = False) -> None:
     strategy = make_strategy(2, start_method="spawn")
     module = Regression()
     before = {k: v.clone() for k, v in module.state_dict().items()}
-    trainer = types.SimpleNamespace(callback_metrics={"stale": 1.0},
-                                    checkpoint_callback=types.SimpleNamespace(best_model_path=""))
+    trainer = types.SimpleNamespace(
+        callback_metrics={"stale": 1.0}, checkpoint_callback=types.SimpleNamespace(best_model_path="")
+    )
     try:
         result = strategy.launcher.launch(spawned, strategy, module, trainer, crash, trainer=trainer)
     except RuntimeError as err:
         (Path(args.out) / "error.txt").write_text(str(err))
         raise
-    torch.save({"result": result, "before": before, "after": module.state_dict(),
-                "callback_metrics": trainer.callback_metrics,
-                "best_model_path": trainer.checkpoint_callback.best_model_path}, Path(args.out) / "spawn.pt")
+    torch.save(
+        {
+            "result": result,
+            "before": before,
+            "after": module.state_dict(),
+            "callback_metrics": trainer.callback_metrics,
+            "best_model_path": trainer.checkpoint_callback.best_model_path,
+        },
+        Path(args.out) / "spawn.pt",
+    )
 
 
 if __name__ == "__main__":
