@@ -43,15 +43,12 @@ class Precision:
         if precision not in self.SUPPORTED:
             raise bad_choice("precision", precision, self.SUPPORTED)
         self.precision: str = precision
+        self.autocast_dtype: torch.dtype | None = _AUTOCAST_DTYPES.get(precision)
         self.device_type = device_type
         self.scaler: torch.amp.GradScaler | None = None
         if precision == "16-mixed":
             self.scaler = torch.amp.GradScaler(device_type)
         self._last_step_skipped = False
-
-    @property
-    def autocast_dtype(self) -> torch.dtype | None:
-        return _AUTOCAST_DTYPES.get(self.precision)
 
     def set_device_type(self, device_type: str) -> None:
         """Called by the strategy when its device is known; rebuilds the scaler for that device."""

@@ -7,6 +7,7 @@ its barrier passes. Distributed strategies override only what differs.
 from __future__ import annotations
 
 import contextlib
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -183,10 +184,11 @@ class Strategy:
     # ------------------------------------------------------------------ steps
     def run_step(self, method: str, *args: Any) -> Any:
         """Call ``training_step`` / ``validation_step`` / ``test_step`` / ``predict_step`` under autocast."""
+        step = getattr(self._module, method) if self._model is self._module else partial(self._model, method)
+        if self.precision.autocast_dtype is None:
+            return step(*args)
         with self.precision.forward_context():
-            if self._model is self._module:
-                return getattr(self._module, method)(*args)
-            return self._model(method, *args)  # through the wrapper (StepForward routes to the method)
+            return step(*args)
 
     def no_backward_sync(self, module: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
         """Skip gradient synchronisation inside this block when ``enabled`` (accumulation micro-steps)."""

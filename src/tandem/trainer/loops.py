@@ -57,14 +57,15 @@ def run_training_epoch(trainer: Trainer) -> None:
     batches = _epoch_batches(trainer)
     n = trainer.num_training_batches
     val_every = _val_check_batches(trainer)
-    for batch_idx, batch in zip(range(progress.batches_done, 2**62), batches):
+    max_steps, one_process = trainer.max_steps, trainer.world_size == 1
+    for batch_idx, batch in enumerate(batches, start=progress.batches_done):
         if batch_idx >= n:
             break
         run_training_batch(trainer, batch, batch_idx)
         if val_every and (batch_idx + 1) % val_every == 0 and batch_idx + 1 < n and _val_due_this_epoch(trainer):
             run_evaluation(trainer, "validate")
             metrics.stage = trainer.state.stage = "train"
-        if 0 <= trainer.max_steps <= trainer.global_step or trainer.should_stop and trainer.world_size == 1:
+        if 0 <= max_steps <= progress.global_step or trainer.should_stop and one_process:
             break  # with several processes, should_stop is agreed on at the end of the epoch (below)
     progress.epoch_finished = True
     metrics.stage = trainer.state.stage = "train"
@@ -133,43 +134,56 @@ def _val_due_this_epoch(trainer: Trainer) -> bool:
 
 
 def run_training_batch(trainer: Trainer, batch: Any, batch_idx: int) -> None:
-    """Forward and backward for one micro-batch; an optimizer step every ``accumulate_grad_batches``."""
-    strategy, metrics, progress = trainer.strategy, trainer._metrics, trainer._progress
+    """Forward and backward for one micro-batch; an optimizer step every ``accumulate_grad_batches``.
+
+    This is the per-step hot path: hooks nobody registered are not dispatched, and nothing here waits
+    for the device (no ``.item()``) unless a logger needs values at this step.
+    """
+    strategy, metrics, hooks = trainer.strategy, trainer._metrics, trainer._hooks
     batch = strategy.batch_to_device(batch)
     metrics.set_batch(batch)
-    trainer._call("on_train_batch_start", batch, batch_idx)
+    if hooks["on_train_batch_start"]:
+        trainer._call("on_train_batch_start", batch, batch_idx)
     k = trainer.accumulate_grad_batches
     stepping = k == 1 or (batch_idx + 1) % k == 0 or batch_idx + 1 == trainer.num_training_batches
-    with strategy.no_backward_sync(strategy.model, enabled=not stepping):
-        metrics.hook = "training_step"
-        output = strategy.run_step("training_step", batch, batch_idx)
-        loss = _loss_from(output)
-        if loss is not None:
-            trainer._call("on_before_backward", loss)
-            strategy.backward(loss / k if k > 1 else loss)
-            trainer._call("on_after_backward")
-            trainer._has_gradients = True
+    if stepping:
+        output, loss = _forward_backward(trainer, batch, batch_idx, k)
+    else:  # an accumulation micro-step: gradients stay local (DDP skips its all-reduce)
+        with strategy.no_backward_sync(strategy.model, enabled=True):
+            output, loss = _forward_backward(trainer, batch, batch_idx, k)
     if stepping and trainer._has_gradients:
         run_optimizer_step(trainer)
-        if progress.global_step % trainer.log_every_n_steps == 0 and trainer.loggers:
+        if trainer.loggers and trainer.global_step % trainer.log_every_n_steps == 0:
             trainer._log_to_loggers(metrics.step_metrics())
-    progress.batches_done = batch_idx + 1
-    if trainer._hooks["on_train_batch_end"]:
+    trainer._progress.batches_done = batch_idx + 1
+    if hooks["on_train_batch_end"]:
         trainer._call("on_train_batch_end", _detached_outputs(output, loss), batch, batch_idx)
 
 
+def _forward_backward(trainer: Trainer, batch: Any, batch_idx: int, k: int) -> tuple[Any, torch.Tensor | None]:
+    trainer._metrics.hook = "training_step"
+    output = trainer.strategy.run_step("training_step", batch, batch_idx)
+    loss = _loss_from(output)
+    if loss is not None:
+        trainer._call("on_before_backward", loss)
+        trainer.strategy.backward(loss / k if k > 1 else loss)
+        trainer._call("on_after_backward")
+        trainer._has_gradients = True
+    return output, loss
+
+
 def run_optimizer_step(trainer: Trainer) -> None:
-    strategy, optimizer = trainer.strategy, trainer._optimizer
+    strategy, optimizer, config = trainer.strategy, trainer._optimizer, trainer._config
     strategy.unscale_gradients(optimizer)
     trainer._call("on_before_optimizer_step", optimizer)
-    if trainer._config.gradient_clip_val is not None:
-        strategy.clip_gradients(optimizer, trainer._config.gradient_clip_val, trainer._config.gradient_clip_algorithm)
+    if config.gradient_clip_val is not None:
+        strategy.clip_gradients(optimizer, config.gradient_clip_val, config.gradient_clip_algorithm)
     stepped = strategy.optimizer_step(optimizer)
     trainer._call("on_before_zero_grad", optimizer)
     optimizer.zero_grad(set_to_none=True)
     trainer._has_gradients = False
     trainer._progress.global_step += 1
-    if stepped:  # a step skipped by the float16 scaler is not a step for the schedulers
+    if stepped and trainer._lr_scheduler_configs:  # a step skipped by the float16 scaler does not count
         trainer._step_schedulers("step")
 
 
