@@ -20,19 +20,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import launch_free_env
 from tandem.strategies.environments import TorchElasticEnvironment, find_free_port, select_environment
 
 SCRIPT = Path(__file__).parent / "scripts" / "launch_fit.py"
-_LAUNCH_VARIABLES = re.compile(
-    r"^(RANK|LOCAL_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|GROUP_RANK|NODE_RANK|MASTER_ADDR|MASTER_PORT|OMP_NUM_THREADS"
-    r"|TANDEM_.*|TORCHELASTIC_.*|SLURM_.*)$"
-)
 
 
 def _env(**extra: str) -> dict[str, str]:
     """This environment without any launcher's variables; one torch thread per process unless ``extra`` says."""
-    env = {k: v for k, v in os.environ.items() if not _LAUNCH_VARIABLES.match(k)}
-    return {**env, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **extra}
+    return launch_free_env(**{"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **extra})
 
 
 def _python(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:

@@ -21,27 +21,11 @@ import torch
 from torch.utils.data import DataLoader
 
 import tandem
-from helpers import max_abs_diff, quiet_trainer
+from helpers import clear_launch_variables, launch_free_env, max_abs_diff, quiet_trainer
 from tandem.utilities.checkpoint import load_checkpoint_file
 
 SCRIPTS = Path(__file__).parent / "scripts"
 SCENARIOS = ("equivalence", "evaluation", "logging", "decisions", "resume")
-_RANK_VARIABLES = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "NODE_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
-    "SLURM_PROCID",
-    "SLURM_NTASKS",
-    "TANDEM_LAUNCHER_PID",
-    "TANDEM_GLOBAL_SEED",
-    "OMP_NUM_THREADS",
-)
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +44,7 @@ def common() -> ModuleType:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Every scenario's per-rank results, and the job's captured output."""
     out = tmp_path_factory.mktemp("ddp_trainer")
-    env = {k: v for k, v in os.environ.items() if k not in _RANK_VARIABLES}  # tandem picks the threads
+    env = launch_free_env()  # tandem picks the threads
     done = subprocess.run(
         [sys.executable, str(SCRIPTS / "ddp_trainer_runs.py"), *SCENARIOS, "--out", str(out), "--hang-after", "90"],
         capture_output=True,
@@ -270,8 +254,7 @@ def test_one_checkpoint_file_per_save_written_by_rank_zero(runs):
 
 @pytest.mark.timeout(150)
 def test_ddp_spawn_from_this_process_returns_the_ddp_result(runs, common, monkeypatch):
-    for name in _RANK_VARIABLES:
-        monkeypatch.delenv(name, raising=False)  # and restored after: the launcher exports MASTER_PORT
+    clear_launch_variables(monkeypatch)  # and restored after: the launcher exports MASTER_PORT
     torch.manual_seed(0)
     model = common.Net("sgd")
     trainer = tandem.Trainer(

@@ -21,6 +21,7 @@ from torch.utils.data import (
     WeightedRandomSampler,
 )
 
+from helpers import clear_launch_variables
 from tandem.strategies import DDPStrategy
 from tandem.strategies.launchers import ScriptLauncher, SpawnLauncher
 from tandem.strategies.registry import resolve_strategy
@@ -33,26 +34,10 @@ from tandem.strategies.samplers import (
 from tandem.utilities.data import find_sampler
 from tandem.utilities.exceptions import TandemConfigError
 
-_VARIABLES = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "GROUP_RANK",
-    "NODE_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
-    "SLURM_PROCID",
-    "SLURM_NTASKS",
-    "TANDEM_GLOBAL_SEED",
-    "LOCAL_WORLD_SIZE",
-)
-
 
 @pytest.fixture(autouse=True)
 def _clean_environment(monkeypatch):
-    for name in _VARIABLES:
-        monkeypatch.delenv(name, raising=False)
+    clear_launch_variables(monkeypatch)
 
 
 def _as_rank(monkeypatch, rank: int, world: int = 2) -> None:

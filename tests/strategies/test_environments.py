@@ -7,6 +7,7 @@ import socket
 
 import pytest
 
+from helpers import clear_launch_variables
 from tandem.strategies.environments import (
     LocalEnvironment,
     SLURMEnvironment,
@@ -19,35 +20,11 @@ from tandem.strategies.environments import (
     threads_per_process,
 )
 
-_VARIABLES = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "NODE_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
-    "SLURM_PROCID",
-    "SLURM_NTASKS",
-    "SLURM_LOCALID",
-    "SLURM_NODEID",
-    "SLURM_NODELIST",
-    "SLURM_JOB_NODELIST",
-    "SLURM_JOB_ID",
-    "SLURM_JOB_NAME",
-    "TANDEM_LAUNCHER_PID",
-    "OMP_NUM_THREADS",
-    "TANDEM_GLOBAL_SEED",
-)
-
 
 @pytest.fixture
 def env(monkeypatch):
     """A clean environment; ``env(NAME=value, ...)`` sets variables for this test only."""
-    for name in _VARIABLES:
-        monkeypatch.delenv(name, raising=False)
+    clear_launch_variables(monkeypatch)
 
     def set_variables(**variables: object) -> None:
         for name, value in variables.items():

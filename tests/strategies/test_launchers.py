@@ -18,29 +18,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import launch_free_env
 from tandem.strategies import launchers
 from tandem.strategies.environments import find_free_port
 from tandem.utilities.exceptions import TandemConfigError
 
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_steps.py"
-_RANK_VARIABLES = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "GROUP_RANK",
-    "NODE_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
-    "SLURM_PROCID",
-    "SLURM_NTASKS",
-    "TANDEM_LAUNCHER_PID",
-)
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _RANK_VARIABLES}
-    return {**env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return launch_free_env(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 
 
 def _run(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
