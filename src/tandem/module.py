@@ -123,16 +123,8 @@ class TrainingModule(nn.Module):
         if self._trainer is None:
             return  # called outside a Trainer run (e.g. a unit test calling training_step): nothing to collect
         self._trainer._metrics.log(
-            name,
-            value,
-            on_step=on_step,
-            on_epoch=on_epoch,
-            prog_bar=prog_bar,
-            logger=logger,
-            sync_dist=sync_dist,
-            reduce_fx=reduce_fx,
-            batch_size=batch_size,
-        )
+            name, value, on_step, on_epoch, prog_bar, logger, sync_dist, reduce_fx, batch_size
+        )  # positional: this runs every step
 
     def log_dict(self, values: Mapping[str, Any], **kwargs: Any) -> None:
         """``self.log`` for each item, with the same options."""

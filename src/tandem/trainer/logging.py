@@ -122,7 +122,6 @@ class MetricCollector:
         self,
         name: str,
         value: Any,
-        *,
         on_step: bool | None,
         on_epoch: bool | None,
         prog_bar: bool,
