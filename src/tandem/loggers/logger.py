@@ -9,12 +9,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
+from tandem.utilities.checkpoint import atomic_write
 from tandem.utilities.rank_zero import rank_zero_only
 
 HPARAMS_FILE = "hparams.yaml"
@@ -148,18 +147,8 @@ def _yaml_safe(value: Any) -> Any:
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to a temporary file next to ``path``, then ``os.replace`` it onto ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    """Write ``text`` (UTF-8) through :func:`tandem.utilities.checkpoint.atomic_write`."""
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def save_hparams_yaml(path: str | os.PathLike, params: Mapping[str, Any] | argparse.Namespace) -> None:

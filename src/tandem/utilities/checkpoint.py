@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
@@ -14,17 +15,17 @@ from tandem.utilities.exceptions import CheckpointError
 CHECKPOINT_MARKER = "tandem_version"
 
 
-def atomic_save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` to a temporary file in the same folder, then ``os.replace`` onto ``path``.
+def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> None:
+    """Call ``write`` on a temporary file in the same folder, then ``os.replace`` it onto ``path``.
 
-    A process killed during the save leaves the previous file at ``path`` intact.
+    A process killed while writing leaves the previous file at ``path`` intact.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -32,6 +33,11 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+def atomic_save(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save`` through :func:`atomic_write`."""
+    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
