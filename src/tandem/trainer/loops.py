@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tandem.trainer.logging import to_float
+from tandem.trainer.state import EVAL_STAGES
 from tandem.utilities.data import find_sampler
 from tandem.utilities.exceptions import TandemUserCodeError
 from tandem.utilities.rank_zero import rank_zero_warn
@@ -19,8 +20,6 @@ from tandem.utilities.seed import capture_rng_state, restore_rng_state
 
 if TYPE_CHECKING:
     from tandem.trainer.trainer import Trainer
-
-_STEP_NAME = {"validate": "validation", "test": "test", "predict": "predict"}
 
 
 def run_fit(trainer: Trainer) -> None:
@@ -221,17 +220,10 @@ def _detached_outputs(output: Any, loss: torch.Tensor | None) -> Any:
 def run_evaluation(trainer: Trainer, stage: str, sanity: bool = False) -> Any:
     """One pass over the validation, test or predict data. Returns epoch metrics, or predictions."""
     strategy, metrics = trainer.strategy, trainer._metrics
-    loader = {
-        "validate": trainer.val_dataloaders,
-        "test": trainer.test_dataloaders,
-        "predict": trainer.predict_dataloaders,
-    }[stage]
-    n = {"validate": trainer.num_val_batches, "test": trainer.num_test_batches, "predict": trainer.num_predict_batches}[
-        stage
-    ]
-    if sanity:
-        n = n if trainer._config.num_sanity_val_steps == -1 else min(n, trainer._config.num_sanity_val_steps)
-    name = _STEP_NAME[stage]
+    names = EVAL_STAGES[stage]
+    loader = getattr(trainer, names.loaders_attr)
+    n = trainer.num_sanity_val_steps if sanity else getattr(trainer, names.count_attr)
+    name = names.name
     module = strategy.module
     was_training = module.training
     module.eval()

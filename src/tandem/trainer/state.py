@@ -33,3 +33,38 @@ class TrainerState:
 
     fn: str | None = None
     stage: str | None = None
+
+
+@dataclass(frozen=True)
+class EvalStage:
+    """The names one evaluation stage uses: hooks and step (``name``), loaders, limits and counts (``short``)."""
+
+    name: str  # "validation": validation_step, on_validation_epoch_end, ...
+    short: str  # "val": val_dataloaders, num_val_batches, limit_val_batches, DataModule.val_dataloader
+
+    @property
+    def step(self) -> str:
+        return f"{self.name}_step"
+
+    @property
+    def loaders_attr(self) -> str:
+        return f"{self.short}_dataloaders"
+
+    @property
+    def count_attr(self) -> str:
+        return f"num_{self.short}_batches"
+
+    @property
+    def limit_attr(self) -> str:
+        return f"limit_{self.short}_batches"
+
+    @property
+    def datamodule_hook(self) -> str:
+        return f"{self.short}_dataloader"
+
+
+EVAL_STAGES = {
+    "validate": EvalStage("validation", "val"),
+    "test": EvalStage("test", "test"),
+    "predict": EvalStage("predict", "predict"),
+}

@@ -19,7 +19,7 @@ from tandem.trainer import loops
 from tandem.trainer.config import TrainerConfig, limit_batches
 from tandem.trainer.logging import MetricCollector, to_float
 from tandem.trainer.optim import LRSchedulerConfig, parse_optimizers
-from tandem.trainer.state import Progress, TrainerState
+from tandem.trainer.state import EVAL_STAGES, Progress, TrainerState
 from tandem.utilities.checkpoint import CHECKPOINT_MARKER
 from tandem.utilities.data import has_len, make_skippable
 from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError, missing_metric
@@ -273,45 +273,28 @@ class Trainer:
             )
             if self.num_training_batches == 0:
                 rank_zero_warn("No training batches (limit_train_batches or an empty dataloader): fit trains nothing.")
-        stage = "validate" if fn == "fit" else fn
-        loader = (
-            evaluation
-            if evaluation is not None
-            else from_datamodule(
-                {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}[stage]
-            )
-        )
+        stage = EVAL_STAGES["validate" if fn == "fit" else fn]
+        loader = evaluation if evaluation is not None else from_datamodule(stage.datamodule_hook)
         if loader is None and fn != "fit":
             raise TandemConfigError(
                 f"Trainer.{fn} needs data: pass dataloaders=DataLoader(...), or a datamodule whose "
-                f"{ {'validate': 'val', 'test': 'test', 'predict': 'predict'}[fn] }_dataloader() returns one."
+                f"{stage.datamodule_hook}() returns one."
             )
-        step = {"validate": "validation_step", "test": "test_step", "predict": "predict_step"}[stage]
-        if loader is not None and stage != "predict" and getattr(type(model), step) is getattr(TrainingModule, step):
+        unimplemented = getattr(type(model), stage.step) is getattr(TrainingModule, stage.step)
+        if loader is not None and stage.name != "predict" and unimplemented:
             if fn != "fit":
-                raise TandemUserCodeError(f"Trainer.{fn} needs {type(model).__name__}.{step} to be defined.")
+                raise TandemUserCodeError(f"Trainer.{fn} needs {type(model).__name__}.{stage.step} to be defined.")
             rank_zero_warn(f"{type(model).__name__} defines no validation_step: validation data is ignored.")
             loader = None
+        count = 0
         if loader is not None:
-            loader = strategy.process_dataloader(_check_loader(loader, "dataloaders"), stage)
-            limit = getattr(
-                config,
-                {"validate": "limit_val_batches", "test": "limit_test_batches", "predict": "limit_predict_batches"}[
-                    stage
-                ],
+            loader = strategy.process_dataloader(
+                _check_loader(loader, "dataloaders"), "validate" if fn == "fit" else fn
             )
-            count = limit_batches(
-                f"limit_{stage.replace('validate', 'val')}_batches", limit, len(loader) if has_len(loader) else math.inf
-            )
-        else:
-            count = 0
-        attr = {"validate": "val_dataloaders", "test": "test_dataloaders", "predict": "predict_dataloaders"}[stage]
-        setattr(self, attr, loader)
-        setattr(
-            self,
-            {"validate": "num_val_batches", "test": "num_test_batches", "predict": "num_predict_batches"}[stage],
-            count,
-        )
+            available = len(loader) if has_len(loader) else math.inf
+            count = limit_batches(stage.limit_attr, getattr(config, stage.limit_attr), available)
+        setattr(self, stage.loaders_attr, loader)
+        setattr(self, stage.count_attr, count)
 
     def _finish(self, fn: str, status: str) -> None:
         for callback in self.callbacks:

@@ -39,7 +39,9 @@ def seed_everything(seed: int | None = None, workers: bool = False) -> int:
         model = MyModule()  # same initial weights on every run and every rank
     """
     if seed is None:
-        seed = int(os.environ.get(_SEED_ENV, 0))
+        from tandem.strategies.environments import global_seed  # the one reader of the environment
+
+        seed = global_seed()
     if not isinstance(seed, int) or not (0 <= seed < 2**32):
         raise ValueError(f"seed_everything(seed={seed!r}): expected an integer in [0, 2**32).")
     os.environ[_SEED_ENV] = str(seed)
