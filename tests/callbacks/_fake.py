@@ -96,7 +96,15 @@ def fake_trainer(
             state = {c.state_key: c.state_dict() for c in trainer.callbacks}
             atomic_save({"global_step": trainer.global_step, "callbacks": state}, path)
 
+    def log_metrics(metrics: dict[str, Any], step: int | None = None) -> None:  # as Trainer.log_metrics
+        values = {k: float(v) for k, v in metrics.items()}
+        trainer.logged_metrics.update(values)
+        if values and trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(values, step=trainer.global_step if step is None else step)
+
     trainer.save_checkpoint = save_checkpoint
+    trainer.log_metrics = log_metrics
     for name, value in attrs.items():
         setattr(trainer, name, value)
     trainer.logger = trainer.loggers[0] if trainer.loggers else None

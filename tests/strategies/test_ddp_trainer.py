@@ -25,7 +25,7 @@ from helpers import clear_launch_variables, launch_free_env, max_abs_diff, quiet
 from tandem.utilities.checkpoint import load_checkpoint_file
 
 SCRIPTS = Path(__file__).parent / "scripts"
-SCENARIOS = ("equivalence", "evaluation", "logging", "decisions", "resume")
+SCENARIOS = ("equivalence", "evaluation", "logging", "decisions", "resume", "mismatch")  # mismatch ends the job
 
 
 @pytest.fixture(scope="module")
@@ -176,12 +176,50 @@ def test_sync_dist_reduces_sums_and_counts_once_per_epoch(runs):
         "v_min": min(values[0]),
         "v_step": (values[0][-1] + values[1][-1]) / 2,
     }
-    for result in runs["logging"]:
+    for rank, result in enumerate(runs["logging"]):
         assert result["metrics"] == pytest.approx(expected, rel=1e-6)
-        assert result["step_values"] == [1.5 * (i + 1) for i in range(n)] * 2  # step mean over the ranks
-        # one reduction per synced step value, and per epoch: mean (sum and count), sum, max, min,
-        # plus the agreement on should_stop
-        assert result["reductions"] == 2 * n + 2 * (5 + 1)
+        # read right after self.log, a step value is this rank's own; it is reduced when published
+        assert result["step_values"] == [(rank + 1) * (i + 1) for i in range(n)] * 2
+        # no collective per step: per epoch one each for the packed sums, maxima and minima (every name at
+        # once), plus the agreement on should_stop
+        assert result["reductions"] == 2 * (3 + 1)
+
+
+@pytest.mark.timeout(150)
+def test_sync_dist_pairs_values_by_name_not_by_logging_order(runs):
+    # rank 0 logs a then b, rank 1 logs b then a; "lonely" is logged by rank 0 only
+    for result in runs["logging"]:
+        paired = result["paired"]
+        n = paired["batches"]
+        assert paired["epoch"] == {"a_sum": 4.0 * n, "b_sum": 400.0 * n, "lonely_epoch": 5.0}
+        assert paired["steps"] == [
+            {"a_step": 2.0 * (i + 1), "b_step": 200.0 * (i + 1), "lonely_step": 5.0} for i in range(n)
+        ]
+
+
+@pytest.mark.timeout(150)
+def test_a_rank_without_evaluation_batches_gets_the_reduced_metrics(runs, common):
+    # one validation sample on two ranks: rank 1 runs no batch and logs nothing, yet both ranks agree
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from ddp_trainer_runs import LossOnly
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    model = LossOnly()
+    model.load_state_dict(runs["logging"][0]["paired"]["one_sample_weights"])
+    (expected,) = quiet_trainer().validate(model, DataLoader(common.dataset(1, seed=2), batch_size=1))
+    for result in runs["logging"]:
+        (metrics,) = result["paired"]["one_sample"]
+        assert metrics == pytest.approx(expected, rel=1e-6) and expected["val_count"] == 1.0
+
+
+@pytest.mark.timeout(150)
+def test_a_metric_logged_on_one_rank_only_is_a_clear_error_on_every_rank(runs):
+    for result in runs["mismatch"]:
+        assert result["error"] is not None, "validate should have raised"
+        assert result["error"].startswith("TandemUserCodeError: The torchmetrics Metric 'val_acc'")
+        assert "rank(s) [0] but not on rank(s) [1]" in result["error"]
+        assert result["error_seconds"] < 30
 
 
 @pytest.mark.timeout(150)

@@ -96,18 +96,16 @@ def test_torchmetrics_metric_is_computed_at_epoch_end():
 
 def test_collector_reduces_sums_and_counts_across_processes():
     """With sync_dist, the epoch mean is (sum of weighted sums) / (sum of counts), not a mean of means."""
-    other_rank = {"total": torch.tensor(30.0), "count": torch.tensor(10.0)}  # rank 1: mean 3 over 10 samples
+    from tandem.trainer.logging import _pack
 
-    def fake_reduce(tensor, op):
-        assert op == "sum"
-        # rank 0 has total 2.0 * 2 = 4 over 2 samples; add rank 1's values
-        return tensor + (other_rank["total"] if tensor.item() == 4.0 else other_rank["count"])
-
-    collector = MetricCollector(fake_reduce)
+    flags = (False, True, False, True)
+    strategy = TwoRanks({"epoch/m": ("mean", True, flags)})
+    strategy.other_packed = {"sum": _pack([30.0, 10.0])}  # rank 1: mean 3 over 10 samples
+    collector = MetricCollector(strategy)
     collector.stage, collector.hook = "validate", "validation_step"
     collector.log(
         "m",
-        torch.tensor(2.0),
+        torch.tensor(2.0),  # rank 0: mean 2 over 2 samples
         on_step=None,
         on_epoch=None,
         prog_bar=False,
@@ -138,3 +136,48 @@ def test_hparams_merge_base_and_subclass_init_arguments():
             super().__init__(lr=0.5)
 
     assert Child().hparams == {"depth": 3, "lr": 0.5, "optimizer": "sgd", "dropout": 0.0, "scheduler": False}
+
+
+class TwoRanks:
+    """A stand-in strategy for two processes, to check the pairing logic without processes (the real
+    thing runs in tests/strategies/test_ddp_trainer.py).
+
+    ``all_gather_object`` returns this rank's object and ``theirs``; ``reduce`` combines this rank's
+    packed tensor with ``other_packed[op]``, what the other rank would send."""
+
+    world_size = 2
+
+    def __init__(self, theirs=None):
+        self.theirs = theirs
+        self.other_packed: dict[str, torch.Tensor] = {}
+
+    def all_gather_object(self, obj):
+        return [obj, self.theirs]
+
+    def reduce(self, tensor, op):
+        pick = {"sum": torch.add, "max": torch.maximum, "min": torch.minimum}[op]
+        return pick(tensor, self.other_packed[op])
+
+
+def test_sync_dist_names_with_different_reduce_fx_on_two_ranks_are_an_error():
+    from tandem.trainer.logging import _agree
+
+    flags = (False, True, False, True)
+    with pytest.raises(Exception, match=r"reduce_fx='sum' on rank 0 and reduce_fx='max' on rank 1.*same reduce_fx"):
+        _agree([{"epoch/x": ("sum", True, flags)}, {"epoch/x": ("max", False, flags)}])
+
+
+def test_reduce_by_name_sends_the_identity_for_missing_values():
+    from tandem.trainer.logging import _pack, reduce_by_name
+
+    t = torch.tensor
+    # rank 0 has a max "a", a mean "m" (sum 10 over 2), no "s"; rank 1 no "a", "m" (sum 2 over 2), "s" = 7
+    mine = {"a": ("max", t(3.0), None), "m": ("mean", t(10.0), t(2.0)), "s": ("sum", None, None)}
+    strategy = TwoRanks()
+    strategy.other_packed = {
+        "sum": _pack([0.0, 2.0, 2.0, 7.0, 1.0]),  # a: absent; m: (2, 2); s: (7, present)
+        "max": _pack([-float("inf")]),  # a: the identity
+    }
+    out = reduce_by_name(strategy, mine)
+    assert float(out["a"]) == 3.0 and float(out["m"]) == 3.0 and float(out["s"]) == 7.0
+    assert out["m"].dtype == torch.float32

@@ -71,12 +71,8 @@ class LearningRateMonitor(Callback):
             self._log(trainer, "epoch")
 
     def _log(self, trainer: Trainer, interval: str) -> None:
-        if not trainer.is_global_zero:
-            return
-        stats = self._stats(trainer, interval)
-        if stats:
-            for logger in trainer.loggers:
-                logger.log_metrics(stats, step=trainer.global_step)
+        if trainer.is_global_zero:
+            trainer.log_metrics(self._stats(trainer, interval))
 
     def _stats(self, trainer: Trainer, interval: str) -> dict[str, float]:
         """The values due at ``interval`` ("step" or "epoch"), keyed by their logged names."""

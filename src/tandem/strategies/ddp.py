@@ -364,7 +364,7 @@ class DDPStrategy(Strategy):
         votes = int(self.reduce(torch.tensor(int(bool(decision))), "sum").item())
         return votes == self.world_size if all else votes > 0
 
-    def _all_gather_object(self, obj: Any) -> list[Any]:
+    def all_gather_object(self, obj: Any) -> list[Any]:
         if not dist.is_initialized():
             return [obj]
         gathered: list[Any] = [None] * dist.get_world_size()
@@ -417,7 +417,7 @@ class DDPStrategy(Strategy):
         if not dist.is_initialized() or layout is None:
             return predictions
         local = apply_to_collection(predictions, torch.Tensor, lambda t: t.detach().cpu())
-        return interleave_predictions(self._all_gather_object(local), layout)
+        return interleave_predictions(self.all_gather_object(local), layout)
 
 
 def _destroy_process_group() -> None:

@@ -235,7 +235,7 @@ def _to_cpu(tensor: torch.Tensor) -> torch.Tensor:
 def collect(trainer: Any) -> dict[str, Any]:
     """What rank 0 of ``ddp_spawn`` sends back: trained weights, callback metrics, checkpoint paths."""
     payload: dict[str, Any] = {
-        "state_dict": {k: v.detach().cpu() for k, v in trainer.strategy.module.state_dict().items()},
+        "state_dict": {k: v.detach().cpu() for k, v in trainer.strategy.module_state_dict().items()},
         "callback_metrics": apply_to_collection(dict(trainer.callback_metrics), torch.Tensor, _to_cpu),
     }
     checkpoint = getattr(trainer, "checkpoint_callback", None)

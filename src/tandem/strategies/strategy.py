@@ -7,6 +7,7 @@ its barrier passes. Distributed strategies override only what differs.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
@@ -221,6 +222,10 @@ class Strategy:
         """Stack ``tensor`` from every rank along a new dim 0."""
         return tensor.unsqueeze(0)
 
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's picklable ``obj``, in rank order."""
+        return [obj]
+
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         return obj
 
@@ -229,6 +234,23 @@ class Strategy:
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         return decision
+
+    # ------------------------------------------------------------------ checkpoint state
+    def module_state_dict(self) -> dict[str, Any]:
+        """The module's state for a checkpoint. Every rank calls this (a sharding strategy gathers here)."""
+        return self.module.state_dict()
+
+    def load_module_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
+        """Load a checkpoint's module state into the module this strategy set up."""
+        self.module.load_state_dict(state_dict, strict=strict)
+
+    def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
+        """``optimizer``'s state for a checkpoint. Every rank calls this."""
+        return optimizer.state_dict()
+
+    def load_optimizer_state(self, optimizer: Optimizer, state: Mapping[str, Any]) -> None:
+        """Load a checkpoint's state of one optimizer."""
+        optimizer.load_state_dict(state)
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path) -> None:

@@ -3,21 +3,31 @@
 One ``MetricCollector`` per Trainer. Values stay tensors on the device (no host sync per step); they are
 turned into floats only when a logger or the progress bar needs them. Epoch means are kept as a
 weighted sum and a count, reduced across processes as sums and counts, then divided.
+
+Values logged with ``sync_dist=True`` are reduced across processes by name, never by the order they were
+logged in (:func:`reduce_by_name`): the ranks first agree on the union of names, then reduce one packed
+tensor per operation, a rank without a value sending the identity. Epoch values are reduced once per
+epoch end; step values at the steps whose values are published (every ``log_every_n_steps`` steps and
+at the epoch's end), never on the steps in between.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 import numbers
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from tandem.utilities.exceptions import TandemUserCodeError, bad_choice
+
+if TYPE_CHECKING:
+    from tandem.strategies.strategy import Strategy
 
 REDUCE_FX = ("mean", "sum", "max", "min")
 
@@ -81,6 +91,7 @@ class _Entry:
     updated: bool = field(default=False)  # logged since the last step flush
     epoch_value: torch.Tensor | None = None  # the aggregate, once computed
     dirty: bool = field(default=False)  # logged since epoch_value was computed
+    step_unsynced: bool = field(default=False)  # a sync_dist step value not yet reduced across processes
 
     def accumulate(self, value: torch.Tensor, weight: int) -> None:
         if self.reduce_fx in ("mean", "sum"):
@@ -102,8 +113,8 @@ class MetricCollector:
         progress_bar_metrics: the ``prog_bar=True`` values.
     """
 
-    def __init__(self, reduce: Callable[[torch.Tensor, str], torch.Tensor]) -> None:
-        self._reduce = reduce  # the strategy's collective: (tensor, "sum" | "max" | "min" | "mean") -> tensor
+    def __init__(self, strategy: Strategy) -> None:
+        self._strategy = strategy  # its collectives reduce sync_dist values (see reduce_by_name)
         self._stores: dict[str, dict[str, _Entry]] = {}  # per stage: "train", "validate", "test", "predict"
         self.stage = "train"
         self._epoch_values: dict[str, dict[str, torch.Tensor]] = {}
@@ -168,10 +179,10 @@ class MetricCollector:
             step_value = cached.detach() if isinstance(cached, torch.Tensor) else None
         else:
             step_value = value
-            # Evaluation ranks run different numbers of batches (every sample exactly once), so a
-            # per-step collective there would wait forever: evaluation step values stay per rank.
-            if sync_dist and on_step and self.stage == "train":
-                step_value = self._reduce(value, reduce_fx)
+            # A synced step value is reduced when the step's values are published (step_metrics), paired
+            # by name. Evaluation ranks run different numbers of batches (every sample exactly once), so
+            # evaluation step values stay per rank; their epoch values are reduced.
+            entry.step_unsynced = sync_dist and on_step and self.stage == "train"
             if on_epoch:
                 weight = batch_size if batch_size is not None else self._current_batch_size()
                 entry.accumulate(value, max(weight, 1) if reduce_fx == "mean" else 1)
@@ -211,20 +222,33 @@ class MetricCollector:
         return self._batch_size
 
     # ------------------------------------------------------------------ publishing
+    @property
+    def _distributed(self) -> bool:
+        return self._strategy.world_size > 1
+
     def step_metrics(self) -> dict[str, torch.Tensor]:
-        """Values logged with on_step since the last call, for the loggers; clears the 'updated' marks."""
+        """Publish the step values: reduce the ``sync_dist`` ones across processes (every process calls
+        this at the same step), then return those logged with on_step since the last call, for the
+        loggers, and clear the 'updated' marks."""
+        entries = self._stores.get(self.stage, {})
+        if self._distributed:
+            self._sync(entries, epoch=False)
         out = {}
-        for name, entry in self._stores.get(self.stage, {}).items():
+        for name, entry in entries.items():
             if entry.updated and entry.on_step and entry.logger and entry.step_value is not None:
                 out[f"{name}_step" if entry.on_epoch else name] = entry.step_value
             entry.updated = False
         return out
 
     def epoch_metrics(self) -> dict[str, torch.Tensor]:
-        """Aggregate every on_epoch value of the stage (reducing across processes where asked),
-        publish them to ``callback_metrics``, and return those meant for the loggers."""
+        """Aggregate every on_epoch value of the stage (reducing across processes where asked; every
+        process calls this at the same point), publish them to ``callback_metrics``, and return those
+        meant for the loggers. Synced step values not yet reduced are reduced now too."""
+        entries = self._stores.get(self.stage, {})
+        if self._distributed:
+            self._sync(entries, epoch=True)
         out, values = {}, {}
-        for name, entry in self._stores.get(self.stage, {}).items():
+        for name, entry in entries.items():
             if not entry.on_epoch:
                 continue
             if entry.dirty:
@@ -247,20 +271,71 @@ class MetricCollector:
         """Every epoch value of the current stage's last epoch (what ``validate`` / ``test`` return)."""
         return dict(self._epoch_values.get(self.stage, {}))
 
-    def _epoch_value(self, entry: _Entry) -> torch.Tensor | None:
+    @staticmethod
+    def _epoch_value(entry: _Entry) -> torch.Tensor | None:
+        """This process's aggregate (synced entries are aggregated by :meth:`_sync` before this runs)."""
         if entry.metric is not None:
-            value = entry.metric.compute()  # torchmetrics syncs across processes itself
+            value = entry.metric.compute()
             entry.metric.reset()
             return value.detach() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
         if entry.total is None:
             return None
-        total = entry.total
-        if entry.reduce_fx == "mean":
-            count = entry.count
-            if entry.sync_dist:
-                total, count = self._reduce(total, "sum"), self._reduce(count, "sum")
-            return total / count
-        return self._reduce(total, entry.reduce_fx) if entry.sync_dist else total
+        return entry.total / entry.count if entry.reduce_fx == "mean" else entry.total
+
+    def _sync(self, entries: dict[str, _Entry], epoch: bool) -> None:
+        """Reduce across processes, by name, every value some process needs reduced now.
+
+        Epoch ends (``epoch=True``): synced epoch aggregates and torchmetrics ``Metric`` objects logged
+        since they were last computed on any process, plus synced step values not yet reduced. Publishing
+        steps: the synced step values. A process that never logged a name contributes the identity and
+        receives the result (its entry is created with the options the other processes used).
+        """
+        mine: dict[str, tuple[str, bool, tuple[bool, bool, bool, bool]]] = {}
+        for name, entry in entries.items():
+            flags = (entry.on_step, entry.on_epoch, entry.prog_bar, entry.logger)
+            if entry.step_unsynced:
+                mine[f"step/{name}"] = (entry.reduce_fx, True, flags)
+            if not epoch or not entry.on_epoch:
+                continue
+            if entry.metric is not None:  # torchmetrics syncs inside compute(): every process must call it
+                mine[f"metric/{name}"] = ("metric", entry.dirty, flags)
+            elif entry.sync_dist and (entry.total is not None or entry.dirty):
+                mine[f"epoch/{name}"] = (entry.reduce_fx, entry.dirty, flags)
+        everyone = self._strategy.all_gather_object(mine)
+        wanted = _agree(everyone)
+        for key in wanted:  # decided from what every process sent: all raise together, none hangs
+            if key.startswith("metric/") and not all(key in theirs for theirs in everyone):
+                raise _metric_missing(key.split("/", 1)[1], everyone)
+        contributions: dict[str, tuple[str, torch.Tensor | None, torch.Tensor | None]] = {}
+        for key, (op, _) in wanted.items():
+            kind, name = key.split("/", 1)
+            entry = entries.get(name)
+            if kind == "step":
+                value = entry.step_value if entry is not None and entry.step_unsynced else None
+                contributions[key] = (op, value, None if value is None else torch.ones((), dtype=torch.float64))
+            elif kind == "epoch":
+                contributions[key] = (op, None, None) if entry is None else (op, entry.total, entry.count)
+        reduced = reduce_by_name(self._strategy, contributions)
+        for key, (op, flags) in wanted.items():
+            kind, name = key.split("/", 1)
+            entry = entries.get(name)
+            if entry is None:  # logged elsewhere only: take the other processes' options
+                entry = entries[name] = _Entry(*flags, sync_dist=True, reduce_fx=op)
+            if kind == "metric":
+                entry.epoch_value, entry.dirty = self._epoch_value(entry), False
+            elif kind == "epoch":
+                entry.epoch_value, entry.dirty = reduced[key], False
+            elif reduced[key] is not None:
+                self._publish_step(name, entry, reduced[key])
+
+    def _publish_step(self, name: str, entry: _Entry, value: torch.Tensor) -> None:
+        entry.step_value, entry.step_unsynced = value, False
+        key = f"{name}_step" if entry.on_step and entry.on_epoch else name
+        self.callback_metrics[key] = value
+        if entry.on_epoch:
+            self.callback_metrics[name] = value
+        if entry.prog_bar:
+            self.progress_bar_metrics[key] = value
 
     def reset(self, state: dict[str, Any] | None = None) -> None:
         """Start an epoch of the current stage: forget its entries, or reinstate those saved by :meth:`state_dict`."""
@@ -290,3 +365,94 @@ def to_float(metrics: dict[str, Any]) -> dict[str, float]:
     if len(tensors) == len(values) and len({t.device for t in tensors}) == 1:
         return dict(zip(names, torch.stack(tensors).cpu().tolist()))
     return {n: float(v) for n, v in zip(names, values)}
+
+
+# ---------------------------------------------------------------------- reduction across processes, by name
+_IDENTITY = {"max": -math.inf, "min": math.inf}
+
+
+def _agree(everyone: list[dict[str, tuple[str, bool, Any]]]) -> dict[str, tuple[str, Any]]:
+    """The keys some process wants reduced, sorted, with their operation and options; the same on every
+    process. One name logged with different ``reduce_fx`` on different processes is an error on all."""
+    wanted: dict[str, tuple[str, Any]] = {}
+    seen: dict[str, tuple[str, int]] = {}
+    for rank, mine in enumerate(everyone):
+        for key, (op, want, flags) in mine.items():
+            if key in seen and seen[key][0] != op:
+                other_op, other_rank = seen[key]
+                name = key.split("/", 1)[1]
+                raise TandemUserCodeError(
+                    f"self.log({name!r}, ..., sync_dist=True) used reduce_fx={other_op!r} on rank {other_rank} "
+                    f"and reduce_fx={op!r} on rank {rank}; the ranks cannot combine it. Log it with the same "
+                    "reduce_fx on every rank."
+                )
+            seen.setdefault(key, (op, rank))
+            if want and key not in wanted:
+                wanted[key] = (op, flags)
+    return dict(sorted(wanted.items()))
+
+
+def reduce_by_name(
+    strategy: Strategy, values: Mapping[str, tuple[str, torch.Tensor | None, torch.Tensor | None]]
+) -> dict[str, torch.Tensor | None]:
+    """Reduce named values across processes; every process passes the same names (sorted, agreed).
+
+    ``values[name] = (op, value, weight)``: for ``"mean"`` the weighted sum and the sum of weights,
+    otherwise the value (``weight`` unused); ``value`` is None where this process has nothing to add.
+    Each operation is one collective over one packed float64 tensor; a missing value sends the
+    identity. The result is None for a name no process had, else a tensor in the local value's dtype
+    (float32 where this process had none) on the local value's device.
+    """
+    summed: list[Any] = []  # mean: (sum, weight); sum: (sum, present); max / min: (present,)
+    extremes: dict[str, list[Any]] = {"max": [], "min": []}
+    for op, value, weight in values.values():
+        present = value is not None
+        if op == "mean":
+            summed += [value if present else 0.0, weight if present else 0.0]
+        elif op == "sum":
+            summed += [value if present else 0.0, float(present)]
+        else:
+            summed.append(float(present))
+            extremes[op].append(value if present else _IDENTITY[op])
+    reduced = {
+        op: strategy.reduce(_pack(items), op).cpu().tolist() if items else []
+        for op, items in (("sum", summed), *extremes.items())
+    }
+    out: dict[str, torch.Tensor | None] = {}
+    index = {"sum": 0, "max": 0, "min": 0}
+    for name, (op, value, _) in values.items():
+        i = index["sum"]
+        if op in ("mean", "sum"):
+            total, second = reduced["sum"][i : i + 2]
+            index["sum"] += 2
+            result = (total / second if op == "mean" else total) if second > 0 else None
+        else:
+            present = reduced["sum"][i]
+            index["sum"] += 1
+            result = reduced[op][index[op]] if present > 0 else None
+            index[op] += 1
+        if result is None:
+            out[name] = None
+            continue
+        keep_integer = value is not None and not value.is_floating_point() and op != "mean"
+        dtype = value.dtype if value is not None and (value.is_floating_point() or keep_integer) else torch.float32
+        out[name] = torch.tensor(result, dtype=dtype, device=value.device if value is not None else "cpu")
+    return out
+
+
+def _pack(items: list[Any]) -> torch.Tensor:
+    """One float64 tensor of ``items`` (numbers and 0-dim tensors), on the device of the first tensor."""
+    device = next((v.device for v in items if isinstance(v, torch.Tensor)), torch.device("cpu"))
+    return torch.stack([torch.as_tensor(v).detach().to(device=device, dtype=torch.float64).reshape(()) for v in items])
+
+
+def _metric_missing(name: str, everyone: list[dict[str, Any]]) -> TandemUserCodeError:
+    key = f"metric/{name}"
+    having = [r for r, mine in enumerate(everyone) if key in mine]
+    lacking = [r for r, mine in enumerate(everyone) if key not in mine]
+    return TandemUserCodeError(
+        f"The torchmetrics Metric {name!r} was logged on rank(s) {having} but not on rank(s) {lacking} in this "
+        "epoch (a rank with no batches, e.g. fewer evaluation samples than processes, or a conditional "
+        "self.log). torchmetrics reduces inside compute(), which every rank must call. Log the metric on every "
+        "rank, or give every rank data."
+    )

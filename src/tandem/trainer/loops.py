@@ -77,7 +77,7 @@ def run_training_epoch(trainer: Trainer) -> None:
     # One rank asking to stop stops them all: a rank that left the loop alone would hang the others.
     trainer.should_stop = trainer.strategy.reduce_boolean_decision(trainer.should_stop, all=False)
     train_epoch_metrics.update(metrics.epoch_metrics())  # values logged in on_train_epoch_end hooks
-    trainer._log_to_loggers({**train_epoch_metrics, "epoch": progress.epoch})
+    trainer.log_metrics({**train_epoch_metrics, "epoch": progress.epoch})
     for logger in trainer.loggers:
         logger.save()
     progress.epoch += 1
@@ -152,8 +152,9 @@ def run_training_batch(trainer: Trainer, batch: Any, batch_idx: int) -> None:
             output, loss = _forward_backward(trainer, batch, batch_idx, k)
     if stepping and trainer._has_gradients:
         run_optimizer_step(trainer)
-        if trainer.loggers and trainer.global_step % trainer.log_every_n_steps == 0:
-            trainer._log_to_loggers(metrics.step_metrics())
+        # publishing step: loggers get the step values, sync_dist ones reduced across processes first
+        if trainer.global_step % trainer.log_every_n_steps == 0 and (trainer.loggers or trainer.world_size > 1):
+            trainer.log_metrics(metrics.step_metrics())
     trainer._progress.batches_done = batch_idx + 1
     if hooks["on_train_batch_end"]:
         trainer._call("on_train_batch_end", _detached_outputs(output, loss), batch, batch_idx)
@@ -254,7 +255,7 @@ def run_evaluation(trainer: Trainer, stage: str, sanity: bool = False) -> Any:
         trainer._call("on_sanity_check_end")
         metrics.clear_published()
     elif epoch_metrics:
-        trainer._log_to_loggers(epoch_metrics)
+        trainer.log_metrics(epoch_metrics)
     module.train(was_training)
     if stage == "predict":
         return strategy.gather_predictions(predictions, loader)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import glob
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -126,7 +126,7 @@ class Trainer:
         )
         self.should_stop = False
         self.state = TrainerState()
-        self._metrics = MetricCollector(self.strategy.reduce)
+        self._metrics = MetricCollector(self.strategy)
         self._progress = Progress()
         self._optimizer: torch.optim.Optimizer | None = None
         self._lr_scheduler_configs: list[LRSchedulerConfig] = []
@@ -331,14 +331,20 @@ class Trainer:
                 continue
             config.scheduler.step(self.strategy.broadcast(float(value)))  # rank 0's value: equal LRs
 
-    def _log_to_loggers(self, metrics: dict[str, Any]) -> None:
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        """Send ``metrics`` (name -> number or scalar tensor) to every logger, on global rank 0.
+
+        The one way values reach the loggers: the loops call it with ``self.log`` values, callbacks with
+        theirs (e.g. learning rates). Needs no other process (it is not a collective). ``step``
+        defaults to ``global_step``; the values also appear in ``logged_metrics``.
+        """
         if not metrics:
             return
-        values = to_float(metrics)
+        values = to_float(dict(metrics))
         self._metrics.logged_metrics.update(values)
         if self.loggers and self.is_global_zero:
             for logger in self.loggers:
-                logger.log_metrics(values, step=self.global_step)
+                logger.log_metrics(values, step=self.global_step if step is None else step)
 
     # ================================================================== checkpoints
     def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool = False) -> None:
@@ -354,14 +360,14 @@ class Trainer:
             CHECKPOINT_MARKER: __version__,
             "epoch": self.current_epoch,
             "global_step": self.global_step,
-            "state_dict": module.state_dict(),
+            "state_dict": self.strategy.module_state_dict(),
             "hparams": dict(module.hparams),
         }
         if not weights_only:
             checkpoint.update(
                 loops=self._progress.state_dict(),
                 train_metrics=self._metrics.state_dict(),
-                optimizer_states=[self._optimizer.state_dict()] if self._optimizer is not None else [],
+                optimizer_states=[self.strategy.optimizer_state(o) for o in self.optimizers],
                 lr_schedulers=[c.scheduler.state_dict() for c in self._lr_scheduler_configs],
                 precision=self.strategy.precision.state_dict(),
                 callbacks={c.state_key: c.state_dict() for c in self.callbacks},
@@ -379,7 +385,7 @@ class Trainer:
         checkpoint = self.strategy.load_checkpoint(path)
         module = self.strategy.module
         try:
-            module.load_state_dict(checkpoint["state_dict"])
+            self.strategy.load_module_state_dict(checkpoint["state_dict"])
         except RuntimeError as err:
             raise TandemUserCodeError(f"Checkpoint {str(path)!r} does not fit {type(module).__name__}: {err}") from None
         self._call("on_load_checkpoint", checkpoint)
@@ -393,7 +399,8 @@ class Trainer:
         self._progress.load_state_dict(checkpoint["loops"])
         if self._progress.batches_done:  # mid-epoch: the epoch's partial metric sums come back too
             self._resume_train_metrics = checkpoint.get("train_metrics")
-        self._optimizer.load_state_dict(checkpoint["optimizer_states"][0])
+        for optimizer, state in zip(self.optimizers, checkpoint["optimizer_states"]):
+            self.strategy.load_optimizer_state(optimizer, state)
         for config, state in zip(self._lr_scheduler_configs, checkpoint["lr_schedulers"]):
             config.scheduler.load_state_dict(state)
         self.strategy.precision.load_state_dict(checkpoint.get("precision", {}))

@@ -7,9 +7,11 @@ group, and each rank saves what it saw to ``<out>/<scenario>-rank<r>.pt`` for th
                  and a hand-written DistributedDataParallel loop on the same process group
     evaluation   validate / test / predict over 101 samples (uneven); unequal training batch counts
     logging      sync_dist mean / sum / max / min; progress bar, self.print and TensorBoard on rank 0 only;
-                 DataModule.prepare_data once per node, setup on every rank
+                 DataModule.prepare_data once per node, setup on every rank; synced values paired by name
+                 (logged in different orders, on one rank only, a rank with no evaluation batch)
     decisions    ModelCheckpoint + EarlyStopping monitoring a metric that differs per rank
     resume       2 epochs + resume from last.ckpt to 4 == 4 epochs (shuffle, dropout, Adam); one file per save
+    mismatch     (last: it ends in an error on every rank) a torchmetrics Metric logged on one rank only
 """
 
 from __future__ import annotations
@@ -179,6 +181,56 @@ class Logs(Net):
         self.print(f"tandem-print epoch {self.current_epoch}")
 
 
+class Unordered(Net):
+    """Rank 0 logs a then b, rank 1 logs b then a; ``lonely`` is logged on rank 0 only."""
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        rank = self.trainer.global_rank
+        values = {"a": 1.0 + 2 * rank, "b": 100.0 + 200 * rank}  # summed over the ranks: a 4, b 400
+        for name in ("a", "b") if rank == 0 else ("b", "a"):
+            self.log(f"{name}_sum", values[name], on_step=False, on_epoch=True, sync_dist=True, reduce_fx="sum")
+            self.log(f"{name}_step", values[name] * (batch_idx + 1), on_step=True, on_epoch=False, sync_dist=True)
+        if rank == 0:
+            self.log("lonely", 5.0, on_step=True, on_epoch=True, sync_dist=True)
+        return super().training_step(batch, batch_idx)
+
+
+class LossOnly(Net):
+    """Validation logs a synced mean and sum, no torchmetrics Metric."""
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", F.cross_entropy(self(x), y), sync_dist=True)
+        self.log("val_count", float(len(y)), sync_dist=True, reduce_fx="sum")
+
+
+class StepValues(tandem.Callback):
+    """The published (synced) step values after each batch."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, float]] = []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        self.seen.append({k: float(trainer.callback_metrics[k]) for k in ("a_step", "b_step", "lonely_step")})
+
+
+def paired_by_name() -> dict[str, Any]:
+    torch.manual_seed(0)
+    steps = StepValues()
+    trainer = tandem.Trainer(strategy="ddp", max_epochs=1, log_every_n_steps=1, callbacks=[steps], **QUIET)
+    trainer.fit(Unordered(), DataLoader(dataset(32), batch_size=BATCH))
+    epoch = {k: float(v) for k, v in trainer.callback_metrics.items() if k in ("a_sum", "b_sum", "lonely_epoch")}
+    model = LossOnly()
+    one_sample = trainer.validate(model, DataLoader(dataset(1, seed=2), batch_size=1))  # rank 1 has no batch
+    return {
+        "steps": steps.seen,
+        "epoch": epoch,
+        "batches": trainer.num_training_batches,
+        "one_sample": one_sample,
+        "one_sample_weights": weights(model),
+    }
+
+
 class Prepared(tandem.DataModule):
     def __init__(self, folder: Path) -> None:
         super().__init__()
@@ -253,6 +305,7 @@ def logging(out: Path) -> dict[str, Any]:
         "prepared": data.prepared,
         "stages": data.stages,
         "log_dir": trainer.log_dir,
+        "paired": paired_by_name(),
     }
 
 
@@ -341,7 +394,23 @@ def resume(out: Path) -> dict[str, Any]:
     }
 
 
-SCENARIOS = {f.__name__: f for f in (equivalence, evaluation, logging, decisions, resume)}
+# ---------------------------------------------------------------------------------------------- mismatch
+
+
+def mismatch(out: Path) -> dict[str, Any]:
+    """Net logs a torchmetrics accuracy in validation; with one sample, rank 1 never logs it. Every rank
+    must raise the same clear error (not hang in torchmetrics' collective). Run last: rank 0's error
+    ends the job."""
+    trainer = tandem.Trainer(strategy="ddp", **QUIET)
+    started = time.perf_counter()
+    try:
+        trainer.validate(Net(), DataLoader(dataset(1, seed=2), batch_size=1))
+    except Exception as error:  # noqa: BLE001 - the test checks its type and text
+        return {"error": f"{type(error).__name__}: {error}", "error_seconds": time.perf_counter() - started}
+    return {"error": None}
+
+
+SCENARIOS = {f.__name__: f for f in (equivalence, evaluation, logging, decisions, resume, mismatch)}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
