@@ -9,7 +9,6 @@ MASTER_PORT set; rank r saves what it saw to ``<out>/rank<r>.pt``.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
