@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Iterable, Mapping
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
+from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError
 from tandem.utilities.rank_zero import rank_zero_print
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from tandem.trainer.optim import TrainingOptimizer
     from tandem.trainer.trainer import Trainer
 
 
@@ -29,11 +36,44 @@ class AttributeDict(dict):
         self[key] = value
 
 
-class TrainingModule(nn.Module):
-    """A model together with how to train, evaluate and optimize it.
+class HyperparametersMixin:
+    """``save_hyperparameters`` and ``hparams``, shared by :class:`TrainingModule` and :class:`DataModule`."""
+
+    def save_hyperparameters(self, *names: Any, ignore: Iterable[str] | str | None = None, logger: bool = True) -> None:
+        """Store the ``__init__`` arguments of the caller in ``self.hparams`` (and in checkpoints and loggers).
+
+        Args:
+            names: only these arguments (all by default); a single dict or Namespace is taken as is.
+            ignore: arguments to leave out (e.g. modules passed in).
+            logger: also send them to the loggers (False: checkpoints only).
+        """
+        self._log_hyperparams = logger
+        if len(names) == 1 and not isinstance(names[0], str):
+            given = names[0]
+            self._hparams = AttributeDict(vars(given) if not isinstance(given, Mapping) else given)
+            return
+        frame = inspect.currentframe().f_back
+        init_args = _collect_init_args(frame, type(self))
+        ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
+        if names:
+            init_args = {k: v for k, v in init_args.items() if k in names}
+        self._hparams = AttributeDict({k: v for k, v in init_args.items() if k not in ignored})
+
+    @property
+    def hparams(self) -> AttributeDict:
+        if "_hparams" not in self.__dict__:  # a subclass that did not call super().__init__()
+            self.__dict__["_hparams"] = AttributeDict()
+        return self.__dict__["_hparams"]
+
+
+class TrainingModule(HyperparametersMixin, nn.Module):
+    """A model together with how to train, evaluate and optimize it (Lightning's ``LightningModule``).
 
     Override ``training_step`` and ``configure_optimizers``; the rest is optional. Hooks run on every
     process; ``self.log`` collects values and the Trainer routes them to loggers on rank zero.
+
+    Set ``self.automatic_optimization = False`` to step the optimizers yourself in ``training_step``
+    (GANs, several optimizers): ``self.optimizers()``, ``self.manual_backward(loss)``, ``opt.step()``.
 
     Example::
 
@@ -53,10 +93,16 @@ class TrainingModule(nn.Module):
                 return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
     """
 
+    #: run ``prepare_data`` on local rank 0 of every node (False: on global rank 0 only)
+    prepare_data_per_node: bool = True
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._trainer: Trainer | None = None
         self._hparams: AttributeDict = AttributeDict()
+        self._log_hyperparams = True
+        self._automatic_optimization = True
+        self._param_requires_grad_state: dict[nn.Parameter, bool] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -65,31 +111,198 @@ class TrainingModule(nn.Module):
 
     # ------------------------------------------------------------------ the user's steps
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor | Mapping[str, Any] | None:
-        """Return the loss (a scalar tensor), a dict with ``"loss"``, or None to skip this batch."""
+        """Return the loss (a scalar tensor), a dict with ``"loss"``, or None to skip this batch.
+
+        With manual optimization, do the backward and the steps here; the return value is optional.
+        """
         raise NotImplementedError(
             f"{type(self).__name__} has no training_step. Define training_step(self, batch, batch_idx) "
             "returning the loss to use Trainer.fit."
         )
 
-    def validation_step(self, batch: Any, batch_idx: int) -> Any:
-        """Compute and ``self.log`` validation metrics for one batch."""
+    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        """Compute and ``self.log`` validation metrics for one batch. ``dataloader_idx`` is passed only when
+        there are several validation loaders (declare it as ``dataloader_idx=0``)."""
 
-    def test_step(self, batch: Any, batch_idx: int) -> Any:
-        """Compute and ``self.log`` test metrics for one batch."""
+    def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        """Compute and ``self.log`` test metrics for one batch (``dataloader_idx`` as in ``validation_step``)."""
 
-    def predict_step(self, batch: Any, batch_idx: int) -> Any:
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
         """Return the prediction for one batch; the default calls ``self(batch)`` on the inputs."""
         if isinstance(batch, (list, tuple)) and len(batch) > 0:
             batch = batch[0]
         return self(batch)
 
     def configure_optimizers(self) -> Any:
-        """Return an optimizer, or ``{"optimizer": opt, "lr_scheduler": scheduler or {"scheduler": ...,
-        "interval": "epoch" | "step", "frequency": 1, "monitor": "val_loss"}}``."""
+        """Return an optimizer, ``{"optimizer": opt, "lr_scheduler": scheduler or {"scheduler": ...,
+        "interval": "epoch" | "step", "frequency": 1, "monitor": "val_loss"}, "monitor": ...}``, a list of
+        optimizers, ``([optimizers], [schedulers])`` or a list of such dicts. Several optimizers need manual
+        optimization."""
         raise NotImplementedError(
             f"{type(self).__name__} has no configure_optimizers. Define it to return an optimizer, e.g. "
             "torch.optim.Adam(self.parameters(), lr=1e-3)."
         )
+
+    # ------------------------------------------------------------------ data hooks (used when fit gets no data)
+    def prepare_data(self) -> None:
+        """Download or write data once per node (local rank 0); do not set state on ``self`` here."""
+
+    def setup(self, stage: str) -> None:
+        """Called on every process before the run, with ``stage`` in "fit" | "validate" | "test" | "predict"."""
+
+    def teardown(self, stage: str) -> None:
+        """Called on every process after the run."""
+
+    def train_dataloader(self) -> Any:
+        """The training loader, used when ``fit`` gets neither loaders nor a datamodule."""
+        return None
+
+    def val_dataloader(self) -> Any:
+        """The validation loader(s): one, a list or a dict."""
+        return None
+
+    def test_dataloader(self) -> Any:
+        return None
+
+    def predict_dataloader(self) -> Any:
+        return None
+
+    # ------------------------------------------------------------------ batch transfer (called only when overridden)
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Move ``batch`` to ``device``: tensors (and objects with ``.to``) inside any collection."""
+        return apply_to_collection(batch, (torch.Tensor, nn.Module), lambda t: t.to(device, non_blocking=True))
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change the batch on the CPU before it moves to the device; return it."""
+        return batch
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change the batch on the device (e.g. GPU augmentations); return it."""
+        return batch
+
+    # ------------------------------------------------------------------ optimization
+    @property
+    def automatic_optimization(self) -> bool:
+        """False: ``training_step`` steps the optimizers itself (``self.optimizers()``, ``manual_backward``)."""
+        return self.__dict__.get("_automatic_optimization", True)
+
+    @automatic_optimization.setter
+    def automatic_optimization(self, value: bool) -> None:
+        self.__dict__["_automatic_optimization"] = bool(value)
+
+    def optimizers(self, use_pl_optimizer: bool = True) -> TrainingOptimizer | list[TrainingOptimizer]:
+        """The optimizers from ``configure_optimizers``: one, or a list when there are several.
+
+        Each is wrapped so that ``step()`` goes through the strategy's precision (the float16 scaler) and
+        counts toward ``trainer.global_step``; ``use_pl_optimizer=False`` gives the torch optimizers.
+        """
+        optimization = self.trainer._optimization
+        found = optimization.wrapped if use_pl_optimizer else optimization.optimizers
+        return found[0] if len(found) == 1 else list(found)
+
+    def lr_schedulers(self) -> Any:
+        """The schedulers from ``configure_optimizers``: None, one, or a list. Step them yourself under manual
+        optimization."""
+        schedulers = [config.scheduler for config in self.trainer._optimization.lr_scheduler_configs]
+        if not schedulers:
+            return None
+        return schedulers[0] if len(schedulers) == 1 else schedulers
+
+    def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """``loss.backward(*args, **kwargs)`` through the strategy: float16 loss scaling and DDP's gradient
+        all-reduce, with the ``on_before_backward`` / ``on_after_backward`` hooks. Manual optimization only."""
+        trainer = self.trainer
+        if trainer._optimization.automatic:
+            raise TandemUserCodeError(
+                "manual_backward is for manual optimization: set self.automatic_optimization = False in __init__, "
+                "or return the loss from training_step and let the Trainer call backward."
+            )
+        trainer._call("on_before_backward", loss)
+        trainer.strategy.backward(loss, *args, **kwargs)
+        trainer._call("on_after_backward")
+
+    def toggle_optimizer(self, optimizer: Any) -> None:
+        """Let only ``optimizer``'s parameters take gradients (the others' ``requires_grad`` is set False until
+        :meth:`untoggle_optimizer`), so each loss of a GAN reaches only the network it trains."""
+        state: dict[nn.Parameter, bool] = {}
+        for opt in self.trainer._optimization.optimizers:
+            for group in opt.param_groups:
+                for param in group["params"]:
+                    if param not in state:
+                        state[param] = param.requires_grad
+                        param.requires_grad = False
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                param.requires_grad = state[param]
+        self._param_requires_grad_state = state
+
+    def untoggle_optimizer(self, optimizer: Any) -> None:
+        """Restore the ``requires_grad`` flags that :meth:`toggle_optimizer` changed."""
+        inner = getattr(optimizer, "optimizer", optimizer)
+        for opt in self.trainer._optimization.optimizers:
+            if opt is inner:
+                continue
+            for group in opt.param_groups:
+                for param in group["params"]:
+                    if param in self._param_requires_grad_state:
+                        param.requires_grad = self._param_requires_grad_state[param]
+        self._param_requires_grad_state = {}
+
+    @contextlib.contextmanager
+    def toggled_optimizer(self, optimizer: Any) -> Iterator[None]:
+        """:meth:`toggle_optimizer` for the block, :meth:`untoggle_optimizer` after it (even on error)."""
+        self.toggle_optimizer(optimizer)
+        try:
+            yield
+        finally:
+            self.untoggle_optimizer(optimizer)
+
+    def clip_gradients(
+        self,
+        optimizer: Any,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Clip ``optimizer``'s gradients by total norm (``"norm"``) or elementwise (``"value"``).
+
+        Float16 gradients are unscaled first. Without arguments, the Trainer's ``gradient_clip_val`` and
+        ``gradient_clip_algorithm`` apply; giving a different value than the Trainer's is an error.
+        """
+        from tandem.trainer.optim import resolve_clipping
+
+        trainer = self.trainer
+        value, algorithm = resolve_clipping(
+            gradient_clip_val, gradient_clip_algorithm, trainer.gradient_clip_val, trainer.gradient_clip_algorithm
+        )
+        if not value:
+            return
+        inner = getattr(optimizer, "optimizer", optimizer)
+        trainer.strategy.unscale_gradients(inner)
+        trainer.strategy.clip_gradients(inner, value, algorithm)
+
+    def configure_gradient_clipping(
+        self, optimizer: Any, gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None
+    ) -> None:
+        """Called before each optimizer step (automatic optimization) with the Trainer's clipping settings.
+        Override to clip your own way; the default calls :meth:`clip_gradients`."""
+        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        """Step ``optimizer`` (automatic optimization). ``optimizer_closure`` runs ``training_step`` and
+        backward: call ``optimizer.step(closure=optimizer_closure)``. Override to add warm-up or a schedule
+        of your own (tandem calls the override only when there is one)."""
+        optimizer.step(closure=optimizer_closure)
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
+        """Clear the gradients after each optimizer step (automatic optimization)."""
+        optimizer.zero_grad()
+
+    def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
+        """Step one scheduler: ``scheduler.step()``, or ``scheduler.step(metric)`` for a monitored one."""
+        if metric is None:
+            scheduler.step()
+        else:
+            scheduler.step(metric)
 
     # ------------------------------------------------------------------ logging
     def log(
@@ -104,6 +317,8 @@ class TrainingModule(nn.Module):
         sync_dist: bool = False,
         reduce_fx: str = "mean",
         batch_size: int | None = None,
+        rank_zero_only: bool = False,
+        add_dataloader_idx: bool = True,
     ) -> None:
         """Record a metric. Floats, scalar tensors and torchmetrics ``Metric`` objects are accepted.
 
@@ -119,11 +334,23 @@ class TrainingModule(nn.Module):
                 different numbers of batches there, so a per-step collective could never complete).
             reduce_fx: ``"mean"`` (weighted by batch size), ``"sum"``, ``"max"`` or ``"min"``.
             batch_size: weight for the epoch mean; inferred from the batch when omitted.
+            rank_zero_only: the call is made on rank 0 only (the value is never reduced across processes).
+            add_dataloader_idx: with several evaluation loaders, name the value ``name/dataloader_idx_N``.
         """
         if self._trainer is None:
             return  # called outside a Trainer run (e.g. a unit test calling training_step): nothing to collect
         self._trainer._metrics.log(
-            name, value, on_step, on_epoch, prog_bar, logger, sync_dist, reduce_fx, batch_size
+            name,
+            value,
+            on_step,
+            on_epoch,
+            prog_bar,
+            logger,
+            sync_dist,
+            reduce_fx,
+            batch_size,
+            rank_zero_only,
+            add_dataloader_idx,
         )  # positional: this runs every step
 
     def log_dict(self, values: Mapping[str, Any], **kwargs: Any) -> None:
@@ -135,28 +362,70 @@ class TrainingModule(nn.Module):
         """``print`` once, on global rank 0."""
         rank_zero_print(*args, **kwargs)
 
-    # ------------------------------------------------------------------ hyperparameters
-    def save_hyperparameters(self, *names: str, ignore: Iterable[str] | str | None = None) -> None:
-        """Store the ``__init__`` arguments of the caller in ``self.hparams`` (and in checkpoints and loggers).
+    def all_gather(self, data: Any, group: Any = None, sync_grads: bool = False) -> Any:
+        """Gather tensors (or numbers, or collections of them) from every process: each tensor gets a new
+        dim 0 of size ``world_size`` (with one process, the data comes back unchanged). Every process must
+        call it with the same shapes."""
+        if group is not None or sync_grads:
+            raise TandemConfigError(
+                "self.all_gather(group=..., sync_grads=True) is not supported by tandem; gather over all "
+                "processes without gradients, or use torch.distributed.nn.functional.all_gather."
+            )
+        trainer = self.trainer
+        device = self.device
+        data = apply_to_collection(data, (int, float), lambda v: torch.tensor(v, device=device))
+        if trainer.world_size == 1:
+            return data
+        return apply_to_collection(data, torch.Tensor, trainer.strategy.all_gather)
+
+    def freeze(self) -> None:
+        """No parameter takes gradients, and the module is in eval mode."""
+        for param in self.parameters():
+            param.requires_grad = False
+        self.eval()
+
+    def unfreeze(self) -> None:
+        """Every parameter takes gradients again, and the module is in train mode."""
+        for param in self.parameters():
+            param.requires_grad = True
+        self.train()
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def load_from_checkpoint(
+        cls,
+        checkpoint_path: str | os.PathLike,
+        map_location: str | torch.device | None = None,
+        strict: bool = True,
+        **kwargs: Any,
+    ) -> Self:
+        """A module rebuilt from a checkpoint: ``cls(**saved hparams, **kwargs)`` with the saved weights.
 
         Args:
-            names: only these arguments (all by default); a single dict or Namespace is taken as is.
-            ignore: arguments to leave out (e.g. modules passed in).
-        """
-        if len(names) == 1 and not isinstance(names[0], str):
-            given = names[0]
-            self._hparams = AttributeDict(vars(given) if not isinstance(given, Mapping) else given)
-            return
-        frame = inspect.currentframe().f_back
-        init_args = _collect_init_args(frame, type(self))
-        ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
-        if names:
-            init_args = {k: v for k, v in init_args.items() if k in names}
-        self._hparams = AttributeDict({k: v for k, v in init_args.items() if k not in ignored})
+            checkpoint_path: a file written by the Trainer (``ModelCheckpoint``, ``trainer.save_checkpoint``).
+            map_location: the device to put the module on (default: the CPU).
+            strict: the saved weights must match the module's parameters and buffers exactly.
+            kwargs: ``__init__`` arguments that replace saved ones, or that were not saved
+                (``save_hyperparameters(ignore=[...])``).
 
-    @property
-    def hparams(self) -> AttributeDict:
-        return self._hparams
+        Example::
+
+            model = Classifier.load_from_checkpoint("runs/.../checkpoints/last.ckpt")
+            model.eval()
+            with torch.no_grad():
+                prediction = model(x)
+        """
+        checkpoint = _read_checkpoint(checkpoint_path)
+        module = _instantiate(cls, {**checkpoint.get("hparams", {}), **kwargs}, checkpoint_path)
+        module.on_load_checkpoint(checkpoint)
+        try:
+            module.load_state_dict(checkpoint["state_dict"], strict=strict)
+        except RuntimeError as err:
+            raise TandemUserCodeError(
+                f"Checkpoint {os.fspath(checkpoint_path)!r} does not fit {cls.__name__}: {err}. Pass the __init__ "
+                "arguments it was trained with (strict=False skips missing and unexpected keys, not other shapes)."
+            ) from None
+        return module.to(map_location) if map_location is not None else module
 
     # ------------------------------------------------------------------ read-only views of the run
     @property
@@ -175,6 +444,15 @@ class TrainingModule(nn.Module):
         for tensor in self.buffers():
             return tensor.device
         return torch.device("cpu")
+
+    @property
+    def logger(self) -> Any:
+        """The Trainer's first logger (None without a Trainer or logger)."""
+        return self._trainer.logger if self._trainer is not None else None
+
+    @property
+    def loggers(self) -> list[Any]:
+        return self._trainer.loggers if self._trainer is not None else []
 
     @property
     def global_rank(self) -> int:
@@ -205,20 +483,20 @@ class TrainingModule(nn.Module):
     def on_validation_end(self) -> None: ...
     def on_validation_epoch_start(self) -> None: ...
     def on_validation_epoch_end(self) -> None: ...
-    def on_validation_batch_start(self, batch: Any, batch_idx: int) -> None: ...
-    def on_validation_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None: ...
+    def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_validation_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
     def on_test_start(self) -> None: ...
     def on_test_end(self) -> None: ...
     def on_test_epoch_start(self) -> None: ...
     def on_test_epoch_end(self) -> None: ...
-    def on_test_batch_start(self, batch: Any, batch_idx: int) -> None: ...
-    def on_test_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None: ...
+    def on_test_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_test_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
     def on_predict_start(self) -> None: ...
     def on_predict_end(self) -> None: ...
     def on_predict_epoch_start(self) -> None: ...
     def on_predict_epoch_end(self) -> None: ...
-    def on_predict_batch_start(self, batch: Any, batch_idx: int) -> None: ...
-    def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None: ...
+    def on_predict_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
     def on_before_backward(self, loss: torch.Tensor) -> None: ...
     def on_after_backward(self) -> None: ...
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None: ...
@@ -247,12 +525,41 @@ def _collect_init_args(frame: Any, cls: type) -> dict[str, Any]:
     return merged
 
 
-class DataModule:
+def _read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    from tandem.utilities.checkpoint import load_checkpoint_file
+
+    return load_checkpoint_file(path)
+
+
+def _instantiate(cls: type, hparams: dict[str, Any], path: str | os.PathLike) -> Any:
+    """``cls(**hparams)``, keeping only the arguments ``__init__`` takes (all of them if it takes ``**kwargs``)."""
+    parameters = inspect.signature(cls.__init__).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        hparams = {k: v for k, v in hparams.items() if k in parameters}
+    missing = [
+        name
+        for name, p in list(parameters.items())[1:]
+        if p.default is inspect.Parameter.empty
+        and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        and name not in hparams
+    ]
+    if missing:
+        shown = ", ".join(f"{name}=..." for name in missing)
+        raise TandemConfigError(
+            f"{cls.__name__}.load_from_checkpoint({os.fspath(path)!r}): the checkpoint's hyperparameters lack "
+            f"{missing} (not saved: save_hyperparameters() was not called, or ignored them). Pass them: "
+            f"{cls.__name__}.load_from_checkpoint(path, {shown})."
+        )
+    return cls(**hparams)
+
+
+class DataModule(HyperparametersMixin):
     """Data loading in one place: download once, set up per process, hand out loaders.
 
     ``prepare_data`` runs once per node (on local rank 0 while the other ranks wait) and must not set
     state on ``self``; ``setup(stage)`` runs on every process with ``stage`` in
-    ``"fit" | "validate" | "test" | "predict"``.
+    ``"fit" | "validate" | "test" | "predict"``. A loader method may return one loader, or (validation,
+    test and predict) a list or a dict of them.
 
     Example::
 
@@ -267,26 +574,92 @@ class DataModule:
                 return DataLoader(self.val_set, batch_size=256)
     """
 
+    #: run ``prepare_data`` on local rank 0 of every node (False: on global rank 0 only)
+    prepare_data_per_node: bool = True
+
     def __init__(self) -> None:
         self.trainer: Trainer | None = None
+        self._hparams = AttributeDict()
+        self._log_hyperparams = True
 
     def prepare_data(self) -> None: ...
     def setup(self, stage: str) -> None: ...
     def teardown(self, stage: str) -> None: ...
 
-    def train_dataloader(self) -> DataLoader | None:
+    def train_dataloader(self) -> Any:
         return None
 
-    def val_dataloader(self) -> DataLoader | None:
+    def val_dataloader(self) -> Any:
         return None
 
-    def test_dataloader(self) -> DataLoader | None:
+    def test_dataloader(self) -> Any:
         return None
 
-    def predict_dataloader(self) -> DataLoader | None:
+    def predict_dataloader(self) -> Any:
         return None
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """As :meth:`TrainingModule.transfer_batch_to_device`; the DataModule's override wins."""
+        return TrainingModule.transfer_batch_to_device(self, batch, device, dataloader_idx)  # type: ignore[arg-type]
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        return batch
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        return batch
 
     def state_dict(self) -> dict[str, Any]:
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    @classmethod
+    def from_datasets(
+        cls,
+        train_dataset: Dataset | None = None,
+        val_dataset: Dataset | Sequence[Dataset] | Mapping[str, Dataset] | None = None,
+        test_dataset: Dataset | Sequence[Dataset] | Mapping[str, Dataset] | None = None,
+        predict_dataset: Dataset | Sequence[Dataset] | Mapping[str, Dataset] | None = None,
+        batch_size: int = 1,
+        num_workers: int = 0,
+        **datamodule_kwargs: Any,
+    ) -> DataModule:
+        """A DataModule whose loaders read the given datasets (the training one shuffled). Evaluation
+        datasets may be a list or dict: one loader each.
+
+        Example::
+
+            data = DataModule.from_datasets(train_set, val_set, batch_size=64)
+            trainer.fit(model, data)
+        """
+
+        def loaders(datasets: Any, shuffle: bool) -> Any:
+            def make(dataset: Dataset) -> DataLoader:
+                return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers)
+
+            if isinstance(datasets, Mapping):
+                return {key: make(d) for key, d in datasets.items()}
+            if isinstance(datasets, Sequence) and not isinstance(datasets, Dataset):
+                return [make(d) for d in datasets]
+            return make(datasets)
+
+        datamodule = cls(**datamodule_kwargs)
+        for name, datasets in (
+            ("train_dataloader", train_dataset),
+            ("val_dataloader", val_dataset),
+            ("test_dataloader", test_dataset),
+            ("predict_dataloader", predict_dataset),
+        ):
+            if datasets is not None:
+                setattr(datamodule, name, (lambda d=datasets, s=name == "train_dataloader": loaders(d, s)))
+        return datamodule
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: str | os.PathLike, **kwargs: Any) -> Self:
+        """A DataModule rebuilt from a checkpoint of a fit that used one: ``cls(**saved hparams, **kwargs)``,
+        with its ``load_state_dict`` given the saved state."""
+        checkpoint = _read_checkpoint(checkpoint_path)
+        datamodule = _instantiate(cls, {**checkpoint.get("datamodule_hparams", {}), **kwargs}, checkpoint_path)
+        if "datamodule" in checkpoint:
+            datamodule.load_state_dict(checkpoint["datamodule"])
+        return datamodule

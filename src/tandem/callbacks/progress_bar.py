@@ -53,6 +53,7 @@ class ProgressBar(Callback):
         from tqdm import tqdm
 
         self._close(kind)
+        self.__dict__.setdefault("_seen", {})[kind] = 0
         position = 1 if kind == "eval" and "train" in self._bars else 0
         total = None if total is None or math.isinf(total) else int(total)
         self._bars[kind] = tqdm(
@@ -77,6 +78,12 @@ class ProgressBar(Callback):
         n = batch_idx + 1
         if n % self.refresh_rate == 0 or n == bar.total:
             bar.update(n - bar.n)
+
+    def _advance_count(self, kind: str) -> None:
+        """Evaluation bars count batches over all loaders (each loader's batch_idx starts at 0)."""
+        seen = self.__dict__.setdefault("_seen", {})
+        seen[kind] = seen.get(kind, 0) + 1 if kind in self._bars else 0
+        self._advance(kind, seen[kind] - 1)
 
     def _show_metrics(self, trainer: Trainer, refresh: bool) -> None:
         bar = self._bars.get("train")
@@ -128,12 +135,18 @@ class ProgressBar(Callback):
         if trainer.sanity_checking:
             self._open("eval", "Sanity Checking", trainer.num_sanity_val_steps, leave=False)
         else:
-            self._open("eval", "Validation", trainer.num_val_batches, leave=False)
+            self._open("eval", "Validation", _total(trainer.num_val_batches), leave=False)
 
     def on_validation_batch_end(
-        self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
+        self,
+        trainer: Trainer,
+        module: TrainingModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None:
-        self._advance("eval", batch_idx)
+        self._advance_count("eval")
 
     def on_validation_end(self, trainer: Trainer, module: TrainingModule) -> None:
         self._close("eval")
@@ -146,24 +159,36 @@ class ProgressBar(Callback):
     # ------------------------------------------------------------------ test and predict
     def on_test_start(self, trainer: Trainer, module: TrainingModule) -> None:
         if self._enabled(trainer):
-            self._open("test", "Testing", trainer.num_test_batches, leave=True)
+            self._open("test", "Testing", _total(trainer.num_test_batches), leave=True)
 
     def on_test_batch_end(
-        self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
+        self,
+        trainer: Trainer,
+        module: TrainingModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None:
-        self._advance("test", batch_idx)
+        self._advance_count("test")
 
     def on_test_end(self, trainer: Trainer, module: TrainingModule) -> None:
         self._close("test")
 
     def on_predict_start(self, trainer: Trainer, module: TrainingModule) -> None:
         if self._enabled(trainer):
-            self._open("predict", "Predicting", trainer.num_predict_batches, leave=True)
+            self._open("predict", "Predicting", _total(trainer.num_predict_batches), leave=True)
 
     def on_predict_batch_end(
-        self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
+        self,
+        trainer: Trainer,
+        module: TrainingModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None:
-        self._advance("predict", batch_idx)
+        self._advance_count("predict")
 
     def on_predict_end(self, trainer: Trainer, module: TrainingModule) -> None:
         self._close("predict")
@@ -176,3 +201,8 @@ class ProgressBar(Callback):
         state = self.__dict__.copy()
         state["_bars"], state["_loss"] = {}, None  # tqdm objects cannot be pickled (spawned processes)
         return state
+
+
+def _total(batches: Any) -> int | float:
+    """Batches over all loaders (``trainer.num_val_batches`` is a list, one count per loader)."""
+    return sum(batches) if isinstance(batches, (list, tuple)) else batches

@@ -92,6 +92,7 @@ class DataParallelStrategy(Strategy):
     name = "dp"
     supported_accelerators = ("cuda",)
     max_devices = None
+    supports_manual_optimization = False  # the step runs once per replica
 
     def __init__(
         self,

@@ -18,6 +18,7 @@ import datetime
 import gc
 import itertools
 import re
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,6 +27,7 @@ import torch.distributed as dist
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.nn.parallel.distributed import _find_tensors
 from torch.utils.data import DataLoader
 
 from tandem.strategies import launchers
@@ -127,6 +129,7 @@ class DDPStrategy(Strategy):
         self.use_distributed_sampler = use_distributed_sampler
         self.start_method = start_method
         self._environment: ClusterEnvironment | None = None
+        self._manual = False  # the module uses manual optimization (set when the module is wrapped)
 
     def configure(self, devices: list[torch.device], num_nodes: int, precision: str | Precision) -> None:
         super().configure(devices, num_nodes, precision)
@@ -135,7 +138,10 @@ class DDPStrategy(Strategy):
             self.process_group_backend = "nccl" if device_type == "cuda" else "gloo"
         if self.process_group_backend == "nccl" and device_type != "cuda":
             raise TandemConfigError("process_group_backend='nccl' needs CUDA devices; on the CPU use 'gloo'.")
-        if self.sync_batchnorm and device_type != "cuda":
+        self._check_sync_batchnorm()
+
+    def _check_sync_batchnorm(self) -> None:
+        if self.sync_batchnorm and self.parallel_devices[0].type != "cuda":
             raise TandemConfigError(
                 "sync_batchnorm=True needs CUDA devices (torch's SyncBatchNorm does not run on the CPU); "
                 "set sync_batchnorm=False on the CPU."
@@ -257,11 +263,16 @@ class DDPStrategy(Strategy):
 
     def wrap_module(self, module: nn.Module) -> nn.Module:
         if self.sync_batchnorm:
+            self._check_sync_batchnorm()  # Trainer(sync_batchnorm=True) sets it after configure()
             module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
-        model = DistributedDataParallel(StepForward(module), device_ids=device_ids, **self.ddp_kwargs)
+        step_forward = StepForward(module)
+        model = DistributedDataParallel(step_forward, device_ids=device_ids, **self.ddp_kwargs)
         if self.ddp_comm_hook is not None:
             model.register_comm_hook(state=self.ddp_comm_state, hook=self.ddp_comm_hook)
+        self._manual = not getattr(module, "automatic_optimization", True)
+        if self._manual:  # the module calls backward inside its training_step: DDP must not prepare after it
+            step_forward.register_forward_hook(_no_reduction_after_step(weakref.ref(model)))
         return model
 
     def teardown(self) -> None:
@@ -277,6 +288,8 @@ class DDPStrategy(Strategy):
         if method != "training_step" or not isinstance(self._model, DistributedDataParallel):
             with self.precision.forward_context():
                 return getattr(self._module, method)(*args)
+        if self._manual:  # reset after the previous step (see _no_reduction_after_step)
+            self._model.require_backward_grad_sync = self._model.require_forward_param_sync = True
         try:
             return super().run_step(method, *args)
         except RuntimeError as err:
@@ -285,9 +298,12 @@ class DDPStrategy(Strategy):
                 raise
             raise explained from err
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        model = self._model
+        if self._manual and isinstance(model, DistributedDataParallel):
+            _prepare_for_backward(model, loss)  # each manual_backward is one gradient all-reduce
         try:
-            super().backward(loss)
+            super().backward(loss, *args, **kwargs)
         except RuntimeError as err:
             explained = self._explain(err)
             if explained is err:
@@ -420,6 +436,29 @@ class DDPStrategy(Strategy):
         return interleave_predictions(self.all_gather_object(local), layout)
 
 
+def _no_reduction_after_step(model_ref: Callable[[], DistributedDataParallel | None]) -> Callable[..., None]:
+    """A forward hook for manual optimization (as Lightning does it): the backward passes already ran inside
+    ``training_step``, so DDP must not prepare for another one when the step returns (the next step would
+    fail with "Expected to have finished reduction in the prior iteration")."""
+
+    def hook(module: nn.Module, args: Any, output: Any) -> None:
+        model = model_ref()
+        if model is not None and torch.is_grad_enabled():
+            model.require_backward_grad_sync = False
+
+    return hook
+
+
+def _prepare_for_backward(model: DistributedDataParallel, loss: torch.Tensor) -> None:
+    """Get DDP's reducer ready for one backward of ``loss`` (manual optimization: several per step)."""
+    if not (torch.is_grad_enabled() and model.require_backward_grad_sync):
+        return
+    model.require_forward_param_sync = True
+    unused_search = model.find_unused_parameters and not model.static_graph
+    model.reducer._rebuild_buckets()
+    model.reducer.prepare_for_backward(list(_find_tensors(loss)) if unused_search else [])
+
+
 def _destroy_process_group() -> None:
     """At exit, while the interpreter is still whole, free the process group that setup_environment joined.
 
@@ -434,3 +473,9 @@ def _destroy_process_group() -> None:
 
 register_strategy("ddp", DDPStrategy, "one process per device; re-runs the script (or joins torchrun / srun)")
 register_strategy("ddp_spawn", DDPStrategy, "one process per device, spawned per stage", start_method="spawn")
+register_strategy(
+    "ddp_find_unused_parameters_true",
+    DDPStrategy,
+    "ddp for modules whose steps leave some parameters without a gradient (e.g. GANs with toggle_optimizer)",
+    find_unused_parameters=True,
+)

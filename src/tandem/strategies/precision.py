@@ -49,6 +49,7 @@ class Precision:
         if precision == "16-mixed":
             self.scaler = torch.amp.GradScaler(device_type)
         self._last_step_skipped = False
+        self._unscaled: set[int] = set()  # optimizers unscaled since their last step (unscale once per step)
 
     def set_device_type(self, device_type: str) -> None:
         """Called by the strategy when its device is known; rebuilds the scaler for that device."""
@@ -70,22 +71,33 @@ class Precision:
         dtype = self.autocast_dtype
         return _NO_CONTEXT if dtype is None else torch.autocast(self.device_type, dtype=dtype)
 
-    def backward(self, loss: torch.Tensor) -> None:
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward(*args, **kwargs)
 
     def unscale_gradients(self, optimizer: Optimizer) -> None:
-        """Undo loss scaling on the gradients, so clipping and hooks see true values."""
-        if self.scaler is not None:
+        """Undo loss scaling on the gradients, so clipping and hooks see true values (once per step)."""
+        if self.scaler is not None and id(optimizer) not in self._unscaled:
+            self._unscaled.add(id(optimizer))
             self.scaler.unscale_(optimizer)
 
-    def optimizer_step(self, optimizer: Optimizer) -> bool:
-        """Step the optimizer; returns False when the scaler skipped the step (inf/NaN gradients)."""
+    def optimizer_step(self, optimizer: Optimizer, closure: Any = None, **kwargs: Any) -> bool:
+        """Step the optimizer; returns False when the scaler skipped the step (inf/NaN gradients).
+
+        ``closure`` (forward and backward, then the pre-step hooks) runs inside ``optimizer.step`` in full
+        precision, as torch optimizers such as LBFGS expect; with float16 scaling it runs once, first.
+        """
         if self.scaler is None:
-            optimizer.step()
+            if closure is None:
+                optimizer.step(**kwargs)
+            else:
+                optimizer.step(closure, **kwargs)
             return True
+        if closure is not None:
+            closure()
         scale_before = self.scaler.get_scale()
-        self.scaler.step(optimizer)
+        self.scaler.step(optimizer, **kwargs)
         self.scaler.update()
+        self._unscaled.clear()  # update() resets every optimizer's unscale state
         # The scaler lowers its scale exactly when it found inf/NaN and skipped the step.
         return self.scaler.get_scale() >= scale_before
 

@@ -64,6 +64,10 @@ class Strategy:
     max_devices: ClassVar[int | None] = 1
     #: whether process_dataloader may replace samplers to shard data (``Trainer(use_distributed_sampler=...)``)
     use_distributed_sampler: bool = True
+    #: turn BatchNorm layers into SyncBatchNorm (``Trainer(sync_batchnorm=True)``); strategies with one process ignore it
+    sync_batchnorm: bool = False
+    #: whether ``training_step`` may step the optimizers itself (manual optimization)
+    supports_manual_optimization: ClassVar[bool] = True
 
     def __init__(self, devices: list[torch.device] | None = None, precision: str | Precision | None = None) -> None:
         self.parallel_devices: list[torch.device] | None = devices
@@ -195,8 +199,9 @@ class Strategy:
         """Skip gradient synchronisation inside this block when ``enabled`` (accumulation micro-steps)."""
         return _NO_CONTEXT
 
-    def backward(self, loss: torch.Tensor) -> None:
-        self.precision.backward(loss)
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """``loss.backward(*args, **kwargs)``, scaled by the precision (float16)."""
+        self.precision.backward(loss, *args, **kwargs)
 
     def unscale_gradients(self, optimizer: Optimizer) -> None:
         """Undo float16 loss scaling once per step, before hooks and clipping read the gradients."""
@@ -210,9 +215,10 @@ class Strategy:
         else:
             torch.nn.utils.clip_grad_value_(params, value)
 
-    def optimizer_step(self, optimizer: Optimizer) -> bool:
-        """Step; False when the step was skipped (float16 loss scaling found inf/NaN)."""
-        return self.precision.optimizer_step(optimizer)
+    def optimizer_step(self, optimizer: Optimizer, closure: Any = None, **kwargs: Any) -> bool:
+        """Step (running ``closure`` first, or inside ``optimizer.step`` where the precision allows); False
+        when the step was skipped (float16 loss scaling found inf/NaN)."""
+        return self.precision.optimizer_step(optimizer, closure, **kwargs)
 
     # ------------------------------------------------------------------ collectives (identity for one process)
     def reduce(self, tensor: torch.Tensor, reduce_op: ReduceOp = "mean") -> torch.Tensor:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tandem.strategies.precision import Precision
-from tandem.utilities.exceptions import bad_choice, out_of_range
+from tandem.utilities.exceptions import TandemConfigError, bad_choice, out_of_range
 
 CLIP_ALGORITHMS = ("norm", "value")
 
@@ -36,6 +36,8 @@ class TrainerConfig:
 
     max_epochs: int | None = None
     max_steps: int = -1
+    min_epochs: int | None = None
+    min_steps: int | None = None
     limit_train_batches: int | float = 1.0
     limit_val_batches: int | float = 1.0
     limit_test_batches: int | float = 1.0
@@ -45,7 +47,7 @@ class TrainerConfig:
     num_sanity_val_steps: int = 2
     accumulate_grad_batches: int = 1
     gradient_clip_val: float | None = None
-    gradient_clip_algorithm: str = "norm"
+    gradient_clip_algorithm: str | None = None  # None: "norm"
     log_every_n_steps: int = 50
     fast_dev_run: bool | int = False
     precision: str | int = "32-true"
@@ -55,6 +57,8 @@ class TrainerConfig:
             self.max_steps = -1
         _check_int("max_epochs", self.max_epochs, -1, allow_none=True)
         _check_int("max_steps", self.max_steps, -1)
+        _check_int("min_epochs", self.min_epochs, 0, allow_none=True)
+        _check_int("min_steps", self.min_steps, 0, allow_none=True)
         for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):
             _check_limit(name, getattr(self, name))
         v = self.val_check_interval
@@ -70,7 +74,7 @@ class TrainerConfig:
         _check_int("num_sanity_val_steps", self.num_sanity_val_steps, -1)
         _check_int("accumulate_grad_batches", self.accumulate_grad_batches, 1)
         _check_int("log_every_n_steps", self.log_every_n_steps, 1)
-        if self.gradient_clip_algorithm not in CLIP_ALGORITHMS:
+        if self.gradient_clip_algorithm is not None and self.gradient_clip_algorithm not in CLIP_ALGORITHMS:
             raise bad_choice("gradient_clip_algorithm", self.gradient_clip_algorithm, CLIP_ALGORITHMS)
         clip = self.gradient_clip_val
         if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0):
@@ -118,3 +122,67 @@ def limit_batches(name: str, limit: int | float, available: int | float) -> int 
             f"Pass {name}=<number of batches> instead of a fraction.",
         )
     return max(1, int(available * limit))
+
+
+#: Trainer arguments of Lightning 1.x (removed in Lightning 2) and what to write instead
+LIGHTNING_1X_ARGUMENTS = {
+    "gpus": "accelerator='gpu', devices=N",
+    "tpu_cores": "accelerator='cpu' or 'gpu' (tandem runs on CPUs and CUDA devices)",
+    "ipus": "accelerator='cpu' or 'gpu' (tandem runs on CPUs and CUDA devices)",
+    "num_processes": "accelerator='cpu', devices=N, strategy='ddp'",
+    "auto_select_gpus": "devices=N (CUDA_VISIBLE_DEVICES chooses which)",
+    "distributed_backend": "strategy='ddp' (or 'ddp_spawn', 'dp')",
+    "accelerator_backend": "strategy='ddp' (or 'ddp_spawn', 'dp')",
+    "progress_bar_refresh_rate": "callbacks=[ProgressBar(refresh_rate=N)], or enable_progress_bar=False",
+    "process_position": "callbacks=[ProgressBar(...)]",
+    "resume_from_checkpoint": "trainer.fit(model, ..., ckpt_path=path)",
+    "checkpoint_callback": "enable_checkpointing=True/False",
+    "weights_summary": "enable_model_summary=True/False (or callbacks=[ModelSummary(max_depth=...)])",
+    "weights_save_path": "default_root_dir=... (or ModelCheckpoint(dirpath=...))",
+    "flush_logs_every_n_steps": "the logger's own flush setting (e.g. TensorBoardLogger(flush_secs=...))",
+    "log_gpu_memory": "a callback that logs torch.cuda.memory_allocated() with trainer.log_metrics",
+    "replace_sampler_ddp": "use_distributed_sampler=True/False",
+    "amp_backend": "precision='16-mixed' or 'bf16-mixed'",
+    "amp_level": "precision='16-mixed' or 'bf16-mixed'",
+    "stochastic_weight_avg": "callbacks=[StochasticWeightAveraging(swa_lrs=...)]",
+    "auto_lr_find": "a learning-rate search of your own (tandem has no tuner)",
+    "auto_scale_batch_size": "a batch size of your own (tandem has no tuner)",
+    "track_grad_norm": "on_before_optimizer_step(self, optimizer): self.log('grad_norm', ...)",
+    "terminate_on_nan": "detect_anomaly=True, or a check of the loss in training_step",
+    "prepare_data_per_node": "prepare_data_per_node = False as an attribute of your DataModule / TrainingModule",
+    "move_metrics_to_cpu": "nothing: tandem keeps logged values on their device until a logger needs them",
+    "multiple_trainloader_mode": "one training loader (combine datasets with torch.utils.data.ConcatDataset)",
+    "reload_dataloaders_every_epoch": "loaders that change themselves each epoch (tandem builds them once per run)",
+    "truncated_bptt_steps": "manual optimization (self.automatic_optimization = False) over the sequence chunks",
+}
+
+#: Lightning 2 Trainer arguments that tandem does not implement, and what to do instead
+UNSUPPORTED_ARGUMENTS = {
+    "max_time": "callbacks=[Timer(duration=...)]",
+    "overfit_batches": "limit_train_batches=N with a loader that is not shuffled",
+    "profiler": "torch.profiler around trainer.fit(...)",
+    "plugins": "strategy= and precision= (tandem has no plugins)",
+    "reload_dataloaders_every_n_epochs": "loaders that change themselves each epoch (tandem builds them once per run)",
+    "barebones": "enable_checkpointing=False, logger=False, enable_progress_bar=False, enable_model_summary=False",
+    "model_registry": "ModelCheckpoint(dirpath=...) and your registry's own client",
+}
+
+
+def check_unknown_arguments(arguments: dict[str, Any], known: list[str]) -> None:
+    """Trainer arguments it does not take: a Lightning 1.x spelling, a Lightning 2 feature tandem lacks, or a
+    typo. Each gets an error naming what to write instead."""
+    import difflib
+
+    for name, value in arguments.items():
+        if name in LIGHTNING_1X_ARGUMENTS:
+            raise TandemConfigError(
+                f"Trainer({name}={value!r}) is a Lightning 1.x argument (removed in Lightning 2). Write "
+                f"{LIGHTNING_1X_ARGUMENTS[name]} instead."
+            )
+        if name in UNSUPPORTED_ARGUMENTS:
+            raise TandemConfigError(
+                f"Trainer({name}=...) is not supported by tandem. Instead: {UNSUPPORTED_ARGUMENTS[name]}."
+            )
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f" Did you mean {close[0]}=?" if close else ""
+        raise TandemConfigError(f"Trainer got an unknown argument {name}={value!r}.{hint}")

@@ -120,6 +120,7 @@ class MetricCollector:
         self._epoch_values: dict[str, dict[str, torch.Tensor]] = {}
         self.hook: str | None = None  # the hook now running, which sets the on_step / on_epoch defaults
         self.batch: Any = None  # the batch now running, for inferring batch sizes
+        self.dataloader_idx: int | None = None  # with several evaluation loaders: the one now running
         self._batch_size: int | None = None
         self.callback_metrics: dict[str, torch.Tensor] = {}
         self.logged_metrics: dict[str, float] = {}
@@ -140,6 +141,8 @@ class MetricCollector:
         sync_dist: bool,
         reduce_fx: str,
         batch_size: int | None,
+        rank_zero_only: bool = False,
+        add_dataloader_idx: bool = True,
     ) -> None:
         if reduce_fx not in REDUCE_FX:
             raise bad_choice(f"self.log({name!r}, reduce_fx=...)", reduce_fx, REDUCE_FX)
@@ -153,9 +156,15 @@ class MetricCollector:
                 sync_dist=sync_dist,
                 reduce_fx=reduce_fx,
                 batch_size=batch_size,
+                rank_zero_only=rank_zero_only,
+                add_dataloader_idx=add_dataloader_idx,
             )
             buffer.append((name, value if _is_metric(value) else self._as_tensor(name, value), options))
             return
+        if self.dataloader_idx is not None and add_dataloader_idx:  # several evaluation loaders (Lightning's names)
+            name = f"{name}/dataloader_idx_{self.dataloader_idx}"
+        if rank_zero_only:  # logged on rank 0 alone: a collective would wait for the others forever
+            sync_dist = False
         if on_step is None or on_epoch is None:
             in_step_hook = self.hook in _STEP_HOOKS
             on_step = in_step_hook if on_step is None else on_step

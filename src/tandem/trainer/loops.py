@@ -1,98 +1,127 @@
-"""The loops: fit (epochs), one training epoch, one optimization step, and evaluation.
+"""The training loops: fit (epochs) -> one epoch -> one batch -> the optimizer step.
 
-Each function does one level of work and reads the Trainer's state; none knows which strategy runs.
+Each function does one level of work. They read the Trainer's loop state (``trainer._loop``, a
+:class:`~tandem.trainer.state.LoopState`), its data records and its :class:`~tandem.trainer.optim.Optimization`;
+none knows which strategy runs. How a batch is trained is chosen once per fit (:func:`batch_runner`):
+automatic optimization, automatic with the module's own ``optimizer_step``, or manual optimization.
+Evaluation is in :mod:`tandem.trainer.evaluation`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tandem.trainer.logging import to_float
-from tandem.trainer.state import EVAL_STAGES
+from tandem.trainer.evaluation import run_evaluation
+from tandem.trainer.optim import TrainingOptimizer
 from tandem.utilities.data import find_sampler
 from tandem.utilities.exceptions import TandemUserCodeError
 from tandem.utilities.rank_zero import rank_zero_warn
 from tandem.utilities.seed import capture_rng_state, restore_rng_state
 
 if TYPE_CHECKING:
+    from torch.optim import Optimizer
+
     from tandem.trainer.trainer import Trainer
+
+BatchRunner = Callable[["Trainer", Any, int], None]
 
 
 def run_fit(trainer: Trainer) -> None:
     """Sanity check, then epochs until max_epochs, max_steps or should_stop."""
-    if trainer.val_dataloaders is not None and trainer._config.num_sanity_val_steps != 0:
+    if trainer._val.loaders and trainer._config.num_sanity_val_steps != 0:
         run_evaluation(trainer, "validate", sanity=True)
+    run_batch = batch_runner(trainer)
     trainer._call("on_train_start")
     while not _fit_done(trainer):
-        run_training_epoch(trainer)
+        run_training_epoch(trainer, run_batch)
     trainer._call("on_train_end")
 
 
+def batch_runner(trainer: Trainer) -> BatchRunner:
+    """How this fit trains a batch, decided once (the per-step path asks nothing)."""
+    optimization = trainer._optimization
+    wrap = _manual_step if not optimization.automatic else _closure_step
+    optimization.wrapped = [TrainingOptimizer(o, _bind(wrap, trainer)) for o in optimization.optimizers]
+    if not optimization.automatic:
+        return run_manual_batch
+    return run_training_batch if optimization.optimizer_step is None else run_training_batch_with_closure
+
+
 def _fit_done(trainer: Trainer) -> bool:
+    loop = trainer._loop
     return (
         trainer.should_stop
-        or trainer.current_epoch >= trainer._config.epoch_limit
-        or 0 <= trainer.max_steps <= trainer.global_step
+        and _min_reached(trainer)
+        or loop.epoch >= trainer._config.epoch_limit
+        or 0 <= trainer.max_steps <= loop.global_step
     )
 
 
-def run_training_epoch(trainer: Trainer) -> None:
-    progress, metrics, module = trainer._progress, trainer._metrics, trainer.strategy.module
+def _min_reached(trainer: Trainer) -> bool:
+    """``min_epochs`` / ``min_steps`` are met, so ``should_stop`` may end the fit."""
+    config, loop = trainer._config, trainer._loop
+    return loop.epoch >= (config.min_epochs or 0) and loop.global_step >= (config.min_steps or 0)
+
+
+def run_training_epoch(trainer: Trainer, run_batch: BatchRunner) -> None:
+    loop, metrics, module = trainer._loop, trainer._metrics, trainer.strategy.module
     metrics.stage = trainer.state.stage = "train"
-    metrics.reset(trainer._resume_train_metrics)
-    trainer._resume_train_metrics = None
-    sampler = find_sampler(trainer.train_dataloader) if trainer.train_dataloader is not None else None
+    metrics.reset(loop.resume_train_metrics)
+    loop.resume_train_metrics = None
+    loader = trainer._train.loaders[0]
+    sampler = find_sampler(loader) if isinstance(loader, torch.utils.data.DataLoader) else None
     if hasattr(sampler, "set_epoch"):
-        sampler.set_epoch(progress.epoch)
-    if trainer._resume_rng is not None and progress.batches_done == 0:  # resumed at an epoch boundary
-        restore_rng_state(trainer._resume_rng)
-        trainer._resume_rng = None
+        sampler.set_epoch(loop.epoch)
+    if loop.resume_rng is not None and loop.batches_done == 0:  # resumed at an epoch boundary
+        restore_rng_state(loop.resume_rng)
+        loop.resume_rng = None
     module.train()
     trainer._call("on_train_epoch_start")
     batches = _epoch_batches(trainer)
-    n = trainer.num_training_batches
+    n = trainer._train.num_batches[0]
     val_every = _val_check_batches(trainer)
     max_steps, one_process = trainer.max_steps, trainer.world_size == 1
-    for batch_idx, batch in enumerate(batches, start=progress.batches_done):
+    for batch_idx, batch in enumerate(batches, start=loop.batches_done):
         if batch_idx >= n:
             break
-        run_training_batch(trainer, batch, batch_idx)
+        run_batch(trainer, batch, batch_idx)
         if val_every and (batch_idx + 1) % val_every == 0 and batch_idx + 1 < n and _val_due_this_epoch(trainer):
             run_evaluation(trainer, "validate")
             metrics.stage = trainer.state.stage = "train"
-        if 0 <= max_steps <= progress.global_step or trainer.should_stop and one_process:
+        if 0 <= max_steps <= loop.global_step or trainer.should_stop and one_process and _min_reached(trainer):
             break  # with several processes, should_stop is agreed on at the end of the epoch (below)
-    progress.epoch_finished = True
+    loop.epoch_finished = True
     metrics.stage = trainer.state.stage = "train"
     train_epoch_metrics = metrics.epoch_metrics()
     if _val_due_this_epoch(trainer):
         run_evaluation(trainer, "validate")
         metrics.stage = trainer.state.stage = "train"
-    trainer._step_schedulers("epoch")
+    if trainer._optimization.automatic:  # under manual optimization the module steps its schedulers
+        trainer._step_schedulers("epoch")
     trainer._call("on_train_epoch_end")
     # One rank asking to stop stops them all: a rank that left the loop alone would hang the others.
     trainer.should_stop = trainer.strategy.reduce_boolean_decision(trainer.should_stop, all=False)
     train_epoch_metrics.update(metrics.epoch_metrics())  # values logged in on_train_epoch_end hooks
-    trainer.log_metrics({**train_epoch_metrics, "epoch": progress.epoch})
+    trainer.log_metrics({**train_epoch_metrics, "epoch": loop.epoch})
     for logger in trainer.loggers:
         logger.save()
-    progress.epoch += 1
-    progress.batches_done, progress.epoch_finished, progress.epoch_start_rng = 0, False, None
+    loop.epoch += 1
+    loop.batches_done, loop.epoch_finished, loop.epoch_start_rng = 0, False, None
 
 
 def _epoch_batches(trainer: Trainer) -> Iterator[Any]:
     """The epoch's batches. A mid-epoch resume replays the order from the epoch's recorded RNG state and
     skips the done batches' indices without loading them."""
-    progress, loader = trainer._progress, trainer.train_dataloader
-    skip = progress.batches_done
+    loop, loader = trainer._loop, trainer._train.loaders[0]
+    skip = loop.batches_done
     if not skip:
-        progress.epoch_start_rng = capture_rng_state()
+        loop.epoch_start_rng = capture_rng_state()
         return iter(loader)
-    skippable = trainer._train_skippable
+    skippable = trainer._train.skippable
     if skippable is None:
         rank_zero_warn(
             f"Resuming in the middle of an epoch from a dataloader that cannot skip ahead (an iterable dataset "
@@ -103,19 +132,19 @@ def _epoch_batches(trainer: Trainer) -> Iterator[Any]:
         for _ in range(skip):
             next(iterator, None)
     else:
-        if progress.epoch_start_rng is not None:
-            restore_rng_state(progress.epoch_start_rng)
+        if loop.epoch_start_rng is not None:
+            restore_rng_state(loop.epoch_start_rng)
         skippable.skip = skip
         iterator = iter(loader)
         skippable.start()  # draw the epoch's order now, before the checkpoint's RNG state returns
-    if trainer._resume_rng is not None:
-        restore_rng_state(trainer._resume_rng)
-        trainer._resume_rng = None
+    if loop.resume_rng is not None:
+        restore_rng_state(loop.resume_rng)
+        loop.resume_rng = None
     return iterator
 
 
 def _val_check_batches(trainer: Trainer) -> int:
-    interval, n = trainer._config.val_check_interval, trainer.num_training_batches
+    interval, n = trainer._config.val_check_interval, trainer._train.num_batches[0]
     if isinstance(interval, int):
         return interval
     if n == math.inf:
@@ -125,13 +154,10 @@ def _val_check_batches(trainer: Trainer) -> int:
 
 def _val_due_this_epoch(trainer: Trainer) -> bool:
     every = trainer._config.check_val_every_n_epoch
-    return (
-        trainer.val_dataloaders is not None
-        and trainer.num_val_batches > 0
-        and (every is None or (trainer.current_epoch + 1) % every == 0)
-    )
+    return trainer._val.total_batches > 0 and (every is None or (trainer._loop.epoch + 1) % every == 0)
 
 
+# ---------------------------------------------------------------------- one batch: automatic optimization
 def run_training_batch(trainer: Trainer, batch: Any, batch_idx: int) -> None:
     """Forward and backward for one micro-batch; an optimizer step every ``accumulate_grad_batches``.
 
@@ -139,54 +165,169 @@ def run_training_batch(trainer: Trainer, batch: Any, batch_idx: int) -> None:
     for the device (no ``.item()``) unless a logger needs values at this step.
     """
     strategy, metrics, hooks = trainer.strategy, trainer._metrics, trainer._hooks
-    batch = strategy.batch_to_device(batch)
+    batch = trainer._batch_transfer(batch, 0)
     metrics.set_batch(batch)
     if hooks["on_train_batch_start"]:
         trainer._call("on_train_batch_start", batch, batch_idx)
-    k = trainer.accumulate_grad_batches
-    stepping = k == 1 or (batch_idx + 1) % k == 0 or batch_idx + 1 == trainer.num_training_batches
+    k = trainer._config.accumulate_grad_batches
+    stepping = k == 1 or (batch_idx + 1) % k == 0 or batch_idx + 1 == trainer._train.num_batches[0]
     if stepping:
         output, loss = _forward_backward(trainer, batch, batch_idx, k)
     else:  # an accumulation micro-step: gradients stay local (DDP skips its all-reduce)
         with strategy.no_backward_sync(strategy.model, enabled=True):
             output, loss = _forward_backward(trainer, batch, batch_idx, k)
-    if stepping and trainer._has_gradients:
-        run_optimizer_step(trainer)
-        # publishing step: loggers get the step values, sync_dist ones reduced across processes first
-        if trainer.global_step % trainer.log_every_n_steps == 0 and (trainer.loggers or trainer.world_size > 1):
-            trainer.log_metrics(metrics.step_metrics())
-    trainer._progress.batches_done = batch_idx + 1
+    if stepping and trainer._optimization.has_gradients:
+        optimizer = trainer._optimization.optimizers[0]
+        _prepare_step(trainer, optimizer)
+        stepped = strategy.optimizer_step(optimizer)
+        _finish_step(trainer, optimizer, batch_idx, stepped)
+    trainer._loop.batches_done = batch_idx + 1
+    if hooks["on_train_batch_end"]:
+        trainer._call("on_train_batch_end", _detached_outputs(output, loss), batch, batch_idx)
+
+
+def run_training_batch_with_closure(trainer: Trainer, batch: Any, batch_idx: int) -> None:
+    """Automatic optimization through the module's ``optimizer_step(epoch, batch_idx, optimizer, closure)``
+    override: on stepping batches the forward and backward run inside the closure the override passes to
+    ``optimizer.step``, as in Lightning (so warm-up code around the step sees each step)."""
+    strategy, hooks, optimization = trainer.strategy, trainer._hooks, trainer._optimization
+    batch = trainer._batch_transfer(batch, 0)
+    trainer._metrics.set_batch(batch)
+    if hooks["on_train_batch_start"]:
+        trainer._call("on_train_batch_start", batch, batch_idx)
+    k = trainer._config.accumulate_grad_batches
+    if not (k == 1 or (batch_idx + 1) % k == 0 or batch_idx + 1 == trainer._train.num_batches[0]):
+        with strategy.no_backward_sync(strategy.model, enabled=True):
+            output, loss = _forward_backward(trainer, batch, batch_idx, k)
+    else:
+        result: list[tuple[Any, torch.Tensor | None]] = []
+
+        def closure() -> torch.Tensor | None:
+            result.append(_forward_backward(trainer, batch, batch_idx, k))
+            return result[-1][1]
+
+        optimizer = optimization.wrapped[0]
+        optimization.last_step_taken = False
+        optimization.optimizer_step(trainer._loop.epoch, batch_idx, optimizer, closure)
+        if not result:
+            raise TandemUserCodeError(
+                f"{type(strategy.module).__name__}.optimizer_step did not run the closure, so training_step and "
+                "backward never ran. Call optimizer.step(closure=optimizer_closure) in your override."
+            )
+        output, loss = result[-1]
+        _finish_step(trainer, optimizer.optimizer, batch_idx, optimization.last_step_taken)
+    trainer._loop.batches_done = batch_idx + 1
     if hooks["on_train_batch_end"]:
         trainer._call("on_train_batch_end", _detached_outputs(output, loss), batch, batch_idx)
 
 
 def _forward_backward(trainer: Trainer, batch: Any, batch_idx: int, k: int) -> tuple[Any, torch.Tensor | None]:
     trainer._metrics.hook = "training_step"
-    output = trainer.strategy.run_step("training_step", batch, batch_idx)
+    if trainer._step_takes_batch_idx:
+        output = trainer.strategy.run_step("training_step", batch, batch_idx)
+    else:
+        output = trainer.strategy.run_step("training_step", batch)
     loss = _loss_from(output)
     if loss is not None:
         trainer._call("on_before_backward", loss)
         trainer.strategy.backward(loss / k if k > 1 else loss)
         trainer._call("on_after_backward")
-        trainer._has_gradients = True
+        trainer._optimization.has_gradients = True
     return output, loss
 
 
-def run_optimizer_step(trainer: Trainer) -> None:
-    strategy, optimizer, config = trainer.strategy, trainer._optimizer, trainer._config
-    strategy.unscale_gradients(optimizer)
+def _prepare_step(trainer: Trainer, optimizer: Optimizer) -> None:
+    """Between backward and the step: unscale float16 gradients, the hook, clipping (automatic)."""
+    trainer.strategy.unscale_gradients(optimizer)
     trainer._call("on_before_optimizer_step", optimizer)
-    if config.gradient_clip_val is not None:
-        strategy.clip_gradients(optimizer, config.gradient_clip_val, config.gradient_clip_algorithm)
-    stepped = strategy.optimizer_step(optimizer)
+    clip = trainer._optimization.clip
+    if clip is not None:
+        clip(optimizer)
+
+
+def _finish_step(trainer: Trainer, optimizer: Optimizer, batch_idx: int, stepped: bool) -> None:
+    """After an automatic step: clear the gradients, count the step, step the per-step schedulers, and
+    publish the step's logged values when a logger wants them."""
+    optimization, loop = trainer._optimization, trainer._loop
     trainer._call("on_before_zero_grad", optimizer)
-    optimizer.zero_grad(set_to_none=True)
-    trainer._has_gradients = False
-    trainer._progress.global_step += 1
-    if stepped and trainer._lr_scheduler_configs:  # a step skipped by the float16 scaler does not count
+    if optimization.zero_grad is None:
+        optimizer.zero_grad(set_to_none=True)
+    else:
+        optimization.zero_grad(loop.epoch, batch_idx, optimizer)
+    optimization.has_gradients = False
+    loop.global_step += 1  # after the module's optimizer_step returned, as in Lightning
+    loop.batches_stepped += 1
+    if stepped and optimization.lr_scheduler_configs:  # a step skipped by the float16 scaler does not count
         trainer._step_schedulers("step")
+    _publish_step(trainer)
 
 
+def _publish_step(trainer: Trainer) -> None:
+    """Every ``log_every_n_steps`` stepping batches: loggers get the step values, sync_dist ones reduced first."""
+    if trainer._loop.batches_stepped % trainer.log_every_n_steps == 0 and (trainer.loggers or trainer.world_size > 1):
+        trainer.log_metrics(trainer._metrics.step_metrics())
+
+
+def _closure_step(trainer: Trainer, optimizer: Optimizer, closure: Callable[[], Any] | None, **kwargs: Any) -> None:
+    """``optimizer.step(closure)`` inside the module's ``optimizer_step`` override (automatic; the step is
+    counted when the override returns)."""
+
+    def run_closure() -> Any:
+        result = closure() if closure is not None else None
+        _prepare_step(trainer, optimizer)
+        return result
+
+    trainer._optimization.last_step_taken = trainer.strategy.optimizer_step(optimizer, run_closure, **kwargs)
+
+
+# ---------------------------------------------------------------------- one batch: manual optimization
+def run_manual_batch(trainer: Trainer, batch: Any, batch_idx: int) -> None:
+    """``training_step`` does the backward and the steps (``self.manual_backward``, ``opt.step()``); each
+    step counts toward ``global_step``. The loggers' step counts batches, as in Lightning."""
+    hooks, loop = trainer._hooks, trainer._loop
+    batch = trainer._batch_transfer(batch, 0)
+    trainer._metrics.set_batch(batch)
+    if hooks["on_train_batch_start"]:
+        trainer._call("on_train_batch_start", batch, batch_idx)
+    trainer._metrics.hook = "training_step"
+    step_args = (batch, batch_idx) if trainer._step_takes_batch_idx else (batch,)
+    output = trainer.strategy.run_step("training_step", *step_args)
+    loop.batches_stepped += 1
+    _publish_step(trainer)
+    loop.batches_done = batch_idx + 1
+    if hooks["on_train_batch_end"]:
+        trainer._call("on_train_batch_end", _manual_outputs(output), batch, batch_idx)
+
+
+def _manual_step(trainer: Trainer, optimizer: Optimizer, closure: Callable[[], Any] | None, **kwargs: Any) -> None:
+    """``opt.step()`` in a manual ``training_step``: through the strategy's precision, then counted."""
+
+    def prepare() -> None:
+        trainer.strategy.unscale_gradients(optimizer)
+        trainer._call("on_before_optimizer_step", optimizer)
+
+    def run_closure() -> Any:  # a closure of the user's (e.g. LBFGS), which the optimizer may call again
+        with torch.enable_grad():
+            result = closure()
+        prepare()
+        return result
+
+    if closure is None:
+        prepare()
+        trainer.strategy.optimizer_step(optimizer, **kwargs)
+    else:
+        trainer.strategy.optimizer_step(optimizer, run_closure, **kwargs)
+    trainer._loop.global_step += 1
+
+
+def _bind(step: Callable[..., None], trainer: Trainer) -> Callable[..., None]:
+    def bound(optimizer: Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any) -> None:
+        step(trainer, optimizer, closure, **kwargs)
+
+    return bound
+
+
+# ---------------------------------------------------------------------- what training_step returned
 def _loss_from(output: Any) -> torch.Tensor | None:
     if output is None:
         return None
@@ -218,45 +359,16 @@ def _detached_outputs(output: Any, loss: torch.Tensor | None) -> Any:
     return {"loss": loss.detach()}
 
 
-def run_evaluation(trainer: Trainer, stage: str, sanity: bool = False) -> Any:
-    """One pass over the validation, test or predict data. Returns epoch metrics, or predictions."""
-    strategy, metrics = trainer.strategy, trainer._metrics
-    names = EVAL_STAGES[stage]
-    loader = getattr(trainer, names.loaders_attr)
-    n = trainer.num_sanity_val_steps if sanity else getattr(trainer, names.count_attr)
-    name = names.name
-    module = strategy.module
-    was_training = module.training
-    module.eval()
-    metrics.stage = stage
-    trainer.state.stage = "sanity_check" if sanity else stage
-    metrics.reset()
-    if sanity:
-        trainer._call("on_sanity_check_start")
-    trainer._call(f"on_{name}_start")
-    trainer._call(f"on_{name}_epoch_start")
-    predictions: list[Any] = []
-    with torch.no_grad():
-        for batch_idx, batch in enumerate(loader):
-            if batch_idx >= n:
-                break
-            batch = strategy.batch_to_device(batch)
-            metrics.set_batch(batch)
-            trainer._call(f"on_{name}_batch_start", batch, batch_idx)
-            metrics.hook = f"{name}_step"
-            output = strategy.run_step(f"{name}_step", batch, batch_idx)
-            if stage == "predict":
-                predictions.append(output)
-            trainer._call(f"on_{name}_batch_end", output, batch, batch_idx)
-    trainer._call(f"on_{name}_epoch_end")
-    epoch_metrics = metrics.epoch_metrics() if stage != "predict" else {}
-    trainer._call(f"on_{name}_end")
-    if sanity:
-        trainer._call("on_sanity_check_end")
-        metrics.clear_published()
-    elif epoch_metrics:
-        trainer.log_metrics(epoch_metrics)
-    module.train(was_training)
-    if stage == "predict":
-        return strategy.gather_predictions(predictions, loader)
-    return to_float(metrics.stage_values())
+def _manual_outputs(output: Any) -> Any:
+    """Under manual optimization ``training_step`` may return nothing, a tensor or a dict (Lightning's rule)."""
+    if output is None:
+        return None
+    if isinstance(output, torch.Tensor):
+        return {"loss": output.detach()}
+    if isinstance(output, Mapping):
+        loss = output.get("loss")
+        return {**output, "loss": loss.detach()} if isinstance(loss, torch.Tensor) else dict(output)
+    raise TandemUserCodeError(
+        f"training_step returned {type(output).__name__}; under manual optimization it returns nothing, a tensor "
+        "or a dict."
+    )

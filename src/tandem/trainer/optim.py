@@ -1,27 +1,32 @@
-"""Parsing what ``configure_optimizers`` returns into one optimizer and its scheduler configs."""
+"""Optimizers and schedulers: parsing what ``configure_optimizers`` returns, the optimizers the module sees
+(``self.optimizers()``), and the record of how a fit optimizes."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
-from tandem.utilities.exceptions import TandemUserCodeError, bad_choice
+from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError, bad_choice
+from tandem.utilities.rank_zero import rank_zero_warn
 
 INTERVALS = ("epoch", "step")
+CLIP_ALGORITHMS = ("norm", "value")
+_SCHEDULER_KEYS = ("scheduler", "interval", "frequency", "monitor", "strict", "name", "reduce_on_plateau")
 _SHAPES = (
-    "an optimizer; {'optimizer': opt, 'lr_scheduler': scheduler}; {'optimizer': opt, 'lr_scheduler': "
-    "{'scheduler': scheduler, 'interval': 'epoch' | 'step', 'frequency': 1, 'monitor': 'val_loss'}}; "
-    "or ([opt], [scheduler])"
+    "an optimizer; a list of optimizers; {'optimizer': opt, 'lr_scheduler': scheduler, 'monitor': 'val_loss'} "
+    "(lr_scheduler may be a dict {'scheduler': scheduler, 'interval': 'epoch' | 'step', 'frequency': 1, "
+    "'monitor': ...}); ([optimizers], [schedulers]); or a list of such dicts"
 )
 
 
 @dataclass
 class LRSchedulerConfig:
-    """One scheduler and when it steps (Lightning's names)."""
+    """One scheduler and when it steps (Lightning's names). ``reduce_on_plateau`` schedulers get the
+    ``monitor`` value when they step."""
 
     scheduler: Any
     interval: str = "epoch"
@@ -29,56 +34,193 @@ class LRSchedulerConfig:
     monitor: str | None = None
     strict: bool = True
     name: str | None = None
+    reduce_on_plateau: bool = False
+
+
+@dataclass
+class Optimization:
+    """How a fit optimizes: its optimizers and schedulers, automatic or manual, and the module's overrides
+    that the loops call (decided once per fit, so the per-step path asks nothing)."""
+
+    optimizers: list[Optimizer] = field(default_factory=list)
+    lr_scheduler_configs: list[LRSchedulerConfig] = field(default_factory=list)
+    automatic: bool = True
+    wrapped: list[TrainingOptimizer] = field(default_factory=list)  # what self.optimizers() returns
+    has_gradients: bool = False  # backward ran since the last optimizer step (automatic)
+    optimizer_step: Callable[..., Any] | None = None  # the module's optimizer_step override
+    zero_grad: Callable[..., Any] | None = None  # the module's optimizer_zero_grad override
+    clip: Callable[[Optimizer], None] | None = None  # clipping before each automatic step, if any
+    last_step_taken: bool = False  # the latest wrapped step() was not skipped by the float16 scaler
 
 
 def _wrong(got: Any, why: str) -> TandemUserCodeError:
     return TandemUserCodeError(f"configure_optimizers returned {got!r}: {why}. Return {_SHAPES}.")
 
 
-def parse_optimizers(result: Any) -> tuple[Optimizer, list[LRSchedulerConfig]]:
-    """Validate the return value of ``configure_optimizers``."""
-    schedulers: Any = []
+def parse_optimizers(result: Any, automatic: bool = True) -> tuple[list[Optimizer], list[LRSchedulerConfig]]:
+    """Validate the return value of ``configure_optimizers``: the optimizers and their scheduler configs.
+
+    Several optimizers need manual optimization (``automatic=False``); with automatic optimization they
+    are an error that says so.
+    """
+    if result is None and not automatic:
+        rank_zero_warn("configure_optimizers returned None: this fit runs without an optimizer.")
+        return [], []
+    optimizers, schedulers, monitor = _split(result)
+    for optimizer in optimizers:
+        if not isinstance(optimizer, Optimizer):
+            raise _wrong(result, f"{type(optimizer).__name__} is not a torch.optim.Optimizer")
+    if automatic and len(optimizers) > 1:
+        raise TandemUserCodeError(
+            f"configure_optimizers returned {len(optimizers)} optimizers; training with several optimizers needs "
+            "manual optimization. Set self.automatic_optimization = False in __init__, then step them in "
+            "training_step: opt_a, opt_b = self.optimizers(); self.manual_backward(loss); opt_a.step(); "
+            "opt_a.zero_grad()."
+        )
+    if not optimizers:
+        raise _wrong(result, "no optimizer in it")
+    configs = [_parse_scheduler(s, monitor, automatic) for s in schedulers]
+    for config in configs:
+        if getattr(config.scheduler, "optimizer", optimizers[0]) not in optimizers:
+            raise _wrong(result, "a scheduler was built for an optimizer that configure_optimizers did not return")
+    return optimizers, configs
+
+
+def _split(result: Any) -> tuple[list[Any], list[Any], str | None]:
+    """The optimizers, the schedulers (configs or objects) and the top-level monitor."""
     if isinstance(result, Optimizer):
-        optimizer = result
-    elif isinstance(result, Mapping):
-        if "optimizer" not in result:
-            raise _wrong(result, "a dict needs the key 'optimizer'")
-        optimizer = result["optimizer"]
-        schedulers = [result["lr_scheduler"]] if result.get("lr_scheduler") is not None else []
-    elif isinstance(result, Sequence) and not isinstance(result, str):
+        return [result], [], None
+    if isinstance(result, Mapping):
+        return _from_dict(result)
+    if isinstance(result, Sequence) and not isinstance(result, str) and len(result) > 0:
         items = list(result)
-        if len(items) == 2 and isinstance(items[0], Sequence) and isinstance(items[1], Sequence):
-            optimizers, schedulers = list(items[0]), list(items[1])
-        else:
-            optimizers = items
-        if len(optimizers) != 1:
-            raise _wrong(result, f"tandem trains with exactly one optimizer per module, got {len(optimizers)}")
-        optimizer = optimizers[0]
-    else:
-        raise _wrong(result, "that is not an optimizer")
-    if not isinstance(optimizer, Optimizer):
-        raise _wrong(result, f"{type(optimizer).__name__} is not a torch.optim.Optimizer")
-    return optimizer, [_parse_scheduler(s, optimizer) for s in schedulers]
+        if len(items) == 2 and all(isinstance(i, Sequence) and not isinstance(i, str) for i in items):
+            optimizers, schedulers = list(items[0]), items[1]
+            return optimizers, list(schedulers) if isinstance(schedulers, Sequence) else [schedulers], None
+        if all(isinstance(i, Mapping) for i in items):
+            optimizers, schedulers = [], []
+            for item in items:
+                opts, scheds, monitor = _from_dict(item)
+                optimizers += opts
+                for scheduler in scheds:  # each dict's own "monitor" goes with its scheduler
+                    if monitor is not None and not isinstance(scheduler, Mapping):
+                        scheduler = {"scheduler": scheduler, "monitor": monitor}
+                    schedulers.append(scheduler)
+            return optimizers, schedulers, None
+        return items, [], None
+    raise _wrong(result, "that is not an optimizer")
 
 
-def _parse_scheduler(entry: Any, optimizer: Optimizer) -> LRSchedulerConfig:
+def _from_dict(result: Mapping[str, Any]) -> tuple[list[Any], list[Any], str | None]:
+    if "optimizer" not in result:
+        raise _wrong(dict(result), "a dict needs the key 'optimizer'")
+    unknown = set(result) - {"optimizer", "lr_scheduler", "monitor"}
+    if unknown:
+        raise _wrong(dict(result), f"unknown keys {sorted(unknown)} (expected 'optimizer', 'lr_scheduler', 'monitor')")
+    scheduler = result.get("lr_scheduler")
+    return [result["optimizer"]], [scheduler] if scheduler is not None else [], result.get("monitor")
+
+
+def _parse_scheduler(entry: Any, monitor: str | None, automatic: bool) -> LRSchedulerConfig:
     if isinstance(entry, Mapping):
         if "scheduler" not in entry:
             raise _wrong(dict(entry), "an lr_scheduler dict needs the key 'scheduler'")
-        unknown = set(entry) - {"scheduler", "interval", "frequency", "monitor", "strict", "name"}
+        unknown = set(entry) - set(_SCHEDULER_KEYS)
         if unknown:
             raise _wrong(dict(entry), f"unknown lr_scheduler keys {sorted(unknown)}")
         config = LRSchedulerConfig(**entry)
+        if "reduce_on_plateau" not in entry:
+            config.reduce_on_plateau = isinstance(config.scheduler, ReduceLROnPlateau)
     else:
-        config = LRSchedulerConfig(scheduler=entry)
+        config = LRSchedulerConfig(scheduler=entry, reduce_on_plateau=isinstance(entry, ReduceLROnPlateau))
+    if config.monitor is None and config.reduce_on_plateau:
+        config.monitor = monitor  # the top-level "monitor" of {"optimizer", "lr_scheduler", "monitor"}
     if not hasattr(config.scheduler, "step") or not hasattr(config.scheduler, "state_dict"):
         raise _wrong(entry, f"{type(config.scheduler).__name__} is not a learning-rate scheduler")
     if config.interval not in INTERVALS:
         raise bad_choice("lr_scheduler 'interval'", config.interval, INTERVALS)
     if not isinstance(config.frequency, int) or config.frequency < 1:
         raise _wrong(entry, f"'frequency' must be an int >= 1, got {config.frequency!r}")
-    if isinstance(config.scheduler, ReduceLROnPlateau) and config.monitor is None:
-        raise _wrong(entry, "ReduceLROnPlateau needs a metric: add 'monitor': 'val_loss' (a key you self.log)")
-    if getattr(config.scheduler, "optimizer", optimizer) is not optimizer:
-        raise _wrong(entry, "the scheduler was built for a different optimizer than the one returned")
+    if automatic and config.reduce_on_plateau and config.monitor is None:
+        raise _wrong(
+            entry,
+            "ReduceLROnPlateau needs a metric: add 'monitor': 'val_loss' (a key you self.log), beside "
+            "'optimizer' or inside the lr_scheduler dict",
+        )
     return config
+
+
+def resolve_clipping(
+    value: float | None, algorithm: str | None, trainer_value: float | None, trainer_algorithm: str | None
+) -> tuple[float, str]:
+    """The clipping ``self.clip_gradients`` applies: its arguments, else the Trainer's; both set and
+    different is an error (as in Lightning)."""
+    if value is None:
+        value = trainer_value or 0.0
+    elif trainer_value is not None and trainer_value != value:
+        raise TandemConfigError(
+            f"Trainer(gradient_clip_val={trainer_value!r}) and clip_gradients(gradient_clip_val={value!r}) disagree; "
+            "set clipping in one place only."
+        )
+    if algorithm is None:
+        algorithm = trainer_algorithm or "norm"
+    elif trainer_algorithm is not None and trainer_algorithm != algorithm:
+        raise TandemConfigError(
+            f"Trainer(gradient_clip_algorithm={trainer_algorithm!r}) and clip_gradients(gradient_clip_algorithm="
+            f"{algorithm!r}) disagree; set clipping in one place only."
+        )
+    if algorithm not in CLIP_ALGORITHMS:
+        raise bad_choice("gradient_clip_algorithm", algorithm, CLIP_ALGORITHMS)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise TandemConfigError(f"gradient_clip_val={value!r} must be a number >= 0.")
+    return float(value), algorithm
+
+
+# ---------------------------------------------------------------------- the optimizers the module sees
+_SUBCLASSES: dict[type, type] = {}
+_OWN = frozenset({"_optimizer", "_step", "step"})
+
+
+class TrainingOptimizer:
+    """A torch optimizer as ``self.optimizers()`` returns it (Lightning's ``LightningOptimizer``).
+
+    ``step()`` goes through the Trainer: the strategy's precision (a float16 step unscales and uses the
+    ``GradScaler``), the ``on_before_optimizer_step`` hook, and one more ``trainer.global_step``. Everything
+    else (``zero_grad``, ``param_groups``, ``state_dict``, ...) is the wrapped optimizer's, and
+    ``isinstance(opt, torch.optim.Adam)`` still holds. ``opt.optimizer`` is the torch optimizer.
+    """
+
+    def __new__(cls, optimizer: Optimizer, step: Callable[..., Any]) -> TrainingOptimizer:
+        kind = type(optimizer)
+        subclass = _SUBCLASSES.get(kind)
+        if subclass is None:  # also an instance of the optimizer's own class
+            subclass = _SUBCLASSES[kind] = type(f"Training{kind.__name__}", (cls, kind), {})
+        return object.__new__(subclass)
+
+    def __init__(self, optimizer: Optimizer, step: Callable[..., Any]) -> None:
+        object.__setattr__(self, "_optimizer", optimizer)
+        object.__setattr__(self, "_step", step)
+
+    @property
+    def optimizer(self) -> Optimizer:
+        return self._optimizer
+
+    def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
+        """Run ``closure`` (if given), then step through the strategy; counts toward ``global_step``."""
+        return self._step(self._optimizer, closure, **kwargs)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._optimizer.zero_grad(set_to_none=set_to_none)
+
+    def __getattr__(self, name: str) -> Any:  # only for names not found on the wrapper
+        return getattr(object.__getattribute__(self, "_optimizer"), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The wrapper keeps its own step (a scheduler built on it may wrap it); all else is the optimizer's.
+        if name in _OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._optimizer, name, value)
+
+    def __repr__(self) -> str:
+        return f"TrainingOptimizer({self._optimizer!r})"

@@ -1,70 +1,106 @@
-"""Loop progress and what the Trainer is doing now. Saved in checkpoints for exact resume."""
+"""What the loops read: the training loop's state (also what checkpoints save), one record per data stage,
+and what the Trainer is doing now."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
+
+#: the LoopState fields a checkpoint holds (the others are restored state waiting to be applied)
+_SAVED = ("epoch", "global_step", "batches_stepped", "batches_done", "epoch_finished", "epoch_start_rng")
 
 
 @dataclass
-class Progress:
-    """Where training is. ``epoch`` counts from 0; after fit it equals the number of finished epochs."""
+class LoopState:
+    """Where training is. The loops read and advance it; ``checkpoint["loops"]`` is :meth:`state_dict`.
+
+    ``epoch`` counts from 0; after fit it equals the number of finished epochs.
+    """
 
     epoch: int = 0
-    global_step: int = 0  # optimizer steps taken (a float16 step skipped for inf/NaN counts too)
+    global_step: int = 0  # optimizer steps (each optimizer's; a float16 step skipped for inf/NaN counts too)
+    batches_stepped: int = 0  # training batches that ended in an optimizer step (manual: every batch): loggers' step
     batches_done: int = 0  # training batches finished in the current epoch
     epoch_finished: bool = False  # the epoch's batches are done; its end (validation, hooks) is running
     epoch_start_rng: dict[str, Any] | None = field(default=None, repr=False)  # RNG at iter(train loader)
+    # Restored from a checkpoint, applied when the loop reaches the point they belong to (not saved).
+    resume_rng: dict[str, Any] | None = field(default=None, repr=False)
+    resume_train_metrics: dict[str, Any] | None = field(default=None, repr=False)
 
     def state_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {name: getattr(self, name) for name in _SAVED}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key, value in state.items():
-            setattr(self, key, value)
+        for key in _SAVED:
+            if key in state:
+                setattr(self, key, state[key])
+        if "batches_stepped" not in state:  # a checkpoint of an earlier tandem: one step per stepping batch
+            self.batches_stepped = self.global_step
         if self.epoch_finished:  # saved at the epoch's end: resume with the next epoch
             self.epoch, self.batches_done, self.epoch_finished, self.epoch_start_rng = self.epoch + 1, 0, False, None
 
 
 @dataclass
 class TrainerState:
-    """``fn``: the entry point running ("fit", "validate", "test", "predict");
-    ``stage``: "train", "sanity_check", "validate", "test" or "predict"."""
+    """``fn``: the entry point running ("fit", "validate", "test", "predict"); ``stage``: "train",
+    "sanity_check", "validate", "test" or "predict"; ``status``: "initializing", "running", "finished" or
+    "interrupted" (the last run ended with an exception, Ctrl-C included)."""
 
     fn: str | None = None
     stage: str | None = None
+    status: str = "initializing"
 
 
 @dataclass(frozen=True)
-class EvalStage:
-    """The names one evaluation stage uses: hooks and step (``name``), loaders, limits and counts (``short``)."""
+class StageNames:
+    """The names one data stage uses: its step and hooks (``name``), its loaders and limits (``prefix``)."""
 
-    name: str  # "validation": validation_step, on_validation_epoch_end, ...
-    short: str  # "val": val_dataloaders, num_val_batches, limit_val_batches, DataModule.val_dataloader
+    name: str  # "validation": validation_step, on_validation_batch_end, ...
+    prefix: str  # "val": val_dataloaders, limit_val_batches, DataModule.val_dataloader
 
     @property
     def step(self) -> str:
-        return f"{self.name}_step"
+        return f"{self.name}_step" if self.name != "train" else "training_step"
 
     @property
-    def loaders_attr(self) -> str:
-        return f"{self.short}_dataloaders"
+    def loader_hook(self) -> str:
+        """The DataModule / TrainingModule method that returns the stage's loaders."""
+        return f"{self.prefix}_dataloader"
 
     @property
-    def count_attr(self) -> str:
-        return f"num_{self.short}_batches"
+    def limit(self) -> str:
+        return f"limit_{self.prefix}_batches"
 
-    @property
-    def limit_attr(self) -> str:
-        return f"limit_{self.short}_batches"
-
-    @property
-    def datamodule_hook(self) -> str:
-        return f"{self.short}_dataloader"
+    def hook(self, event: str) -> str:
+        """``hook("batch_start")`` -> ``"on_validation_batch_start"``."""
+        return f"on_{self.name}_{event}"
 
 
+TRAIN = StageNames("train", "train")
+#: evaluation stages by the Trainer entry point that runs them ("fit" validates with VALIDATE)
 EVAL_STAGES = {
-    "validate": EvalStage("validation", "val"),
-    "test": EvalStage("test", "test"),
-    "predict": EvalStage("predict", "predict"),
+    "validate": StageNames("validation", "val"),
+    "test": StageNames("test", "test"),
+    "predict": StageNames("predict", "predict"),
 }
+
+
+@dataclass
+class StageData:
+    """One stage's data: its loaders (processed for the strategy), how many batches each runs, and the
+    shape the user gave them in (one loader, a list or a dict), which the public attributes return."""
+
+    names: StageNames
+    loaders: list[Any] = field(default_factory=list)
+    num_batches: list[int | float] = field(default_factory=list)
+    given: Any = None  # the user's structure holding the processed loaders
+    skippable: Any = None  # training: the SkippableSampler that lets a resumed epoch skip its done batches
+
+    @property
+    def total_batches(self) -> int | float:
+        return sum(self.num_batches) if self.num_batches else 0
+
+    @property
+    def several(self) -> bool:
+        """More than one loader: steps and hooks get ``dataloader_idx``, metric names a suffix."""
+        return len(self.loaders) > 1

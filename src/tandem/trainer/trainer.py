@@ -1,7 +1,8 @@
-"""The Trainer: entry points (fit, validate, test, predict), set-up, hooks, checkpoints."""
+"""The Trainer: entry points (fit, validate, test, predict), set-up, hooks, checkpoints, public state."""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import math
 import os
@@ -9,20 +10,19 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
 
 from tandem.callbacks.callback import Callback
 from tandem.module import DataModule, TrainingModule
 from tandem.strategies.registry import resolve_strategy
 from tandem.strategies.strategy import Strategy
-from tandem.trainer import loops
-from tandem.trainer.config import TrainerConfig, limit_batches
+from tandem.trainer import data, loops
+from tandem.trainer.config import TrainerConfig, check_unknown_arguments
+from tandem.trainer.evaluation import format_results, run_evaluation
 from tandem.trainer.logging import MetricCollector, to_float
-from tandem.trainer.optim import LRSchedulerConfig, parse_optimizers
-from tandem.trainer.state import EVAL_STAGES, Progress, TrainerState
+from tandem.trainer.optim import LRSchedulerConfig, Optimization, parse_optimizers
+from tandem.trainer.state import EVAL_STAGES, TRAIN, LoopState, StageData, TrainerState
 from tandem.utilities.checkpoint import CHECKPOINT_MARKER
-from tandem.utilities.data import has_len, make_skippable
-from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError, missing_metric
+from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError, incompatible, missing_metric
 from tandem.utilities.rank_zero import rank_zero_warn
 from tandem.utilities.seed import capture_rng_state
 
@@ -31,22 +31,25 @@ class Trainer:
     """Runs the loop; the strategy decides where and on how many processes.
 
     Args:
-        accelerator: ``"auto"`` (CUDA if available), ``"cpu"`` or ``"cuda"``.
+        accelerator: ``"auto"`` (CUDA if available), ``"cpu"``, ``"cuda"`` or ``"gpu"``.
         devices: ``"auto"``, a count (``-1`` for all), or a list of CUDA indices.
         strategy: ``"auto"``, a registered name (``"single_device"``, ``"ddp"``, ``"ddp_spawn"``,
-            ``"dp"``) or a :class:`~tandem.strategies.Strategy` instance.
+            ``"dp"``, ...) or a :class:`~tandem.strategies.Strategy` instance.
         num_nodes: machines in a multi-node DDP job.
         precision: ``"32-true"``, ``"64-true"``, ``"bf16-mixed"`` or ``"16-mixed"``.
         max_epochs: stop after this many epochs (default 1000 when ``max_steps`` is not set; -1: no limit).
+        min_epochs: train at least this many epochs, even when ``should_stop`` is set (e.g. early stopping).
         max_steps: stop after this many optimizer steps (-1: no limit).
+        min_steps: take at least this many optimizer steps before ``should_stop`` may end the fit.
         limit_train_batches / limit_val_batches / limit_test_batches / limit_predict_batches: an int
-            number of batches or a fraction of each epoch.
+            number of batches or a fraction of each epoch (per loader).
         val_check_interval: validate every this fraction of an epoch (float) or number of batches (int).
         check_val_every_n_epoch: validate every n epochs.
-        num_sanity_val_steps: validation batches run before training to catch bugs early (-1: all).
-        accumulate_grad_batches: step the optimizer every k batches (gradients of k batches averaged).
+        num_sanity_val_steps: validation batches (per loader) run before training to catch bugs early (-1: all).
+        accumulate_grad_batches: step the optimizer every k batches (gradients of k batches averaged);
+            ``trainer.accumulate_grad_batches`` may be changed between batches (a callback at epoch start).
         gradient_clip_val: clip gradients at this value (None: no clipping).
-        gradient_clip_algorithm: ``"norm"`` (total norm) or ``"value"`` (elementwise).
+        gradient_clip_algorithm: ``"norm"`` (total norm, the default) or ``"value"`` (elementwise).
         callbacks: callbacks, run in the order given.
         logger: True (TensorBoard), False, a Logger or a list of loggers.
         default_root_dir: where logs and checkpoints go (default: the working directory).
@@ -55,10 +58,17 @@ class Trainer:
         enable_model_summary: print parameter counts at fit start (rank zero only).
         log_every_n_steps: send step metrics to the loggers every n optimizer steps.
         deterministic: make torch use deterministic algorithms.
+        benchmark: set ``torch.backends.cudnn.benchmark`` (None: leave it as it is).
+        inference_mode: accepted for Lightning programs; tandem evaluates under ``torch.no_grad()`` either way.
+        detect_anomaly: run fits under ``torch.autograd.detect_anomaly()`` (slow; finds NaN sources).
+        sync_batchnorm: turn BatchNorm layers into SyncBatchNorm (strategies that run several processes).
         use_distributed_sampler: let a distributed strategy replace the samplers to shard the data
             (False: shard it yourself).
         fast_dev_run: run 1 (or n) batches of training, validation and test, without loggers or
             checkpoints, to smoke-test a module.
+
+    Lightning 1.x arguments (``gpus=``, ``resume_from_checkpoint=``, ...) raise an error naming the
+    argument to use instead.
 
     Example::
 
@@ -76,7 +86,9 @@ class Trainer:
         num_nodes: int = 1,
         precision: str | int = "32-true",
         max_epochs: int | None = None,
+        min_epochs: int | None = None,
         max_steps: int = -1,
+        min_steps: int | None = None,
         limit_train_batches: int | float = 1.0,
         limit_val_batches: int | float = 1.0,
         limit_test_batches: int | float = 1.0,
@@ -86,7 +98,7 @@ class Trainer:
         num_sanity_val_steps: int = 2,
         accumulate_grad_batches: int = 1,
         gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str = "norm",
+        gradient_clip_algorithm: str | None = None,
         callbacks: Callback | Iterable[Callback] | None = None,
         logger: Any = True,
         default_root_dir: str | os.PathLike | None = None,
@@ -95,12 +107,21 @@ class Trainer:
         enable_model_summary: bool = True,
         log_every_n_steps: int = 50,
         deterministic: bool = False,
+        benchmark: bool | None = None,
+        inference_mode: bool = True,
+        detect_anomaly: bool = False,
+        sync_batchnorm: bool = False,
         fast_dev_run: bool | int = False,
         use_distributed_sampler: bool = True,
+        **unknown: Any,
     ) -> None:
+        if unknown:
+            check_unknown_arguments(unknown, _ARGUMENTS)
         self._config = TrainerConfig(
             max_epochs=max_epochs,
             max_steps=max_steps,
+            min_epochs=min_epochs,
+            min_steps=min_steps,
             limit_train_batches=limit_train_batches,
             limit_val_batches=limit_val_batches,
             limit_test_batches=limit_test_batches,
@@ -118,74 +139,120 @@ class Trainer:
         self.strategy: Strategy = resolve_strategy(strategy, accelerator, devices, num_nodes, precision)
         if not use_distributed_sampler:
             self.strategy.use_distributed_sampler = False
+        if sync_batchnorm:
+            self.strategy.sync_batchnorm = True  # strategies with one process ignore it
         self.default_root_dir: str = os.fspath(default_root_dir) if default_root_dir is not None else os.getcwd()
         self.deterministic = deterministic
+        self.benchmark = benchmark
+        self.inference_mode = inference_mode
+        self.detect_anomaly = detect_anomaly
         self.loggers: list[Any] = [] if self.fast_dev_run else _build_loggers(logger, self.default_root_dir)
         self.callbacks: list[Callback] = _build_callbacks(
             callbacks, enable_checkpointing and not self.fast_dev_run, enable_progress_bar, enable_model_summary
         )
         self.should_stop = False
         self.state = TrainerState()
-        self._metrics = MetricCollector(self.strategy)
-        self._progress = Progress()
-        self._optimizer: torch.optim.Optimizer | None = None
-        self._lr_scheduler_configs: list[LRSchedulerConfig] = []
-        self._has_gradients = False
-        self._hooks: dict[str, list[Any]] = {}
-        self._resume_rng: dict[str, Any] | None = None  # RNG states to restore when training resumes
-        self._resume_train_metrics: dict[str, Any] | None = None
-        self._train_skippable = None
         self.datamodule: DataModule | None = None
-        self.train_dataloader: DataLoader | None = None
-        self.val_dataloaders: DataLoader | None = None
-        self.test_dataloaders: DataLoader | None = None
-        self.predict_dataloaders: DataLoader | None = None
-        self.num_training_batches: int | float = 0
-        self.num_val_batches: int | float = 0
-        self.num_test_batches: int | float = 0
-        self.num_predict_batches: int | float = 0
+        self._metrics = MetricCollector(self.strategy)
+        self._loop = LoopState()
+        self._optimization = Optimization()
+        self._train = StageData(TRAIN)
+        self._eval: dict[str, StageData] = {fn: StageData(names) for fn, names in EVAL_STAGES.items()}
+        self._hooks: dict[str, list[Any]] = {}
+        self._batch_transfer = data.plain_transfer(self.strategy)
+        self._return_predictions = True
+        self._step_takes_batch_idx = True  # training_step(self, batch, batch_idx), not training_step(self, batch)
+        self._module: TrainingModule | None = None  # the module of the latest run (validate() without a model)
 
     # ================================================================== entry points
     def fit(
         self,
         model: TrainingModule,
-        train_dataloaders: DataLoader | None = None,
-        val_dataloaders: DataLoader | None = None,
+        train_dataloaders: Any = None,
+        val_dataloaders: Any = None,
         datamodule: DataModule | None = None,
         ckpt_path: str | os.PathLike | None = None,
     ) -> None:
-        """Train ``model``. ``ckpt_path`` (a file, or ``"last"``) resumes exactly where a checkpoint stopped."""
+        """Train ``model``.
+
+        Args:
+            model: the module to train.
+            train_dataloaders: a DataLoader, or a DataModule (as ``fit(model, dm)``); without data, the
+                module's ``train_dataloader()`` / ``val_dataloader()`` are used.
+            val_dataloaders: one loader, a list or a dict of loaders.
+            datamodule: a DataModule giving the loaders.
+            ckpt_path: a checkpoint to resume from exactly, or ``"last"`` (the newest ``last.ckpt``).
+        """
+        if data.is_datamodule(train_dataloaders):
+            datamodule, train_dataloaders = train_dataloaders, None
         self._launch("fit", model, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
 
     def validate(
         self,
-        model: TrainingModule,
-        dataloaders: DataLoader | None = None,
-        datamodule: DataModule | None = None,
+        model: TrainingModule | None = None,
+        dataloaders: Any = None,
         ckpt_path: str | os.PathLike | None = None,
+        verbose: bool = True,
+        datamodule: DataModule | None = None,
     ) -> list[dict[str, float]]:
-        """One pass over the validation data; returns ``[{metric: value}]``."""
-        return self._launch("validate", model, None, dataloaders, datamodule, ckpt_path)
+        """One pass over the validation data; returns ``[{metric: value}]``, one dict per loader.
+
+        Args:
+            model: the module; None: the module of the previous run (its best checkpoint when a monitored
+                ``ModelCheckpoint`` saved one).
+            dataloaders: one loader, a list or a dict of loaders, or a DataModule.
+            ckpt_path: weights to load first: a file, ``"best"`` or ``"last"``.
+            verbose: print the results table (rank 0).
+            datamodule: a DataModule giving the loaders.
+        """
+        return self._evaluate("validate", model, dataloaders, ckpt_path, verbose, datamodule)
 
     def test(
         self,
-        model: TrainingModule,
-        dataloaders: DataLoader | None = None,
-        datamodule: DataModule | None = None,
+        model: TrainingModule | None = None,
+        dataloaders: Any = None,
         ckpt_path: str | os.PathLike | None = None,
+        verbose: bool = True,
+        datamodule: DataModule | None = None,
     ) -> list[dict[str, float]]:
-        """One pass over the test data; returns ``[{metric: value}]``."""
-        return self._launch("test", model, None, dataloaders, datamodule, ckpt_path)
+        """One pass over the test data; returns ``[{metric: value}]``, one dict per loader (see :meth:`validate`)."""
+        return self._evaluate("test", model, dataloaders, ckpt_path, verbose, datamodule)
 
     def predict(
         self,
-        model: TrainingModule,
-        dataloaders: DataLoader | None = None,
+        model: TrainingModule | None = None,
+        dataloaders: Any = None,
         datamodule: DataModule | None = None,
+        return_predictions: bool | None = None,
         ckpt_path: str | os.PathLike | None = None,
-    ) -> list[Any]:
-        """Run ``predict_step`` over the data; returns one output per batch, in dataset order."""
-        return self._launch("predict", model, None, dataloaders, datamodule, ckpt_path)
+    ) -> list[Any] | None:
+        """Run ``predict_step`` over the data; returns one output per batch, in dataset order (a list per
+        loader when there are several), or None with ``return_predictions=False`` (e.g. when a
+        ``BasePredictionWriter`` writes them)."""
+        self._return_predictions = return_predictions is not False
+        return self._evaluate("predict", model, dataloaders, ckpt_path, False, datamodule)
+
+    def _evaluate(self, fn: str, model: Any, dataloaders: Any, ckpt_path: Any, verbose: bool, datamodule: Any) -> Any:
+        if data.is_datamodule(dataloaders):
+            datamodule, dataloaders = dataloaders, None
+        if model is None:
+            model = self._module
+            if model is None:
+                raise TandemConfigError(
+                    f"Trainer.{fn}() got no model and no earlier run has one; pass it: trainer.{fn}(model, ...)."
+                )
+            if ckpt_path is None and self._best_checkpoint() is not None:
+                ckpt_path = "best"
+                rank_zero_warn(
+                    f"trainer.{fn}() was called without a model: the best checkpoint of the previous fit is loaded "
+                    f"first. Pass ckpt_path='best' or 'last' (or the model) to silence this warning."
+                )
+        result = self._launch(fn, model, None, dataloaders, datamodule, ckpt_path)
+        if verbose and result and self.is_global_zero:
+            table = format_results(result, fn)
+            if table:
+                print(table)
+        return result
 
     def _launch(self, fn: str, *args: Any) -> Any:
         if not isinstance(args[0], TrainingModule):
@@ -193,6 +260,7 @@ class Trainer:
                 f"Trainer.{fn} expects a tandem.TrainingModule, got {type(args[0]).__name__}. "
                 "Subclass tandem.TrainingModule instead of torch.nn.Module."
             )
+        self._module = args[0]
         launcher = self.strategy.launcher
         if launcher is None:
             return self._run_stage(fn, *args)
@@ -202,107 +270,172 @@ class Trainer:
         self, fn: str, model: TrainingModule, train: Any, evaluation: Any, datamodule: Any, ckpt_path: Any
     ) -> Any:
         """Runs in every process: set up, restore, loop, tear down."""
-        self.state.fn, self.should_stop = fn, False
+        self.state.fn, self.state.status, self.should_stop = fn, "running", False
         try:
             self._setup(fn, model, train, evaluation, datamodule)
             if ckpt_path is not None:
                 self._restore(ckpt_path, fn)
             if fn == "fit":
-                self._call("on_fit_start")
-                loops.run_fit(self)
-                self._call("on_fit_end")
+                anomaly = torch.autograd.detect_anomaly() if self.detect_anomaly else contextlib.nullcontext()
+                with anomaly:
+                    self._call("on_fit_start")
+                    loops.run_fit(self)
+                    self._call("on_fit_end")
                 result = None
             else:
-                result = loops.run_evaluation(self, fn)
-                result = result if fn == "predict" else [result]
+                result = run_evaluation(self, fn)
         except BaseException as exception:
+            self.state.status = "interrupted"
             self._call("on_exception", exception)
-            status = "interrupted" if isinstance(exception, KeyboardInterrupt) else "failed"
-            self._finish(fn, status)
+            self._finish(fn, "interrupted" if isinstance(exception, KeyboardInterrupt) else "failed")
             raise
+        self.state.status = "finished"
         self._finish(fn, "success")
         return result
 
     # ================================================================== set-up
     def _setup(self, fn: str, model: TrainingModule, train: Any, evaluation: Any, datamodule: Any) -> None:
+        """In Lightning's order: processes, prepare_data, the setup hooks, the module onto its device, data,
+        optimizers."""
         if datamodule is not None and (train is not None or evaluation is not None):
             raise TandemConfigError(f"Trainer.{fn} got both dataloaders and a datamodule; pass one of them.")
         if self.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
+        if self.benchmark is not None:
+            torch.backends.cudnn.benchmark = self.benchmark
         self.strategy.setup_environment()
         model._trainer = self
         self.datamodule = datamodule
         if datamodule is not None:
             datamodule.trainer = self
-            if self.strategy.local_rank == 0:
-                datamodule.prepare_data()  # once per node; the other ranks wait at the barrier
-            self.strategy.barrier("prepare_data")
-            datamodule.setup(fn)
-        self.strategy.setup(model)
         for logger in self.loggers:  # every rank agrees on the run folder
             logger.version = self.strategy.broadcast(logger.version)
-        self._setup_data(fn, model, train, evaluation, datamodule)
-        if fn == "fit":
-            self._optimizer, self._lr_scheduler_configs = parse_optimizers(model.configure_optimizers())
-            (self._optimizer,) = self.strategy.setup_optimizers([self._optimizer])
-        self._hooks = _collect_hooks(model, self.callbacks)
-        self._has_gradients = False
+        self._prepare_data(model, datamodule)
+        if datamodule is not None:
+            datamodule.setup(fn)
         for callback in self.callbacks:
             callback.setup(self, model, fn)
+        model.setup(fn)
         if fn == "fit":
+            self._check_optimization(model)
+        self.strategy.setup(model)
+        self._setup_data(fn, model, train, evaluation, datamodule)
+        self._batch_transfer = data.batch_transfer(self.strategy, model, datamodule)
+        self._step_takes_batch_idx = data.takes_batch_idx(model.training_step)
+        if fn == "fit":
+            self._optimization = self._configure_optimization(model)
+        self._hooks = _collect_hooks(model, self.callbacks)
+        if fn == "fit":
+            hparams = dict(model.hparams) if model._log_hyperparams else {}
+            if datamodule is not None and datamodule._log_hyperparams:
+                hparams.update(datamodule.hparams)
             for logger in self.loggers:
-                logger.log_hyperparams(dict(model.hparams))
+                logger.log_hyperparams(hparams)
+
+    def _prepare_data(self, model: TrainingModule, datamodule: DataModule | None) -> None:
+        """``prepare_data`` of the DataModule and the module: once per node (or once in all, with
+        ``prepare_data_per_node = False``) while the other processes wait."""
+        owners = [o for o in (datamodule, model) if o is not None and _overrides(o, "prepare_data")]
+        for owner in owners:
+            rank = self.local_rank if getattr(owner, "prepare_data_per_node", True) else self.global_rank
+            if rank == 0:
+                owner.prepare_data()
+        if owners:
+            self.strategy.barrier("prepare_data")
+
+    def _check_optimization(self, model: TrainingModule) -> None:
+        if model.automatic_optimization:
+            return
+        config = self._config
+        if config.accumulate_grad_batches != 1:
+            raise incompatible(
+                f"Trainer(accumulate_grad_batches={config.accumulate_grad_batches}) with manual optimization",
+                "the Trainer cannot accumulate gradients for optimizers the module steps itself",
+                "Remove accumulate_grad_batches, or step the optimizers every N batches in training_step.",
+            )
+        if config.gradient_clip_val is not None:
+            raise incompatible(
+                f"Trainer(gradient_clip_val={config.gradient_clip_val}) with manual optimization",
+                "the Trainer does not step the optimizers, so it cannot clip before the steps",
+                "Remove gradient_clip_val and call self.clip_gradients(opt, gradient_clip_val=...) before opt.step().",
+            )
+        if not self.strategy.supports_manual_optimization:
+            raise incompatible(
+                f"strategy={self.strategy.name!r} with manual optimization",
+                "the step runs in replicas of the module, so manual_backward and opt.step() would run once per replica",
+                "Use strategy='ddp' (one process per device).",
+            )
+
+    def _configure_optimization(self, model: TrainingModule) -> Optimization:
+        automatic, config, strategy = model.automatic_optimization, self._config, self.strategy
+        optimizers, schedulers = parse_optimizers(model.configure_optimizers(), automatic)
+        optimizers = strategy.setup_optimizers(optimizers)
+        clip = None
+        if automatic and _overrides(model, "configure_gradient_clipping"):
+
+            def clip(optimizer: torch.optim.Optimizer) -> None:
+                model.configure_gradient_clipping(optimizer, config.gradient_clip_val, config.gradient_clip_algorithm)
+
+        elif automatic and config.gradient_clip_val is not None:
+            value, algorithm = config.gradient_clip_val, config.gradient_clip_algorithm or "norm"
+
+            def clip(optimizer: torch.optim.Optimizer) -> None:
+                strategy.clip_gradients(optimizer, value, algorithm)
+
+        return Optimization(
+            optimizers,
+            schedulers,
+            automatic,
+            optimizer_step=model.optimizer_step if automatic and _overrides(model, "optimizer_step") else None,
+            zero_grad=model.optimizer_zero_grad if _overrides(model, "optimizer_zero_grad") else None,
+            clip=clip,
+        )
 
     def _setup_data(self, fn: str, model: TrainingModule, train: Any, evaluation: Any, datamodule: Any) -> None:
-        def from_datamodule(name: str) -> Any:
-            return getattr(datamodule, name)() if datamodule is not None else None
-
+        """The records of the stages this run uses: the training loader (fit) and the evaluation loaders."""
         config, strategy = self._config, self.strategy
         if fn == "fit":
-            loader = train if train is not None else from_datamodule("train_dataloader")
-            if loader is None:
+            given = train if train is not None else data.request(TRAIN, model, datamodule)
+            if given is None:
                 raise TandemConfigError(
-                    "Trainer.fit needs training data: pass train_dataloaders=DataLoader(...), or a datamodule whose "
-                    "train_dataloader() returns one."
+                    "Trainer.fit needs training data: pass train_dataloaders=DataLoader(...), a datamodule whose "
+                    "train_dataloader() returns one, or define train_dataloader() on the module."
                 )
-            loader = strategy.process_dataloader(_check_loader(loader, "train_dataloaders"), "fit")
-            self.train_dataloader, self._train_skippable = make_skippable(loader)
-            self.num_training_batches = limit_batches(
-                "limit_train_batches", config.limit_train_batches, len(loader) if has_len(loader) else math.inf
-            )
-            if self.num_training_batches == 0:
+            self._train = data.training_data(given, strategy, config.limit_train_batches)
+            if self._train.num_batches[0] == 0:
                 rank_zero_warn("No training batches (limit_train_batches or an empty dataloader): fit trains nothing.")
-        stage = EVAL_STAGES["validate" if fn == "fit" else fn]
-        loader = evaluation if evaluation is not None else from_datamodule(stage.datamodule_hook)
-        if loader is None and fn != "fit":
+        stage = "validate" if fn == "fit" else fn
+        names = EVAL_STAGES[stage]
+        given = evaluation if evaluation is not None else data.request(names, model, datamodule)
+        if given is None and fn != "fit":
             raise TandemConfigError(
-                f"Trainer.{fn} needs data: pass dataloaders=DataLoader(...), or a datamodule whose "
-                f"{stage.datamodule_hook}() returns one."
+                f"Trainer.{fn} needs data: pass dataloaders=DataLoader(...), a datamodule whose "
+                f"{names.loader_hook}() returns one, or define {names.loader_hook}() on the module."
             )
-        unimplemented = getattr(type(model), stage.step) is getattr(TrainingModule, stage.step)
-        if loader is not None and stage.name != "predict" and unimplemented:
+        unimplemented = not _overrides(model, names.step)
+        if given is not None and stage != "predict" and unimplemented:
             if fn != "fit":
-                raise TandemUserCodeError(f"Trainer.{fn} needs {type(model).__name__}.{stage.step} to be defined.")
-            rank_zero_warn(f"{type(model).__name__} defines no validation_step: validation data is ignored.")
-            loader = None
-        count = 0
-        if loader is not None:
-            loader = strategy.process_dataloader(
-                _check_loader(loader, "dataloaders"), "validate" if fn == "fit" else fn
-            )
-            available = len(loader) if has_len(loader) else math.inf
-            count = limit_batches(stage.limit_attr, getattr(config, stage.limit_attr), available)
-        setattr(self, stage.loaders_attr, loader)
-        setattr(self, stage.count_attr, count)
+                raise TandemUserCodeError(f"Trainer.{fn} needs {type(model).__name__}.{names.step} to be defined.")
+            if evaluation is not None or datamodule is not None:
+                rank_zero_warn(f"{type(model).__name__} defines no validation_step: validation data is ignored.")
+            given = None
+        self._eval[stage] = (  # the other stages keep their records (num_val_batches after a test, ...)
+            data.evaluation_data(names, given, strategy, stage, getattr(config, names.limit))
+            if given is not None
+            else StageData(names)
+        )
 
     def _finish(self, fn: str, status: str) -> None:
-        for callback in self.callbacks:
-            callback.teardown(self, self.strategy.module, fn)
-        for logger in self.loggers:
-            logger.finalize(status)
+        module = self.strategy.module
         if self.datamodule is not None:
             self.datamodule.teardown(fn)
+        for callback in self.callbacks:
+            callback.teardown(self, module, fn)
+        if module is not None:
+            module.teardown(fn)
+        for logger in self.loggers:
+            logger.finalize(status)
         self.strategy.teardown()
         self.state.stage = None
 
@@ -317,26 +450,30 @@ class Trainer:
 
     def _step_schedulers(self, interval: str) -> None:
         count = self.global_step if interval == "step" else self.current_epoch + 1
-        for config in self._lr_scheduler_configs:
+        module = self.strategy.module
+        for config in self._optimization.lr_scheduler_configs:
             if config.interval != interval or count % config.frequency:
                 continue
-            if config.monitor is None:
-                config.scheduler.step()
-                continue
-            value = self.callback_metrics.get(config.monitor)
-            if value is None:
-                if config.strict:
-                    raise missing_metric("The lr_scheduler config", config.monitor, self.callback_metrics)
-                rank_zero_warn(f"lr_scheduler monitor {config.monitor!r} was not logged; the scheduler did not step.")
-                continue
-            config.scheduler.step(self.strategy.broadcast(float(value)))  # rank 0's value: equal LRs
+            metric = None
+            if config.reduce_on_plateau:
+                value = self.callback_metrics.get(config.monitor)
+                if value is None:
+                    if config.strict:
+                        raise missing_metric("The lr_scheduler config", config.monitor, self.callback_metrics)
+                    rank_zero_warn(
+                        f"lr_scheduler monitor {config.monitor!r} was not logged; the scheduler did not step."
+                    )
+                    continue
+                metric = self.strategy.broadcast(float(value))  # rank 0's value: equal LRs
+            module.lr_scheduler_step(config.scheduler, metric)
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         """Send ``metrics`` (name -> number or scalar tensor) to every logger, on global rank 0.
 
         The one way values reach the loggers: the loops call it with ``self.log`` values, callbacks with
         theirs (e.g. learning rates). Needs no other process (it is not a collective). ``step``
-        defaults to ``global_step``; the values also appear in ``logged_metrics``.
+        defaults to the number of training batches that stepped (``global_step`` with one optimizer; under
+        manual optimization, the batches); the values also appear in ``logged_metrics``.
         """
         if not metrics:
             return
@@ -344,7 +481,7 @@ class Trainer:
         self._metrics.logged_metrics.update(values)
         if self.loggers and self.is_global_zero:
             for logger in self.loggers:
-                logger.log_metrics(values, step=self.global_step if step is None else step)
+                logger.log_metrics(values, step=self._loop.batches_stepped if step is None else step)
 
     # ================================================================== checkpoints
     def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool = False) -> None:
@@ -363,12 +500,14 @@ class Trainer:
             "state_dict": self.strategy.module_state_dict(),
             "hparams": dict(module.hparams),
         }
+        if self.datamodule is not None:
+            checkpoint["datamodule_hparams"] = dict(self.datamodule.hparams)
         if not weights_only:
             checkpoint.update(
-                loops=self._progress.state_dict(),
+                loops=self._loop.state_dict(),
                 train_metrics=self._metrics.state_dict(),
                 optimizer_states=[self.strategy.optimizer_state(o) for o in self.optimizers],
-                lr_schedulers=[c.scheduler.state_dict() for c in self._lr_scheduler_configs],
+                lr_schedulers=[c.scheduler.state_dict() for c in self._optimization.lr_scheduler_configs],
                 precision=self.strategy.precision.state_dict(),
                 callbacks={c.state_key: c.state_dict() for c in self.callbacks},
                 rng_states=capture_rng_state(),
@@ -379,47 +518,77 @@ class Trainer:
         return checkpoint
 
     def _restore(self, ckpt_path: str | os.PathLike, fn: str) -> None:
-        path = self._resolve_ckpt_path(ckpt_path)
+        path = self._resolve_ckpt_path(ckpt_path, fn)
         if path is None:
             return
         checkpoint = self.strategy.load_checkpoint(path)
         module = self.strategy.module
+        self._call("on_load_checkpoint", checkpoint)
         try:
             self.strategy.load_module_state_dict(checkpoint["state_dict"])
         except RuntimeError as err:
             raise TandemUserCodeError(f"Checkpoint {str(path)!r} does not fit {type(module).__name__}: {err}") from None
-        self._call("on_load_checkpoint", checkpoint)
         if fn != "fit":
             return
         if "loops" not in checkpoint:
             raise TandemConfigError(
                 f"Checkpoint {str(path)!r} holds weights only (saved with weights_only=True), so training cannot "
-                "resume from it. Load the weights with model.load_state_dict(torch.load(path)['state_dict'])."
+                f"resume from it. Load the weights with {type(module).__name__}.load_from_checkpoint(path) and fit "
+                "that module without ckpt_path."
             )
-        self._progress.load_state_dict(checkpoint["loops"])
-        if self._progress.batches_done:  # mid-epoch: the epoch's partial metric sums come back too
-            self._resume_train_metrics = checkpoint.get("train_metrics")
-        for optimizer, state in zip(self.optimizers, checkpoint["optimizer_states"]):
+        saved, optimizers = checkpoint["optimizer_states"], self.optimizers
+        schedulers = self._optimization.lr_scheduler_configs
+        if len(saved) != len(optimizers) or len(checkpoint["lr_schedulers"]) != len(schedulers):
+            raise TandemConfigError(
+                f"Checkpoint {str(path)!r} holds {len(saved)} optimizer(s) and {len(checkpoint['lr_schedulers'])} "
+                f"scheduler(s), but configure_optimizers returned {len(optimizers)} and {len(schedulers)}. Resume "
+                "with the configure_optimizers the checkpoint was trained with."
+            )
+        self._loop.load_state_dict(checkpoint["loops"])
+        if self._loop.batches_done:  # mid-epoch: the epoch's partial metric sums come back too
+            self._loop.resume_train_metrics = checkpoint.get("train_metrics")
+        for optimizer, state in zip(optimizers, saved):
             self.strategy.load_optimizer_state(optimizer, state)
-        for config, state in zip(self._lr_scheduler_configs, checkpoint["lr_schedulers"]):
+        for config, state in zip(schedulers, checkpoint["lr_schedulers"]):
             config.scheduler.load_state_dict(state)
         self.strategy.precision.load_state_dict(checkpoint.get("precision", {}))
-        saved = checkpoint.get("callbacks", {})
+        saved_callbacks = checkpoint.get("callbacks", {})
         for callback in self.callbacks:
-            if callback.state_key in saved:
-                callback.load_state_dict(saved[callback.state_key])
+            if callback.state_key in saved_callbacks:
+                callback.load_state_dict(saved_callbacks[callback.state_key])
         if self.datamodule is not None and "datamodule" in checkpoint:
             self.datamodule.load_state_dict(checkpoint["datamodule"])
-        self._resume_rng = checkpoint.get("rng_states")
+        self._loop.resume_rng = checkpoint.get("rng_states")
 
-    def _resolve_ckpt_path(self, ckpt_path: str | os.PathLike) -> str | None:
+    def _best_checkpoint(self) -> str | None:
+        """The monitored best checkpoint of the first ModelCheckpoint, if it saved one."""
+        callback = self.checkpoint_callback
+        if callback is None or callback.monitor is None or not callback.best_model_path:
+            return None
+        return callback.best_model_path
+
+    def _resolve_ckpt_path(self, ckpt_path: str | os.PathLike, fn: str) -> str | None:
         """The file to load. "best" is the same on every rank (checkpoint decisions are rank 0's);
         "last" is searched for on rank 0 and broadcast, so every rank loads the same file."""
         if ckpt_path == "best":
             callback = self.checkpoint_callback
-            if callback is None or not callback.best_model_path:
+            if callback is None:
                 raise TandemConfigError(
-                    "ckpt_path='best' needs a ModelCheckpoint(monitor=...) that has saved a checkpoint."
+                    f"trainer.{fn}(ckpt_path='best') needs a ModelCheckpoint; add callbacks=[ModelCheckpoint(monitor="
+                    "'val_loss')] or pass a checkpoint file."
+                )
+            if callback.monitor is None:  # Lightning's meaning: with no monitor, the latest checkpoint is the best
+                latest = callback.best_model_path or callback.last_model_path
+                if latest:
+                    rank_zero_warn(
+                        f"trainer.{fn}(ckpt_path='best'): the ModelCheckpoint has no monitor, so the best checkpoint "
+                        f"is the latest one ({latest}). Set ModelCheckpoint(monitor=...) to rank checkpoints."
+                    )
+                    return latest
+            if not callback.best_model_path:
+                raise TandemConfigError(
+                    f"trainer.{fn}(ckpt_path='best') found no saved checkpoint: the ModelCheckpoint has not saved one "
+                    "yet. Fit first, or pass a checkpoint file."
                 )
             return callback.best_model_path
         if ckpt_path == "last":
@@ -445,11 +614,12 @@ class Trainer:
     # ================================================================== public state
     @property
     def current_epoch(self) -> int:
-        return self._progress.epoch
+        return self._loop.epoch
 
     @property
     def global_step(self) -> int:
-        return self._progress.global_step
+        """Optimizer steps taken: one per step of each optimizer (a GAN stepping two per batch counts two)."""
+        return self._loop.global_step
 
     @property
     def callback_metrics(self) -> dict[str, torch.Tensor]:
@@ -477,12 +647,69 @@ class Trainer:
 
     @property
     def optimizers(self) -> list[torch.optim.Optimizer]:
-        return [self._optimizer] if self._optimizer is not None else []
+        return list(self._optimization.optimizers)
 
     @property
     def lr_scheduler_configs(self) -> list[LRSchedulerConfig]:
-        return list(self._lr_scheduler_configs)
+        return list(self._optimization.lr_scheduler_configs)
 
+    # ------------------------------------------------------------------ data, as Lightning names it
+    @property
+    def train_dataloader(self) -> Any:
+        """The training loader as the loop reads it (sharded under DDP); None before a fit."""
+        return self._train.given
+
+    @property
+    def val_dataloaders(self) -> Any:
+        """The validation loader(s) in the shape given (one, a list or a dict); None when there are none."""
+        return self._eval["validate"].given
+
+    @property
+    def test_dataloaders(self) -> Any:
+        return self._eval["test"].given
+
+    @property
+    def predict_dataloaders(self) -> Any:
+        return self._eval["predict"].given
+
+    @property
+    def num_training_batches(self) -> int | float:
+        """Training batches per epoch (after ``limit_train_batches``; ``inf`` for an unsized loader)."""
+        return self._train.num_batches[0] if self._train.num_batches else 0
+
+    @property
+    def num_val_batches(self) -> list[int | float]:
+        """Validation batches of each validation loader (a list, as in Lightning)."""
+        return list(self._eval["validate"].num_batches)
+
+    @property
+    def num_test_batches(self) -> list[int | float]:
+        return list(self._eval["test"].num_batches)
+
+    @property
+    def num_predict_batches(self) -> list[int | float]:
+        return list(self._eval["predict"].num_batches)
+
+    @property
+    def num_sanity_val_batches(self) -> list[int | float]:
+        """The sanity check's batches of each validation loader."""
+        return [min(self._sanity_steps, n) for n in self._eval["validate"].num_batches]
+
+    @property
+    def num_sanity_val_steps(self) -> int | float:
+        """Validation batches the sanity check runs, over all loaders (0 without validation data)."""
+        return sum(self.num_sanity_val_batches)
+
+    @property
+    def _sanity_steps(self) -> int | float:
+        steps = self._config.num_sanity_val_steps
+        return math.inf if steps == -1 else steps
+
+    @property
+    def _val(self) -> StageData:
+        return self._eval["validate"]
+
+    # ------------------------------------------------------------------ loggers and callbacks
     @property
     def logger(self) -> Any:
         return self.loggers[0] if self.loggers else None
@@ -502,6 +729,18 @@ class Trainer:
         callbacks = self.checkpoint_callbacks
         return callbacks[0] if callbacks else None
 
+    @property
+    def early_stopping_callbacks(self) -> list[Any]:
+        from tandem.callbacks.early_stopping import EarlyStopping
+
+        return [c for c in self.callbacks if isinstance(c, EarlyStopping)]
+
+    @property
+    def early_stopping_callback(self) -> Any:
+        callbacks = self.early_stopping_callbacks
+        return callbacks[0] if callbacks else None
+
+    # ------------------------------------------------------------------ processes
     @property
     def global_rank(self) -> int:
         return self.strategy.global_rank
@@ -523,20 +762,78 @@ class Trainer:
         return self.strategy.num_nodes
 
     @property
+    def num_devices(self) -> int:
+        return len(self.strategy.parallel_devices or [self.strategy.root_device])
+
+    @property
     def is_global_zero(self) -> bool:
         return self.strategy.is_global_zero
 
+    # ------------------------------------------------------------------ settings
     @property
     def max_epochs(self) -> int:
         return self._config.max_epochs
+
+    @property
+    def min_epochs(self) -> int | None:
+        return self._config.min_epochs
 
     @property
     def max_steps(self) -> int:
         return self._config.max_steps
 
     @property
+    def min_steps(self) -> int | None:
+        return self._config.min_steps
+
+    @property
     def accumulate_grad_batches(self) -> int:
+        """Batches per optimizer step; read at every batch, so a callback may change it (e.g. at epoch start)."""
         return self._config.accumulate_grad_batches
+
+    @accumulate_grad_batches.setter
+    def accumulate_grad_batches(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise TandemConfigError(f"accumulate_grad_batches={value!r} is out of range; expected an int >= 1.")
+        if value != 1 and not self._optimization.automatic:
+            raise incompatible(
+                f"accumulate_grad_batches={value} with manual optimization",
+                "the Trainer cannot accumulate gradients for optimizers the module steps itself",
+                "Step the optimizers every N batches in training_step instead.",
+            )
+        self._config.accumulate_grad_batches = value
+
+    @property
+    def gradient_clip_val(self) -> float | None:
+        return self._config.gradient_clip_val
+
+    @property
+    def gradient_clip_algorithm(self) -> str | None:
+        return self._config.gradient_clip_algorithm
+
+    @property
+    def limit_train_batches(self) -> int | float:
+        return self._config.limit_train_batches
+
+    @property
+    def limit_val_batches(self) -> int | float:
+        return self._config.limit_val_batches
+
+    @property
+    def limit_test_batches(self) -> int | float:
+        return self._config.limit_test_batches
+
+    @property
+    def limit_predict_batches(self) -> int | float:
+        return self._config.limit_predict_batches
+
+    @property
+    def val_check_interval(self) -> int | float:
+        return self._config.val_check_interval
+
+    @property
+    def check_val_every_n_epoch(self) -> int | None:
+        return self._config.check_val_every_n_epoch
 
     @property
     def log_every_n_steps(self) -> int:
@@ -550,12 +847,7 @@ class Trainer:
     def precision(self) -> str:
         return self.strategy.precision.precision
 
-    @property
-    def num_sanity_val_steps(self) -> int | float:
-        """Validation batches the sanity check runs (0 when there is no validation data)."""
-        steps = self._config.num_sanity_val_steps
-        return self.num_val_batches if steps == -1 else min(steps, self.num_val_batches)
-
+    # ------------------------------------------------------------------ what is running
     @property
     def sanity_checking(self) -> bool:
         return self.state.stage == "sanity_check"
@@ -577,11 +869,22 @@ class Trainer:
         return self.state.stage == "predict"
 
     @property
+    def interrupted(self) -> bool:
+        """The last run ended with an exception (Ctrl-C included)."""
+        return self.state.status == "interrupted"
+
+    @property
     def estimated_stepping_batches(self) -> int | float:
         """Optimizer steps the fit will take (for schedulers such as OneCycleLR)."""
         per_epoch = math.ceil(self.num_training_batches / self.accumulate_grad_batches)
         total = per_epoch * self._config.epoch_limit
         return min(total, self.max_steps) if self.max_steps != -1 else total
+
+
+#: the Trainer's arguments (for "did you mean" on a misspelt one)
+_ARGUMENTS = [
+    name for name in Trainer.__init__.__code__.co_varnames[1 : Trainer.__init__.__code__.co_kwonlyargcount + 1]
+]
 
 
 # ====================================================================== construction helpers
@@ -636,16 +939,10 @@ def _build_callbacks(callbacks: Any, checkpointing: bool, progress_bar: bool, mo
     return callbacks
 
 
-def _check_loader(loader: Any, name: str) -> Any:
-    if isinstance(loader, (list, tuple)):
-        if len(loader) != 1:
-            raise TandemConfigError(f"{name} got {len(loader)} dataloaders; tandem takes one per stage.")
-        loader = loader[0]
-    if not isinstance(loader, Iterable):
-        raise TandemConfigError(
-            f"{name} must be a DataLoader (or an iterable of batches); got {type(loader).__name__}."
-        )
-    return loader
+def _overrides(obj: Any, name: str) -> bool:
+    """``obj``'s class defines its own ``name`` (tandem dispatches hooks only when they do something)."""
+    base = DataModule if isinstance(obj, DataModule) else TrainingModule
+    return getattr(type(obj), name, None) is not getattr(base, name, None)
 
 
 def _collect_hooks(module: TrainingModule, callbacks: list[Callback]) -> dict[str, list[Any]]:
