@@ -132,7 +132,7 @@ def test_uneven_validate_and_test_equal_one_process(runs, common):
     model.load_state_dict(runs["evaluation"][0]["weights"])
     loader = DataLoader(common.dataset(common.EVAL_SAMPLES, seed=2), batch_size=common.EVAL_BATCH)
     expected = {"validate": quiet_trainer().validate(model, loader)[0], "test": quiet_trainer().test(model, loader)[0]}
-    assert [r["val_batches"] for r in runs["evaluation"]] == [6, 5]  # 51 and 50 samples: no padding
+    assert [r["val_batches"] for r in runs["evaluation"]] == [[6], [5]]  # 51 and 50 samples: no padding
     for result in runs["evaluation"]:
         for stage, metrics in expected.items():
             got = result[stage][0]

@@ -84,7 +84,7 @@ def test_training_step_returning_the_wrong_thing(returned, match):
         (None, r"configure_optimizers returned None: that is not an optimizer"),
         ("sgd", r"that is not an optimizer"),
         ({"lr_scheduler": None}, r"a dict needs the key 'optimizer'"),
-        ("two", r"exactly one optimizer per module, got 2"),
+        ("two", r"returned 2 optimizers; training with several optimizers needs manual optimization"),
         ("plateau", r"ReduceLROnPlateau needs a metric: add 'monitor'"),
         ("interval", r"lr_scheduler 'interval'='hour' is not valid"),
     ],

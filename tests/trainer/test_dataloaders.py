@@ -1,0 +1,312 @@
+"""Where data comes from and how it is run: several evaluation loaders, DataModules passed positionally, the
+module's own data hooks, batch transfer hooks, and evaluating without a model after a fit."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+import tandem
+from helpers import TinyModule, loader, make_data, quiet_trainer
+from tandem.callbacks import ModelCheckpoint
+from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class PerLoader(TinyModule):
+    """Logs a per-batch loss and a per-loader constant from the evaluation steps; records hook arguments."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple] = []
+
+    def validation_step(self, batch, batch_idx, dataloader_idx=0):
+        x, y = batch
+        self.log("val_loss", F.cross_entropy(self(x), y))
+        self.log("marker", float(dataloader_idx), add_dataloader_idx=False, reduce_fx="max")
+        self.calls.append(("step", batch_idx, dataloader_idx))
+
+    def on_validation_batch_end(self, outputs, batch, batch_idx, dataloader_idx=0):
+        self.calls.append(("end", batch_idx, dataloader_idx))
+
+    def on_validation_epoch_end(self):
+        self.log("epoch_value", 7.0)
+
+    def test_step(self, batch, batch_idx, dataloader_idx=0):
+        x, y = batch
+        self.log("test_loss", F.cross_entropy(self(x), y))
+
+    def predict_step(self, batch, batch_idx, dataloader_idx=0):
+        return (dataloader_idx, batch[0].shape[0])
+
+
+class HookArgs(tandem.Callback):
+    def __init__(self) -> None:
+        self.seen: list[tuple] = []
+
+    def on_validation_batch_start(self, trainer, module, batch, batch_idx, dataloader_idx=0):
+        self.seen.append((batch_idx, dataloader_idx))
+
+
+def _single_loss(model: TinyModule, data: DataLoader) -> float:
+    (result,) = quiet_trainer().validate(model, data, verbose=False)
+    return result["val_loss"]
+
+
+def test_several_validation_loaders_get_dataloader_idx_and_suffixed_metrics():
+    model, callback = PerLoader(), HookArgs()
+    loaders = [loader(48, 16), loader(20, 8)]
+    trainer = quiet_trainer(callbacks=[callback])
+    results = trainer.validate(model, loaders, verbose=False)
+    assert trainer.num_val_batches == [3, 3]
+    assert [c for c in model.calls if c[0] == "step"] == [("step", i, 0) for i in range(3)] + [
+        ("step", i, 1) for i in range(3)
+    ]
+    assert callback.seen == [(i, 0) for i in range(3)] + [(i, 1) for i in range(3)]
+    assert len(results) == 2
+    assert set(results[0]) == {"val_loss/dataloader_idx_0", "marker", "epoch_value"}
+    assert set(results[1]) == {"val_loss/dataloader_idx_1", "marker", "epoch_value"}
+    assert results[0]["marker"] == results[1]["marker"] == 1.0  # add_dataloader_idx=False: one name for both
+    for i, data in enumerate(loaders):  # each loader's metric is its own: as if validated alone
+        assert math.isclose(results[i][f"val_loss/dataloader_idx_{i}"], _single_loss(model, data), rel_tol=1e-6)
+    assert trainer.val_dataloaders[1] is not None and isinstance(trainer.val_dataloaders, list)
+
+
+def test_a_dict_of_loaders_and_limits_per_loader():
+    trainer = quiet_trainer(limit_test_batches=2)
+    results = trainer.test(PerLoader(), {"clean": loader(48, 8), "small": loader(8, 8)}, verbose=False)
+    assert trainer.num_test_batches == [2, 1]
+    assert set(trainer.test_dataloaders) == {"clean", "small"}
+    assert [set(r) for r in results] == [{"test_loss/dataloader_idx_0"}, {"test_loss/dataloader_idx_1"}]
+
+
+def test_fit_validates_every_loader_and_the_sanity_check_runs_each():
+    model = PerLoader()
+    trainer = quiet_trainer(max_epochs=1, num_sanity_val_steps=1)
+    trainer.fit(model, loader(32, 16), [loader(32, 16), loader(16, 16)])
+    steps = [c for c in model.calls if c[0] == "step"]
+    assert steps[:2] == [("step", 0, 0), ("step", 0, 1)]  # sanity check: 1 batch of each loader
+    assert steps[2:] == [("step", 0, 0), ("step", 1, 0), ("step", 0, 1)]
+    assert {"val_loss/dataloader_idx_0", "val_loss/dataloader_idx_1"} <= set(trainer.callback_metrics)
+
+
+def test_predict_returns_one_list_per_loader_and_nothing_when_asked():
+    trainer = quiet_trainer()
+    predictions = trainer.predict(PerLoader(), [loader(32, 16), loader(8, 4)])
+    assert predictions == [[(0, 16), (0, 16)], [(1, 4), (1, 4)]]
+    assert trainer.predict(PerLoader(), loader(32, 16)) == [(0, 16), (0, 16)]
+    assert trainer.predict(PerLoader(), loader(32, 16), return_predictions=False) is None
+
+
+def test_a_step_without_dataloader_idx_and_several_loaders_is_a_clear_error():
+    with pytest.raises(
+        TandemUserCodeError, match=r"several val dataloaders.*validation_step\(\) has no dataloader_idx"
+    ):
+        quiet_trainer().validate(TinyModule(), [loader(), loader()])
+
+    class Requires(TinyModule):
+        def validation_step(self, batch, batch_idx, dataloader_idx):
+            pass
+
+    with pytest.raises(TandemUserCodeError, match=r"one val dataloader.*requires dataloader_idx"):
+        quiet_trainer().validate(Requires(), loader())
+
+
+def test_training_step_without_batch_idx():
+    class NoIndex(TinyModule):
+        def training_step(self, batch):
+            return super().training_step(batch, 0)
+
+        def validation_step(self, batch):
+            super().validation_step(batch, 0)
+
+    trainer = quiet_trainer(max_epochs=1)
+    trainer.fit(NoIndex(), loader(32, 16), loader(32, 16))
+    assert trainer.global_step == 2 and "val_loss" in trainer.callback_metrics
+
+
+# ---------------------------------------------------------------------------------------------- where data comes from
+class OwnsData(TinyModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[str] = []
+
+    def prepare_data(self):
+        self.events.append("prepare_data")
+
+    def setup(self, stage):
+        self.events.append(f"setup:{stage}:{self.net[0].weight.device.type}")
+
+    def teardown(self, stage):
+        self.events.append(f"teardown:{stage}")
+
+    def train_dataloader(self):
+        self.events.append("train_dataloader")
+        return loader(32, 16)
+
+    def val_dataloader(self):
+        return loader(32, 16)
+
+    def test_dataloader(self):
+        return [loader(16, 16), loader(16, 8)]
+
+    def test_step(self, batch, batch_idx, dataloader_idx=0):
+        self.log("test_loss", F.cross_entropy(self(batch[0]), batch[1]))
+
+
+def test_fit_without_loaders_uses_the_module_data_hooks_and_calls_setup_and_teardown():
+    model = OwnsData()
+    trainer = quiet_trainer(max_epochs=1)
+    trainer.fit(model)
+    assert trainer.global_step == 2 and "val_loss" in trainer.callback_metrics
+    assert model.events == ["prepare_data", "setup:fit:cpu", "train_dataloader", "teardown:fit"]
+    results = trainer.test(model, verbose=False)
+    assert len(results) == 2 and model.events[-2:] == ["setup:test:cpu", "teardown:test"]
+
+
+class Data(tandem.DataModule):
+    def __init__(self, batch_size: int = 16) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.stages: list[str] = []
+
+    def setup(self, stage):
+        self.stages.append(stage)
+
+    def train_dataloader(self):
+        return loader(32, self.hparams.batch_size)
+
+    def val_dataloader(self):
+        return loader(32, self.hparams.batch_size)
+
+
+def test_a_datamodule_passed_positionally_is_recognised():
+    data = Data()
+    trainer = quiet_trainer(max_epochs=1)
+    trainer.fit(TinyModule(), data)
+    assert trainer.datamodule is data and data.trainer is trainer and trainer.global_step == 2
+    assert trainer.validate(TinyModule(), data, verbose=False)[0].keys() == {"val_loss", "val_acc"}
+    assert data.stages == ["fit", "validate"]
+    with pytest.raises(TandemConfigError, match="both dataloaders and a datamodule"):
+        trainer.fit(TinyModule(), loader(), datamodule=data)
+
+
+def test_datamodule_hyperparameters_and_from_datasets(tmp_path):
+    data = Data(batch_size=8)
+    assert data.hparams == {"batch_size": 8} and data.hparams.batch_size == 8
+    trainer = quiet_trainer(max_epochs=1, default_root_dir=tmp_path)
+    trainer.fit(TinyModule(), data)
+    trainer.save_checkpoint(tmp_path / "with_data.ckpt")
+    restored = Data.load_from_checkpoint(tmp_path / "with_data.ckpt")
+    assert isinstance(restored, Data) and restored.hparams.batch_size == 8
+    assert Data.load_from_checkpoint(tmp_path / "with_data.ckpt", batch_size=4).hparams.batch_size == 4
+
+    train, val = make_data(48), make_data(20, seed=2)
+    from_sets = tandem.DataModule.from_datasets(train, [val, val], batch_size=8)
+    trainer = quiet_trainer(max_epochs=1)
+    trainer.fit(PerLoader(), from_sets)
+    assert trainer.num_training_batches == 6 and trainer.num_val_batches == [3, 3]
+
+
+# ---------------------------------------------------------------------------------------------- batch transfer hooks
+def test_transfer_hooks_run_in_order_with_the_dataloader_index():
+    calls = []
+
+    class Transfers(PerLoader):
+        def on_before_batch_transfer(self, batch, dataloader_idx):
+            calls.append(("before", dataloader_idx))
+            x, y = batch
+            return x * 0, y  # visible in the step: the loss of an all-zero input
+
+        def transfer_batch_to_device(self, batch, device, dataloader_idx):
+            calls.append(("transfer", device.type))
+            return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
+        def on_after_batch_transfer(self, batch, dataloader_idx):
+            calls.append(("after", dataloader_idx))
+            return batch
+
+    model = Transfers()
+    results = quiet_trainer().validate(model, [loader(16, 16), loader(16, 16)], verbose=False)
+    assert calls == [("before", 0), ("transfer", "cpu"), ("after", 0), ("before", 1), ("transfer", "cpu"), ("after", 1)]
+    zero_loss = F.cross_entropy(model(torch.zeros(16, 8)), make_data(16).tensors[1]).item()
+    assert math.isclose(results[0]["val_loss/dataloader_idx_0"], zero_loss, rel_tol=1e-6)
+
+
+def test_a_datamodule_transfer_hook_wins():
+    class Doubling(Data):
+        def on_before_batch_transfer(self, batch, dataloader_idx):
+            return batch[0] * 2, batch[1]
+
+    class Recording(TinyModule):
+        inputs: list[torch.Tensor] = []
+
+        def on_before_batch_transfer(self, batch, dataloader_idx):
+            raise AssertionError("the DataModule's hook should be used")
+
+        def training_step(self, batch, batch_idx):
+            self.inputs.append(batch[0])
+            return super().training_step(batch, batch_idx)
+
+    model = Recording()
+    quiet_trainer(max_steps=1).fit(model, Doubling())
+    assert torch.equal(model.inputs[0], make_data(32).tensors[0][:16] * 2)
+
+
+# ---------------------------------------------------------------------------------------------- after a fit
+def test_evaluating_without_a_model_uses_the_fitted_one_and_its_best_checkpoint(tmp_path):
+    model = TinyModule()
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, monitor="val_loss", save_top_k=1)
+    trainer = quiet_trainer(max_epochs=3, callbacks=[checkpoint], enable_checkpointing=True)
+    trainer.fit(model, loader(64, 16, shuffle=True), loader(32, 16))
+    best_model = TinyModule.load_from_checkpoint(checkpoint.best_model_path)
+    expected = quiet_trainer().test(best_model, loader(32, 16), verbose=False)
+    with pytest.warns(UserWarning, match=r"without a model: the best checkpoint of the previous fit"):
+        got = trainer.test(dataloaders=loader(32, 16), verbose=False)
+    assert got == expected
+    with pytest.raises(TandemConfigError, match=r"got no model and no earlier run has one"):
+        quiet_trainer().validate()
+
+
+def test_ckpt_path_best_without_a_monitor_is_the_latest_checkpoint_with_a_warning(tmp_path):
+    trainer = quiet_trainer(max_epochs=2, enable_checkpointing=True, default_root_dir=tmp_path)
+    model = TinyModule()
+    trainer.fit(model, loader(32, 16), loader(32, 16))
+    with pytest.warns(UserWarning, match=r"has no monitor, so the best checkpoint is the latest one"):
+        (result,) = trainer.validate(model, loader(32, 16), ckpt_path="best", verbose=False)
+    assert math.isclose(result["val_loss"], _single_loss(model, loader(32, 16)), rel_tol=1e-6)
+    with pytest.raises(TandemConfigError, match=r"ckpt_path='best'\) needs a ModelCheckpoint"):
+        quiet_trainer().validate(model, loader(), ckpt_path="best")
+
+
+# ---------------------------------------------------------------------------------------------- DDP
+
+
+@pytest.mark.timeout(150)
+def test_each_loader_is_sharded_exactly_under_ddp_and_metrics_equal_one_process(core_ddp, scripts_on_path):
+    import manual_modules
+
+    rank0, rank1 = core_ddp["loaders"]
+    assert rank0["num_val_batches"] == [6, 3] and rank1["num_val_batches"] == [5, 3]  # 51 + 50, 19 + 18 samples
+    assert {k: rank0["seen"][k] + rank1["seen"][k] for k in (0, 1)} == {0: 101, 1: 37}  # no sample twice
+    model = manual_modules.Evaluated()
+    model.load_state_dict(rank0["weights"])
+    expected_val = quiet_trainer().validate(model, manual_modules.eval_loaders(), verbose=False)
+    expected_test = quiet_trainer().test(model, manual_modules.eval_loaders(), verbose=False)
+    expected_predict = quiet_trainer().predict(model, manual_modules.eval_loaders())
+    for result in (rank0, rank1):
+        for got, expected in ((result["validate"], expected_val), (result["test"], expected_test)):
+            assert [set(g) for g in got] == [set(e) for e in expected]
+            for g, e in zip(got, expected):
+                for name, value in e.items():
+                    assert math.isclose(g[name], value, rel_tol=1e-6, abs_tol=1e-7), (name, g[name], value)
+        for got, expected in zip(result["predict"], expected_predict):  # every sample, in order, on every rank
+            assert torch.equal(torch.cat([p["x0"] for p in got]), torch.cat([p["x0"] for p in expected]))
+            torch.testing.assert_close(
+                torch.cat([p["logits"] for p in got]), torch.cat([p["logits"] for p in expected])
+            )

@@ -1,0 +1,102 @@
+"""The TrainingModule's Lightning surface: load_from_checkpoint, all_gather, logger(s), freeze / unfreeze,
+save_hyperparameters(logger=False), self.log(rank_zero_only=...)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import tandem
+from helpers import TinyModule, loader, max_abs_diff, quiet_trainer
+from tandem.loggers import CSVLogger
+from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class WithEncoder(tandem.TrainingModule):
+    def __init__(self, encoder: nn.Module, hidden: int = 16, lr: float = 0.1) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["encoder"])
+        self.encoder = encoder
+        self.head = nn.Linear(hidden, 3)
+
+    def training_step(self, batch, batch_idx):
+        return nn.functional.cross_entropy(self.head(self.encoder(batch[0])), batch[1])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+def test_load_from_checkpoint_rebuilds_the_module_from_its_hyperparameters(tmp_path):
+    model = TinyModule(lr=0.05, optimizer="adam", dropout=0.1)
+    trainer = quiet_trainer(max_epochs=1)
+    trainer.fit(model, loader(32, 16))
+    trainer.save_checkpoint(tmp_path / "model.ckpt")
+    loaded = TinyModule.load_from_checkpoint(tmp_path / "model.ckpt")
+    assert isinstance(loaded, TinyModule) and loaded is not model
+    assert loaded.hparams == model.hparams and loaded.net[1].p == 0.1
+    assert max_abs_diff(loaded.state_dict(), model.state_dict()) == 0.0
+    overridden = TinyModule.load_from_checkpoint(tmp_path / "model.ckpt", dropout=0.5, map_location="cpu")
+    assert overridden.net[1].p == 0.5 and overridden.hparams.dropout == 0.5
+    torch.save({"plain": 1}, tmp_path / "plain.pt")  # a file tandem did not write
+    with pytest.raises(Exception, match="not a tandem checkpoint"):
+        TinyModule.load_from_checkpoint(tmp_path / "plain.pt")
+
+
+def test_load_from_checkpoint_names_arguments_that_were_not_saved(tmp_path):
+    model = WithEncoder(nn.Linear(8, 16), hidden=16)
+    trainer = quiet_trainer(max_steps=1)
+    trainer.fit(model, loader())
+    trainer.save_checkpoint(tmp_path / "model.ckpt")
+    with pytest.raises(TandemConfigError, match=r"lack \['encoder'\].*load_from_checkpoint\(path, encoder=\.\.\.\)"):
+        WithEncoder.load_from_checkpoint(tmp_path / "model.ckpt")
+    loaded = WithEncoder.load_from_checkpoint(tmp_path / "model.ckpt", encoder=nn.Linear(8, 16))
+    assert max_abs_diff(loaded.state_dict(), model.state_dict()) == 0.0
+    with pytest.raises(TandemUserCodeError, match=r"(?s)does not fit WithEncoder.*size mismatch.*strict=False"):
+        WithEncoder.load_from_checkpoint(tmp_path / "model.ckpt", encoder=nn.Linear(8, 32), hidden=32)
+    partial = WithEncoder.load_from_checkpoint(tmp_path / "model.ckpt", encoder=nn.Identity(), strict=False)
+    assert torch.equal(partial.head.weight, model.head.weight)  # the encoder's saved weights are skipped
+
+
+def test_all_gather_logger_freeze_and_hyperparameters_kept_from_loggers(tmp_path):
+    seen = {}
+
+    class Surface(TinyModule):
+        def __init__(self, secret: str = "x") -> None:
+            super().__init__()
+            self.save_hyperparameters(logger=False)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def on_train_start(self):
+            seen["gathered"] = self.all_gather({"a": torch.tensor([1.0, 2.0]), "n": 3})
+            seen["logger"] = self.logger
+            seen["loggers"] = self.loggers
+
+    logger = CSVLogger(tmp_path)
+    trainer = quiet_trainer(max_steps=1, logger=logger)
+    model = Surface()
+    trainer.fit(model, loader())
+    assert torch.equal(seen["gathered"]["a"], torch.tensor([1.0, 2.0])) and seen["gathered"]["n"].item() == 3
+    assert seen["logger"] is logger and seen["loggers"] == [logger]
+    assert "secret" not in (tmp_path / "tandem_logs" / "version_0" / "hparams.yaml").read_text()
+    model.freeze()
+    assert not model.training and not any(p.requires_grad for p in model.parameters())
+    model.unfreeze()
+    assert model.training and all(p.requires_grad for p in model.parameters())
+    assert TinyModule().logger is None and TinyModule().loggers == []
+
+
+def test_rank_zero_only_values_are_logged_without_a_collective():
+    class RankZero(TinyModule):
+        def on_train_epoch_end(self):
+            if self.trainer.is_global_zero:
+                self.log("only_here", 1.0, rank_zero_only=True, sync_dist=True)
+
+    trainer = quiet_trainer(max_epochs=1)
+    trainer.fit(RankZero(), loader())
+    assert trainer.callback_metrics["only_here"].item() == 1.0
+    assert not trainer._metrics._stores["train"]["only_here"].sync_dist

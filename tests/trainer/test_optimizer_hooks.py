@@ -1,0 +1,178 @@
+"""The module's optimization overrides (``optimizer_step``, ``optimizer_zero_grad``,
+``configure_gradient_clipping``, ``lr_scheduler_step``) and the shapes ``configure_optimizers`` may return."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import TinyModule, loader, max_abs_diff, quiet_trainer
+from tandem.utilities.exceptions import TandemUserCodeError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class WarmUp(TinyModule):
+    """Lightning's documented warm-up: the LR starts at 0 and rises inside ``optimizer_step``."""
+
+    def __init__(self, lr: float = 0.1, warmup: int = 4) -> None:
+        super().__init__(lr=lr)
+        self.warmup = warmup
+        self.lrs: list[float] = []
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, step / self.warmup))
+        return optimizer
+
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure):
+        optimizer.step(closure=optimizer_closure)
+        self.lrs.append(optimizer.param_groups[0]["lr"])
+        self.schedule.step()
+
+
+def test_optimizer_step_override_runs_the_closure_and_its_warm_up_takes_effect():
+    torch.manual_seed(0)
+    model = WarmUp()
+    before = copy.deepcopy(model.state_dict())
+    trainer = quiet_trainer(max_steps=6)
+    trainer.fit(model, loader(64, 8))
+    assert trainer.global_step == 6
+    assert model.lrs == pytest.approx([0.0, 0.025, 0.05, 0.075, 0.1, 0.1])
+    assert max_abs_diff(model.state_dict(), before) > 1e-3  # it trained (not with LR 0 throughout)
+
+    torch.manual_seed(0)
+    reference = WarmUp()
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, step / 4))
+    for (x, y), _ in zip(loader(64, 8), range(6)):
+        F.cross_entropy(reference(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        schedule.step()
+    assert max_abs_diff(model.state_dict(), reference.state_dict()) == 0.0
+
+
+def test_optimizer_step_override_with_accumulation_and_lbfgs():
+    class Accumulating(WarmUp):
+        def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure):
+            self.lrs.append(batch_idx)
+            optimizer.step(closure=optimizer_closure)
+
+    model = Accumulating()
+    trainer = quiet_trainer(max_epochs=1, accumulate_grad_batches=2)
+    trainer.fit(model, loader(64, 8))
+    assert model.lrs == [1, 3, 5, 7] and trainer.global_step == 4
+
+    class LBFGS(TinyModule):
+        closures = 0
+
+        def training_step(self, batch, batch_idx):
+            LBFGS.closures += 1
+            return super().training_step(batch, batch_idx)
+
+        def configure_optimizers(self):
+            return torch.optim.LBFGS(self.parameters(), lr=0.5, max_iter=3)
+
+        def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure):
+            optimizer.step(closure=optimizer_closure)
+
+    trainer = quiet_trainer(max_steps=2)
+    trainer.fit(LBFGS(), loader(64, 32))
+    assert trainer.global_step == 2 and LBFGS.closures > 2  # LBFGS evaluated the closure several times
+
+
+def test_an_optimizer_step_that_skips_the_closure_is_a_clear_error():
+    class Forgetful(TinyModule):
+        def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure):
+            optimizer.step()
+
+    with pytest.raises(TandemUserCodeError, match=r"optimizer_step did not run the closure.*closure=optimizer_closure"):
+        quiet_trainer(max_steps=1).fit(Forgetful(), loader())
+
+
+def test_optimizer_zero_grad_override_can_keep_gradients():
+    class KeepEveryOther(TinyModule):
+        calls: list[int] = []
+
+        def optimizer_zero_grad(self, epoch, batch_idx, optimizer):
+            self.calls.append(batch_idx)
+            if batch_idx % 2:
+                optimizer.zero_grad()
+
+    torch.manual_seed(0)
+    model = KeepEveryOther()
+    reference = copy.deepcopy(model)
+    quiet_trainer(max_epochs=1).fit(model, loader(64, 16))
+    assert model.calls == [0, 1, 2, 3]
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    for i, (x, y) in enumerate(loader(64, 16)):
+        F.cross_entropy(reference(x), y).backward()
+        optimizer.step()
+        if i % 2:
+            optimizer.zero_grad()
+    assert max_abs_diff(model.state_dict(), reference.state_dict()) == 0.0
+
+
+def test_configure_gradient_clipping_override_gets_the_trainer_settings():
+    seen = []
+
+    class OwnClipping(TinyModule):
+        def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+            seen.append((gradient_clip_val, gradient_clip_algorithm))
+            self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val / 10, gradient_clip_algorithm="value")
+
+    with pytest.raises(
+        Exception, match=r"gradient_clip_val=0.5\) and clip_gradients\(gradient_clip_val=0.05\) disagree"
+    ):
+        quiet_trainer(max_steps=1, gradient_clip_val=0.5).fit(OwnClipping(lr=10.0), loader())
+
+    grads = []
+
+    class Clipped(TinyModule):
+        def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+            seen.append((gradient_clip_val, gradient_clip_algorithm))
+            self.clip_gradients(optimizer, gradient_clip_val=0.001, gradient_clip_algorithm="value")
+            grads.append(max(p.grad.abs().max().item() for p in self.parameters()))
+
+    quiet_trainer(max_steps=2).fit(Clipped(lr=10.0), loader())
+    assert seen[-2:] == [(None, None), (None, None)] and max(grads) <= 0.001 + 1e-7
+
+
+def test_configure_optimizers_dict_with_a_top_level_monitor_steps_the_plateau_scheduler():
+    class Plateau(TinyModule):
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=1.0)
+            scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", patience=0, factor=0.5)
+            return {"optimizer": optimizer, "lr_scheduler": scheduler, "monitor": "val_loss"}
+
+        def validation_step(self, batch, batch_idx):
+            self.log("val_loss", 5.0 - self.current_epoch)  # falls every epoch: mode="max" sees no improvement
+
+    trainer = quiet_trainer(max_epochs=3)
+    trainer.fit(Plateau(), loader(32, 16), loader(32, 16))
+    assert trainer.lr_scheduler_configs[0].monitor == "val_loss"
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.25)  # epochs 2 and 3 halve it
+
+
+def test_lr_scheduler_step_override_and_epoch_frequency():
+    steps = []
+
+    class Custom(TinyModule):
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+            scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
+            return {
+                "optimizer": optimizer,
+                "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 2},
+            }
+
+        def lr_scheduler_step(self, scheduler, metric):
+            steps.append((self.trainer.global_step, metric))
+            scheduler.step()
+
+    quiet_trainer(max_steps=6).fit(Custom(), loader(64, 8))
+    assert steps == [(2, None), (4, None), (6, None)]
