@@ -3,7 +3,6 @@ the module's own data hooks), processed for the strategy, and how each batch rea
 
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -104,13 +103,14 @@ def takes_batch_idx(step: Callable[..., Any]) -> bool:
 
 def batch_transfer(
     strategy: Strategy, module: TrainingModule, datamodule: DataModule | None
-) -> Callable[[Any, int], Any]:
-    """``(batch, dataloader_idx) -> batch on the device``: the strategy's move, or the transfer hooks where
-    the DataModule or the module overrides them (the DataModule's override wins). Decided once per run."""
+) -> Callable[[Any, int], Any] | None:
+    """``(batch, dataloader_idx) -> batch on the device`` through the transfer hooks that the DataModule or
+    the module overrides (the DataModule's override wins); None when neither does, and the loops call
+    ``strategy.batch_to_device`` directly. Decided once per run."""
     hooks = {name: _override(name, module, datamodule) for name in _TRANSFER_HOOKS}
     move = strategy.batch_to_device
     if not any(hooks.values()):
-        return plain_transfer(strategy)
+        return None
     before, transfer, after = (hooks[name] for name in _TRANSFER_HOOKS)
     convert = strategy.precision.convert_input
 
@@ -123,15 +123,6 @@ def batch_transfer(
         return batch
 
     return to_device
-
-
-def plain_transfer(strategy: Strategy) -> Callable[[Any, int], Any]:
-    """The strategy's move alone (picklable: a Trainer travels to spawned processes)."""
-    return functools.partial(_move, strategy.batch_to_device)
-
-
-def _move(move: Callable[[Any], Any], batch: Any, dataloader_idx: int) -> Any:
-    return move(batch)
 
 
 def _override(name: str, module: TrainingModule, datamodule: DataModule | None) -> Callable[..., Any] | None:

@@ -75,7 +75,7 @@ def _run_loader(
     if count <= 0:
         return outputs
     for batch_idx, batch in enumerate(loader):
-        batch = transfer(batch, index)
+        batch = strategy.batch_to_device(batch) if transfer is None else transfer(batch, index)
         metrics.set_batch(batch)
         trainer._call(start, batch, batch_idx, *extra)
         metrics.hook = step

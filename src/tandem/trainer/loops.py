@@ -164,8 +164,8 @@ def run_training_batch(trainer: Trainer, batch: Any, batch_idx: int) -> None:
     This is the per-step hot path: hooks nobody registered are not dispatched, and nothing here waits
     for the device (no ``.item()``) unless a logger needs values at this step.
     """
-    strategy, metrics, hooks = trainer.strategy, trainer._metrics, trainer._hooks
-    batch = trainer._batch_transfer(batch, 0)
+    strategy, metrics, hooks, transfer = trainer.strategy, trainer._metrics, trainer._hooks, trainer._batch_transfer
+    batch = strategy.batch_to_device(batch) if transfer is None else transfer(batch, 0)
     metrics.set_batch(batch)
     if hooks["on_train_batch_start"]:
         trainer._call("on_train_batch_start", batch, batch_idx)
@@ -191,7 +191,8 @@ def run_training_batch_with_closure(trainer: Trainer, batch: Any, batch_idx: int
     override: on stepping batches the forward and backward run inside the closure the override passes to
     ``optimizer.step``, as in Lightning (so warm-up code around the step sees each step)."""
     strategy, hooks, optimization = trainer.strategy, trainer._hooks, trainer._optimization
-    batch = trainer._batch_transfer(batch, 0)
+    transfer = trainer._batch_transfer
+    batch = strategy.batch_to_device(batch) if transfer is None else transfer(batch, 0)
     trainer._metrics.set_batch(batch)
     if hooks["on_train_batch_start"]:
         trainer._call("on_train_batch_start", batch, batch_idx)
@@ -229,9 +230,12 @@ def _forward_backward(trainer: Trainer, batch: Any, batch_idx: int, k: int) -> t
         output = trainer.strategy.run_step("training_step", batch)
     loss = _loss_from(output)
     if loss is not None:
-        trainer._call("on_before_backward", loss)
+        hooks = trainer._hooks  # hooks nobody overrides are not even called (the per-step path)
+        if hooks["on_before_backward"]:
+            trainer._call("on_before_backward", loss)
         trainer.strategy.backward(loss / k if k > 1 else loss)
-        trainer._call("on_after_backward")
+        if hooks["on_after_backward"]:
+            trainer._call("on_after_backward")
         trainer._optimization.has_gradients = True
     return output, loss
 
@@ -239,7 +243,8 @@ def _forward_backward(trainer: Trainer, batch: Any, batch_idx: int, k: int) -> t
 def _prepare_step(trainer: Trainer, optimizer: Optimizer) -> None:
     """Between backward and the step: unscale float16 gradients, the hook, clipping (automatic)."""
     trainer.strategy.unscale_gradients(optimizer)
-    trainer._call("on_before_optimizer_step", optimizer)
+    if trainer._hooks["on_before_optimizer_step"]:
+        trainer._call("on_before_optimizer_step", optimizer)
     clip = trainer._optimization.clip
     if clip is not None:
         clip(optimizer)
@@ -249,7 +254,8 @@ def _finish_step(trainer: Trainer, optimizer: Optimizer, batch_idx: int, stepped
     """After an automatic step: clear the gradients, count the step, step the per-step schedulers, and
     publish the step's logged values when a logger wants them."""
     optimization, loop = trainer._optimization, trainer._loop
-    trainer._call("on_before_zero_grad", optimizer)
+    if trainer._hooks["on_before_zero_grad"]:
+        trainer._call("on_before_zero_grad", optimizer)
     if optimization.zero_grad is None:
         optimizer.zero_grad(set_to_none=True)
     else:
@@ -264,7 +270,9 @@ def _finish_step(trainer: Trainer, optimizer: Optimizer, batch_idx: int, stepped
 
 def _publish_step(trainer: Trainer) -> None:
     """Every ``log_every_n_steps`` stepping batches: loggers get the step values, sync_dist ones reduced first."""
-    if trainer._loop.batches_stepped % trainer.log_every_n_steps == 0 and (trainer.loggers or trainer.world_size > 1):
+    if trainer._loop.batches_stepped % trainer._config.log_every_n_steps == 0 and (
+        trainer.loggers or trainer.world_size > 1
+    ):
         trainer.log_metrics(trainer._metrics.step_metrics())
 
 
@@ -284,8 +292,8 @@ def _closure_step(trainer: Trainer, optimizer: Optimizer, closure: Callable[[], 
 def run_manual_batch(trainer: Trainer, batch: Any, batch_idx: int) -> None:
     """``training_step`` does the backward and the steps (``self.manual_backward``, ``opt.step()``); each
     step counts toward ``global_step``. The loggers' step counts batches, as in Lightning."""
-    hooks, loop = trainer._hooks, trainer._loop
-    batch = trainer._batch_transfer(batch, 0)
+    hooks, loop, transfer = trainer._hooks, trainer._loop, trainer._batch_transfer
+    batch = trainer.strategy.batch_to_device(batch) if transfer is None else transfer(batch, 0)
     trainer._metrics.set_batch(batch)
     if hooks["on_train_batch_start"]:
         trainer._call("on_train_batch_start", batch, batch_idx)

@@ -159,7 +159,7 @@ class Trainer:
         self._train = StageData(TRAIN)
         self._eval: dict[str, StageData] = {fn: StageData(names) for fn, names in EVAL_STAGES.items()}
         self._hooks: dict[str, list[Any]] = {}
-        self._batch_transfer = data.plain_transfer(self.strategy)
+        self._batch_transfer: Any = None  # the transfer hooks, when the module or DataModule overrides them
         self._return_predictions = True
         self._step_takes_batch_idx = True  # training_step(self, batch, batch_idx), not training_step(self, batch)
         self._module: TrainingModule | None = None  # the module of the latest run (validate() without a model)
