@@ -525,6 +525,12 @@ def _collect_init_args(frame: Any, cls: type) -> dict[str, Any]:
     return merged
 
 
+def is_overridden(obj: TrainingModule | DataModule, name: str) -> bool:
+    """``obj``'s class defines its own ``name`` (tandem calls hooks only when they do something)."""
+    base = DataModule if isinstance(obj, DataModule) else TrainingModule
+    return getattr(type(obj), name, None) is not getattr(base, name, None)
+
+
 def _read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     from tandem.utilities.checkpoint import load_checkpoint_file
 

@@ -10,14 +10,69 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from tandem.module import DataModule, TrainingModule
+from tandem.module import DataModule, TrainingModule, is_overridden
 from tandem.strategies.strategy import Strategy
-from tandem.trainer.config import limit_batches
-from tandem.trainer.state import TRAIN, StageData, StageNames
+from tandem.trainer.config import TrainerConfig, limit_batches
+from tandem.trainer.state import EVAL_STAGES, TRAIN, StageData, StageNames
 from tandem.utilities.data import has_len, make_skippable
 from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError
+from tandem.utilities.rank_zero import rank_zero_warn
 
 _TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
+
+
+def prepare_data(module: TrainingModule, datamodule: DataModule | None, strategy: Strategy) -> None:
+    """``prepare_data`` of the DataModule and the module: once per node (or once in all, with
+    ``prepare_data_per_node = False``) while the other processes wait."""
+    owners = [o for o in (datamodule, module) if o is not None and is_overridden(o, "prepare_data")]
+    for owner in owners:
+        rank = strategy.local_rank if getattr(owner, "prepare_data_per_node", True) else strategy.global_rank
+        if rank == 0:
+            owner.prepare_data()
+    if owners:
+        strategy.barrier("prepare_data")
+
+
+def stage_records(
+    fn: str,
+    module: TrainingModule,
+    train: Any,
+    evaluation: Any,
+    datamodule: DataModule | None,
+    strategy: Strategy,
+    config: TrainerConfig,
+) -> tuple[StageData | None, str, StageData]:
+    """The records of the stages an entry point uses: the training loader (``fit``; None otherwise), and the
+    name and record of its evaluation stage ("validate" for ``fit``). Loaders given to the entry point come
+    first, then the DataModule's, then the module's own hooks."""
+    train_data = None
+    if fn == "fit":
+        given = train if train is not None else request(TRAIN, module, datamodule)
+        if given is None:
+            raise TandemConfigError(
+                "Trainer.fit needs training data: pass train_dataloaders=DataLoader(...), a datamodule whose "
+                "train_dataloader() returns one, or define train_dataloader() on the module."
+            )
+        train_data = training_data(given, strategy, config.limit_train_batches)
+        if train_data.num_batches[0] == 0:
+            rank_zero_warn("No training batches (limit_train_batches or an empty dataloader): fit trains nothing.")
+    stage = "validate" if fn == "fit" else fn
+    names = EVAL_STAGES[stage]
+    given = evaluation if evaluation is not None else request(names, module, datamodule)
+    if given is None and fn != "fit":
+        raise TandemConfigError(
+            f"Trainer.{fn} needs data: pass dataloaders=DataLoader(...), a datamodule whose "
+            f"{names.loader_hook}() returns one, or define {names.loader_hook}() on the module."
+        )
+    if given is not None and stage != "predict" and not is_overridden(module, names.step):
+        if fn != "fit":
+            raise TandemUserCodeError(f"Trainer.{fn} needs {type(module).__name__}.{names.step} to be defined.")
+        if evaluation is not None or datamodule is not None:
+            rank_zero_warn(f"{type(module).__name__} defines no validation_step: validation data is ignored.")
+        given = None
+    if given is None:
+        return train_data, stage, StageData(names)
+    return train_data, stage, evaluation_data(names, given, strategy, stage, getattr(config, names.limit))
 
 
 def request(names: StageNames, module: TrainingModule, datamodule: DataModule | None) -> Any:
@@ -76,7 +131,7 @@ def check_dataloader_idx(module: TrainingModule, names: StageNames, several: boo
     hooks = [names.step, names.hook("batch_start"), names.hook("batch_end")]
     for hook in hooks:
         fn = getattr(module, hook)
-        if getattr(type(module), hook, None) is getattr(TrainingModule, hook, None):
+        if not is_overridden(module, hook):
             continue  # tandem's own defaults accept it
         parameters = inspect.signature(fn).parameters
         takes = "dataloader_idx" in parameters or any(p.kind is p.VAR_POSITIONAL for p in parameters.values())
@@ -126,11 +181,9 @@ def batch_transfer(
 
 
 def _override(name: str, module: TrainingModule, datamodule: DataModule | None) -> Callable[..., Any] | None:
-    if datamodule is not None and getattr(type(datamodule), name, None) is not getattr(DataModule, name):
+    if datamodule is not None and is_overridden(datamodule, name):
         return getattr(datamodule, name)
-    if getattr(type(module), name, None) is not getattr(TrainingModule, name):
-        return getattr(module, name)
-    return None
+    return getattr(module, name) if is_overridden(module, name) else None
 
 
 def is_datamodule(obj: Any) -> bool:

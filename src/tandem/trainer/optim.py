@@ -5,13 +5,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
-from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError, bad_choice
+from tandem.module import is_overridden
+from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError, bad_choice, incompatible
 from tandem.utilities.rank_zero import rank_zero_warn
+
+if TYPE_CHECKING:
+    from tandem.module import TrainingModule
+    from tandem.strategies.strategy import Strategy
+    from tandem.trainer.config import TrainerConfig
 
 INTERVALS = ("epoch", "step")
 CLIP_ALGORITHMS = ("norm", "value")
@@ -51,6 +57,58 @@ class Optimization:
     zero_grad: Callable[..., Any] | None = None  # the module's optimizer_zero_grad override
     clip: Callable[[Optimizer], None] | None = None  # clipping before each automatic step, if any
     last_step_taken: bool = False  # the latest wrapped step() was not skipped by the float16 scaler
+
+
+def check_manual_optimization(module: TrainingModule, strategy: Strategy, config: TrainerConfig) -> None:
+    """Trainer settings that manual optimization cannot honour, refused before anything runs."""
+    if module.automatic_optimization:
+        return
+    if config.accumulate_grad_batches != 1:
+        raise incompatible(
+            f"Trainer(accumulate_grad_batches={config.accumulate_grad_batches}) with manual optimization",
+            "the Trainer cannot accumulate gradients for optimizers the module steps itself",
+            "Remove accumulate_grad_batches, or step the optimizers every N batches in training_step.",
+        )
+    if config.gradient_clip_val is not None:
+        raise incompatible(
+            f"Trainer(gradient_clip_val={config.gradient_clip_val}) with manual optimization",
+            "the Trainer does not step the optimizers, so it cannot clip before the steps",
+            "Remove gradient_clip_val and call self.clip_gradients(opt, gradient_clip_val=...) before opt.step().",
+        )
+    if not strategy.supports_manual_optimization:
+        raise incompatible(
+            f"strategy={strategy.name!r} with manual optimization",
+            "the step runs in replicas of the module, so manual_backward and opt.step() would run once per replica",
+            "Use strategy='ddp' (one process per device).",
+        )
+
+
+def configure_optimization(module: TrainingModule, strategy: Strategy, config: TrainerConfig) -> Optimization:
+    """The fit's :class:`Optimization`: ``configure_optimizers`` parsed, the optimizers set up by the strategy,
+    and the module's overrides the loops will call (None where the module keeps the default)."""
+    automatic = module.automatic_optimization
+    optimizers, schedulers = parse_optimizers(module.configure_optimizers(), automatic)
+    optimizers = strategy.setup_optimizers(optimizers)
+    clip = None
+    if automatic and is_overridden(module, "configure_gradient_clipping"):
+
+        def clip(optimizer: Optimizer) -> None:
+            module.configure_gradient_clipping(optimizer, config.gradient_clip_val, config.gradient_clip_algorithm)
+
+    elif automatic and config.gradient_clip_val is not None:
+        value, algorithm = config.gradient_clip_val, config.gradient_clip_algorithm or "norm"
+
+        def clip(optimizer: Optimizer) -> None:
+            strategy.clip_gradients(optimizer, value, algorithm)
+
+    return Optimization(
+        optimizers,
+        schedulers,
+        automatic,
+        optimizer_step=module.optimizer_step if automatic and is_overridden(module, "optimizer_step") else None,
+        zero_grad=module.optimizer_zero_grad if is_overridden(module, "optimizer_zero_grad") else None,
+        clip=clip,
+    )
 
 
 def _wrong(got: Any, why: str) -> TandemUserCodeError:

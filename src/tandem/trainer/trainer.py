@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import glob
 import math
 import os
 from collections.abc import Iterable, Mapping
@@ -15,16 +14,14 @@ from tandem.callbacks.callback import Callback
 from tandem.module import DataModule, TrainingModule
 from tandem.strategies.registry import resolve_strategy
 from tandem.strategies.strategy import Strategy
-from tandem.trainer import data, loops
+from tandem.trainer import checkpointing, data, loops, optim
 from tandem.trainer.config import TrainerConfig, check_unknown_arguments
 from tandem.trainer.evaluation import format_results, run_evaluation
 from tandem.trainer.logging import MetricCollector, to_float
-from tandem.trainer.optim import LRSchedulerConfig, Optimization, parse_optimizers
+from tandem.trainer.optim import LRSchedulerConfig, Optimization
 from tandem.trainer.state import EVAL_STAGES, TRAIN, LoopState, StageData, TrainerState
-from tandem.utilities.checkpoint import CHECKPOINT_MARKER
 from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError, incompatible, missing_metric
 from tandem.utilities.rank_zero import rank_zero_warn
-from tandem.utilities.seed import capture_rng_state
 
 
 class Trainer:
@@ -241,7 +238,7 @@ class Trainer:
                 raise TandemConfigError(
                     f"Trainer.{fn}() got no model and no earlier run has one; pass it: trainer.{fn}(model, ...)."
                 )
-            if ckpt_path is None and self._best_checkpoint() is not None:
+            if ckpt_path is None and checkpointing.best_checkpoint(self) is not None:
                 ckpt_path = "best"
                 rank_zero_warn(
                     f"trainer.{fn}() was called without a model: the best checkpoint of the previous fit is loaded "
@@ -274,7 +271,7 @@ class Trainer:
         try:
             self._setup(fn, model, train, evaluation, datamodule)
             if ckpt_path is not None:
-                self._restore(ckpt_path, fn)
+                checkpointing.restore(self, ckpt_path, fn)
             if fn == "fit":
                 anomaly = torch.autograd.detect_anomaly() if self.detect_anomaly else contextlib.nullcontext()
                 with anomaly:
@@ -311,120 +308,32 @@ class Trainer:
             datamodule.trainer = self
         for logger in self.loggers:  # every rank agrees on the run folder
             logger.version = self.strategy.broadcast(logger.version)
-        self._prepare_data(model, datamodule)
+        data.prepare_data(model, datamodule, self.strategy)
         if datamodule is not None:
             datamodule.setup(fn)
         for callback in self.callbacks:
             callback.setup(self, model, fn)
         model.setup(fn)
         if fn == "fit":
-            self._check_optimization(model)
+            optim.check_manual_optimization(model, self.strategy, self._config)
         self.strategy.setup(model)
-        self._setup_data(fn, model, train, evaluation, datamodule)
+        train_data, stage, eval_data = data.stage_records(
+            fn, model, train, evaluation, datamodule, self.strategy, self._config
+        )
+        if train_data is not None:
+            self._train = train_data
+        self._eval[stage] = eval_data  # the other stages keep their records (num_val_batches after a test, ...)
         self._batch_transfer = data.batch_transfer(self.strategy, model, datamodule)
         self._step_takes_batch_idx = data.takes_batch_idx(model.training_step)
         if fn == "fit":
-            self._optimization = self._configure_optimization(model)
+            self._optimization = optim.configure_optimization(model, self.strategy, self._config)
         self._hooks = _collect_hooks(model, self.callbacks)
         if fn == "fit":
-            hparams = dict(model.hparams) if model._log_hyperparams else {}
-            if datamodule is not None and datamodule._log_hyperparams:
+            hparams = dict(model.hparams) if getattr(model, "_log_hyperparams", True) else {}
+            if datamodule is not None and getattr(datamodule, "_log_hyperparams", True):
                 hparams.update(datamodule.hparams)
             for logger in self.loggers:
                 logger.log_hyperparams(hparams)
-
-    def _prepare_data(self, model: TrainingModule, datamodule: DataModule | None) -> None:
-        """``prepare_data`` of the DataModule and the module: once per node (or once in all, with
-        ``prepare_data_per_node = False``) while the other processes wait."""
-        owners = [o for o in (datamodule, model) if o is not None and _overrides(o, "prepare_data")]
-        for owner in owners:
-            rank = self.local_rank if getattr(owner, "prepare_data_per_node", True) else self.global_rank
-            if rank == 0:
-                owner.prepare_data()
-        if owners:
-            self.strategy.barrier("prepare_data")
-
-    def _check_optimization(self, model: TrainingModule) -> None:
-        if model.automatic_optimization:
-            return
-        config = self._config
-        if config.accumulate_grad_batches != 1:
-            raise incompatible(
-                f"Trainer(accumulate_grad_batches={config.accumulate_grad_batches}) with manual optimization",
-                "the Trainer cannot accumulate gradients for optimizers the module steps itself",
-                "Remove accumulate_grad_batches, or step the optimizers every N batches in training_step.",
-            )
-        if config.gradient_clip_val is not None:
-            raise incompatible(
-                f"Trainer(gradient_clip_val={config.gradient_clip_val}) with manual optimization",
-                "the Trainer does not step the optimizers, so it cannot clip before the steps",
-                "Remove gradient_clip_val and call self.clip_gradients(opt, gradient_clip_val=...) before opt.step().",
-            )
-        if not self.strategy.supports_manual_optimization:
-            raise incompatible(
-                f"strategy={self.strategy.name!r} with manual optimization",
-                "the step runs in replicas of the module, so manual_backward and opt.step() would run once per replica",
-                "Use strategy='ddp' (one process per device).",
-            )
-
-    def _configure_optimization(self, model: TrainingModule) -> Optimization:
-        automatic, config, strategy = model.automatic_optimization, self._config, self.strategy
-        optimizers, schedulers = parse_optimizers(model.configure_optimizers(), automatic)
-        optimizers = strategy.setup_optimizers(optimizers)
-        clip = None
-        if automatic and _overrides(model, "configure_gradient_clipping"):
-
-            def clip(optimizer: torch.optim.Optimizer) -> None:
-                model.configure_gradient_clipping(optimizer, config.gradient_clip_val, config.gradient_clip_algorithm)
-
-        elif automatic and config.gradient_clip_val is not None:
-            value, algorithm = config.gradient_clip_val, config.gradient_clip_algorithm or "norm"
-
-            def clip(optimizer: torch.optim.Optimizer) -> None:
-                strategy.clip_gradients(optimizer, value, algorithm)
-
-        return Optimization(
-            optimizers,
-            schedulers,
-            automatic,
-            optimizer_step=model.optimizer_step if automatic and _overrides(model, "optimizer_step") else None,
-            zero_grad=model.optimizer_zero_grad if _overrides(model, "optimizer_zero_grad") else None,
-            clip=clip,
-        )
-
-    def _setup_data(self, fn: str, model: TrainingModule, train: Any, evaluation: Any, datamodule: Any) -> None:
-        """The records of the stages this run uses: the training loader (fit) and the evaluation loaders."""
-        config, strategy = self._config, self.strategy
-        if fn == "fit":
-            given = train if train is not None else data.request(TRAIN, model, datamodule)
-            if given is None:
-                raise TandemConfigError(
-                    "Trainer.fit needs training data: pass train_dataloaders=DataLoader(...), a datamodule whose "
-                    "train_dataloader() returns one, or define train_dataloader() on the module."
-                )
-            self._train = data.training_data(given, strategy, config.limit_train_batches)
-            if self._train.num_batches[0] == 0:
-                rank_zero_warn("No training batches (limit_train_batches or an empty dataloader): fit trains nothing.")
-        stage = "validate" if fn == "fit" else fn
-        names = EVAL_STAGES[stage]
-        given = evaluation if evaluation is not None else data.request(names, model, datamodule)
-        if given is None and fn != "fit":
-            raise TandemConfigError(
-                f"Trainer.{fn} needs data: pass dataloaders=DataLoader(...), a datamodule whose "
-                f"{names.loader_hook}() returns one, or define {names.loader_hook}() on the module."
-            )
-        unimplemented = not _overrides(model, names.step)
-        if given is not None and stage != "predict" and unimplemented:
-            if fn != "fit":
-                raise TandemUserCodeError(f"Trainer.{fn} needs {type(model).__name__}.{names.step} to be defined.")
-            if evaluation is not None or datamodule is not None:
-                rank_zero_warn(f"{type(model).__name__} defines no validation_step: validation data is ignored.")
-            given = None
-        self._eval[stage] = (  # the other stages keep their records (num_val_batches after a test, ...)
-            data.evaluation_data(names, given, strategy, stage, getattr(config, names.limit))
-            if given is not None
-            else StageData(names)
-        )
 
     def _finish(self, fn: str, status: str) -> None:
         module = self.strategy.module
@@ -490,126 +399,7 @@ class Trainer:
         self.strategy.save_checkpoint(self._checkpoint_state(weights_only), filepath)
 
     def _checkpoint_state(self, weights_only: bool = False) -> dict[str, Any]:
-        from tandem import __version__
-
-        module = self.strategy.module
-        checkpoint: dict[str, Any] = {
-            CHECKPOINT_MARKER: __version__,
-            "epoch": self.current_epoch,
-            "global_step": self.global_step,
-            "state_dict": self.strategy.module_state_dict(),
-            "hparams": dict(module.hparams),
-        }
-        if self.datamodule is not None:
-            checkpoint["datamodule_hparams"] = dict(self.datamodule.hparams)
-        if not weights_only:
-            checkpoint.update(
-                loops=self._loop.state_dict(),
-                train_metrics=self._metrics.state_dict(),
-                optimizer_states=[self.strategy.optimizer_state(o) for o in self.optimizers],
-                lr_schedulers=[c.scheduler.state_dict() for c in self._optimization.lr_scheduler_configs],
-                precision=self.strategy.precision.state_dict(),
-                callbacks={c.state_key: c.state_dict() for c in self.callbacks},
-                rng_states=capture_rng_state(),
-            )
-            if self.datamodule is not None:
-                checkpoint["datamodule"] = self.datamodule.state_dict()
-        self._call("on_save_checkpoint", checkpoint)
-        return checkpoint
-
-    def _restore(self, ckpt_path: str | os.PathLike, fn: str) -> None:
-        path = self._resolve_ckpt_path(ckpt_path, fn)
-        if path is None:
-            return
-        checkpoint = self.strategy.load_checkpoint(path)
-        module = self.strategy.module
-        self._call("on_load_checkpoint", checkpoint)
-        try:
-            self.strategy.load_module_state_dict(checkpoint["state_dict"])
-        except RuntimeError as err:
-            raise TandemUserCodeError(f"Checkpoint {str(path)!r} does not fit {type(module).__name__}: {err}") from None
-        if fn != "fit":
-            return
-        if "loops" not in checkpoint:
-            raise TandemConfigError(
-                f"Checkpoint {str(path)!r} holds weights only (saved with weights_only=True), so training cannot "
-                f"resume from it. Load the weights with {type(module).__name__}.load_from_checkpoint(path) and fit "
-                "that module without ckpt_path."
-            )
-        saved, optimizers = checkpoint["optimizer_states"], self.optimizers
-        schedulers = self._optimization.lr_scheduler_configs
-        if len(saved) != len(optimizers) or len(checkpoint["lr_schedulers"]) != len(schedulers):
-            raise TandemConfigError(
-                f"Checkpoint {str(path)!r} holds {len(saved)} optimizer(s) and {len(checkpoint['lr_schedulers'])} "
-                f"scheduler(s), but configure_optimizers returned {len(optimizers)} and {len(schedulers)}. Resume "
-                "with the configure_optimizers the checkpoint was trained with."
-            )
-        self._loop.load_state_dict(checkpoint["loops"])
-        if self._loop.batches_done:  # mid-epoch: the epoch's partial metric sums come back too
-            self._loop.resume_train_metrics = checkpoint.get("train_metrics")
-        for optimizer, state in zip(optimizers, saved):
-            self.strategy.load_optimizer_state(optimizer, state)
-        for config, state in zip(schedulers, checkpoint["lr_schedulers"]):
-            config.scheduler.load_state_dict(state)
-        self.strategy.precision.load_state_dict(checkpoint.get("precision", {}))
-        saved_callbacks = checkpoint.get("callbacks", {})
-        for callback in self.callbacks:
-            if callback.state_key in saved_callbacks:
-                callback.load_state_dict(saved_callbacks[callback.state_key])
-        if self.datamodule is not None and "datamodule" in checkpoint:
-            self.datamodule.load_state_dict(checkpoint["datamodule"])
-        self._loop.resume_rng = checkpoint.get("rng_states")
-
-    def _best_checkpoint(self) -> str | None:
-        """The monitored best checkpoint of the first ModelCheckpoint, if it saved one."""
-        callback = self.checkpoint_callback
-        if callback is None or callback.monitor is None or not callback.best_model_path:
-            return None
-        return callback.best_model_path
-
-    def _resolve_ckpt_path(self, ckpt_path: str | os.PathLike, fn: str) -> str | None:
-        """The file to load. "best" is the same on every rank (checkpoint decisions are rank 0's);
-        "last" is searched for on rank 0 and broadcast, so every rank loads the same file."""
-        if ckpt_path == "best":
-            callback = self.checkpoint_callback
-            if callback is None:
-                raise TandemConfigError(
-                    f"trainer.{fn}(ckpt_path='best') needs a ModelCheckpoint; add callbacks=[ModelCheckpoint(monitor="
-                    "'val_loss')] or pass a checkpoint file."
-                )
-            if callback.monitor is None:  # Lightning's meaning: with no monitor, the latest checkpoint is the best
-                latest = callback.best_model_path or callback.last_model_path
-                if latest:
-                    rank_zero_warn(
-                        f"trainer.{fn}(ckpt_path='best'): the ModelCheckpoint has no monitor, so the best checkpoint "
-                        f"is the latest one ({latest}). Set ModelCheckpoint(monitor=...) to rank checkpoints."
-                    )
-                    return latest
-            if not callback.best_model_path:
-                raise TandemConfigError(
-                    f"trainer.{fn}(ckpt_path='best') found no saved checkpoint: the ModelCheckpoint has not saved one "
-                    "yet. Fit first, or pass a checkpoint file."
-                )
-            return callback.best_model_path
-        if ckpt_path == "last":
-            return self.strategy.broadcast(self._find_last_checkpoint() if self.is_global_zero else None)
-        return os.fspath(ckpt_path)
-
-    def _find_last_checkpoint(self) -> str | None:
-        candidates = []
-        for callback in self.checkpoint_callbacks:
-            if callback.dirpath:
-                candidates += glob.glob(os.path.join(callback.dirpath, "last*.ckpt"))
-        # The run folder's version changes with each launch; "last" means the newest last.ckpt of any version.
-        roots = [os.path.join(lg.save_dir, lg.name) for lg in self.loggers] or [self.default_root_dir]
-        for root in roots:
-            candidates += glob.glob(os.path.join(root, "*", "checkpoints", "last*.ckpt"))
-            candidates += glob.glob(os.path.join(root, "checkpoints", "last*.ckpt"))
-        candidates = sorted(set(candidates), key=os.path.getmtime)
-        if not candidates:
-            rank_zero_warn("ckpt_path='last' found no last.ckpt yet; training starts from scratch.")
-            return None
-        return candidates[-1]
+        return checkpointing.checkpoint_state(self, weights_only)
 
     # ================================================================== public state
     @property
@@ -937,12 +727,6 @@ def _build_callbacks(callbacks: Any, checkpointing: bool, progress_bar: bool, mo
             f"Two callbacks share the checkpoint state key {duplicates[0]!r}; give them different settings."
         )
     return callbacks
-
-
-def _overrides(obj: Any, name: str) -> bool:
-    """``obj``'s class defines its own ``name`` (tandem dispatches hooks only when they do something)."""
-    base = DataModule if isinstance(obj, DataModule) else TrainingModule
-    return getattr(type(obj), name, None) is not getattr(base, name, None)
 
 
 def _collect_hooks(module: TrainingModule, callbacks: list[Callback]) -> dict[str, list[Any]]:

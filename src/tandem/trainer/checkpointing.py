@@ -1,0 +1,146 @@
+"""Checkpoints: the state a checkpoint holds, restoring a run from one, and what ``ckpt_path`` names
+("best", "last" or a file). Writing files is the strategy's (rank 0 writes, atomically)."""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import TYPE_CHECKING, Any
+
+from tandem.utilities.checkpoint import CHECKPOINT_MARKER
+from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError
+from tandem.utilities.rank_zero import rank_zero_warn
+from tandem.utilities.seed import capture_rng_state
+
+if TYPE_CHECKING:
+    from tandem.trainer.trainer import Trainer
+
+
+def checkpoint_state(trainer: Trainer, weights_only: bool = False) -> dict[str, Any]:
+    """What a checkpoint holds, built on every rank: the weights and hparams, and unless ``weights_only`` the
+    loop state, every optimizer and scheduler, the precision's scaler, callbacks, RNG states, DataModule."""
+    from tandem import __version__
+
+    module = trainer.strategy.module
+    checkpoint: dict[str, Any] = {
+        CHECKPOINT_MARKER: __version__,
+        "epoch": trainer.current_epoch,
+        "global_step": trainer.global_step,
+        "state_dict": trainer.strategy.module_state_dict(),
+        "hparams": dict(module.hparams),
+    }
+    if trainer.datamodule is not None:
+        checkpoint["datamodule_hparams"] = dict(trainer.datamodule.hparams)
+    if not weights_only:
+        checkpoint.update(
+            loops=trainer._loop.state_dict(),
+            train_metrics=trainer._metrics.state_dict(),
+            optimizer_states=[trainer.strategy.optimizer_state(o) for o in trainer.optimizers],
+            lr_schedulers=[c.scheduler.state_dict() for c in trainer._optimization.lr_scheduler_configs],
+            precision=trainer.strategy.precision.state_dict(),
+            callbacks={c.state_key: c.state_dict() for c in trainer.callbacks},
+            rng_states=capture_rng_state(),
+        )
+        if trainer.datamodule is not None:
+            checkpoint["datamodule"] = trainer.datamodule.state_dict()
+    trainer._call("on_save_checkpoint", checkpoint)
+    return checkpoint
+
+
+def restore(trainer: Trainer, ckpt_path: str | os.PathLike, fn: str) -> None:
+    """Load the weights; for ``fit``, everything the run needs to continue exactly."""
+    path = resolve_ckpt_path(trainer, ckpt_path, fn)
+    if path is None:
+        return
+    checkpoint = trainer.strategy.load_checkpoint(path)
+    module = trainer.strategy.module
+    trainer._call("on_load_checkpoint", checkpoint)
+    try:
+        trainer.strategy.load_module_state_dict(checkpoint["state_dict"])
+    except RuntimeError as err:
+        raise TandemUserCodeError(f"Checkpoint {str(path)!r} does not fit {type(module).__name__}: {err}") from None
+    if fn != "fit":
+        return
+    if "loops" not in checkpoint:
+        raise TandemConfigError(
+            f"Checkpoint {str(path)!r} holds weights only (saved with weights_only=True), so training cannot "
+            f"resume from it. Load the weights with {type(module).__name__}.load_from_checkpoint(path) and fit "
+            "that module without ckpt_path."
+        )
+    saved, optimizers = checkpoint["optimizer_states"], trainer.optimizers
+    schedulers = trainer._optimization.lr_scheduler_configs
+    if len(saved) != len(optimizers) or len(checkpoint["lr_schedulers"]) != len(schedulers):
+        raise TandemConfigError(
+            f"Checkpoint {str(path)!r} holds {len(saved)} optimizer(s) and {len(checkpoint['lr_schedulers'])} "
+            f"scheduler(s), but configure_optimizers returned {len(optimizers)} and {len(schedulers)}. Resume "
+            "with the configure_optimizers the checkpoint was trained with."
+        )
+    trainer._loop.load_state_dict(checkpoint["loops"])
+    if trainer._loop.batches_done:  # mid-epoch: the epoch's partial metric sums come back too
+        trainer._loop.resume_train_metrics = checkpoint.get("train_metrics")
+    for optimizer, state in zip(optimizers, saved):
+        trainer.strategy.load_optimizer_state(optimizer, state)
+    for config, state in zip(schedulers, checkpoint["lr_schedulers"]):
+        config.scheduler.load_state_dict(state)
+    trainer.strategy.precision.load_state_dict(checkpoint.get("precision", {}))
+    saved_callbacks = checkpoint.get("callbacks", {})
+    for callback in trainer.callbacks:
+        if callback.state_key in saved_callbacks:
+            callback.load_state_dict(saved_callbacks[callback.state_key])
+    if trainer.datamodule is not None and "datamodule" in checkpoint:
+        trainer.datamodule.load_state_dict(checkpoint["datamodule"])
+    trainer._loop.resume_rng = checkpoint.get("rng_states")
+
+
+def best_checkpoint(trainer: Trainer) -> str | None:
+    """The monitored best checkpoint of the first ModelCheckpoint, if it saved one."""
+    callback = trainer.checkpoint_callback
+    if callback is None or callback.monitor is None or not callback.best_model_path:
+        return None
+    return callback.best_model_path
+
+
+def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | os.PathLike, fn: str) -> str | None:
+    """The file to load. "best" is the same on every rank (checkpoint decisions are rank 0's);
+    "last" is searched for on rank 0 and broadcast, so every rank loads the same file."""
+    if ckpt_path == "best":
+        callback = trainer.checkpoint_callback
+        if callback is None:
+            raise TandemConfigError(
+                f"trainer.{fn}(ckpt_path='best') needs a ModelCheckpoint; add callbacks=[ModelCheckpoint(monitor="
+                "'val_loss')] or pass a checkpoint file."
+            )
+        if callback.monitor is None:  # Lightning's meaning: with no monitor, the latest checkpoint is the best
+            latest = callback.best_model_path or callback.last_model_path
+            if latest:
+                rank_zero_warn(
+                    f"trainer.{fn}(ckpt_path='best'): the ModelCheckpoint has no monitor, so the best checkpoint "
+                    f"is the latest one ({latest}). Set ModelCheckpoint(monitor=...) to rank checkpoints."
+                )
+                return latest
+        if not callback.best_model_path:
+            raise TandemConfigError(
+                f"trainer.{fn}(ckpt_path='best') found no saved checkpoint: the ModelCheckpoint has not saved one "
+                "yet. Fit first, or pass a checkpoint file."
+            )
+        return callback.best_model_path
+    if ckpt_path == "last":
+        return trainer.strategy.broadcast(find_last_checkpoint(trainer) if trainer.is_global_zero else None)
+    return os.fspath(ckpt_path)
+
+
+def find_last_checkpoint(trainer: Trainer) -> str | None:
+    candidates = []
+    for callback in trainer.checkpoint_callbacks:
+        if callback.dirpath:
+            candidates += glob.glob(os.path.join(callback.dirpath, "last*.ckpt"))
+    # The run folder's version changes with each launch; "last" means the newest last.ckpt of any version.
+    roots = [os.path.join(lg.save_dir, lg.name) for lg in trainer.loggers] or [trainer.default_root_dir]
+    for root in roots:
+        candidates += glob.glob(os.path.join(root, "*", "checkpoints", "last*.ckpt"))
+        candidates += glob.glob(os.path.join(root, "checkpoints", "last*.ckpt"))
+    candidates = sorted(set(candidates), key=os.path.getmtime)
+    if not candidates:
+        rank_zero_warn("ckpt_path='last' found no last.ckpt yet; training starts from scratch.")
+        return None
+    return candidates[-1]
