@@ -44,18 +44,21 @@ def run_fit(trainer: Trainer) -> None:
 def batch_runner(trainer: Trainer) -> BatchRunner:
     """How this fit trains a batch, decided once (the per-step path asks nothing)."""
     optimization = trainer._optimization
-    wrap = _manual_step if not optimization.automatic else _closure_step
-    optimization.wrapped = [TrainingOptimizer(o, _bind(wrap, trainer)) for o in optimization.optimizers]
     if not optimization.automatic:
         return run_manual_batch
     return run_training_batch if optimization.optimizer_step is None else run_training_batch_with_closure
 
 
+def wrap_optimizers(trainer: Trainer) -> list[TrainingOptimizer]:
+    """The optimizers as ``self.optimizers()`` returns them: their ``step()`` is the loop's."""
+    step = _manual_step if not trainer._optimization.automatic else _closure_step
+    return [TrainingOptimizer(o, _bind(step, trainer)) for o in trainer._optimization.optimizers]
+
+
 def _fit_done(trainer: Trainer) -> bool:
     loop = trainer._loop
     return (
-        trainer.should_stop
-        and _min_reached(trainer)
+        (trainer.should_stop and _min_reached(trainer))
         or loop.epoch >= trainer._config.epoch_limit
         or 0 <= trainer.max_steps <= loop.global_step
     )

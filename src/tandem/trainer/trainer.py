@@ -327,6 +327,7 @@ class Trainer:
         self._step_takes_batch_idx = data.takes_batch_idx(model.training_step)
         if fn == "fit":
             self._optimization = optim.configure_optimization(model, self.strategy, self._config)
+            self._optimization.wrapped = loops.wrap_optimizers(self)
         self._hooks = _collect_hooks(model, self.callbacks)
         if fn == "fit":
             hparams = dict(model.hparams) if getattr(model, "_log_hyperparams", True) else {}
