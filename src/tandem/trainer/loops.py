@@ -18,7 +18,7 @@ import torch
 from tandem.trainer.evaluation import run_evaluation
 from tandem.trainer.optim import TrainingOptimizer
 from tandem.utilities.data import find_sampler
-from tandem.utilities.exceptions import TandemUserCodeError
+from tandem.utilities.exceptions import TandemUserCodeError, missing_metric
 from tandem.utilities.rank_zero import rank_zero_warn
 from tandem.utilities.seed import capture_rng_state, restore_rng_state
 
@@ -104,7 +104,7 @@ def run_training_epoch(trainer: Trainer, run_batch: BatchRunner) -> None:
         run_evaluation(trainer, "validate")
         metrics.stage = trainer.state.stage = "train"
     if trainer._optimization.automatic:  # under manual optimization the module steps its schedulers
-        trainer._step_schedulers("epoch")
+        step_schedulers(trainer, "epoch")
     trainer._call("on_train_epoch_end")
     # One rank asking to stop stops them all: a rank that left the loop alone would hang the others.
     trainer.should_stop = trainer.strategy.reduce_boolean_decision(trainer.should_stop, all=False)
@@ -267,7 +267,7 @@ def _finish_step(trainer: Trainer, optimizer: Optimizer, batch_idx: int, stepped
     loop.global_step += 1  # after the module's optimizer_step returned, as in Lightning
     loop.batches_stepped += 1
     if stepped and optimization.lr_scheduler_configs:  # a step skipped by the float16 scaler does not count
-        trainer._step_schedulers("step")
+        step_schedulers(trainer, "step")
     _publish_step(trainer)
 
 
@@ -277,6 +277,26 @@ def _publish_step(trainer: Trainer) -> None:
         trainer.loggers or trainer.world_size > 1
     ):
         trainer.log_metrics(trainer._metrics.step_metrics())
+
+
+def step_schedulers(trainer: Trainer, interval: str) -> None:
+    """Step the schedulers of ``interval`` ("step" or "epoch") that are due (automatic optimization), through
+    the module's ``lr_scheduler_step``; a ``reduce_on_plateau`` one gets rank 0's value of its monitor."""
+    count = trainer._loop.global_step if interval == "step" else trainer._loop.epoch + 1
+    module, metrics = trainer.strategy.module, trainer.callback_metrics
+    for config in trainer._optimization.lr_scheduler_configs:
+        if config.interval != interval or count % config.frequency:
+            continue
+        metric = None
+        if config.reduce_on_plateau:
+            value = metrics.get(config.monitor)
+            if value is None:
+                if config.strict:
+                    raise missing_metric("The lr_scheduler config", config.monitor, metrics)
+                rank_zero_warn(f"lr_scheduler monitor {config.monitor!r} was not logged; the scheduler did not step.")
+                continue
+            metric = trainer.strategy.broadcast(float(value))  # rank 0's value: equal LRs
+        module.lr_scheduler_step(config.scheduler, metric)
 
 
 def _closure_step(trainer: Trainer, optimizer: Optimizer, closure: Callable[[], Any] | None, **kwargs: Any) -> None:

@@ -20,7 +20,7 @@ from tandem.trainer.evaluation import format_results, run_evaluation
 from tandem.trainer.logging import MetricCollector, to_float
 from tandem.trainer.optim import LRSchedulerConfig, Optimization
 from tandem.trainer.state import EVAL_STAGES, TRAIN, LoopState, StageData, TrainerState
-from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError, incompatible, missing_metric
+from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError, incompatible
 from tandem.utilities.rank_zero import rank_zero_warn
 
 
@@ -357,25 +357,6 @@ class Trainer:
             self._metrics.hook = hook
             for fn in fns:
                 fn(*args)
-
-    def _step_schedulers(self, interval: str) -> None:
-        count = self.global_step if interval == "step" else self.current_epoch + 1
-        module = self.strategy.module
-        for config in self._optimization.lr_scheduler_configs:
-            if config.interval != interval or count % config.frequency:
-                continue
-            metric = None
-            if config.reduce_on_plateau:
-                value = self.callback_metrics.get(config.monitor)
-                if value is None:
-                    if config.strict:
-                        raise missing_metric("The lr_scheduler config", config.monitor, self.callback_metrics)
-                    rank_zero_warn(
-                        f"lr_scheduler monitor {config.monitor!r} was not logged; the scheduler did not step."
-                    )
-                    continue
-                metric = self.strategy.broadcast(float(value))  # rank 0's value: equal LRs
-            module.lr_scheduler_step(config.scheduler, metric)
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         """Send ``metrics`` (name -> number or scalar tensor) to every logger, on global rank 0.
