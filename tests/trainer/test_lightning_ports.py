@@ -35,6 +35,12 @@ def test_gan_with_manual_optimization(tmp_path, core_ddp):
     assert {"g_loss", "d_loss", "sample_mean"} <= set(rank0["metrics"])
 
 
+def test_gan_under_plain_ddp_says_to_find_unused_parameters(core_ddp):
+    for result in core_ddp["unused"]:
+        assert result["error"] is not None and "received no gradient" in result["error"]
+        assert "toggle_optimizer" in result["error"] and "strategy='ddp_find_unused_parameters_true'" in result["error"]
+
+
 def test_several_validation_sets(tmp_path, core_ddp):
     import lightning_programs as programs
 

@@ -120,6 +120,7 @@ def test_lightning_1x_and_unknown_arguments_name_the_fix(kwargs, match):
         tandem.Trainer(accelerator="cpu", **kwargs)
 
 
+@pytest.mark.filterwarnings("ignore:Anomaly Detection has been enabled", "ignore:Error detected in")
 def test_benchmark_and_detect_anomaly():
     before = torch.backends.cudnn.benchmark
     try:

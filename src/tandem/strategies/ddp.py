@@ -328,11 +328,17 @@ class DDPStrategy(Strategy):
         match = re.search(r"did not receive grad for rank \d+: ([\d ]+)", text)
         unused = [names[int(i)] for i in match.group(1).split() if int(i) < len(names)] if match else []
         which = ", ".join(unused) if unused else "(torch did not say which)"
+        manual = (
+            " Under manual optimization each manual_backward counts: with toggle_optimizer (a GAN), the other "
+            "networks' parameters get no gradient in each backward."
+            if self._manual
+            else ""
+        )
         return RuntimeError(
             f"DDP found parameters that received no gradient in the last training step: {which}. Every "
-            "parameter must take part in the loss on every rank, or DDP waits for its gradient. Use "
-            "DDPStrategy(find_unused_parameters=True), or remove or freeze (requires_grad=False) those "
-            "parameters."
+            f"parameter must take part in the loss on every rank, or DDP waits for its gradient.{manual} Use "
+            "DDPStrategy(find_unused_parameters=True) (strategy='ddp_find_unused_parameters_true'), or remove or "
+            "freeze (requires_grad=False) those parameters."
         )
 
     # ------------------------------------------------------------------ collectives

@@ -8,6 +8,7 @@ those files against single-process references.
                passes per step) and a one-optimizer module, each with batch b per rank
     loaders    validate / test / predict over a list and a dict of uneven loaders, metrics synced by name
     ports      the three programs of lightning_programs.py (GAN, two validation sets, a module owning its data)
+    unused     (last) the GAN under plain ddp: a clear error naming ddp_find_unused_parameters_true
 """
 
 from __future__ import annotations
@@ -98,7 +99,17 @@ def _floats(trainer: tandem.Trainer) -> dict[str, float]:
     return {k: float(v) for k, v in trainer.callback_metrics.items()}
 
 
-SCENARIOS = {f.__name__: f for f in (manual, loaders, ports)}
+def unused(out: Path) -> dict[str, Any]:
+    """(Last: it ends in an error on every rank.) The GAN under plain ``ddp``: toggle_optimizer leaves the
+    other network without gradients in each backward, which DDP refuses; the error must say what to use."""
+    try:
+        programs.run_gan(out / "unused", strategy="ddp", accelerator="cpu", devices=2, logger=False)
+    except RuntimeError as error:
+        return {"error": str(error)}
+    return {"error": None}
+
+
+SCENARIOS = {f.__name__: f for f in (manual, loaders, ports, unused)}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
