@@ -130,7 +130,7 @@ def test_an_optimizer_and_scheduler_given_where_the_module_accepts_them():
         CLI(Injected, run=False, args=["--model.optimizer", "StepLR"])
 
 
-def test_fit_runs_the_subcommand_with_the_trainer_methods_arguments(tmp_path):
+def test_fit_runs_the_subcommand_with_the_trainer_methods_arguments(tmp_path, capsys):
     cli = CLI(
         TinyModule,
         Data,
@@ -147,6 +147,7 @@ def test_fit_runs_the_subcommand_with_the_trainer_methods_arguments(tmp_path):
     assert resumed.trainer.global_step == 3 * 4  # 2 epochs from last.ckpt, then one more of 4 batches
     (result,) = CLI(TinyModule, Data, args=["test", "--config", str(saved), "--ckpt_path", "last"]).result
     assert "test_loss" in result
+    assert f"test results:\n  test_loss  {result['test_loss']:.6g}\n" in capsys.readouterr().out
 
 
 def dict_of(cli: CLI) -> dict:
