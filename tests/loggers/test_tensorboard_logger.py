@@ -88,7 +88,8 @@ def test_tensorboards_hparams_tab_compares_runs_by_their_metrics(tmp_path):
         logger.finalize("success" if version == 0 else "failed")
 
     server = program.TensorBoard()
-    server.configure(argv=[None, "--logdir", str(tmp_path), "--port", "0", "--load_fast", "false"])
+    argv = [None, "--logdir", str(tmp_path), "--port", "0", "--load_fast", "false", "--reload_interval", "0"]
+    server.configure(argv=argv)  # the files are complete: read them once, no polling thread left behind
     url = server.launch() + "data/plugin/hparams/"
     deadline = time.monotonic() + 30
     while True:  # the server reads the event files in the background
