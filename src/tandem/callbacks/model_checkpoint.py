@@ -176,8 +176,8 @@ class ModelCheckpoint(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self._skip(trainer):
-            return
+        if (self.every_n_train_steps <= 0 and self.train_time_interval is None) or self._skip(trainer):
+            return  # the first test is all the per-step cost of an epoch schedule
         step = trainer.global_step
         due = self.every_n_train_steps > 0 and step % self.every_n_train_steps == 0
         if self.train_time_interval is not None:
