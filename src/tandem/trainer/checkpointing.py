@@ -64,8 +64,8 @@ def restore(trainer: Trainer, ckpt_path: str | os.PathLike, fn: str) -> None:
     if "loops" not in checkpoint:
         raise TandemConfigError(
             f"Checkpoint {str(path)!r} holds weights only (saved with weights_only=True), so training cannot "
-            f"resume from it. Load the weights with {type(module).__name__}.load_from_checkpoint(path) and fit "
-            "that module without ckpt_path."
+            "resume from it. Load the weights with model.load_state_dict(torch.load(path)['state_dict']) (or "
+            f"{type(module).__name__}.load_from_checkpoint(path)) and fit without ckpt_path."
         )
     saved, optimizers = checkpoint["optimizer_states"], trainer.optimizers
     schedulers = trainer._optimization.lr_scheduler_configs

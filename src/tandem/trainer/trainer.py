@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import math
 import os
 from collections.abc import Iterable, Mapping
@@ -20,6 +22,7 @@ from tandem.trainer.evaluation import format_results, run_evaluation
 from tandem.trainer.logging import MetricCollector, to_float
 from tandem.trainer.optim import LRSchedulerConfig, Optimization
 from tandem.trainer.state import EVAL_STAGES, TRAIN, LoopState, StageData, TrainerState
+from tandem.utilities.checkpoint import to_weights_only
 from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError, incompatible
 from tandem.utilities.rank_zero import rank_zero_warn
 
@@ -74,6 +77,19 @@ class Trainer:
         trainer.test(model, test_loader)
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Trainer:
+        # Names __init__ does not take (a Lightning 1.x argument, a typo) get an error naming the fix
+        # instead of Python's TypeError; __init__ keeps its exact signature (tools read it).
+        known = _init_arguments(cls)
+        unknown = {k: v for k, v in kwargs.items() if known is not None and k not in known}
+        if unknown:
+            check_unknown_arguments(unknown, sorted(known))
+        return super().__new__(cls)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.__signature__ = _init_signature(cls)  # inspect.signature(cls) is __init__'s, not __new__'s
+
     def __init__(
         self,
         *,
@@ -110,10 +126,7 @@ class Trainer:
         sync_batchnorm: bool = False,
         fast_dev_run: bool | int = False,
         use_distributed_sampler: bool = True,
-        **unknown: Any,
     ) -> None:
-        if unknown:
-            check_unknown_arguments(unknown, _ARGUMENTS)
         self._config = TrainerConfig(
             max_epochs=max_epochs,
             max_steps=max_steps,
@@ -178,7 +191,7 @@ class Trainer:
                 module's ``train_dataloader()`` / ``val_dataloader()`` are used.
             val_dataloaders: one loader, a list or a dict of loaders.
             datamodule: a DataModule giving the loaders.
-            ckpt_path: a checkpoint to resume from exactly, or ``"last"`` (the newest ``last.ckpt``).
+            ckpt_path: a checkpoint file to resume from exactly, or ``'last'`` (the newest ``last.ckpt``).
         """
         if data.is_datamodule(train_dataloaders):
             datamodule, train_dataloaders = train_dataloaders, None
@@ -370,6 +383,8 @@ class Trainer:
             return
         values = to_float(dict(metrics))
         self._metrics.logged_metrics.update(values)
+        if step is None:  # as Lightning: every row says its epoch (metrics.csv gets an epoch column)
+            values.setdefault("epoch", self.current_epoch)
         if self.loggers and self.is_global_zero:
             for logger in self.loggers:
                 logger.log_metrics(values, step=self._loop.batches_stepped if step is None else step)
@@ -378,7 +393,7 @@ class Trainer:
     def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool = False) -> None:
         """Write a checkpoint. Every rank must call this (it builds the state on each); rank 0 writes it
         atomically; all ranks meet at a barrier after."""
-        self.strategy.save_checkpoint(self._checkpoint_state(weights_only), filepath)
+        self.strategy.save_checkpoint(to_weights_only(self._checkpoint_state(weights_only)), filepath)
 
     def _checkpoint_state(self, weights_only: bool = False) -> dict[str, Any]:
         return checkpointing.checkpoint_state(self, weights_only)
@@ -653,10 +668,22 @@ class Trainer:
         return min(total, self.max_steps) if self.max_steps != -1 else total
 
 
-#: the Trainer's arguments (for "did you mean" on a misspelt one)
-_ARGUMENTS = [
-    name for name in Trainer.__init__.__code__.co_varnames[1 : Trainer.__init__.__code__.co_kwonlyargcount + 1]
-]
+@functools.cache
+def _init_signature(cls: type) -> inspect.Signature:
+    signature = inspect.signature(cls.__init__)
+    return signature.replace(parameters=list(signature.parameters.values())[1:])
+
+
+@functools.cache
+def _init_arguments(cls: type) -> frozenset[str] | None:
+    """The names ``cls.__init__`` takes; None when it takes any (``**kwargs``)."""
+    parameters = _init_signature(cls).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return frozenset(p.name for p in parameters)
+
+
+Trainer.__signature__ = _init_signature(Trainer)
 
 
 # ====================================================================== construction helpers

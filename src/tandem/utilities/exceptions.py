@@ -51,3 +51,20 @@ def missing_metric(owner: str, monitor: str, available: Iterable[str]) -> Missin
 def incompatible(what: str, reason: str, fix: str) -> TandemConfigError:
     """Arguments that are each valid but cannot work together (or need something that is absent)."""
     return TandemConfigError(f"{what}: {reason}. {fix}")
+
+
+#: Lightning's class names that tandem spells differently
+LIGHTNING_RENAMES = {"LightningModule": "TrainingModule", "LightningDataModule": "DataModule"}
+
+
+def renamed_from_lightning(module: str, name: str) -> Exception:
+    """For a module's ``__getattr__``: ``LightningModule`` / ``LightningDataModule`` get an ImportError naming
+    tandem's class (an ImportError, so ``from tandem import LightningModule`` shows it); any other missing
+    name the usual AttributeError."""
+    if name in LIGHTNING_RENAMES:
+        return ImportError(
+            f"{module} has no {name}: tandem calls it {LIGHTNING_RENAMES[name]}. Port a Lightning program by "
+            f"renaming lightning.pytorch to tandem, LightningModule to TrainingModule and LightningDataModule "
+            f"to DataModule."
+        )
+    return AttributeError(f"module {module!r} has no attribute {name!r}")
