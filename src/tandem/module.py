@@ -143,6 +143,11 @@ class TrainingModule(HyperparametersMixin, nn.Module):
             "torch.optim.Adam(self.parameters(), lr=1e-3)."
         )
 
+    def configure_callbacks(self) -> Any:
+        """Callbacks this module needs (a callback or a list), added to the Trainer's at every run; one whose
+        class is (a subclass of) a Trainer callback's replaces it, as in Lightning."""
+        return []
+
     # ------------------------------------------------------------------ data hooks (used when fit gets no data)
     def prepare_data(self) -> None:
         """Download or write data once per node (local rank 0); do not set state on ``self`` here."""

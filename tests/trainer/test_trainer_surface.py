@@ -136,3 +136,20 @@ def test_benchmark_and_detect_anomaly():
 
     with pytest.raises(RuntimeError, match="returned nan"):
         quiet_trainer(max_steps=1, detect_anomaly=True).fit(NaN(), loader())
+
+
+def test_configure_callbacks_adds_and_replaces_trainer_callbacks():
+    class Count(tandem.Callback):
+        epochs = 0
+
+        def on_train_epoch_end(self, trainer, module):
+            Count.epochs += 1
+
+    class WithCallbacks(TinyModule):
+        def configure_callbacks(self):
+            return [EarlyStopping("val_loss", patience=7), Count()]
+
+    trainer = quiet_trainer(max_epochs=2, callbacks=[EarlyStopping("val_loss", patience=1)])
+    trainer.fit(WithCallbacks(), loader(32, 16), loader(32, 16))
+    assert trainer.early_stopping_callback.patience == 7 and len(trainer.early_stopping_callbacks) == 1
+    assert Count.epochs == 2 and sum(isinstance(c, Count) for c in trainer.callbacks) == 1

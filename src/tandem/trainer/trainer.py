@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from tandem.callbacks.callback import Callback
-from tandem.module import DataModule, TrainingModule
+from tandem.module import DataModule, TrainingModule, is_overridden
 from tandem.strategies.registry import resolve_strategy
 from tandem.strategies.strategy import Strategy
 from tandem.trainer import checkpointing, data, loops, optim
@@ -321,6 +321,7 @@ class Trainer:
             datamodule.trainer = self
         for logger in self.loggers:  # every rank agrees on the run folder
             logger.version = self.strategy.broadcast(logger.version)
+        self.callbacks = _with_module_callbacks(self.callbacks, model)
         data.prepare_data(model, datamodule, self.strategy)
         if datamodule is not None:
             datamodule.setup(fn)
@@ -736,6 +737,23 @@ def _build_callbacks(callbacks: Any, checkpointing: bool, progress_bar: bool, mo
             f"Two callbacks share the checkpoint state key {duplicates[0]!r}; give them different settings."
         )
     return callbacks
+
+
+def _with_module_callbacks(callbacks: list[Callback], module: TrainingModule) -> list[Callback]:
+    """The Trainer's callbacks with the module's ``configure_callbacks()`` added; a Trainer callback whose class
+    one of them is (a subclass of) is replaced (Lightning's rule)."""
+    if not is_overridden(module, "configure_callbacks"):
+        return callbacks
+    extra = module.configure_callbacks()
+    extra = [extra] if isinstance(extra, Callback) else list(extra or [])
+    for callback in extra:
+        if not isinstance(callback, Callback):
+            raise TandemUserCodeError(
+                f"{type(module).__name__}.configure_callbacks returned {type(callback).__name__}; return "
+                "tandem.Callback instances (one or a list)."
+            )
+    replaced = {type(c) for c in callbacks if type(c) is not Callback and any(isinstance(e, type(c)) for e in extra)}
+    return [c for c in callbacks if type(c) not in replaced and c not in extra] + extra
 
 
 def _collect_hooks(module: TrainingModule, callbacks: list[Callback]) -> dict[str, list[Any]]:
