@@ -150,6 +150,7 @@ def test_uneven_evaluation_equals_one_process_and_does_not_hang(runs, scripts):
     data = common.dataset(common.EVAL_SAMPLES, seed=2)
     for result in runs["evaluation"]:
         assert result["val_batches"] in (6, 5)  # 51 and 50 samples: rank 0 runs one FSDP forward more
+        assert result["steps_after_evaluation"] == 4  # the sharded module trains again under a new Trainer
         for stage in ("validate", "test"):
             _close(result[stage][0], expected[stage])
         assert [len(p["x0"]) for p in result["predict"]] == [len(p["x0"]) for p in predictions]

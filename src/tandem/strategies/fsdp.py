@@ -194,6 +194,7 @@ class FSDPStrategy(ParallelStrategy):
             module.__dict__[_ROOT_ATTRIBUTE] = root
         self._module, self._model = module, root
         self._index(root)
+        self._reshard_all()  # an earlier evaluation may have left the root gathered: the optimizer needs the shards
 
     def _shard(self, module: nn.Module) -> FSDPModule:
         """Check, then shard: activation checkpointing, the policy's groups innermost first, the root last."""
@@ -292,7 +293,9 @@ class FSDPStrategy(ParallelStrategy):
         return optimizers
 
     def teardown(self) -> None:
-        """The module stays sharded (its parameters are this rank's shards); a later stage reuses its groups."""
+        """The module stays sharded (its parameters are this rank's shards, the gathered copies are freed); a
+        later stage reuses its groups."""
+        self._reshard_all()
         for handle in self._hooks:
             handle.remove()
         self._hooks, self._recording, self._last_step = [], None, []

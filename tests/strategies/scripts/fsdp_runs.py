@@ -7,7 +7,8 @@ group; each rank saves what it saw to ``<out>/<scenario>-rank<r>.pt`` for the te
                     ranks seeded differently: DDP, FSDP with a wrap policy, and FSDP with activation
                     checkpointing, no resharding after forward and CPU offload, in one process group
     evaluation      validate / test / predict over 101 samples (uneven: the ranks' FSDP forwards stay in
-                    step); one validation sample (rank 1 has no batch at all)
+                    step), then another Trainer fits the sharded module; one validation sample (rank 1 has
+                    no batch at all)
     init            trainer.init_module(empty_init=True) (meta parameters, materialised per shard) and a
                     module that builds and shards its layers in configure_model()
     resume_full     2 epochs + resume from last.ckpt to 4 == 4 epochs (shuffle, dropout, Adam), full
@@ -166,6 +167,10 @@ def evaluation(out: Path) -> dict[str, Any]:
     result["test"] = trainer.test(model, val_loader())
     result["predict"] = trainer.predict(model, val_loader())
     result["val_batches"] = trainer.num_val_batches
+    # the module is still sharded (its groups left gathered by the evaluation): another Trainer trains it
+    again = tandem.Trainer(strategy=FSDPStrategy(auto_wrap_policy={nn.Linear}), max_epochs=1, **QUIET)
+    again.fit(model, DataLoader(dataset(32), batch_size=BATCH))
+    result["steps_after_evaluation"] = again.global_step
     torch.manual_seed(0)
     lonely = LossOnly()
     one = tandem.Trainer(strategy="fsdp", **QUIET)
