@@ -23,6 +23,7 @@ and sharded checkpoints. What tandem adds:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import os
 import shutil
@@ -162,6 +163,8 @@ class FSDPStrategy(ParallelStrategy):
 
     @property
     def mixed_precision_policy(self) -> MixedPrecisionPolicy:
+        """The groups' policy: parameters gathered in the precision's 16-bit dtype, gradients reduced in float32,
+        and the group's floating-point inputs cast to that dtype."""
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
         dtype = _PARAM_DTYPES.get(self.precision.precision)
@@ -221,6 +224,8 @@ class FSDPStrategy(ParallelStrategy):
             fully_shard(layer, reshard_after_forward=self.reshard_after_forward, **options)
         # the root: torch keeps its parameters gathered after forward (backward needs them at once)
         reshard_root = None if self.reshard_after_forward else False
+        # the root's input is the whole batch: targets stay float32 for the loss (autocast casts the layers' inputs)
+        options["mp_policy"] = dataclasses.replace(options["mp_policy"], cast_forward_inputs=False)
         root = fully_shard(StepForward(module), reshard_after_forward=reshard_root, **options)
         if meta:
             self._materialize(root, module, meta)

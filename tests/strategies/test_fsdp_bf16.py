@@ -1,4 +1,5 @@
-"""FSDP on one CUDA device over nccl, in bfloat16: skipped without CUDA (see conftest.py)."""
+"""FSDP in bfloat16 on one process: on the CPU over gloo, and on one CUDA device over nccl (marked ``gpu``:
+skipped without CUDA, see conftest.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from helpers import clear_launch_variables
 from tandem.strategies import FSDPStrategy
 from tandem.strategies.environments import find_free_port
 
-pytestmark = [pytest.mark.gpu, pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)
 
 
 class Net(tandem.TrainingModule):
@@ -25,12 +26,14 @@ class Net(tandem.TrainingModule):
         self.net = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
         self.compute_dtypes: set[torch.dtype] = set()
         self.step_dtypes: set[tuple[torch.dtype, torch.dtype]] = set()
+        self.batch_dtypes: set[torch.dtype] = set()
         self.losses: list[float] = []
         # FSDP gathers the layer's parameters in its own pre-forward hook, which runs before this one
         self.net[0].register_forward_pre_hook(lambda layer, args: self.compute_dtypes.add(layer.weight.dtype))
 
     def training_step(self, batch, batch_idx):
         x, y = batch
+        self.batch_dtypes.add(x.dtype)  # the batch reaches the step as the loader made it
         loss = F.cross_entropy(self.net(x), y)
         self.losses.append(float(loss.detach()))
         return loss
@@ -49,12 +52,13 @@ def _data() -> DataLoader:
     return DataLoader(TensorDataset(x, (x[:, 0] > 0).long() + 2 * (x[:, 1] > 0).long()), batch_size=32)
 
 
-def test_bf16_fsdp_on_one_gpu_trains_and_resumes_from_a_sharded_checkpoint(tmp_path, monkeypatch):
+@pytest.mark.parametrize("accelerator", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_bf16_fsdp_trains_and_resumes_from_a_sharded_checkpoint(tmp_path, monkeypatch, accelerator):
     clear_launch_variables(monkeypatch)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(find_free_port()))
     options = dict(
-        accelerator="cuda",
+        accelerator=accelerator,
         devices=1,
         precision="bf16-mixed",
         default_root_dir=tmp_path,
@@ -67,8 +71,10 @@ def test_bf16_fsdp_on_one_gpu_trains_and_resumes_from_a_sharded_checkpoint(tmp_p
         trainer = tandem.Trainer(strategy=strategy, max_epochs=4, **options)
         model = Net()
         trainer.fit(model, _data())
-        assert strategy.process_group_backend == "nccl" and strategy.root_device.type == "cuda"
+        assert strategy.process_group_backend == {"cpu": "gloo", "cuda": "nccl"}[accelerator]
+        assert strategy.root_device.type == accelerator
         assert model.compute_dtypes == {torch.bfloat16}
+        assert model.batch_dtypes == {torch.float32}
         assert model.step_dtypes == {(torch.float32, torch.float32)}
         assert sum(model.losses[-8:]) < 0.5 * sum(model.losses[:8])  # it learns
         weights = {k: v.clone() for k, v in strategy.full_module_state_dict().items()}
