@@ -3,6 +3,7 @@
 from tandem.strategies.data_parallel import DataParallelStrategy
 from tandem.strategies.ddp import DDPStrategy
 from tandem.strategies.fsdp import FSDPStrategy
+from tandem.strategies.parallel import ParallelStrategy
 from tandem.strategies.precision import Precision
 from tandem.strategies.registry import available_strategies, register_strategy
 from tandem.strategies.single_device import SingleDeviceStrategy
@@ -12,6 +13,7 @@ __all__ = [
     "DDPStrategy",
     "DataParallelStrategy",
     "FSDPStrategy",
+    "ParallelStrategy",
     "Precision",
     "SingleDeviceStrategy",
     "Strategy",
