@@ -298,6 +298,11 @@ def guard_for_group(factory: Callable[[], CollectiveGuard]) -> CollectiveGuard:
     return _GUARD
 
 
+def current_guard() -> CollectiveGuard | None:
+    """This process's guard, or None when checks are off or no group was joined."""
+    return _GUARD
+
+
 def forget_guard() -> None:
     """The process group was destroyed: the next one gets a new guard."""
     global _GUARD

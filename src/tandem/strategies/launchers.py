@@ -235,7 +235,7 @@ def _to_cpu(tensor: torch.Tensor) -> torch.Tensor:
 def collect(trainer: Any) -> dict[str, Any]:
     """What rank 0 of ``ddp_spawn`` sends back: trained weights, callback metrics, checkpoint paths."""
     payload: dict[str, Any] = {
-        "state_dict": {k: v.detach().cpu() for k, v in trainer.strategy.module_state_dict().items()},
+        "state_dict": {k: v.detach().cpu() for k, v in trainer.strategy.full_module_state_dict().items()},
         "callback_metrics": apply_to_collection(dict(trainer.callback_metrics), torch.Tensor, _to_cpu),
     }
     checkpoint = getattr(trainer, "checkpoint_callback", None)
@@ -272,9 +272,9 @@ def _spawned(
 ) -> None:
     environment.export_rank(local_rank)
     result = function(*args, **kwargs)
+    payload = collect(trainer) if trainer is not None else None  # every rank: gathering the weights is a collective
     if environment.global_rank == 0:
         result = apply_to_collection(result, torch.Tensor, _to_cpu)
-        payload = collect(trainer) if trainer is not None else None
         torch.save({"result": result, "payload": payload}, result_path)
 
 

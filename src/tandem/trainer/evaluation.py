@@ -72,9 +72,7 @@ def _run_loader(
     index = extra[0] if extra else 0
     with_batch_idx = takes_batch_idx(getattr(strategy.module, step))
     outputs: list[Any] = []
-    if count <= 0:
-        return outputs
-    for batch_idx, batch in enumerate(loader):
+    for batch_idx, batch in enumerate(strategy.evaluation_batches(loader, count)):  # FSDP keeps ranks in step
         batch = strategy.batch_to_device(batch) if transfer is None else transfer(batch, index)
         metrics.set_batch(batch)
         trainer._call(start, batch, batch_idx, *extra)
@@ -86,8 +84,6 @@ def _run_loader(
         if keep:
             outputs.append(output)
         trainer._call(end, output, batch, batch_idx, *extra)
-        if batch_idx + 1 >= count:
-            break
     return outputs
 
 

@@ -33,7 +33,7 @@ class Trainer:
     Args:
         accelerator: ``"auto"`` (CUDA if available), ``"cpu"``, ``"cuda"`` or ``"gpu"``.
         devices: ``"auto"``, a count (``-1`` for all), or a list of CUDA indices.
-        strategy: ``"auto"``, a registered name (``"single_device"``, ``"ddp"``, ``"ddp_spawn"``,
+        strategy: ``"auto"``, a registered name (``"single_device"``, ``"ddp"``, ``"ddp_spawn"``, ``"fsdp"``,
             ``"dp"``, ...) or a :class:`~tandem.strategies.Strategy` instance.
         num_nodes: machines in a multi-node DDP job.
         precision: ``"32-true"``, ``"64-true"``, ``"bf16-mixed"`` or ``"16-mixed"``.
@@ -303,10 +303,27 @@ class Trainer:
         self._finish(fn, "success")
         return result
 
+    def init_module(self, empty_init: bool | None = None) -> contextlib.AbstractContextManager:
+        """Build the module where the strategy wants its tensors: directly on the device (in float64 under
+        "64-true"), or, with ``strategy="fsdp"`` and ``empty_init=True``, without memory (meta parameters)
+        so that each rank materialises only its shard.
+
+        Args:
+            empty_init: True to skip allocating (and initialising) the parameters now; FSDP then calls each
+                submodule's ``reset_parameters()`` on this rank's shard. Other strategies build as for None.
+
+        Example::
+
+            trainer = Trainer(strategy="fsdp", devices=4)
+            with trainer.init_module(empty_init=True):
+                model = LargeModel()
+        """
+        return self.strategy.tensor_init_context(empty_init)
+
     # ================================================================== set-up
     def _setup(self, fn: str, model: TrainingModule, train: Any, evaluation: Any, datamodule: Any) -> None:
-        """In Lightning's order: processes, prepare_data, the setup hooks, the module onto its device, data,
-        optimizers."""
+        """In Lightning's order: processes, prepare_data, the setup hooks, configure_model, the module onto its
+        device, data, optimizers."""
         if datamodule is not None and (train is not None or evaluation is not None):
             raise TandemConfigError(f"Trainer.{fn} got both dataloaders and a datamodule; pass one of them.")
         if self.deterministic:
@@ -330,6 +347,8 @@ class Trainer:
         model.setup(fn)
         if fn == "fit":
             optim.check_manual_optimization(model, self.strategy, self._config)
+        with self.strategy.tensor_init_context():
+            model.configure_model()  # layers built (and sharded) late, on the device, once the processes exist
         self.strategy.setup(model)
         train_data, stage, eval_data = data.stage_records(
             fn, model, train, evaluation, datamodule, self.strategy, self._config
