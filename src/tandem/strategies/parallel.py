@@ -253,19 +253,15 @@ class ParallelStrategy(Strategy):
     def _start_collective_check(self) -> None:
         """Give the new process group its guard (every rank calls this right after joining it)."""
         forget_guard()
-        if self.collective_check_timeout is None:
-            return
         run_id = self._broadcast(new_run_id(), 0)  # one token per group: an earlier group's keys are never read
         store = dist.distributed_c10d._get_default_store()
-        stall = self.collective_check_timeout.total_seconds()
-        guard_for_group(lambda: CollectiveGuard(store, dist.get_rank(), dist.get_world_size(), run_id, stall))
+        guard_for_group(lambda: CollectiveGuard(store, dist.get_rank(), dist.get_world_size(), run_id))
 
-    @staticmethod
-    def _check(op: str) -> None:
+    def _check(self, op: str) -> None:
         """Agree with the other ranks that this collective is the one they enter next (see collective_check)."""
         guard = current_guard()
-        if guard is not None:
-            guard.check(CallSite.here(op, depth=2))
+        if guard is not None and self.collective_check_timeout is not None:
+            guard.check(CallSite.here(op, depth=2), self.collective_check_timeout.total_seconds())
 
     def _to_collective_device(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(self.root_device) if self.process_group_backend == "nccl" else tensor
