@@ -1,15 +1,9 @@
-import inspect
-
 import pytest
 
 from callbacks._fake import fake_trainer
 from helpers import TinyModule, loader, quiet_trainer
-from tandem import Trainer
 from tandem.callbacks import GradientAccumulationScheduler
 from tandem.utilities.exceptions import TandemConfigError
-
-_ATTRIBUTE = inspect.getattr_static(Trainer, "accumulate_grad_batches")
-ASSIGNABLE = not (isinstance(_ATTRIBUTE, property) and _ATTRIBUTE.fset is None)
 
 
 def test_the_factor_of_each_epoch_and_the_trainer_attribute_it_sets():
@@ -40,7 +34,6 @@ def test_conflicts_and_bad_schedules_name_the_fix():
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.skipif(not ASSIGNABLE, reason="needs an assignable Trainer.accumulate_grad_batches (the core branch)")
 def test_a_real_fit_accumulates_as_scheduled():
     trainer = quiet_trainer(max_epochs=3, callbacks=[GradientAccumulationScheduler({1: 2, 2: 4})])
     trainer.fit(TinyModule(), loader(64, 8))  # 8 batches an epoch
