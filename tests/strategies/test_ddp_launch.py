@@ -151,6 +151,42 @@ def test_exception_in_one_rank_ends_the_job(tmp_path, crash_rank):
 
 
 @pytest.mark.timeout(60)
+def test_save_checkpoint_on_rank_zero_only_is_named_within_seconds(tmp_path):
+    """The classic mistake: trainer.save_checkpoint under is_global_zero during a fit. Rank 1 goes on into the
+    next step's gradient all-reduce and rank 0 waits in the save: without the collective check this waits for
+    the whole process-group timeout (30 minutes). With it (stall timeout 3 s here), rank 0 names both sides."""
+    start = time.monotonic()
+    done = _python([str(SCRIPT), "save0", "--out", str(tmp_path)], _env(), timeout=45)
+    elapsed = time.monotonic() - start
+    assert done.returncode != 0
+    assert elapsed < 30, elapsed
+    assert "CollectiveMismatchError: Rank 1 has waited" in done.stderr, done.stderr[-3000:]
+    assert "while rank 0 entered" in done.stderr and "save_checkpoint" in done.stderr
+    assert "called at launch_fit.py" in done.stderr  # the user's line
+    assert "guard only side effects (files, prints, uploads) with trainer.is_global_zero" in done.stderr
+    assert _nothing_left(tmp_path)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["test0", "test0_validate1"])
+def test_trainer_call_on_rank_zero_only_is_a_clear_error(tmp_path, mode):
+    """trainer.test under is_global_zero: rank 1's script ends (or it calls validate instead); rank 0 fails at
+    once with tandem's message, not gloo's 'Connection closed by peer'."""
+    done = _python([str(SCRIPT), mode, "--out", str(tmp_path)], _env(), timeout=45)
+    assert all((tmp_path / f"fitted{r}").exists() for r in (0, 1)), done.stderr[-3000:]
+    fitted = (tmp_path / "fitted0").stat().st_mtime
+    assert done.returncode != 0
+    assert "CollectiveMismatchError" in done.stderr, done.stderr[-3000:]
+    if mode == "test0":
+        assert "Rank 1 exited (its script ended) while rank 0 entered" in done.stderr, done.stderr[-3000:]
+    else:
+        assert re.search(r"rank 0 entered .*\(from .*Trainer.*, called at launch_fit.py:\d+ in main\)", done.stderr)
+        assert "rank 1 entered" in done.stderr
+    assert time.time() - fitted < 20  # the error comes seconds after the fit, not at a timeout
+    assert _nothing_left(tmp_path)
+
+
+@pytest.mark.timeout(60)
 def test_ctrl_c_stops_every_rank(tmp_path):
     """SIGINT to the job's process group (what Ctrl-C in a terminal does) ends rank 0 and the rank it started."""
     proc = _popen([str(SCRIPT), "wait", "--out", str(tmp_path)], _env())
