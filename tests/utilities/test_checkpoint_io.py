@@ -1,19 +1,40 @@
-"""Atomic checkpoint writes: a save that dies half-way leaves the previous file intact."""
+"""Checkpoint and log files: atomic writes, temporaries left by killed writers, file modes, write errors, the
+checksum, and what a bad ``ckpt_path`` is told."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from tandem.utilities.checkpoint import CHECKPOINT_MARKER, atomic_save, load_checkpoint_file
+from helpers import TinyModule, loader, quiet_trainer
+from tandem.callbacks.callback import Callback
+from tandem.callbacks.model_checkpoint import ModelCheckpoint
+from tandem.loggers import CSVLogger
+from tandem.utilities import checkpoint as checkpoint_io
+from tandem.utilities.checkpoint import (
+    CHECKPOINT_MARKER,
+    CHECKSUM_KEY,
+    atomic_save,
+    check_writable_folder,
+    load_checkpoint_file,
+    remove_stale_temporaries,
+)
+from tandem.utilities.exceptions import CheckpointError, FileWriteError
 
 pytestmark = pytest.mark.timeout(60)
+
+
+def _temporaries(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
 
 
 def test_failed_save_keeps_the_previous_file_and_leaves_no_temporary(tmp_path, monkeypatch):
@@ -54,3 +75,250 @@ while True:
     proc.wait(timeout=10)
     checkpoint = load_checkpoint_file(path)
     assert checkpoint["i"] >= 1 and checkpoint["big"].numel() == 4_000_000
+
+
+_HALF_WRITTEN = """
+import sys, time
+from tandem.utilities.checkpoint import atomic_write
+
+def write(f):
+    f.write(b"x" * 3_000_000)
+    f.flush()
+    print("writing", flush=True)
+    time.sleep(120)
+
+atomic_write(sys.argv[1], write)
+"""
+
+
+def test_a_killed_writers_temporary_is_removed_by_the_next_save_and_a_live_writers_is_not(tmp_path):
+    """The next save to the same target removes what a SIGKILLed save left; a temporary that a live process is
+    still writing, other targets' temporaries and files that are not tandem's stay."""
+    path = tmp_path / "last.ckpt"
+    atomic_save({CHECKPOINT_MARKER: "x", "value": 1}, path)
+    unrelated = [".last.ckpt.k2j4h5g6.tmp", ".other.ckpt.host-1-0123abcd.tmp", ".last-v1.ckpt.host-1-0123abcd.tmp"]
+    for name in unrelated:
+        (tmp_path / name).write_bytes(b"not ours to remove")
+    writer = subprocess.Popen([sys.executable, "-c", _HALF_WRITTEN, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "writing"
+        (live,) = set(_temporaries(tmp_path)) - set(unrelated)
+        assert live.startswith(".last.ckpt.") and f"-{writer.pid}-" in live
+        atomic_save({CHECKPOINT_MARKER: "x", "value": 2}, path)  # the writer is alive: its file stays
+        assert live in _temporaries(tmp_path)
+        assert (tmp_path / live).stat().st_size == 3_000_000
+        writer.kill()
+        writer.wait(timeout=10)
+        assert live in _temporaries(tmp_path)  # SIGKILL: nothing removed it
+        atomic_save({CHECKPOINT_MARKER: "x", "value": 3}, path)
+    finally:
+        writer.kill()
+        writer.stdout.close()
+    assert _temporaries(tmp_path) == sorted(unrelated)
+    assert load_checkpoint_file(path)["value"] == 3
+
+
+def test_temporaries_of_another_host_are_removed_only_when_unlocked_and_idle(tmp_path):
+    """On a shared filesystem a writer on another machine cannot be asked whether it lives: its temporary goes
+    only when nobody holds its lock and it has not changed for two minutes."""
+    path = tmp_path / "last.ckpt"
+    old, fresh, locked = (tmp_path / f".last.ckpt.othernode-{pid}-0123abcd.tmp" for pid in (11, 12, 13))
+    for tmp in (old, fresh, locked):
+        tmp.write_bytes(b"x")
+    an_hour_ago = time.time() - 3600
+    for tmp in (old, locked):
+        os.utime(tmp, (an_hour_ago, an_hour_ago))
+    with open(locked, "rb") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # a live writer elsewhere holds this one
+        assert remove_stale_temporaries(path) == [old.name]
+    assert sorted(_temporaries(tmp_path)) == sorted([fresh.name, locked.name])
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_files_get_the_mode_open_gives(tmp_path, umask):
+    """Checkpoints, hparams.yaml and metrics.csv: 0o666 less the umask, like open() and torch.save(obj, path)."""
+    previous = os.umask(umask)
+    try:
+        trainer = quiet_trainer(
+            max_epochs=1, logger=CSVLogger(tmp_path), enable_checkpointing=True, default_root_dir=tmp_path
+        )
+        trainer.fit(TinyModule(), loader())
+        plain = tmp_path / "plain.pt"
+        torch.save({}, plain)
+    finally:
+        os.umask(previous)
+    log_dir = Path(trainer.log_dir)
+    files = [log_dir / "checkpoints" / "last.ckpt", log_dir / "hparams.yaml", log_dir / "metrics.csv"]
+    for path in [*files, plain]:
+        assert oct(path.stat().st_mode & 0o777) == oct(0o666 & ~umask), path
+
+
+class _FullDisk:
+    """A file whose writes fail once ``room`` bytes are used, as writes to a full disk do."""
+
+    def __init__(self, f, room: int) -> None:
+        self._f, self._room = f, room
+
+    def write(self, data) -> int:
+        if len(data) > self._room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self._room -= len(data)
+        return self._f.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._f.close()
+
+
+def test_a_full_disk_is_reported_naming_the_file_and_the_cause(tmp_path, monkeypatch):
+    path = tmp_path / "last.ckpt"
+    atomic_save({CHECKPOINT_MARKER: "x", "value": 1}, path)
+    real_fdopen = os.fdopen
+    monkeypatch.setattr(os, "fdopen", lambda fd, mode: _FullDisk(real_fdopen(fd, mode), room=20_000))
+    with pytest.raises(FileWriteError) as caught:
+        atomic_save({CHECKPOINT_MARKER: "x", "value": 2, "big": torch.randn(100_000)}, path)
+    monkeypatch.undo()
+    message = str(caught.value)
+    assert f"Could not write checkpoint {str(path)!r}: No space left on device (ENOSPC)." in message
+    assert "The previous file at that path is intact. Free space on that disk" in message
+    assert "unexpected pos" not in message and caught.value.errno == errno.ENOSPC
+    assert caught.value.__suppress_context__  # torch's own "unexpected pos" text is not printed
+    assert load_checkpoint_file(path)["value"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+
+    # the metrics file: appends and rewrites alike
+    logger = CSVLogger(tmp_path)
+    logger.log_metrics({"loss": 1.0}, step=0)
+    logger.save()
+    monkeypatch.setattr(os, "fdopen", lambda fd, mode: _FullDisk(real_fdopen(fd, mode), room=0))
+    logger.log_metrics({"loss": 1.0, "acc": 0.5}, step=1)  # a new column: the file is rewritten
+    with pytest.raises(FileWriteError, match=r"Could not write the metrics file '.*metrics.csv': No space left"):
+        logger.save()
+
+
+class _CountBatches(Callback):
+    def __init__(self) -> None:
+        self.batches = 0
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+        self.batches += 1
+
+
+def test_an_unwritable_checkpoint_folder_fails_at_setup_before_any_training(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    counter = _CountBatches()
+    trainer = quiet_trainer(max_epochs=1, callbacks=[ModelCheckpoint(dirpath=blocker / "ckpts"), counter])
+    with pytest.raises(FileWriteError, match=r"Could not write the ModelCheckpoint folder .*a-file' is a file") as err:
+        trainer.fit(TinyModule(), loader())
+    assert "Checked before training, so no work is lost" in str(err.value) and err.value.errno == errno.ENOTDIR
+    assert counter.batches == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # the check leaves nothing behind
+
+
+def test_a_folder_without_write_permission_is_named(tmp_path):
+    """Checked by creating a file (permissions, ACLs and read-only mounts alike). root may write anywhere, so
+    under root the check runs in a child process that became the user nobody."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    target = locked / "run" / "checkpoints"
+    if os.geteuid() != 0:
+        with pytest.raises(FileWriteError, match=r"Permission denied \(EACCES\)\. Make the folder writable"):
+            check_writable_folder(target)
+        return
+    read, write = os.pipe()
+    pid = os.fork()  # the check, as the user nobody (nothing is exec'd: the venv may be root's alone)
+    if pid == 0:
+        os.close(read)
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            check_writable_folder(target)
+            message = "no error"
+        except BaseException as err:
+            message = f"{type(err).__name__}: {err}"
+        os.write(write, message.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        message = pipe.read()
+    os.waitpid(pid, 0)
+    assert message.startswith(f"FileWriteError: Could not write {str(target)!r}: Permission denied (EACCES)."), message
+    assert "Make the folder writable for this user, or write somewhere else" in message
+
+
+# ---------------------------------------------------------------------------------------------- checksum
+
+
+def _flip_a_byte_of(path: Path, tensor: torch.Tensor) -> None:
+    data = bytearray(path.read_bytes())
+    at = data.find(tensor.numpy().tobytes()[:64])
+    assert at > 0
+    data[at + 40] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_flipped_byte_in_tensor_data_fails_to_load_and_names_the_previous_checkpoint(tmp_path):
+    trainer = quiet_trainer(max_epochs=1)
+    trainer.fit(TinyModule(), loader())
+    trainer.save_checkpoint(tmp_path / "last.ckpt")
+    damaged = tmp_path / "epoch=0-step=4.ckpt"
+    trainer.save_checkpoint(damaged)
+    stored = torch.load(damaged, weights_only=False)
+    assert isinstance(stored[CHECKSUM_KEY], str) and stored[CHECKSUM_KEY].startswith("crc32:")
+
+    _flip_a_byte_of(damaged, stored["state_dict"]["net.0.weight"])
+    torch.load(damaged, weights_only=False)  # torch itself notices nothing
+    with pytest.raises(CheckpointError) as err:
+        quiet_trainer(max_epochs=2).fit(TinyModule(), loader(), ckpt_path=damaged)
+    message = str(err.value)
+    assert message.startswith(f"Checkpoint {str(damaged)!r} is damaged: its contents do not match the checksum")
+    assert f"use the previous checkpoint in {str(tmp_path)!r}: 'last.ckpt'." in message
+    load_checkpoint_file(tmp_path / "last.ckpt")  # the other one is fine
+
+
+def test_checkpoints_stay_plain_torch_files_and_old_ones_without_checksum_load(tmp_path):
+    path = tmp_path / "weights.ckpt"
+    atomic_save({CHECKPOINT_MARKER: "0.1", "state_dict": TinyModule().state_dict()}, path)
+    loaded = torch.load(path)  # torch's default weights_only=True: the checksum is a plain str
+    assert loaded[CHECKSUM_KEY] == checkpoint_io.checksum(loaded)
+    old = tmp_path / "old.ckpt"
+    torch.save({CHECKPOINT_MARKER: "0.1", "state_dict": loaded["state_dict"]}, old)
+    assert CHECKSUM_KEY not in load_checkpoint_file(old)
+
+
+def test_the_checksum_covers_tensors_values_and_keys_but_not_process_details():
+    base = {CHECKPOINT_MARKER: "x", "w": torch.arange(6.0).reshape(2, 3), "epoch": 3, "lr": 0.1, "names": ["a"]}
+    value = checkpoint_io.checksum(base)
+    assert checkpoint_io.checksum({**base, CHECKSUM_KEY: "crc32:00000000"}) == value  # its own entry is left out
+    assert checkpoint_io.checksum({**base, "w": base["w"].t().contiguous().t()}) == value  # layout does not count
+    assert checkpoint_io.checksum({**base, "anything": {1, 2}}) == checkpoint_io.checksum({**base, "anything": {3}})
+    for changed in ({"w": base["w"].reshape(3, 2)}, {"w": base["w"].double()}, {"epoch": 4}, {"lr": 0.2}):
+        assert checkpoint_io.checksum({**base, **changed}) != value, changed
+    assert checkpoint_io.checksum({**{k: v for k, v in base.items() if k != "names"}, "nameS": ["a"]}) != value
+
+
+# ---------------------------------------------------------------------------------------------- ckpt_path
+
+
+def test_a_folder_as_ckpt_path_is_named_a_folder_and_the_file_inside_suggested(tmp_path):
+    run = tmp_path / "version_0"
+    (run / "checkpoints").mkdir(parents=True)
+    with pytest.raises(CheckpointError, match=r"'.*version_0' is a folder, not a checkpoint file, and holds no"):
+        load_checkpoint_file(run)
+    for name in ("epoch=0-step=4.ckpt", "last.ckpt", "epoch=1-step=8.ckpt"):
+        atomic_save({CHECKPOINT_MARKER: "x"}, run / "checkpoints" / name)
+    for given in (run, run / "checkpoints"):
+        with pytest.raises(CheckpointError) as err:
+            quiet_trainer(max_epochs=1).fit(TinyModule(), loader(), ckpt_path=given)
+        suggestion = str(run / "checkpoints" / "last.ckpt")
+        assert str(err.value) == (
+            f"ckpt_path {str(given)!r} is a folder, not a checkpoint file. Pass the file inside it: "
+            f"ckpt_path={suggestion!r}."
+        )
