@@ -3,7 +3,8 @@
 
 Modes:
     fit       train 12 steps; each rank saves rank{global_rank}.pt (weights, ranks, environment, threads)
-    crash     rank --crash-rank raises at step 3; each rank first writes its pid to pid{rank}
+    crash     rank --crash-rank raises at step 3; each rank first writes its pid to pid{rank}; what fit raised
+              goes to raised{rank}, and its finally block writes finally{rank}
     wait      after 2 steps each rank writes its pid to ready{rank}, then trains slowly until a signal ends it
     restart   fit(ckpt_path="last") with a step ModelCheckpoint in the default run folder; on the first attempt
               (no marker file yet) rank 1 SIGKILLs itself after step 7; then like fit
@@ -114,7 +115,13 @@ def main(args: argparse.Namespace) -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(Classifier(), data(), ckpt_path="last" if args.mode == "restart" else None)
+    try:
+        trainer.fit(Classifier(), data(), ckpt_path="last" if args.mode == "restart" else None)
+    except BaseException as err:
+        (out / f"raised{trainer.global_rank}").write_text(f"{type(err).__name__}: {err}")
+        raise
+    finally:
+        (out / f"finally{trainer.global_rank}").write_text("ran")
     # code after fit runs on every rank: each writes its own file
     result = {
         "weights": {k: v.clone() for k, v in trainer.training_module.state_dict().items()},
