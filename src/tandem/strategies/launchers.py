@@ -53,6 +53,7 @@ _ECHO_WAIT_S = 2.0  # how long rank 0, failing, waits to see whether a started r
 _SETTLE_S = 0.3  # ddp_spawn: after the first failure, how long to let the others end (and write) first
 _HANDLING_GRACE_S = 30.0  # rank 0 busy with an exception of its own is left to finish it this long
 _RESPONSE_S = 15.0  # rank 0, told to raise, must do so within this; else the process is ended
+_ABORT_AFTER_S = 3.0  # rank 0 still blocked this long after the wake-up signal: abort an NCCL process group
 _NOT_GUARDED_EXIT = 87  # a spawned process that re-ran the user's unguarded script exits with this
 # The signal that wakes rank 0's main thread to raise RankFailedError (a real-time one: nobody else's)
 _WAKE_SIGNAL = signal.SIGRTMIN + 5 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
@@ -232,9 +233,11 @@ class _Watchdog:
 
         A thread already handling an exception (its collective broke when the rank died) is left to reach
         launch(), which raises the failure itself, for up to _HANDLING_GRACE_S; otherwise, or after that,
-        it is woken by a signal whose handler raises. No response within _RESPONSE_S: ``os._exit``.
+        it is woken by a signal whose handler raises. Still blocked after _ABORT_AFTER_S: an NCCL process group
+        is aborted (a CUDA sync waiting for the dead rank returns). No response within _RESPONSE_S: ``os._exit``.
         """
         handling_since = woken_at = None
+        aborted = False
         while not (self.reported or self._main_failing):
             now = time.monotonic()
             if self._main_done or not _thread_alive(self._main_ident):
@@ -248,6 +251,9 @@ class _Watchdog:
             woken_at = woken_at or now
             if now - woken_at > _RESPONSE_S:
                 self._exit_now(f"rank 0 did not respond within {_RESPONSE_S:.0f} s (blocked outside Python)")
+            if now - woken_at > _ABORT_AFTER_S and not aborted:
+                aborted = True
+                _abort_nccl()  # a CUDA sync behind an NCCL collective that waits for the failed rank
             self._interrupt_main()
             time.sleep(5 * _POLL_S)
 
@@ -327,6 +333,16 @@ class _Watchdog:
             self._thread.join()
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
+
+
+def _abort_nccl() -> None:
+    """Best effort: abort NCCL's communicators, so that a thread blocked behind a collective that waits for a
+    dead rank returns (gloo needs none of this: the dead rank's closed sockets end its collectives)."""
+    with contextlib.suppress(Exception):
+        import torch.distributed as dist
+
+        if dist.is_initialized() and dist.get_backend() == "nccl":
+            dist.distributed_c10d._abort_process_group()
 
 
 def _thread_alive(ident: int | None) -> bool:

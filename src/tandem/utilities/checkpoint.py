@@ -23,6 +23,7 @@ import struct
 import time
 import zlib
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
@@ -246,31 +247,64 @@ def checksum(obj: Any) -> str:
 
 
 class _Hasher:
-    """Feeds a nested structure to zlib.crc32: small items are buffered, large buffers hashed in place."""
+    """Feeds a nested structure to zlib.crc32.
 
-    _FLUSH = 1 << 16
+    Small items go into one stream in order. Large buffers (tensor and array bytes, read in place) are cut
+    into fixed 16 MB pieces whose CRC32s are computed on a thread pool (zlib releases the GIL), and each
+    piece's CRC and length join the stream where the buffer was: the value does not depend on the threads.
+    """
+
+    _PIECE = 16 << 20
+    _PARALLEL_FROM = 64 << 20  # below this in all, threads cost more than they save
 
     def __init__(self) -> None:
-        self._crc = 0
+        self._stream: list[bytes | Any] = []  # bytes, or a buffer to cut into pieces
         self._buffer = bytearray()
+        self._large = 0
 
     def value(self) -> int:
         self._flush()
-        return self._crc
+        pieces = [
+            part[start : start + self._PIECE]
+            for part in self._stream
+            if not isinstance(part, bytes)
+            for start in range(0, max(len(part), 1), self._PIECE)
+        ]
+        workers = min(8, os.cpu_count() or 1)
+        if workers > 1 and self._large >= self._PARALLEL_FROM:
+            with ThreadPoolExecutor(workers, thread_name_prefix="tandem-checksum") as pool:
+                piece_crcs = iter(list(pool.map(zlib.crc32, pieces)))
+        else:
+            piece_crcs = iter([zlib.crc32(piece) for piece in pieces])
+        crc = 0
+        for part in self._stream:
+            if isinstance(part, bytes):
+                crc = zlib.crc32(part, crc)
+            else:
+                for start in range(0, max(len(part), 1), self._PIECE):
+                    length = min(self._PIECE, len(part) - start)
+                    crc = zlib.crc32(struct.pack("<IQ", next(piece_crcs), length), crc)
+        return crc
 
     def _flush(self) -> None:
         if self._buffer:
-            self._crc = zlib.crc32(self._buffer, self._crc)
+            self._stream.append(bytes(self._buffer))
             self._buffer.clear()
 
     def _add(self, data: bytes) -> None:
         self._buffer += data
-        if len(self._buffer) > self._FLUSH:
-            self._flush()
 
-    def _add_large(self, data: Any) -> None:
+    def _add_large(self, data: Any, now: bool = False) -> None:
+        """``data``: a 1-d uint8 numpy array (sliced without copies). ``now``: hash it at once rather than
+        keep it (a copy of a GPU tensor), with the same result."""
+        if now:
+            for start in range(0, max(len(data), 1), self._PIECE):
+                piece = data[start : start + self._PIECE]
+                self._add(struct.pack("<IQ", zlib.crc32(piece), len(piece)))
+            return
         self._flush()
-        self._crc = zlib.crc32(data, self._crc)
+        self._stream.append(data)
+        self._large += len(data)
 
     def feed(self, obj: Any) -> None:
         if isinstance(obj, torch.Tensor):
@@ -312,10 +346,11 @@ class _Hasher:
         if tensor.layout != torch.strided or tensor.is_quantized or tensor.is_meta:
             self._add(f"{tensor.layout}".encode())  # rare in checkpoints: counted by kind and shape only
             return
-        if tensor.device.type != "cpu":
+        copied = tensor.device.type != "cpu"
+        if copied:
             tensor = tensor.cpu()
-        tensor = tensor.resolve_conj().resolve_neg().contiguous()  # no copy for a contiguous tensor
-        self._add_large(tensor.reshape(-1).view(torch.uint8).numpy())
+        tensor = tensor.resolve_conj().resolve_neg().contiguous()  # no copy for a contiguous CPU tensor
+        self._add_large(tensor.reshape(-1).view(torch.uint8).numpy(), now=copied)
 
 
 def verify_checksum(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
