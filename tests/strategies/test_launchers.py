@@ -216,9 +216,10 @@ def _spawned_pids(out: Path, scenario: str) -> list[int]:
 
 @pytest.mark.timeout(120)
 def test_spawn_follows_seed_everything(spawn_runs):
-    """Dropout and a shuffled loader in spawned ranks: two runs after seed_everything(7) end bit for bit equal."""
+    """Dropout and a shuffled loader in spawned ranks: two fits after seed_everything(7) have equal weights after
+    two steps (the second fit is the one whose rank 1 is then killed)."""
     out = spawn_runs["out"]
-    first, second = (torch.load(out / f"seeded-{run}.pt", weights_only=False)["weights"] for run in (1, 2))
+    first, second = (torch.load(out / f"step2-{scenario}.pt", weights_only=False) for scenario in ("seeded", "killed"))
     for name, value in first.items():
         assert torch.equal(value, second[name]), name
 
@@ -227,8 +228,8 @@ def test_spawn_follows_seed_everything(spawn_runs):
 def test_spawn_keeps_one_run_folder_and_the_fitted_progress(spawn_runs):
     """fit, then test, then trainer.log_dir: one version folder, which exists; current_epoch and global_step
     read the fitted values in the calling process."""
-    result = torch.load(spawn_runs["out"] / "seeded-1.pt", weights_only=False)
-    run = spawn_runs["out"] / "seeded-1" / "tandem_logs" / "version_0"
+    result = torch.load(spawn_runs["out"] / "seeded.pt", weights_only=False)
+    run = spawn_runs["out"] / "seeded" / "tandem_logs" / "version_0"
     assert result["versions"] == ["version_0"]
     assert result["log_dir"] == result["after_fit"]["log_dir"] == str(run) and result["log_dir_exists"]
     assert result["after_fit"]["epoch"] == 2 and result["after_fit"]["step"] == 8  # 2 epochs of 4 batches per rank

@@ -2,12 +2,15 @@
 
     seeded       seed_everything(7), dropout, shuffled data: fit then test with the default TensorBoard logger
                  and checkpointing; what the caller sees afterwards (weights, current_epoch, global_step,
-                 log_dir, version folders) goes to seeded-1.pt; the fit again, in a new Trainer and module
-                 after seed_everything(7), gives the weights in seeded-2.pt
+                 log_dir, version folders) goes to seeded.pt
     unpicklable  a module holding a lock: the error the caller gets goes to unpicklable.txt (no process starts)
-    killed       (last: the error ends this script) rank 1 SIGKILLs itself in its third training step while
-                 rank 0 is in the gradient all-reduce; it first writes the time to killed-at, and the caller
-                 writes the time it got the error to killed-reported-at
+    killed       (last: the error ends this script) the seeded fit again, in a new Trainer and module after
+                 seed_everything(7), but rank 1 SIGKILLs itself in its third training step while rank 0 is in
+                 the gradient all-reduce; it first writes the time to killed-at, and the caller writes the time
+                 it got the error to killed-reported-at
+
+In both fits rank 0 saves its weights after two steps (dropout and the shuffled order have acted) to
+``step2-<scenario>.pt``: seed_everything must make them equal.
 
 Every spawned rank writes its pid to ``pid-<scenario>-<rank>`` so the test can check that none is left.
 """
@@ -38,6 +41,11 @@ class Classifier(tandem.TrainingModule):
 
     def on_fit_start(self) -> None:
         Path(self.out, f"pid-{self.scenario}-{self.global_rank}").write_text(str(os.getpid()))
+
+    def on_train_batch_start(self, batch, batch_idx) -> None:
+        if self.global_rank == 0 and self.trainer.global_step == 2:
+            weights = {k: v.clone() for k, v in self.state_dict().items()}
+            torch.save(weights, Path(self.out, f"step2-{self.scenario}.pt"))
 
     def training_step(self, batch, batch_idx):
         if self.scenario == "killed" and self.global_rank == 1 and self.trainer.global_step == 2:
@@ -84,27 +92,23 @@ def trainer(root: Path, **kwargs) -> tandem.Trainer:
     return tandem.Trainer(**{**options, **kwargs})
 
 
-def seeded(out: Path, run: int) -> None:
+def seeded(out: Path) -> None:
     tandem.seed_everything(7)
     module = Classifier(str(out), "seeded")
-    fitter = trainer(out / f"seeded-{run}", **({} if run == 1 else {"logger": False, "enable_checkpointing": False}))
+    fitter = trainer(out / "seeded")
     fitter.fit(module, data())
     after_fit = {"log_dir": fitter.log_dir, "epoch": fitter.current_epoch, "step": fitter.global_step}
-    if run == 2:  # the weights only
-        torch.save({"weights": {k: v.clone() for k, v in module.state_dict().items()}}, out / "seeded-2.pt")
-        return
     tested = fitter.test(module, data())
     torch.save(
         {
-            "weights": {k: v.clone() for k, v in module.state_dict().items()},
             "after_fit": after_fit,
             "log_dir": fitter.log_dir,
             "log_dir_exists": os.path.isdir(fitter.log_dir),
-            "versions": sorted(os.listdir(out / f"seeded-{run}" / "tandem_logs")),
+            "versions": sorted(os.listdir(out / "seeded" / "tandem_logs")),
             "last_model_path": fitter.checkpoint_callback.last_model_path,
             "tested": tested,
         },
-        out / f"seeded-{run}.pt",
+        out / "seeded.pt",
     )
 
 
@@ -118,9 +122,10 @@ def unpicklable(out: Path) -> None:
 
 
 def killed(out: Path) -> None:
+    tandem.seed_everything(7)
     module = Classifier(str(out), "killed")
     try:
-        trainer(out / "killed", logger=False, enable_checkpointing=False, max_epochs=50).fit(module, data())
+        trainer(out / "killed", logger=False, enable_checkpointing=False).fit(module, data())
     finally:
         (out / "killed-reported-at").write_text(repr(time.time()))
 
@@ -129,7 +134,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     out = Path(parser.parse_args().out)
-    seeded(out, 1)
-    seeded(out, 2)
+    seeded(out)
     unpicklable(out)
     killed(out)
