@@ -1,11 +1,13 @@
+import errno
 import os
 
 import pytest
 import torch
 
 from callbacks._fake import fake_trainer, metrics
-from tandem.callbacks import ModelCheckpoint
-from tandem.utilities.exceptions import MissingMetricError, TandemConfigError
+from helpers import TinyModule, loader, quiet_trainer
+from tandem.callbacks import Callback, ModelCheckpoint
+from tandem.utilities.exceptions import FileWriteError, MissingMetricError, TandemConfigError
 
 
 def _setup(callback, tmp_path, **attrs):
@@ -242,3 +244,26 @@ def test_bad_arguments_fail_at_construction_naming_the_fix(kwargs, fix):
     with pytest.raises(TandemConfigError, match="ModelCheckpoint") as err:
         ModelCheckpoint(**kwargs)
     assert fix in str(err.value)
+
+
+# ---------------------------------------------------------------------- the folder
+
+
+class _CountBatches(Callback):
+    def __init__(self) -> None:
+        self.batches = 0
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+        self.batches += 1
+
+
+def test_an_unwritable_checkpoint_folder_fails_at_setup_before_any_training(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    counter = _CountBatches()
+    trainer = quiet_trainer(max_epochs=1, callbacks=[ModelCheckpoint(dirpath=blocker / "ckpts"), counter])
+    with pytest.raises(FileWriteError, match=r"Could not write the ModelCheckpoint folder .*a-file' is a file") as err:
+        trainer.fit(TinyModule(), loader())
+    assert "Checked before training, so no work is lost" in str(err.value) and err.value.errno == errno.ENOTDIR
+    assert counter.batches == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # the check leaves nothing behind

@@ -16,8 +16,6 @@ import pytest
 import torch
 
 from helpers import TinyModule, loader, quiet_trainer
-from tandem.callbacks.callback import Callback
-from tandem.callbacks.model_checkpoint import ModelCheckpoint
 from tandem.loggers import CSVLogger
 from tandem.utilities import checkpoint as checkpoint_io
 from tandem.utilities.checkpoint import (
@@ -190,35 +188,6 @@ def test_a_full_disk_is_reported_naming_the_file_and_the_cause(tmp_path, monkeyp
     assert caught.value.__suppress_context__  # torch's own "unexpected pos" text is not printed
     assert load_checkpoint_file(path)["value"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
-
-    # the metrics file: appends and rewrites alike
-    logger = CSVLogger(tmp_path)
-    logger.log_metrics({"loss": 1.0}, step=0)
-    logger.save()
-    monkeypatch.setattr(os, "fdopen", lambda fd, mode: _FullDisk(real_fdopen(fd, mode), room=0))
-    logger.log_metrics({"loss": 1.0, "acc": 0.5}, step=1)  # a new column: the file is rewritten
-    with pytest.raises(FileWriteError, match=r"Could not write the metrics file '.*metrics.csv': No space left"):
-        logger.save()
-
-
-class _CountBatches(Callback):
-    def __init__(self) -> None:
-        self.batches = 0
-
-    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
-        self.batches += 1
-
-
-def test_an_unwritable_checkpoint_folder_fails_at_setup_before_any_training(tmp_path):
-    blocker = tmp_path / "a-file"
-    blocker.write_text("")
-    counter = _CountBatches()
-    trainer = quiet_trainer(max_epochs=1, callbacks=[ModelCheckpoint(dirpath=blocker / "ckpts"), counter])
-    with pytest.raises(FileWriteError, match=r"Could not write the ModelCheckpoint folder .*a-file' is a file") as err:
-        trainer.fit(TinyModule(), loader())
-    assert "Checked before training, so no work is lost" in str(err.value) and err.value.errno == errno.ENOTDIR
-    assert counter.batches == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # the check leaves nothing behind
 
 
 def test_a_folder_without_write_permission_is_named(tmp_path):
