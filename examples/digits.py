@@ -25,7 +25,12 @@ from tandem import DataModule, Trainer, TrainingModule, seed_everything
 
 
 class DigitsData(DataModule):
-    """Train / validation / test splits of the 8x8 digits: 1,257 / 180 / 360 images, the same on every run."""
+    """Train / validation / test splits of the 8x8 digits: 1,257 / 180 / 360 images, the same on every run.
+
+    Args:
+        batch_size: images per training batch.
+        split_seed: seed of the train / validation / test split (kept apart from the run's seed).
+    """
 
     def __init__(self, batch_size: int = 64, split_seed: int = 0) -> None:
         super().__init__()
@@ -58,7 +63,12 @@ class DigitsData(DataModule):
 
 
 class DigitsCNN(TrainingModule):
-    """Two 3x3 convolutions with batch norm, a max-pool, and two linear layers: about 151k parameters."""
+    """Two 3x3 convolutions with batch norm, a max-pool, and two linear layers: about 151k parameters.
+
+    Args:
+        lr: AdamW's learning rate (a cosine schedule lowers it over max_epochs).
+        dropout: probability of zeroing an activation before each linear layer.
+    """
 
     def __init__(self, lr: float = 1e-3, dropout: float = 0.25) -> None:
         super().__init__()

@@ -55,3 +55,26 @@ def test_digits_default_run_reaches_97_percent(tmp_path: Path) -> None:
     match = ACCURACY_LINE.search(out)
     assert match, out
     assert float(match.group(1)) >= 0.97, out
+
+
+def test_digits_cli_config_files_merge_and_interpolate(monkeypatch, capsys) -> None:
+    import yaml
+
+    from tandem.cli import CLI
+
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    monkeypatch.setenv("RUNS_DIR", "/data/runs")
+    import digits
+
+    configs = ["-c", str(EXAMPLES / "configs" / "digits.yaml"), "-c", str(EXAMPLES / "configs" / "ddp.yaml")]
+    with pytest.raises(SystemExit):
+        CLI(digits.DigitsCNN, digits.DigitsData, args=["fit", *configs, "--print_config"])
+    config = yaml.safe_load(capsys.readouterr().out)
+    trainer = config["trainer"]
+    assert trainer["strategy"] == "ddp" and trainer["devices"] == 2 and trainer["max_epochs"] == 30
+    assert trainer["default_root_dir"] == "/data/runs/digits_cli"  # ${oc.env:RUNS_DIR,runs}
+    assert [c["class_path"] for c in trainer["callbacks"]] == [
+        "tandem.callbacks.ModelCheckpoint",
+        "tandem.callbacks.EarlyStopping",
+    ]
+    assert config["model"] == {"lr": 0.001, "dropout": 0.25} and config["data"]["batch_size"] == 32

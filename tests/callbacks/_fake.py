@@ -56,7 +56,7 @@ def fake_trainer(
     callbacks: list[Any] = (),
     **attrs: Any,
 ) -> SimpleNamespace:
-    """A Trainer look-alike; ``save_checkpoint`` writes ``{"global_step", "callbacks"}`` on rank 0."""
+    """A Trainer look-alike; ``save_checkpoint`` writes ``{"global_step", "weights_only", "callbacks"}`` on rank 0."""
     trainer = SimpleNamespace(
         current_epoch=0,
         global_step=0,
@@ -80,6 +80,10 @@ def fake_trainer(
         optimizers=[],
         lr_scheduler_configs=[],
         sanity_checking=False,
+        state=SimpleNamespace(fn="fit", stage="train"),
+        val_check_interval=1.0,
+        check_val_every_n_epoch=1,
+        accumulate_grad_batches=1,
         num_sanity_val_steps=2,
         fast_dev_run=False,
         training=True,
@@ -90,11 +94,12 @@ def fake_trainer(
         saved=[],
     )
 
-    def save_checkpoint(path: str | os.PathLike) -> None:
+    def save_checkpoint(path: str | os.PathLike, weights_only: bool = False) -> None:
         trainer.saved.append(os.fspath(path))
         if trainer.is_global_zero:
             state = {c.state_key: c.state_dict() for c in trainer.callbacks}
-            atomic_save({"global_step": trainer.global_step, "callbacks": state}, path)
+            content = {"global_step": trainer.global_step, "weights_only": weights_only}
+            atomic_save({**content, "callbacks": {} if weights_only else state}, path)
 
     def log_metrics(metrics: dict[str, Any], step: int | None = None) -> None:  # as Trainer.log_metrics
         values = {k: float(v) for k, v in metrics.items()}

@@ -1,10 +1,12 @@
 import logging
 import math
 import warnings
+from types import SimpleNamespace
 
 import pytest
 
 from callbacks._fake import fake_trainer, metrics
+from helpers import TinyModule, loader, quiet_trainer
 from tandem.callbacks import EarlyStopping
 from tandem.utilities.exceptions import MissingMetricError, TandemConfigError
 
@@ -125,3 +127,55 @@ def test_bad_arguments_fail_at_construction(kwargs, message):
     with pytest.raises(TandemConfigError) as err:
         EarlyStopping("val_loss", **kwargs)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("settings", "checked_at"),
+    [
+        ({}, "train_epoch_end"),  # validation once, at each epoch's end (or none)
+        ({"val_check_interval": 0.25}, "validation_end"),
+        ({"check_val_every_n_epoch": 3}, "validation_end"),
+        ({"val_check_interval": 0.25, "check_on_train_epoch_end": True}, "train_epoch_end"),
+        ({"check_on_train_epoch_end": False}, "validation_end"),
+    ],
+)
+def test_when_the_check_runs_follows_lightning(settings, checked_at):
+    settings = dict(settings)
+    callback = EarlyStopping(
+        "val_loss", patience=0, check_on_train_epoch_end=settings.pop("check_on_train_epoch_end", None)
+    )
+    trainer = fake_trainer(".", **settings)
+    trainer.callback_metrics = metrics(val_loss=1.0)
+    callback.on_validation_end(trainer, None)
+    after_validation = callback.best_score
+    callback.on_train_epoch_end(trainer, None)
+    assert (after_validation == 1.0) == (checked_at == "validation_end")
+    assert callback.best_score == 1.0  # checked exactly once: patience=0 would have stopped on a second check
+    assert not trainer.should_stop
+
+
+def test_no_check_outside_fit_or_in_the_sanity_check():
+    for attrs in ({"state": SimpleNamespace(fn="validate", stage="validate")}, {"sanity_checking": True}):
+        trainer = fake_trainer(".", **attrs)
+        trainer.callback_metrics = metrics(val_loss=math.nan)
+        callback = EarlyStopping("val_loss", check_on_train_epoch_end=False)
+        callback.on_validation_end(trainer, None)
+        assert not trainer.should_stop
+
+
+def test_positional_arguments_in_lightnings_order():
+    callback = EarlyStopping("val_acc", 0.01, 5, True, "max", False, False, 0.99, 0.1, True, True)
+    assert (callback.min_delta, callback.patience, callback.verbose, callback.mode) == (0.01, 5, True, "max")
+    assert (callback.strict, callback.check_finite, callback.stopping_threshold) == (False, False, 0.99)
+    assert (callback.divergence_threshold, callback.check_on_train_epoch_end) == (0.1, True)
+
+
+def test_a_real_fit_stops_after_patience_runs_out():
+    class Plateau(TinyModule):
+        def validation_step(self, batch, batch_idx):
+            self.log("val_loss", [3.0, 2.0, 2.5, 2.4, 2.6, 1.0, 1.0, 1.0][self.current_epoch])
+
+    stopper = EarlyStopping("val_loss", patience=2)
+    trainer = quiet_trainer(max_epochs=8, callbacks=[stopper])
+    trainer.fit(Plateau(), loader(32), loader(16))
+    assert trainer.current_epoch == 4 and stopper.stopped_epoch == 3 and stopper.best_score == 2.0

@@ -1,12 +1,18 @@
+import csv
 import errno
+import logging
 import os
+from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from callbacks._fake import fake_trainer, metrics
-from helpers import TinyModule, loader, quiet_trainer
+from helpers import TinyModule, loader, max_abs_diff, quiet_trainer
 from tandem.callbacks import Callback, ModelCheckpoint
+from tandem.loggers import CSVLogger
+from tandem.utilities.checkpoint import load_checkpoint_file
 from tandem.utilities.exceptions import FileWriteError, MissingMetricError, TandemConfigError
 
 
@@ -165,11 +171,18 @@ def test_every_n_epochs_and_no_saves_in_sanity_check_or_fast_dev_run(tmp_path):
         assert trainer.saved == []
 
 
-def test_missing_monitor_lists_the_logged_keys(tmp_path):
-    callback = ModelCheckpoint(dirpath=tmp_path, monitor="val_loss")
+def test_missing_monitor_warns_before_the_first_validation_and_raises_after(tmp_path):
+    callback = ModelCheckpoint(dirpath=tmp_path, monitor="val_loss", every_n_train_steps=5, save_last=True)
     trainer = _setup(callback, tmp_path)
+    trainer.global_step, trainer.callback_metrics = 5, metrics(train_loss=1.0)
+    with pytest.warns(UserWarning, match="monitor='val_loss'.* no top-k checkpoint is saved until it is logged"):
+        callback.on_train_batch_end(trainer, None, None, None, 4)  # as Lightning: validation has not run yet
+    assert _files(tmp_path) == ["last.ckpt"]
+
+    callback.on_validation_end(trainer, None)
+    trainer.global_step, trainer.callback_metrics = 10, metrics(train_loss=1.0, val_acc=0.5)
     with pytest.raises(MissingMetricError) as err:
-        _epoch_end(callback, trainer, 0, train_loss=1.0, val_acc=0.5)
+        callback.on_train_batch_end(trainer, None, None, None, 9)
     message = str(err.value)
     assert "'val_loss'" in message and "'train_loss', 'val_acc'" in message and "self.log" in message
 
@@ -227,7 +240,8 @@ def test_state_dict_round_trip_and_state_key(tmp_path):
     later.load_state_dict(state)
     _setup(later, tmp_path / "other")
     assert later.best_model_path == callback.best_model_path
-    assert later.best_k_models == {}  # another folder: ranking restarts instead of deleting old files
+    assert later.best_k_models == callback.best_k_models  # another folder: the ranking still holds
+    assert later.last_model_path == ""  # but last.ckpt is written afresh in the new folder
 
 
 @pytest.mark.parametrize(
@@ -244,6 +258,147 @@ def test_bad_arguments_fail_at_construction_naming_the_fix(kwargs, fix):
     with pytest.raises(TandemConfigError, match="ModelCheckpoint") as err:
         ModelCheckpoint(**kwargs)
     assert fix in str(err.value)
+
+
+# ---------------------------------------------------------------------- Lightning's other arguments
+def test_save_weights_only_and_the_version_counter(tmp_path):
+    weights = ModelCheckpoint(dirpath=tmp_path / "w", save_weights_only=True, save_last=True)
+    trainer = _setup(weights, tmp_path)
+    _epoch_end(weights, trainer, 0)
+    assert torch.load(tmp_path / "w" / "last.ckpt", weights_only=False)["weights_only"] is True
+
+    (tmp_path / "v").mkdir()
+    (tmp_path / "v" / "last.ckpt").write_bytes(b"another run's")
+    counted = ModelCheckpoint(dirpath=tmp_path / "v", filename="model", save_top_k=-1, save_last=True)
+    trainer = _setup(counted, tmp_path)
+    for epoch in range(2):
+        _epoch_end(counted, trainer, epoch)
+    assert _files(tmp_path / "v") == ["last-v1.ckpt", "last.ckpt", "model-v1.ckpt", "model.ckpt"]
+    assert (tmp_path / "v" / "last.ckpt").read_bytes() == b"another run's"  # not overwritten
+
+    overwrite = ModelCheckpoint(dirpath=tmp_path / "o", filename="model", save_top_k=-1, enable_version_counter=False)
+    trainer = _setup(overwrite, tmp_path)
+    for epoch in range(2):
+        _epoch_end(overwrite, trainer, epoch)
+    assert _files(tmp_path / "o") == ["model.ckpt"]
+    assert torch.load(tmp_path / "o" / "model.ckpt", weights_only=False)["global_step"] == 20
+
+
+def test_train_time_interval_saves_when_rank_zeros_clock_says_so(tmp_path, monkeypatch):
+    from tandem.callbacks import model_checkpoint
+
+    clock = iter([0.0, 3.0, 11.0, 15.0, 22.0])
+    monkeypatch.setattr(model_checkpoint.time, "monotonic", lambda: next(clock))
+    callback = ModelCheckpoint(dirpath=tmp_path, train_time_interval=timedelta(seconds=10), save_top_k=-1)
+    trainer = _setup(callback, tmp_path)
+    callback.on_train_start(trainer, None)
+    for step in range(1, 5):
+        trainer.global_step = step
+        callback.on_train_batch_end(trainer, None, None, None, step - 1)
+    assert [os.path.basename(p) for p in trainer.saved] == ["epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt"]
+    _epoch_end(callback, trainer, 0)  # no epoch schedule with a time interval
+    assert len(trainer.saved) == 2
+    with pytest.raises(TandemConfigError, match="train_time_interval=30"):
+        ModelCheckpoint(train_time_interval=30)
+
+
+@pytest.mark.parametrize(
+    ("settings", "saved_at"),
+    [
+        ({}, "train_epoch_end"),  # validation once, at each epoch's end
+        ({"num_val_batches": 0}, "train_epoch_end"),  # no validation
+        ({"val_check_interval": 0.5}, "validation_end"),  # validation twice an epoch: after each
+        ({"check_val_every_n_epoch": 2}, "validation_end"),  # not every epoch: only with fresh metrics
+        ({"val_check_interval": 0.5, "save_on_train_epoch_end": True}, "train_epoch_end"),
+        ({"save_on_train_epoch_end": False}, "validation_end"),
+    ],
+)
+def test_epoch_save_point_follows_lightnings_rule(tmp_path, settings, saved_at):
+    settings = dict(settings)
+    callback = ModelCheckpoint(dirpath=tmp_path, save_on_train_epoch_end=settings.pop("save_on_train_epoch_end", None))
+    trainer = _setup(callback, tmp_path, **settings)
+    trainer.global_step = 10
+    callback.on_validation_end(trainer, None)
+    after_validation = list(trainer.saved)
+    trainer.global_step = 11  # a step later, so the epoch end is not the same save
+    callback.on_train_epoch_end(trainer, None)
+    expected = {"validation_end": (1, 1), "train_epoch_end": (0, 1)}[saved_at]
+    assert (len(after_validation), len(trainer.saved)) == expected
+
+
+def test_nothing_is_saved_outside_fit(tmp_path):
+    callback = ModelCheckpoint(dirpath=tmp_path, save_last=True)
+    trainer = _setup(callback, tmp_path, state=SimpleNamespace(fn="validate", stage="validate"))
+    callback.on_validation_end(trainer, None)
+    _epoch_end(callback, trainer, 0)
+    assert trainer.saved == []
+
+
+def test_verbose_says_what_was_saved_in_lightnings_words(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    callback = ModelCheckpoint(dirpath=tmp_path, monitor="val_loss", save_top_k=1, verbose=True)
+    trainer = _setup(callback, tmp_path)
+    _epoch_end(callback, trainer, 0, val_loss=2.0)
+    _epoch_end(callback, trainer, 1, val_loss=3.0)
+    path = str(tmp_path / "epoch=0-step=10.ckpt")
+    assert f"Epoch 0, global step 10: 'val_loss' reached 2.00000 (best 2.00000), saving model to {path!r} as top 1" in (
+        caplog.text
+    )
+    assert "Epoch 1, global step 20: 'val_loss' was not in top 1" in caplog.text
+
+
+# ---------------------------------------------------------------------- resume keeps the run's history (real fits)
+SCORES = [3.0, 1.0, 2.0, 4.0, 1.5]
+
+
+class Scored(TinyModule):
+    """Validation logs ``score`` = SCORES[epoch]."""
+
+    def validation_step(self, batch, batch_idx):
+        super().validation_step(batch, batch_idx)
+        self.log("score", SCORES[min(self.current_epoch, len(SCORES) - 1)])
+
+
+def _fit(root, epochs, logger, resume=False):
+    checkpoint = ModelCheckpoint(monitor="score", save_top_k=2, save_last=True, filename="{epoch}")
+    trainer = quiet_trainer(
+        max_epochs=epochs, default_root_dir=root, logger=logger, callbacks=[checkpoint], enable_checkpointing=True
+    )
+    trainer.fit(Scored(), loader(32), loader(16), ckpt_path="last" if resume else None)
+    return trainer, checkpoint
+
+
+@pytest.mark.timeout(60)
+def test_resume_into_the_same_version_keeps_the_top_k_and_the_best(tmp_path):
+    _, first = _fit(tmp_path, 3, CSVLogger(tmp_path, version=0))
+    assert os.path.basename(first.best_model_path) == "epoch=1.ckpt"
+    trainer, resumed = _fit(tmp_path, 5, CSVLogger(tmp_path, version=0), resume=True)
+    folder = tmp_path / "tandem_logs" / "version_0"
+    # epochs 1 (1.0) and 4 (1.5) are the run's best two; epoch 2 (2.0), ranked in the first launch, was deleted
+    assert _files(folder / "checkpoints") == ["epoch=1.ckpt", "epoch=4.ckpt", "last.ckpt"]
+    assert resumed.best_model_path == str(folder / "checkpoints" / "epoch=1.ckpt") and resumed.best_model_score == 1.0
+    assert sorted(os.path.basename(p) for p in resumed.best_k_models) == ["epoch=1.ckpt", "epoch=4.ckpt"]
+    with open(folder / "metrics.csv", newline="") as f:  # one table for the whole run
+        rows = list(csv.DictReader(f))
+    assert sorted({int(r["epoch"]) for r in rows if r["score"]}) == [0, 1, 2, 3, 4]
+    model = Scored()
+    trainer.validate(model, loader(16), ckpt_path="best")  # the run's best: epoch 1's weights
+    best = load_checkpoint_file(folder / "checkpoints" / "epoch=1.ckpt")
+    assert best["epoch"] == 1 and max_abs_diff(model.state_dict(), best["state_dict"]) == 0.0
+
+
+@pytest.mark.timeout(60)
+def test_resume_into_a_new_version_folder_keeps_the_best_of_the_earlier_folder(tmp_path):
+    _fit(tmp_path, 3, CSVLogger(tmp_path))
+    trainer, resumed = _fit(tmp_path, 5, CSVLogger(tmp_path), resume=True)
+    old, new = (tmp_path / "tandem_logs" / f"version_{v}" / "checkpoints" for v in (0, 1))
+    assert trainer.log_dir.endswith("version_1")
+    assert resumed.best_model_path == str(old / "epoch=1.ckpt") and resumed.best_model_score == 1.0
+    assert set(resumed.best_k_models) == {str(old / "epoch=1.ckpt"), str(new / "epoch=4.ckpt")}
+    assert _files(old) == ["epoch=1.ckpt", "epoch=2.ckpt", "last.ckpt"]  # nothing deleted in the earlier folder
+    assert _files(new) == ["epoch=4.ckpt", "last.ckpt"]
+    best = load_checkpoint_file(resumed.best_model_path)
+    assert best["epoch"] == 1
 
 
 # ---------------------------------------------------------------------- the folder

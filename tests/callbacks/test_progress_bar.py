@@ -119,3 +119,37 @@ def test_refresh_rate_zero_disables_and_negative_is_rejected(capsys):
     assert capsys.readouterr().err == ""
     with pytest.raises(TandemConfigError, match="ProgressBar: refresh_rate=-1 is out of range"):
         ProgressBar(refresh_rate=-1)
+
+
+def _last_line(err: str) -> str:
+    return [line for line in err.replace("\r", "\n").splitlines() if line.strip()][-1]
+
+
+@pytest.mark.parametrize("columns", [80, 100, 140])
+def test_each_metric_shows_once_and_the_bar_stays_readable_in_a_narrow_terminal(monkeypatch, capsys, columns):
+    import tqdm.std
+
+    monkeypatch.setattr(tqdm.std, "_screen_shape_wrapper", lambda: lambda fp: (columns - 1, 24))  # a terminal
+    bar = ProgressBar()
+    trainer = fake_trainer(".", num_training_batches=100)
+    trainer.progress_bar_metrics = metrics(train_loss=0.123456, val_loss=0.456789, val_acc=0.98125)
+    _train_epoch(bar, trainer, epoch=12, loss=0.123456)  # train_loss is the loss: shown once, under its name
+    bar.on_train_end(trainer, None)
+    line = _last_line(capsys.readouterr().err)
+    assert len(line) <= columns - 1
+    assert line.endswith(("train_loss=0.123, val_loss=0.457, val_acc=0.981", "val_acc=0.981]"))
+    assert "loss=0.123" in line and line.count("0.123") == 1 and " loss=" not in line
+    assert line.startswith("Epoch 12: 100%|") and line.count("█") >= 10  # the bar keeps 10 columns, not one
+    if columns >= 100:
+        assert "100/100" in line  # at 80 columns the counts give way to the bar and the metrics
+    if columns >= 140:
+        assert "it/s" in line  # room for everything: tqdm's own layout
+
+
+def test_the_loss_shows_when_no_progress_bar_metric_holds_it(capsys):
+    bar = ProgressBar()
+    trainer = fake_trainer(".")
+    trainer.progress_bar_metrics = metrics(val_acc=0.5)
+    _train_epoch(bar, trainer, loss=0.75)
+    bar.on_train_end(trainer, None)
+    assert "loss=0.75, val_acc=0.5" in capsys.readouterr().err

@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from helpers import TinyModule, loader, quiet_trainer
 from tandem.loggers import CSVLogger
 from tandem.loggers import csv as csv_module
 from tandem.loggers import logger as logger_module
@@ -15,24 +16,39 @@ def _read(logger):
         return list(csv.reader(f))
 
 
-def test_columns_are_the_union_of_keys_and_grow_mid_run(tmp_path):
+def test_columns_are_the_sorted_union_of_keys_and_grow_mid_run(tmp_path):
     logger = CSVLogger(tmp_path)
-    logger.log_metrics({"train_loss": 1.5}, step=0)
-    logger.log_metrics({"train_loss": 1.25}, step=1)
+    logger.log_metrics({"train_loss": 1.5, "epoch": 0}, step=0)
+    logger.log_metrics({"train_loss": 1.25, "epoch": 0.0}, step=1)
     logger.save()
-    assert _read(logger) == [["step", "train_loss"], ["0", "1.5"], ["1", "1.25"]]
+    assert _read(logger) == [["epoch", "step", "train_loss"], ["0", "0", "1.5"], ["0", "1", "1.25"]]
 
-    logger.log_metrics({"train_loss": 1.0}, step=2)
+    logger.log_metrics({"train_loss": 1.0, "epoch": 1}, step=2)
     logger.save()  # same columns: appended
-    logger.log_metrics({"val_loss": 2.0, "epoch": 0.0}, step=2)  # new keys: the file is rewritten
+    logger.log_metrics({"val_loss": 2.0, "epoch": 1}, step=2)  # a new key: the file is rewritten, sorted
     logger.finalize("success")
     assert _read(logger) == [
-        ["step", "train_loss", "val_loss", "epoch"],
-        ["0", "1.5", "", ""],
-        ["1", "1.25", "", ""],
-        ["2", "1.0", "", ""],
-        ["2", "", "2.0", "0.0"],
+        ["epoch", "step", "train_loss", "val_loss"],
+        ["0", "0", "1.5", ""],
+        ["0", "1", "1.25", ""],
+        ["1", "2", "1.0", ""],
+        ["1", "2", "", "2.0"],
     ]
+
+
+def test_a_fit_writes_lightnings_table_epoch_and_step_on_every_row(tmp_path):
+    logger = CSVLogger(tmp_path)
+    trainer = quiet_trainer(max_epochs=2, logger=logger, log_every_n_steps=2)
+    trainer.fit(TinyModule(), loader(64, 16), loader(32, 16))
+    with open(logger.metrics_file_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["epoch", "step", "train_loss", "val_acc", "val_loss"]  # sorted, as Lightning's
+    assert all(row["epoch"] in ("0", "1") and row["step"].isdigit() for row in rows)
+    # the rows of one epoch: its train steps (steps 2 and 4, then 6 and 8), then its validation values
+    by_epoch = {e: [r for r in rows if r["epoch"] == e] for e in ("0", "1")}
+    assert [r["step"] for r in by_epoch["0"] if r["train_loss"]] == ["2", "4"]
+    assert [r["step"] for r in by_epoch["1"] if r["train_loss"]] == ["6", "8"]
+    assert [len([r for r in by_epoch[e] if r["val_loss"]]) for e in ("0", "1")] == [1, 1]
 
 
 def test_rows_are_flushed_every_n_steps_without_waiting_for_save(tmp_path):
@@ -41,7 +57,7 @@ def test_rows_are_flushed_every_n_steps_without_waiting_for_save(tmp_path):
         logger.log_metrics({"loss": float(step)}, step=step)
     assert not os.path.exists(os.path.join(logger.log_dir, "metrics.csv"))
     logger.log_metrics({"loss": 10.0}, step=10)
-    assert [row[0] for row in _read(logger)] == ["step", "0", "5", "10"]
+    assert [row[1] for row in _read(logger)] == ["step", "0", "5", "10"]
 
 
 def test_a_failed_rewrite_leaves_the_previous_file_whole(tmp_path, monkeypatch):
@@ -69,7 +85,7 @@ def test_a_resumed_run_appends_to_the_existing_file(tmp_path):
     second = CSVLogger(tmp_path, version=0)
     second.log_metrics({"loss": 0.5}, step=1)
     second.finalize("success")
-    assert _read(second) == [["step", "loss"], ["0", "1.0"], ["1", "0.5"]]
+    assert _read(second) == [["loss", "step"], ["1.0", "0"], ["0.5", "1"]]
 
 
 def test_flush_interval_must_be_positive(tmp_path):

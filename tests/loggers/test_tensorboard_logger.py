@@ -1,7 +1,9 @@
 import os
 import pickle
+import time
 from pathlib import Path
 
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
@@ -62,3 +64,49 @@ def test_a_used_logger_can_be_pickled_for_spawned_processes(tmp_path):
     clone = pickle.loads(pickle.dumps(logger))
     assert clone.log_dir == logger.log_dir and clone.version == 0
     logger.finalize("success")
+
+
+def _post(url: str, body: dict) -> dict:
+    import json
+    import urllib.request
+
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
+
+
+@pytest.mark.timeout(60)
+def test_tensorboards_hparams_tab_compares_runs_by_their_metrics(tmp_path):
+    """Two runs with different lr, read back from a real TensorBoard server over HTTP."""
+    from tensorboard import program
+
+    for version, (lr, loss) in enumerate([(0.1, 0.5), (0.01, 0.25)]):
+        logger = TensorBoardLogger(tmp_path, name="exp", version=version)
+        logger.log_hyperparams({"lr": lr, "optimizer": "sgd"})
+        for step in range(3):
+            logger.log_metrics({"train_loss": 1.0 + step, "val_loss": loss + step}, step=step)
+        logger.finalize("success" if version == 0 else "failed")
+
+    server = program.TensorBoard()
+    argv = [None, "--logdir", str(tmp_path), "--port", "0", "--load_fast", "false", "--reload_interval", "0"]
+    server.configure(argv=argv)  # the files are complete: read them once, no polling thread left behind
+    url = server.launch() + "data/plugin/hparams/"
+    deadline = time.monotonic() + 30
+    while True:  # the server reads the event files in the background
+        experiment = _post(url + "experiment", {"experimentName": ""})
+        if len(experiment.get("metricInfos", [])) == 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert sorted(m["name"]["tag"] for m in experiment["metricInfos"]) == ["train_loss", "val_loss"]
+    lr = next(h for h in experiment["hparamInfos"] if h["name"] == "lr")
+    assert lr["differs"] and lr["domainInterval"] == {"minValue": 0.01, "maxValue": 0.1}  # both runs' values
+
+    statuses = ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"]
+    query = {"experimentName": "", "allowedStatuses": statuses, "colParams": [], "startIndex": 0, "sliceSize": 10}
+    groups = {g["name"]: g for g in _post(url + "session_groups", query)["sessionGroups"]}
+    assert sorted(groups) == ["exp/version_0", "exp/version_1"]
+    final = {name: {m["name"]["tag"]: m["value"] for m in g["metricValues"]} for name, g in groups.items()}
+    assert final["exp/version_0"] == {"train_loss": 3.0, "val_loss": 2.5}  # the last value of each metric
+    assert final["exp/version_1"] == {"train_loss": 3.0, "val_loss": 2.25}
+    assert groups["exp/version_0"]["hparams"]["lr"] == 0.1
+    assert groups["exp/version_1"]["sessions"][0]["status"] == "STATUS_FAILURE"

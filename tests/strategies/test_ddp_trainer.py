@@ -25,7 +25,15 @@ from helpers import clear_launch_variables, launch_free_env, max_abs_diff, quiet
 from tandem.utilities.checkpoint import load_checkpoint_file
 
 SCRIPTS = Path(__file__).parent / "scripts"
-SCENARIOS = ("equivalence", "evaluation", "logging", "decisions", "resume", "mismatch")  # mismatch ends the job
+SCENARIOS = (
+    "equivalence",
+    "evaluation",
+    "logging",
+    "decisions",
+    "resume",
+    "prediction_writer",
+    "mismatch",
+)  # mismatch ends the job
 
 
 @pytest.fixture(scope="module")
@@ -285,6 +293,26 @@ def test_one_checkpoint_file_per_save_written_by_rank_zero(runs):
     last = load_checkpoint_file(folder / "last.ckpt")
     assert last["epoch"] == 3 and last["global_step"] == 96
     assert max_abs_diff(last["state_dict"], rank0["resumed"]) == 0.0
+
+
+# ---------------------------------------------------------------------------------------------- prediction writer
+
+
+@pytest.mark.timeout(150)
+def test_prediction_writer_files_of_the_ranks_cover_every_sample_once(runs, common):
+    n = common.EVAL_SAMPLES
+    indices = []
+    for rank in (0, 1):
+        written = torch.load(runs["out"] / "predictions" / f"predictions-rank{rank}.pt", weights_only=False)
+        (per_batch,) = written["batch_indices"]  # one predict dataloader
+        assert per_batch == runs["prediction_writer"][rank]["batch_writes"]  # the batch writes saw the same
+        assert len(per_batch) == [6, 5][rank]  # rank 0: 51 samples in 6 batches, rank 1: 50 in 5
+        for batch, prediction in zip(per_batch, written["predictions"]):
+            assert [round(v * n) for v in prediction["x0"].tolist()] == batch  # each prediction is its sample's
+        indices += [i for batch in per_batch for i in batch]
+    assert sorted(indices) == list(range(n))  # every sample exactly once, over the two files
+    returned = runs["prediction_writer"][0]["returned"]
+    assert torch.equal(torch.cat([p["x0"] for p in returned]), common.dataset(n, seed=2).tensors[0][:, 0])
 
 
 # ---------------------------------------------------------------------------------------------- ddp_spawn

@@ -52,8 +52,9 @@ def test_defaults_and_names_for_step_and_epoch_values():
     assert float(metrics["at_end"]) == 7.0
     steps = [(s, set(m)) for s, m in logger.records if "train_loss" in m]
     assert [s for s, _ in steps] == [2, 4, 6, 8]
-    assert all(keys == {"train_loss", "both_step"} for _, keys in steps)
-    epoch_records = [m for _, m in logger.records if "epoch" in m]
+    assert all(keys == {"train_loss", "both_step", "epoch"} for _, keys in steps)
+    assert [m["epoch"] for _, m in logger.records if "train_loss" in m] == [0, 0, 1, 1]  # every row names its epoch
+    epoch_records = [m for _, m in logger.records if "both_epoch" in m]
     assert [m["epoch"] for m in epoch_records] == [0, 1]
     assert {"both_epoch", "epoch_sum", "at_end"} <= set(epoch_records[0])
     val_records = [m for _, m in logger.records if "val_loss" in m]

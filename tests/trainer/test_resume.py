@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from helpers import TinyModule, loader, max_abs_diff, quiet_trainer, run_python
+from tandem.utilities.checkpoint import load_checkpoint_file
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "resume_run.py")
 
@@ -34,7 +37,7 @@ def uninterrupted(tmp_path_factory):
 def test_two_epochs_then_resume_to_four_equals_four_epochs(tmp_path, uninterrupted):
     first = _run(tmp_path, "root", "first", 2)
     assert first["global_step"] == 14
-    assert (tmp_path / "root" / "checkpoints" / "last.ckpt").is_file()
+    assert torch.load(tmp_path / "root" / "checkpoints" / "last.ckpt")["global_step"] == 14  # weights_only=True
     resumed = _run(tmp_path, "root", "resumed", 4, "--resume")
     assert resumed["global_step"] == 28 and resumed["epoch"] == 4
     assert max_abs_diff(resumed["weights"], uninterrupted["weights"]) == 0.0
@@ -84,3 +87,50 @@ def test_weights_only_checkpoint_cannot_resume_training(tmp_path):
     assert "val_loss" in result
     with pytest.raises(Exception, match="holds weights only"):
         quiet_trainer(max_epochs=2).fit(TinyModule(), loader(), ckpt_path=tmp_path / "w.ckpt")
+
+
+HALF = np.float32(0.5)
+
+
+class OddHparams(TinyModule):
+    """Hyperparameters torch.load(weights_only=True) refuses: a Path, a numpy number, a module."""
+
+    def __init__(self, data_dir=Path("/data"), scale=HALF, head=None):
+        super().__init__()
+        self.save_hyperparameters()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.timeout(60)
+def test_a_fit_checkpoint_loads_with_plain_torch_load_and_so_do_older_ones(tmp_path):
+    trainer = quiet_trainer(max_epochs=1)
+    trainer.fit(OddHparams(head=nn.Linear(3, 3)), loader(shuffle=True))
+    trainer.save_checkpoint(tmp_path / "new.ckpt")
+    plain = torch.load(tmp_path / "new.ckpt")  # torch's default weights_only=True
+    assert plain["global_step"] == 4 and set(plain["state_dict"]) == set(trainer.training_module.state_dict())
+    hparams = load_checkpoint_file(tmp_path / "new.ckpt")["hparams"]
+    assert hparams["data_dir"] == Path("/data") and type(hparams["scale"]) is np.float32
+    assert isinstance(hparams["head"], nn.Linear)
+
+    # a tandem 0.1 checkpoint (numpy's RNG state as its own tuple) still resumes
+    old = load_checkpoint_file(tmp_path / "new.ckpt")
+    old["rng_states"]["numpy"] = np.random.get_state()
+    del old["tandem_checksum"]  # tandem 0.1 stored none
+    torch.save(old, tmp_path / "old.ckpt")
+    resumed = quiet_trainer(max_epochs=2)
+    resumed.fit(OddHparams(head=nn.Linear(3, 3)), loader(shuffle=True), ckpt_path=tmp_path / "old.ckpt")
+    assert resumed.global_step == 8
+
+
+@pytest.mark.timeout(60)
+def test_the_weights_only_recipe_in_the_error_works(tmp_path):
+    trainer = quiet_trainer(max_epochs=1)
+    trainer.fit(OddHparams(), loader())
+    trainer.save_checkpoint(tmp_path / "w.ckpt", weights_only=True)
+    with pytest.raises(Exception, match=r"model.load_state_dict\(torch.load\(path\)\['state_dict'\]\)"):
+        quiet_trainer(max_epochs=2).fit(OddHparams(), loader(), ckpt_path=tmp_path / "w.ckpt")
+    model = OddHparams()
+    model.load_state_dict(torch.load(tmp_path / "w.ckpt")["state_dict"])  # the recipe the message gives
+    assert max_abs_diff(model.state_dict(), trainer.training_module.state_dict()) == 0.0

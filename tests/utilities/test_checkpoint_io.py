@@ -3,17 +3,23 @@ checksum, and what a bad ``ckpt_path`` is told."""
 
 from __future__ import annotations
 
+import argparse
+import collections
+import enum
 import errno
 import fcntl
 import os
+import pathlib
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from helpers import TinyModule, loader, quiet_trainer
 from tandem.loggers import CSVLogger
@@ -21,10 +27,12 @@ from tandem.utilities import checkpoint as checkpoint_io
 from tandem.utilities.checkpoint import (
     CHECKPOINT_MARKER,
     CHECKSUM_KEY,
+    PICKLED_KEY,
     atomic_save,
     check_writable_folder,
     load_checkpoint_file,
     remove_stale_temporaries,
+    to_weights_only,
 )
 from tandem.utilities.exceptions import CheckpointError, FileWriteError
 
@@ -239,38 +247,59 @@ def test_a_flipped_byte_in_tensor_data_fails_to_load_and_names_the_previous_chec
     trainer.save_checkpoint(tmp_path / "last.ckpt")
     damaged = tmp_path / "epoch=0-step=4.ckpt"
     trainer.save_checkpoint(damaged)
-    stored = torch.load(damaged, weights_only=False)
-    assert isinstance(stored[CHECKSUM_KEY], str) and stored[CHECKSUM_KEY].startswith("crc32:")
+    stored = torch.load(damaged)  # torch's default weights_only=True reads the checksum too
+    assert set(stored[CHECKSUM_KEY]["crc32"]) == {repr(k) for k in stored if k != CHECKSUM_KEY}
 
     _flip_a_byte_of(damaged, stored["state_dict"]["net.0.weight"])
-    torch.load(damaged, weights_only=False)  # torch itself notices nothing
+    torch.load(damaged)  # torch itself notices nothing
     with pytest.raises(CheckpointError) as err:
         quiet_trainer(max_epochs=2).fit(TinyModule(), loader(), ckpt_path=damaged)
-    message = str(err.value)
-    assert message.startswith(f"Checkpoint {str(damaged)!r} is damaged: its contents do not match the checksum")
-    assert f"use the previous checkpoint in {str(tmp_path)!r}: 'last.ckpt'." in message
+    assert str(err.value) == (
+        f"Checkpoint {str(damaged)!r} is damaged: its 'state_dict' entry does not match the checksum stored when "
+        "it was written; a byte changed on the disk or in a copy. Do not resume from it; use the previous "
+        f"checkpoint in {str(tmp_path)!r}: 'last.ckpt'. (If you changed the file on purpose and saved it again "
+        "with torch.save, delete its 'tandem_checksum' entry first.)"
+    )
     load_checkpoint_file(tmp_path / "last.ckpt")  # the other one is fine
 
 
-def test_checkpoints_stay_plain_torch_files_and_old_ones_without_checksum_load(tmp_path):
+def test_checkpoints_stay_plain_torch_files_and_old_or_edited_ones_load(tmp_path):
     path = tmp_path / "weights.ckpt"
-    atomic_save({CHECKPOINT_MARKER: "0.1", "state_dict": TinyModule().state_dict()}, path)
-    loaded = torch.load(path)  # torch's default weights_only=True: the checksum is a plain str
+    atomic_save({CHECKPOINT_MARKER: "0.1", "state_dict": TinyModule().state_dict(), "extra": 1}, path)
+    loaded = torch.load(path)  # torch's default weights_only=True: the checksum is plain strs in a dict
     assert loaded[CHECKSUM_KEY] == checkpoint_io.checksum(loaded)
-    old = tmp_path / "old.ckpt"
+    old = tmp_path / "old.ckpt"  # written before checksums
     torch.save({CHECKPOINT_MARKER: "0.1", "state_dict": loaded["state_dict"]}, old)
     assert CHECKSUM_KEY not in load_checkpoint_file(old)
+    del loaded["extra"]  # an entry removed on purpose, the file saved again: the rest is still checked
+    torch.save(loaded, path)
+    assert set(load_checkpoint_file(path)) == {CHECKPOINT_MARKER, "state_dict", CHECKSUM_KEY}
+    loaded["state_dict"] = {k: v + 1 for k, v in loaded["state_dict"].items()}
+    torch.save(loaded, path)
+    with pytest.raises(CheckpointError, match=r"its 'state_dict' entry does not match"):
+        load_checkpoint_file(path)
+    loaded["weights"] = loaded.pop("state_dict")  # a name changed (as a damaged byte in it would)
+    torch.save(loaded, path)
+    with pytest.raises(CheckpointError, match=r"its 'weights' entry does not match"):
+        load_checkpoint_file(path)
 
 
 def test_the_checksum_covers_tensors_values_and_keys_but_not_process_details():
-    base = {CHECKPOINT_MARKER: "x", "w": torch.arange(6.0).reshape(2, 3), "epoch": 3, "lr": 0.1, "names": ["a"]}
-    value = checkpoint_io.checksum(base)
-    assert checkpoint_io.checksum({**base, CHECKSUM_KEY: "crc32:00000000"}) == value  # its own entry is left out
-    assert checkpoint_io.checksum({**base, "w": base["w"].t().contiguous().t()}) == value  # layout does not count
-    assert checkpoint_io.checksum({**base, "anything": {1, 2}}) == checkpoint_io.checksum({**base, "anything": {3}})
-    for changed in ({"w": base["w"].reshape(3, 2)}, {"w": base["w"].double()}, {"epoch": 4}, {"lr": 0.2}):
-        assert checkpoint_io.checksum({**base, **changed}) != value, changed
-    assert checkpoint_io.checksum({**{k: v for k, v in base.items() if k != "names"}, "nameS": ["a"]}) != value
+    def crc(**changes):
+        w = torch.arange(6.0).reshape(3, 2).t().contiguous()
+        base = {CHECKPOINT_MARKER: "x", "w": w, "epoch": 3, "lr": 0.1, "set": {"a"}}
+        return checkpoint_io.checksum({**base, **changes})["crc32"]
+
+    value = crc()
+    assert crc(**{CHECKSUM_KEY: {"crc32": {}}}) == value  # its own entry is left out
+    transposed = torch.arange(6.0).reshape(3, 2).t()
+    assert not transposed.is_contiguous() and crc(w=transposed) == value  # the values count, not the layout
+    assert crc(set={"b", "a"}) == crc(set={"a", "b"}) and crc(set={"a"}) == value
+    assert crc(other=object())["'other'"] == crc(other=object())["'other'"]  # other objects: by type
+    for changed in ({"w": transposed.reshape(3, 2)}, {"w": transposed.double()}, {"epoch": 4}):
+        differ = [name for name, v in crc(**changed).items() if value[name] != v]
+        assert differ == [repr(next(iter(changed)))], changed
+    assert crc(set={"b"})["'set'"] != value["'set'"] and crc(lr=0.2)["'lr'"] != value["'lr'"]
 
 
 # ---------------------------------------------------------------------------------------------- ckpt_path
@@ -291,3 +320,59 @@ def test_a_folder_as_ckpt_path_is_named_a_folder_and_the_file_inside_suggested(t
             f"ckpt_path {str(given)!r} is a folder, not a checkpoint file. Pass the file inside it: "
             f"ckpt_path={suggestion!r}."
         )
+
+
+# ---------------------------------------------------------------------- plain torch.load(path) reads every checkpoint
+class Color(enum.Enum):
+    RED = 1
+
+
+Point = collections.namedtuple("Point", "x y")
+
+
+def test_values_torch_refuses_are_pickled_into_tensors_and_come_back(tmp_path):
+    odd = {
+        "path": pathlib.Path("/data/train"),
+        "color": Color.RED,
+        "numpy": np.float64(0.5),
+        "array": np.arange(3),
+        "namespace": argparse.Namespace(lr=0.1),
+        "point": Point(1, 2),
+        "layer": nn.Linear(2, 2),
+        "by_tuple": {(1, "a"): [1.5, None, {"deep": Color.RED}]},
+        "by_enum": {Color.RED: 1},  # a key torch refuses: the whole dict is pickled
+        "plain": {"lr": 0.1, "betas": (0.9, 0.99), "names": {"a", "b"}, "t": torch.ones(2), "dtype": torch.float16},
+    }
+    path = tmp_path / "c.ckpt"
+    atomic_save({CHECKPOINT_MARKER: "x", "hparams": to_weights_only(odd)}, path)
+    raw = torch.load(path)  # torch's default: weights_only=True
+    assert raw["hparams"]["plain"]["betas"] == (0.9, 0.99)  # safe values are stored as they are
+    assert set(raw["hparams"]["path"]) == {PICKLED_KEY}
+    back = load_checkpoint_file(path)["hparams"]
+    assert back["path"] == odd["path"] and back["color"] is Color.RED and back["point"] == Point(1, 2)
+    assert back["numpy"] == 0.5 and type(back["numpy"]) is np.float64 and back["array"].tolist() == [0, 1, 2]
+    assert back["namespace"] == odd["namespace"] and back["by_enum"] == {Color.RED: 1}
+    assert back["by_tuple"] == {(1, "a"): [1.5, None, {"deep": Color.RED}]}
+    assert torch.equal(back["layer"].weight, odd["layer"].weight)
+    assert back["plain"]["names"] == {"a", "b"} and back["plain"]["dtype"] is torch.float16
+
+
+def test_a_value_that_cannot_be_pickled_names_where_it_is():
+    with pytest.raises(CheckpointError, match=r"checkpoint\['hparams'\]\['fn'\] holds a function that cannot be"):
+        to_weights_only({"hparams": {"fn": lambda x: x}})
+
+
+def test_a_state_dict_or_lightning_file_gets_a_load_recipe_that_works(tmp_path):
+    bare = tmp_path / "bare.pt"
+    torch.save(nn.Linear(2, 2).state_dict(), bare)
+    with pytest.raises(CheckpointError, match=r"bare weights .*module.load_state_dict\(torch.load\(path\)\)"):
+        load_checkpoint_file(bare)
+    nn.Linear(2, 2).load_state_dict(torch.load(bare))  # the recipe works
+
+    lightning = tmp_path / "lightning.ckpt"
+    torch.save(
+        {"state_dict": nn.Linear(2, 2).state_dict(), "pytorch-lightning_version": "2.6.0", "x": Color.RED}, lightning
+    )
+    with pytest.raises(CheckpointError, match=r"torch.load\(path, weights_only=False\)\['state_dict'\]"):
+        load_checkpoint_file(lightning)
+    nn.Linear(2, 2).load_state_dict(torch.load(lightning, weights_only=False)["state_dict"])

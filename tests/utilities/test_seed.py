@@ -26,3 +26,19 @@ def test_capture_and_restore_rng_state():
     first = (random.random(), np.random.rand(), torch.rand(1).item())
     restore_rng_state(state)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == first
+
+
+def test_rng_state_loads_with_weights_only_and_old_numpy_tuples_still_restore(tmp_path):
+    seed_everything(3)
+    np.random.randn()  # numpy now holds a cached gaussian
+    torch.save(capture_rng_state(), tmp_path / "rng.pt")
+    first = (random.random(), np.random.rand(), np.random.randn(), torch.rand(1).item())
+    restore_rng_state(torch.load(tmp_path / "rng.pt"))  # torch's default weights_only=True reads it
+    assert (random.random(), np.random.rand(), np.random.randn(), torch.rand(1).item()) == first
+
+    seed_everything(4)
+    np.random.randn()  # leaves a cached gaussian in numpy's state
+    old = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}  # tandem 0.1
+    expected = (random.random(), np.random.randn(), torch.rand(1).item())
+    restore_rng_state(old)
+    assert (random.random(), np.random.randn(), torch.rand(1).item()) == expected

@@ -1,19 +1,35 @@
-"""Callbacks: code that observes or steers a run from outside the module, one callback a file."""
+"""Callbacks: code that observes or steers a run from outside the module, one callback a file.
+
+The names and arguments are Lightning's (``lightning.pytorch.callbacks``). ``RichProgressBar`` and
+``RichModelSummary`` need the ``rich`` package, imported only when they are used.
+"""
 
 from tandem.callbacks.callback import Callback
 from tandem.callbacks.early_stopping import EarlyStopping
+from tandem.callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
 from tandem.callbacks.lr_monitor import LearningRateMonitor
 from tandem.callbacks.model_checkpoint import ModelCheckpoint
 from tandem.callbacks.model_summary import ModelSummary
+from tandem.callbacks.prediction_writer import BasePredictionWriter
 from tandem.callbacks.progress_bar import ProgressBar
+from tandem.callbacks.rich_model_summary import RichModelSummary
+from tandem.callbacks.rich_progress import RichProgressBar
+from tandem.callbacks.stochastic_weight_avg import StochasticWeightAveraging
 from tandem.callbacks.throughput_monitor import ThroughputMonitor
+from tandem.callbacks.timer import Timer
 
 __all__ = [
+    "BasePredictionWriter",
     "Callback",
     "EarlyStopping",
+    "GradientAccumulationScheduler",
     "LearningRateMonitor",
     "ModelCheckpoint",
     "ModelSummary",
     "ProgressBar",
+    "RichModelSummary",
+    "RichProgressBar",
+    "StochasticWeightAveraging",
     "ThroughputMonitor",
+    "Timer",
 ]

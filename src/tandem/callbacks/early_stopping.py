@@ -20,19 +20,26 @@ _MODE_FIX = "Use 'min' for losses, 'max' for accuracies."
 class EarlyStopping(Callback):
     """Stop training when ``monitor`` has not improved by more than ``min_delta`` for ``patience`` checks.
 
-    The check runs at the end of each training epoch, after that epoch's validation. Every process decides
-    from global rank 0's value of the metric, so all of them stop at the same epoch.
+    When the check runs follows Lightning: at the end of each training epoch (after that epoch's
+    validation) when validation runs once at the end of every epoch or not at all, else at the end of
+    each validation; ``check_on_train_epoch_end`` picks one. Only during ``fit``, never in the sanity
+    check. Every process decides from global rank 0's value of the metric, so all of them stop at the
+    same point (several processes finish the epoch first).
 
     Args:
         monitor: the logged metric to watch, e.g. ``"val_loss"``.
         min_delta: the smallest change that counts as an improvement (>= 0).
         patience: how many checks without improvement to allow before stopping (>= 0).
-        mode: ``"min"`` when lower is better, ``"max"`` when higher is better.
-        check_finite: stop as soon as the metric is NaN or infinite.
-        strict: raise when ``monitor`` was never logged (otherwise warn once and skip the check).
         verbose: report each improvement, not only the reason for stopping.
+        mode: ``"min"`` when lower is better, ``"max"`` when higher is better.
+        strict: raise when ``monitor`` was never logged (otherwise warn once and skip the check).
+        check_finite: stop as soon as the metric is NaN or infinite.
         stopping_threshold: stop as soon as the metric is better than this.
         divergence_threshold: stop as soon as the metric is worse than this.
+        check_on_train_epoch_end: check at the training epoch end (True) or at validation ends (False);
+            ``None`` decides as described above.
+        log_rank_zero_only: accepted for Lightning's signature; tandem reports on global rank 0 only, as
+            every rank decides from rank 0's value.
 
     Example::
 
@@ -44,12 +51,14 @@ class EarlyStopping(Callback):
         monitor: str,
         min_delta: float = 0.0,
         patience: int = 3,
-        mode: str = "min",
-        check_finite: bool = True,
-        strict: bool = True,
         verbose: bool = False,
+        mode: str = "min",
+        strict: bool = True,
+        check_finite: bool = True,
         stopping_threshold: float | None = None,
         divergence_threshold: float | None = None,
+        check_on_train_epoch_end: bool | None = None,
+        log_rank_zero_only: bool = False,
     ) -> None:
         if mode not in _MODES:
             raise bad_choice("EarlyStopping: mode", mode, _MODES, _MODE_FIX)
@@ -60,12 +69,14 @@ class EarlyStopping(Callback):
         self.monitor = monitor
         self.min_delta = float(min_delta)
         self.patience = patience
-        self.mode = mode
-        self.check_finite = check_finite
-        self.strict = strict
         self.verbose = verbose
+        self.mode = mode
+        self.strict = strict
+        self.check_finite = check_finite
         self.stopping_threshold = stopping_threshold
         self.divergence_threshold = divergence_threshold
+        self.check_on_train_epoch_end = check_on_train_epoch_end
+        self.log_rank_zero_only = log_rank_zero_only
         self.wait_count = 0
         self.stopped_epoch = 0
         self.best_score = math.inf if mode == "min" else -math.inf
@@ -76,8 +87,23 @@ class EarlyStopping(Callback):
         key = {"monitor": self.monitor, "mode": self.mode}
         return f"{type(self).__qualname__}{key!r}"
 
+    def _at_train_epoch_end(self, trainer: Trainer) -> bool:
+        if self.check_on_train_epoch_end is not None:
+            return self.check_on_train_epoch_end
+        # Lightning's Trainer has these as public attributes; 1.0 / 1 are the defaults when a Trainer has not
+        interval = getattr(trainer, "val_check_interval", 1.0)
+        return interval == 1.0 and getattr(trainer, "check_val_every_n_epoch", 1) == 1
+
     def on_train_epoch_end(self, trainer: Trainer, module: TrainingModule) -> None:
-        if trainer.sanity_checking:
+        if self._at_train_epoch_end(trainer):
+            self._check(trainer)
+
+    def on_validation_end(self, trainer: Trainer, module: TrainingModule) -> None:
+        if not self._at_train_epoch_end(trainer):
+            self._check(trainer)
+
+    def _check(self, trainer: Trainer) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit":
             return
         local = trainer.callback_metrics.get(self.monitor)
         current = trainer.strategy.broadcast(float(local) if local is not None else None)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 import os
 import re
+import time
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -13,7 +15,7 @@ import torch
 from tandem.callbacks.callback import Callback
 from tandem.utilities.checkpoint import check_writable_folder
 from tandem.utilities.exceptions import FileWriteError, bad_choice, incompatible, missing_metric, out_of_range
-from tandem.utilities.rank_zero import rank_zero_info
+from tandem.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 if TYPE_CHECKING:
     from tandem.module import TrainingModule
@@ -26,10 +28,15 @@ _MODE_FIX = "Use 'min' for losses, 'max' for accuracies."
 class ModelCheckpoint(Callback):
     """Save checkpoints during training: the ``save_top_k`` best by ``monitor``, and/or ``last.ckpt``.
 
-    A save event happens every ``every_n_train_steps`` optimizer steps, or else at the end of every
-    ``every_n_epochs``-th training epoch (after that epoch's validation, so validation metrics can be
-    monitored). Nothing is saved during the sanity check or with ``fast_dev_run``. Every decision uses the
-    metric value of global rank 0, so all processes save and delete the same files.
+    Save points, as in Lightning: every ``every_n_train_steps`` optimizer steps, every
+    ``train_time_interval`` of training, or else every ``every_n_epochs``-th epoch, at the end of the
+    training epoch (after that epoch's validation) or, when validation does not run exactly once at the
+    end of each epoch, at the end of each validation (``save_on_train_epoch_end`` picks one). ``last.ckpt``
+    is written at every save point. Nothing is saved during the sanity check, outside ``fit`` or with
+    ``fast_dev_run``. Every decision uses the metric values of global rank 0, so all processes save and
+    delete the same files. A resumed fit restores the ranking, so ``best_model_path`` and
+    ``ckpt_path="best"`` keep meaning the best of the whole run; files of the run that live in another
+    folder (an earlier ``version_<n>``) keep their rank but are never deleted from here.
 
     Args:
         dirpath: folder of the checkpoints. Default: ``<log_dir of the first logger>/checkpoints``, or
@@ -37,13 +44,21 @@ class ModelCheckpoint(Callback):
         filename: name template without extension. Default ``"{epoch}-{step}"`` gives
             ``epoch=0-step=100.ckpt``; metric names and format specs work too: ``"{epoch}-{val_loss:.2f}"``.
         monitor: the logged metric that ranks checkpoints. ``None`` ranks them by step (the latest are kept).
-        mode: ``"min"`` when lower is better (losses), ``"max"`` when higher is better (accuracies).
+        verbose: say what was saved, and when a checkpoint did not make the top k.
+        save_last: also write ``last.ckpt`` at every save point (overwritten each time).
         save_top_k: how many of the best to keep; ``-1`` keeps all, ``0`` none (``save_last`` still works).
-        save_last: also write ``last.ckpt`` at every save event (overwritten each time).
-        every_n_train_steps: save every this many optimizer steps (0 or None: not by steps).
-        every_n_epochs: save every this many epochs (default 1 when no step interval is set; 0: never).
+        save_weights_only: write only the weights and hyperparameters (such a file cannot resume training).
+        mode: ``"min"`` when lower is better (losses), ``"max"`` when higher is better (accuracies).
         auto_insert_metric_name: write ``{epoch}`` as ``epoch=3`` rather than ``3``.
-        verbose: say what was saved.
+        every_n_train_steps: save every this many optimizer steps (0 or None: not by steps).
+        train_time_interval: save when this much time (a ``datetime.timedelta``) has passed since the last
+            time-based save, checked after each training batch (rank 0's clock decides).
+        every_n_epochs: save every this many epochs (default 1 when no other interval is set; 0: never).
+        save_on_train_epoch_end: save at the end of the training epoch (True) or of validation (False).
+            ``None``: at the training epoch end when there is no validation, or when it runs once at the end
+            of every epoch; else after each validation.
+        enable_version_counter: when a file of the same name exists, write ``name-v1.ckpt``, ``-v2``...
+            instead of overwriting it.
 
     Example::
 
@@ -57,19 +72,24 @@ class ModelCheckpoint(Callback):
     CHECKPOINT_EQUALS_CHAR = "="
     CHECKPOINT_NAME_LAST = "last"
     FILE_EXTENSION = ".ckpt"
+    STARTING_VERSION = 1
 
     def __init__(
         self,
         dirpath: str | os.PathLike | None = None,
         filename: str | None = None,
         monitor: str | None = None,
-        mode: str = "min",
-        save_top_k: int = 1,
-        save_last: bool | None = None,
-        every_n_train_steps: int | None = None,
-        every_n_epochs: int | None = None,
-        auto_insert_metric_name: bool = True,
         verbose: bool = False,
+        save_last: bool | None = None,
+        save_top_k: int = 1,
+        save_weights_only: bool = False,
+        mode: str = "min",
+        auto_insert_metric_name: bool = True,
+        every_n_train_steps: int | None = None,
+        train_time_interval: timedelta | None = None,
+        every_n_epochs: int | None = None,
+        save_on_train_epoch_end: bool | None = None,
+        enable_version_counter: bool = True,
     ) -> None:
         if mode not in _MODES:
             raise bad_choice("ModelCheckpoint: mode", mode, _MODES, _MODE_FIX)
@@ -78,43 +98,65 @@ class ModelCheckpoint(Callback):
         for arg, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise out_of_range(f"ModelCheckpoint: {arg}", value, "None or an int >= 0")
-        if (every_n_train_steps or 0) > 0 and (every_n_epochs or 0) > 0:
-            raise incompatible(
-                f"ModelCheckpoint(every_n_train_steps={every_n_train_steps}, every_n_epochs={every_n_epochs})",
-                "a checkpoint is saved either by steps or by epochs, not both",
-                "Pass only one of them (use two ModelCheckpoint callbacks for both schedules).",
+        if train_time_interval is not None and (
+            not isinstance(train_time_interval, timedelta) or train_time_interval.total_seconds() <= 0
+        ):
+            raise out_of_range(
+                "ModelCheckpoint: train_time_interval", train_time_interval, "a positive datetime.timedelta"
             )
-        if every_n_train_steps is None and every_n_epochs is None:
+        triggers = {
+            "every_n_train_steps": (every_n_train_steps or 0) > 0,
+            "every_n_epochs": (every_n_epochs or 0) > 0,
+            "train_time_interval": train_time_interval is not None,
+        }
+        if sum(triggers.values()) > 1:
+            given = ", ".join(name for name, on in triggers.items() if on)
+            raise incompatible(
+                f"ModelCheckpoint({given})",
+                "a checkpoint is saved by steps, by time or by epochs, one of them",
+                "Pass only one of them (use several ModelCheckpoint callbacks for several schedules).",
+            )
+        if every_n_train_steps is None and every_n_epochs is None and train_time_interval is None:
             every_n_epochs = 1
         self._user_dirpath = os.fspath(dirpath) if dirpath is not None else None
         self.dirpath: str | None = self._user_dirpath
         self.filename = filename
         self.monitor = monitor
-        self.mode = mode
-        self.save_top_k = save_top_k
-        self.save_last = save_last
-        self.every_n_train_steps = every_n_train_steps or 0
-        self.every_n_epochs = every_n_epochs or 0
-        self.auto_insert_metric_name = auto_insert_metric_name
         self.verbose = verbose
+        self.save_last = save_last
+        self.save_top_k = save_top_k
+        self.save_weights_only = save_weights_only
+        self.mode = mode
+        self.auto_insert_metric_name = auto_insert_metric_name
+        self.every_n_train_steps = every_n_train_steps or 0
+        self.train_time_interval = train_time_interval
+        self.every_n_epochs = every_n_epochs or 0
+        self.save_on_train_epoch_end = save_on_train_epoch_end
+        self.enable_version_counter = enable_version_counter
 
         self.best_k_models: dict[str, float] = {}  # path -> score (the step when there is no monitor)
         self.kth_best_model_path = ""
         self.kth_value: float | None = None
         self.best_model_path = ""
         self.best_model_score: float | None = None
+        self.current_score: float | None = None
         self.last_model_path = ""
-        self._last_global_step_saved = -1
+        self._last_global_step_saved = 0  # nothing to save before the first step
+        self._last_time_checked: float | None = None
+        self._validated = False  # a validation ran in this fit: a missing monitor is then an error
+        self._warned_missing = False
         self._pending_state: dict[str, Any] | None = None  # restored before setup resolved the dirpath
 
     @property
     def state_key(self) -> str:
-        key = {
+        key: dict[str, Any] = {
             "monitor": self.monitor,
             "mode": self.mode,
             "every_n_train_steps": self.every_n_train_steps,
             "every_n_epochs": self.every_n_epochs,
         }
+        if self.train_time_interval is not None:  # only then: keys of earlier checkpoints stay valid
+            key["train_time_interval"] = self.train_time_interval
         return f"{type(self).__qualname__}{key!r}"
 
     # ------------------------------------------------------------------ hooks
@@ -138,30 +180,59 @@ class ModelCheckpoint(Callback):
             state, self._pending_state = self._pending_state, None
             self._restore(state)
 
+    def on_train_start(self, trainer: Trainer, module: TrainingModule) -> None:
+        self._last_time_checked = time.monotonic()
+        self._validated = False
+
     def on_train_batch_end(
         self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if (self.every_n_train_steps <= 0 and self.train_time_interval is None) or self._skip(trainer):
+            return  # the first test is all the per-step cost of an epoch schedule
         step = trainer.global_step
-        if self.every_n_train_steps <= 0 or step == 0 or step % self.every_n_train_steps != 0:
-            return
-        if not self._skip(trainer):
-            self._save(trainer)
+        due = self.every_n_train_steps > 0 and step % self.every_n_train_steps == 0
+        if self.train_time_interval is not None:
+            now = time.monotonic()
+            elapsed = now - (self._last_time_checked if self._last_time_checked is not None else now)
+            # rank 0's clock decides: ranks whose clocks disagree would otherwise save different steps
+            if trainer.strategy.broadcast(elapsed >= self.train_time_interval.total_seconds()):
+                self._last_time_checked, due = now, True
+        if due:
+            self._save(trainer, top_k=True)
 
     def on_train_epoch_end(self, trainer: Trainer, module: TrainingModule) -> None:
-        if self.every_n_train_steps > 0 or self.every_n_epochs <= 0:
+        if not self._skip(trainer) and self._on_train_epoch_end(trainer):
+            self._save(trainer, top_k=self._epoch_due(trainer))
+
+    def on_validation_end(self, trainer: Trainer, module: TrainingModule) -> None:
+        if trainer.sanity_checking:
             return
-        if (trainer.current_epoch + 1) % self.every_n_epochs == 0 and not self._skip(trainer):
-            self._save(trainer)
+        self._validated = True
+        if not self._skip(trainer) and not self._on_train_epoch_end(trainer):
+            self._save(trainer, top_k=self._epoch_due(trainer))
+
+    def _epoch_due(self, trainer: Trainer) -> bool:
+        return self.every_n_epochs > 0 and (trainer.current_epoch + 1) % self.every_n_epochs == 0
+
+    def _on_train_epoch_end(self, trainer: Trainer) -> bool:
+        """Whether epoch save points are at the training epoch end (else at validation ends); Lightning's rule."""
+        if self.save_on_train_epoch_end is not None:
+            return self.save_on_train_epoch_end
+        if _check_val_every_n_epoch(trainer) != 1:
+            return False
+        val_batches = trainer.num_val_batches
+        if (sum(val_batches) if isinstance(val_batches, (list, tuple)) else val_batches) == 0:
+            return True
+        return _val_check_interval(trainer) == 1.0
 
     def _skip(self, trainer: Trainer) -> bool:
         already_saved = trainer.global_step == self._last_global_step_saved
-        return bool(trainer.sanity_checking or trainer.fast_dev_run or already_saved)
+        return bool(trainer.sanity_checking or trainer.fast_dev_run or trainer.state.fn != "fit" or already_saved)
 
     # ------------------------------------------------------------------ saving
-    def _save(self, trainer: Trainer) -> None:
+    def _save(self, trainer: Trainer, top_k: bool) -> None:
         metrics = self._monitor_candidates(trainer)
-        self._last_global_step_saved = trainer.global_step
-        if self.save_top_k != 0:
+        if top_k and self.save_top_k != 0:
             self._save_top_k(trainer, metrics)
         if self.save_last:
             self._save_last(trainer, metrics)
@@ -173,15 +244,25 @@ class ModelCheckpoint(Callback):
         metrics["step"] = trainer.global_step
         return trainer.strategy.broadcast(metrics)
 
-    def _score(self, trainer: Trainer, metrics: Mapping[str, Any]) -> float:
-        """Rank 0's value of the monitored metric (the step without a monitor); NaN ranks last."""
+    def _score(self, trainer: Trainer, metrics: Mapping[str, Any]) -> float | None:
+        """Rank 0's value of the monitored metric (the step without a monitor); NaN ranks last; None when
+        the metric was not logged before the first validation (a warning, as in Lightning)."""
         if self.monitor is None:
             return float(trainer.global_step)
         value = metrics.get(self.monitor)  # rank 0's (see _monitor_candidates)
-        score = float(value) if value is not None else None
-        if score is None:
+        if value is None:
             available = [k for k in metrics if k not in ("epoch", "step")]
-            raise missing_metric("ModelCheckpoint", self.monitor, available)
+            if self._validated:
+                raise missing_metric("ModelCheckpoint", self.monitor, available)
+            if not self._warned_missing:
+                self._warned_missing = True
+                rank_zero_warn(
+                    f"ModelCheckpoint(monitor={self.monitor!r}) found no such metric at step {trainer.global_step} "
+                    f"(logged: {sorted(available)}); no top-k checkpoint is saved until it is logged. If it is a "
+                    "validation metric, this is expected before the first validation."
+                )
+            return None
+        score = float(value)
         if math.isnan(score):
             score = math.inf if self.mode == "min" else -math.inf
         return score
@@ -192,28 +273,45 @@ class ModelCheckpoint(Callback):
 
     def _save_top_k(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         score = self._score(trainer, metrics)
+        if score is None:
+            return
+        where = f"Epoch {trainer.current_epoch}, global step {trainer.global_step}"
         full = self.save_top_k != -1 and len(self.best_k_models) >= self.save_top_k
         if full and not self._better(score, self.kth_value):
             if self.verbose:
-                where = f"Epoch {trainer.current_epoch}, step {trainer.global_step}"
-                rank_zero_info(f"{where}: {self.monitor!r} was not in the top {self.save_top_k}")
+                rank_zero_info(f"{where}: {self.monitor!r} was not in top {self.save_top_k}")
             return
         dropped = None
         if full:
             dropped = self.kth_best_model_path
             del self.best_k_models[dropped]
         path = self._free_path(trainer, metrics, keep=dropped)
+        self.current_score = score if self.monitor is not None else None
         self.best_k_models[path] = score
         self._update_best()
         if self.verbose:
-            where = f"Epoch {trainer.current_epoch}, step {trainer.global_step}"
-            what = ""
-            if self.monitor is not None:
-                what = f"{self.monitor!r} reached {score:0.5f} (best {self.best_model_score:0.5f}), "
-            rank_zero_info(f"{where}: {what}saving {path!r}")
-        trainer.save_checkpoint(path)  # the callback's state saved with it already counts this file
+            k = self.save_top_k if self.save_top_k != -1 else len(self.best_k_models)
+            if self.monitor is None:
+                rank_zero_info(f"{where}: saving model to {path!r}")
+            else:
+                rank_zero_info(
+                    f"{where}: {self.monitor!r} reached {score:0.5f} (best {self.best_model_score:0.5f}), "
+                    f"saving model to {path!r} as top {k}"
+                )
+        self._write(trainer, path)  # the callback's state saved with it already counts this file
         if dropped is not None and dropped not in (path, self.last_model_path):
-            trainer.strategy.remove_checkpoint(dropped)
+            self._remove(trainer, dropped)
+
+    def _write(self, trainer: Trainer, path: str) -> None:
+        trainer.save_checkpoint(path, weights_only=self.save_weights_only)
+        self._last_global_step_saved = trainer.global_step
+
+    def _remove(self, trainer: Trainer, path: str) -> None:
+        """Delete a checkpoint this callback no longer keeps, unless it lives outside ``dirpath`` (a file of
+        an earlier launch of the run, in its own folder: never deleted from here)."""
+        folder = os.path.abspath(self.dirpath or ".")
+        if os.path.dirname(os.path.abspath(path)) == folder:
+            trainer.strategy.remove_checkpoint(path)
 
     def _update_best(self) -> None:
         best_first = self._better(1.0, 0.0)  # True when higher is better
@@ -225,12 +323,15 @@ class ModelCheckpoint(Callback):
             self.kth_value = self.best_k_models[ranked[-1]]
 
     def _free_path(self, trainer: Trainer, metrics: Mapping[str, Any], keep: str | None) -> str:
-        """The formatted path, with ``-v1``, ``-v2``... appended while that file exists (rank 0 looks)."""
+        """The formatted path; with the version counter, ``-v1``, ``-v2``... appended while that file
+        exists (rank 0 looks)."""
         path = self.format_checkpoint_name(metrics)
-        version = 0
-        while path != keep and (path in self.best_k_models or self._exists(trainer, path)):
-            version += 1
+        version = self.STARTING_VERSION
+        while (
+            self.enable_version_counter and path != keep and (path in self.best_k_models or self._exists(trainer, path))
+        ):
             path = self.format_checkpoint_name(metrics, ver=version)
+            version += 1
         return path
 
     @staticmethod
@@ -238,11 +339,16 @@ class ModelCheckpoint(Callback):
         return trainer.strategy.broadcast(os.path.isfile(path))  # rank 0's view: other nodes may not see it
 
     def _save_last(self, trainer: Trainer, metrics: Mapping[str, Any]) -> None:
-        previous, path = self.last_model_path, self.format_checkpoint_name(metrics, self.CHECKPOINT_NAME_LAST)
-        self.last_model_path = path
-        trainer.save_checkpoint(path)
+        previous = self.last_model_path
+        path = self.format_checkpoint_name(metrics, self.CHECKPOINT_NAME_LAST)
+        version = self.STARTING_VERSION
+        while self.enable_version_counter and path != previous and self._exists(trainer, path):
+            path = self.format_checkpoint_name(metrics, self.CHECKPOINT_NAME_LAST, ver=version)
+            version += 1
+        self.last_model_path = path  # set first: it is part of the state saved in the file
+        self._write(trainer, path)
         if previous and previous != path and previous not in self.best_k_models:
-            trainer.strategy.remove_checkpoint(previous)
+            self._remove(trainer, previous)
 
     # ------------------------------------------------------------------ names
     def format_checkpoint_name(
@@ -267,6 +373,7 @@ class ModelCheckpoint(Callback):
             "monitor": self.monitor,
             "best_model_score": self.best_model_score,
             "best_model_path": self.best_model_path,
+            "current_score": self.current_score,
             "best_k_models": dict(self.best_k_models),
             "kth_best_model_path": self.kth_best_model_path,
             "kth_value": self.kth_value,
@@ -282,20 +389,24 @@ class ModelCheckpoint(Callback):
             self._restore(state)
 
     def _restore(self, state: dict[str, Any]) -> None:
+        """The whole ranking comes back, so the best of the run stays the best after a resume. When the run
+        saved elsewhere before (a new ``version_<n>`` folder per launch), its files keep their rank there and
+        are never deleted from here; the last checkpoint is then written afresh in this folder."""
         self.best_model_path = state["best_model_path"]
-        self._last_global_step_saved = state.get("last_global_step_saved", -1)
-        if state.get("dirpath") != self.dirpath:
-            # another folder: ranking or deleting the old run's files from here would be wrong
-            rank_zero_info(
-                f"ModelCheckpoint: the checkpoint folder changed from {state.get('dirpath')!r} to "
-                f"{self.dirpath!r}; only best_model_path is restored, the top-k ranking starts afresh."
-            )
-            return
         self.best_model_score = state["best_model_score"]
+        self.current_score = state.get("current_score")
         self.best_k_models = dict(state["best_k_models"])
         self.kth_best_model_path = state["kth_best_model_path"]
         self.kth_value = state["kth_value"]
-        self.last_model_path = state["last_model_path"]
+        self._last_global_step_saved = state.get("last_global_step_saved", -1)
+        if state.get("dirpath") == self.dirpath:
+            self.last_model_path = state["last_model_path"]
+        elif self.best_k_models:
+            rank_zero_info(
+                f"ModelCheckpoint: resumed a run that saved its checkpoints in {state.get('dirpath')!r}; they keep "
+                f"their rank in the top {self.save_top_k} (best: {self.best_model_path!r}) and stay where they are. "
+                f"New checkpoints go to {self.dirpath!r}."
+            )
 
 
 def _format_name(template: str | None, metrics: Mapping[str, Any], auto_insert_metric_name: bool) -> str:
@@ -315,3 +426,12 @@ def _number(value: Any) -> int | float:
     if isinstance(value, torch.Tensor):
         return int(value.item()) if not value.is_floating_point() else float(value.item())
     return value
+
+
+def _val_check_interval(trainer: Trainer) -> int | float:
+    # Lightning's Trainer has these as public attributes; 1.0 / 1 are the defaults when a Trainer has not
+    return getattr(trainer, "val_check_interval", 1.0)
+
+
+def _check_val_every_n_epoch(trainer: Trainer) -> int | None:
+    return getattr(trainer, "check_val_every_n_epoch", 1)

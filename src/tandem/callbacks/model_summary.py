@@ -41,25 +41,36 @@ class ModelSummary(Callback):
 
 def summarize(module: nn.Module, max_depth: int = 1) -> str:
     """The summary table of ``module`` as text (what :class:`ModelSummary` prints)."""
-    rows = [("", "Name", "Type", "Params", "Trainable")]
+    header, rows, totals = summary_rows(module, max_depth)
+    table = [header, *rows]
+    widths = [max(len(row[c]) for row in table) for c in range(len(header))]
+    lines = []
+    if rows:
+        lines = [" | ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
+        lines.insert(1, "-" * len(lines[0]))
+        lines.append("-" * len(lines[0]))
+    lines += [f"{value:<10} {label}" for value, label in totals]
+    return "\n".join(lines)
+
+
+def summary_rows(
+    module: nn.Module, max_depth: int = 1
+) -> tuple[tuple[str, ...], list[tuple[str, ...]], list[tuple[str, str]]]:
+    """The table's header, one row per listed submodule, and the (value, label) totals below it."""
+    header = ("", "Name", "Type", "Params", "Trainable")
+    rows = []
     for i, (name, child) in enumerate(_listed(module, max_depth)):
         total, trainable = _count(child.parameters())
         rows.append((str(i), name, type(child).__name__, _human(total), _human(trainable)))
-    widths = [max(len(row[c]) for row in rows) for c in range(5)]
-    lines = []
-    if len(rows) > 1:
-        lines = [" | ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-        lines.insert(1, "-" * len(lines[0]))
-        lines.append("-" * len(lines[0]))
     total, trainable = _count(module.parameters())
     size_mb = sum(p.numel() * p.element_size() for p in _unique(module.parameters()) if _known(p)) / 1e6
-    lines += [
-        f"{_human(trainable):<10} Trainable params",
-        f"{_human(total - trainable):<10} Non-trainable params",
-        f"{_human(total):<10} Total params",
-        f"{size_mb:<10.3f} Total estimated model params size (MB)",
+    totals = [
+        (_human(trainable), "Trainable params"),
+        (_human(total - trainable), "Non-trainable params"),
+        (_human(total), "Total params"),
+        (f"{size_mb:.3f}", "Total estimated model params size (MB)"),
     ]
-    return "\n".join(lines)
+    return header, rows, totals
 
 
 def _listed(module: nn.Module, max_depth: int) -> list[tuple[str, nn.Module]]:

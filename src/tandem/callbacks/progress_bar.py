@@ -19,14 +19,22 @@ if TYPE_CHECKING:
     from tandem.trainer.trainer import Trainer
 
 _POSTFIX_EVERY_S = 0.5  # reading metrics syncs the device, so the numbers are refreshed at most this often
+_MIN_BAR = 10  # columns the bar keeps: on a narrow terminal the times and counts give way, not the bar or metrics
+_LAYOUTS = (  # widest first; the first that leaves the bar _MIN_BAR columns is used. {metrics}: ", a=1, b=2"
+    "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{metrics}]",  # tqdm's own
+    "{l_bar}{bar}| {n_fmt}/{total_fmt} [{remaining}{metrics}]",
+    "{l_bar}{bar}| {n_fmt}/{total_fmt}{metrics}",
+    "{l_bar}{bar}|{metrics}",
+)
 
 
 class ProgressBar(Callback):
     """Progress bars with tqdm: ``Epoch n`` for training, and bars for the sanity check, validation,
     testing and prediction. Only global rank 0 draws; other processes print nothing.
 
-    The training bar shows the step ``loss`` and every value logged with ``prog_bar=True``; these numbers
-    are refreshed at most every half second and at the end of each epoch.
+    The training bar shows every value logged with ``prog_bar=True`` and the step ``loss`` (unless one of
+    those values already is the loss); these numbers are refreshed at most every half second and at the end
+    of each epoch. On a narrow terminal (80 columns) the bar drops its times rather than the metrics.
 
     Args:
         refresh_rate: advance the bars every this many batches; 0 disables the bars.
@@ -82,9 +90,18 @@ class ProgressBar(Callback):
         bar = self._bars.get("train")
         if bar is None:
             return
-        values: dict[str, Any] = {} if self._loss is None else {"loss": self._loss}
-        values.update(trainer.progress_bar_metrics)
-        bar.set_postfix(to_float(values), refresh=refresh)
+        values = to_float(dict(trainer.progress_bar_metrics))
+        if self._loss is not None:
+            loss = float(self._loss)
+            if loss not in values.values():  # shown once: train_loss logged with prog_bar=True is the loss
+                values = {"loss": loss, **values}
+        text = ", ".join(f"{k}={bar.format_num(v)}" for k, v in values.items())
+        if bar.total is None:  # no bar to fit: tqdm's counter layout
+            bar.set_postfix_str(text, refresh=False)
+        else:
+            _fit_layout(bar, text)
+        if refresh:
+            bar.refresh()
         self._postfix_time = time.monotonic()
 
     # ------------------------------------------------------------------ training
@@ -176,3 +193,24 @@ class ProgressBar(Callback):
         state = self.__dict__.copy()
         state["_bars"], state["_loss"] = {}, None  # tqdm objects cannot be pickled (spawned processes)
         return state
+
+
+def _fit_layout(bar: Any, metrics: str) -> None:
+    """Pick the widest layout that leaves the bar ``_MIN_BAR`` columns of the terminal (left alone, tqdm squeezes
+    the bar to one column and then cuts the metrics off)."""
+    from tqdm.utils import disp_len
+
+    metrics = (", " if metrics else "") + metrics.replace("{", "{{").replace("}", "}}")
+    if metrics:
+        layouts = [layout.replace("{metrics}", metrics) for layout in _LAYOUTS]
+    else:
+        layouts = [_LAYOUTS[0].replace("{metrics}", "")]
+    state = bar.format_dict  # also reads the terminal's current width
+    width = state.get("ncols")
+    chosen = layouts[0] if not width else layouts[-1]
+    for layout in layouts if width else ():
+        text = bar.format_meter(**{**state, "bar_format": layout.replace("{bar}", ""), "ncols": None})
+        if width - disp_len(text) >= _MIN_BAR:
+            chosen = layout
+            break
+    bar.bar_format = chosen.replace("|, ", "| ", 1)

@@ -17,12 +17,14 @@ METRICS_FILE = "metrics.csv"
 
 
 class CSVLogger(Logger):
-    """Writes metrics to ``metrics.csv`` (a ``step`` column and one column per metric name) and
-    hyperparameters to ``hparams.yaml``.
+    """Writes metrics to ``metrics.csv`` and hyperparameters to ``hparams.yaml``, as Lightning's CSVLogger.
 
-    Rows are kept in memory and written every ``flush_logs_every_n_steps`` steps, at :meth:`save` (the
-    Trainer calls it at each epoch end) and at :meth:`finalize`. A metric name that appears mid-run adds a
-    column: the file is rewritten with the union of columns, and earlier rows leave the new cells empty.
+    One row per ``log_metrics`` call; the columns are every metric name, sorted, with ``step`` (and
+    ``epoch``, which the Trainer adds to every row) among them, so ``pandas.read_csv(path).set_index("epoch")``
+    works. Cells a row did not log stay empty. Rows are kept in memory and written every
+    ``flush_logs_every_n_steps`` steps, at :meth:`save` (the Trainer calls it at each epoch end) and at
+    :meth:`finalize`. A metric name that appears mid-run adds a column: the file is rewritten with the union
+    of columns, and earlier rows leave the new cells empty.
 
     Args:
         save_dir: the folder that holds every experiment.
@@ -58,7 +60,9 @@ class CSVLogger(Logger):
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        self._pending.append({"step": int(step), **{k: float(v) for k, v in metrics.items()}})
+        row: dict[str, Any] = {k: _cell(k, v) for k, v in metrics.items()}
+        row["step"] = int(step)
+        self._pending.append(row)
         if step - self._last_flush_step >= self._flush_every:
             self.save()
 
@@ -73,11 +77,9 @@ class CSVLogger(Logger):
         path = self.metrics_file_path
         if self._file_columns is None:
             self._file_columns = _read_header(path)
-        columns = list(self._file_columns or ["step"])
-        for row in self._pending:
-            columns.extend(k for k in row if k not in columns)
-        if self._file_columns is not None and columns == self._file_columns:
-            chunk = _format_rows(columns, self._pending, header=False)
+        names = set(self._file_columns or ()).union(*self._pending)
+        if self._file_columns is not None and names == set(self._file_columns):
+            chunk = _format_rows(self._file_columns, self._pending, header=False)
             try:
                 with open(path, "a", encoding="utf-8", newline="") as f:  # rows formatted first: one write
                     f.write(chunk)
@@ -85,11 +87,18 @@ class CSVLogger(Logger):
                 raise write_failed(path, err, "the metrics file") from None
         else:  # a new file, or new columns: rewrite everything with the union of columns
             old_rows = _read_rows(path) if self._file_columns is not None else []
+            columns = sorted(names)  # Lightning's order
             text = _format_rows(columns, old_rows + self._pending, header=True)
             atomic_write_text(path, text, what="the metrics file")
             self._file_columns = columns
         self._last_flush_step = self._pending[-1]["step"]
         self._pending = []
+
+
+def _cell(name: str, value: Any) -> int | float:
+    """A metric as written: ``epoch`` as an int (Lightning writes ``0``, not ``0.0``), the rest as floats."""
+    value = float(value)
+    return int(value) if name == "epoch" and value.is_integer() else value
 
 
 def _format_rows(columns: list[str], rows: list[dict[str, Any]], header: bool) -> str:

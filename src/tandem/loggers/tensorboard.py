@@ -22,7 +22,11 @@ class TensorBoardLogger(Logger):
     """Writes scalars and hyperparameters as TensorBoard event files in ``<save_dir>/<name>/version_<n>``.
 
     Hyperparameters go both to TensorBoard's HPARAMS tab (in the same run, no sub-folder) and to
-    ``hparams.yaml``. Watch the runs with ``tensorboard --logdir <save_dir>``.
+    ``hparams.yaml``. The tab compares runs by their hyperparameters and by the last value of every
+    metric they logged (``val_loss``, ``val_acc``, ...): each run writes its hyperparameters when it
+    starts and its status when it ends, and no fixed list of metrics, so TensorBoard gathers the
+    hyperparameters of every run and the metrics from their scalars. Watch the runs with
+    ``tensorboard --logdir <save_dir>``.
 
     Args:
         save_dir: the folder that holds every experiment.
@@ -47,6 +51,7 @@ class TensorBoardLogger(Logger):
         super().__init__(save_dir, name, version)
         self._summary_writer_kwargs = summary_writer_kwargs
         self._experiment: Any = None
+        self._session_started = False
 
     @property
     def experiment(self) -> Any:
@@ -71,9 +76,12 @@ class TensorBoardLogger(Logger):
 
         merged = self._save_hparams_yaml(params)
         flat = {k: _tb_value(v) for k, v in _flatten(merged).items()}
-        writer = self.experiment.file_writer  # add_hparams would write to a sub-folder, a separate run
-        for summary in hparams(flat, {}):
-            writer.add_summary(summary)
+        # Only the session start. An experiment summary would fix the metric list (empty here: metrics come
+        # later) and TensorBoard would take one run's summary for all of them; without one it lists every
+        # run's hyperparameters and every scalar as a metric. (add_hparams would write to a sub-folder.)
+        _, session_start, _ = hparams(flat, {})
+        self.experiment.file_writer.add_summary(session_start)
+        self._session_started = True
 
     @rank_zero_only
     def save(self) -> None:
@@ -83,6 +91,9 @@ class TensorBoardLogger(Logger):
     @rank_zero_only
     def finalize(self, status: str) -> None:
         if self._experiment is not None:
+            if self._session_started:
+                self._experiment.file_writer.add_summary(_session_end(status))
+                self._session_started = False
             self._experiment.flush()
             self._experiment.close()
             self._experiment = None  # a later run with this logger opens a new event file
@@ -91,6 +102,19 @@ class TensorBoardLogger(Logger):
         state = self.__dict__.copy()
         state["_experiment"] = None  # a SummaryWriter cannot be pickled (spawned processes)
         return state
+
+
+def _session_end(status: str) -> Any:
+    """The HParams plugin's end-of-session record: the run's status (success, failure)."""
+    from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+    from tensorboard.plugins.hparams import api_pb2, metadata
+    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData, SessionEndInfo
+
+    code = api_pb2.STATUS_SUCCESS if status == "success" else api_pb2.STATUS_FAILURE
+    content = HParamsPluginData(session_end_info=SessionEndInfo(status=code), version=metadata.PLUGIN_DATA_VERSION)
+    plugin = SummaryMetadata.PluginData(plugin_name=metadata.PLUGIN_NAME, content=content.SerializeToString())
+    value = Summary.Value(tag=metadata.SESSION_END_INFO_TAG, metadata=SummaryMetadata(plugin_data=plugin))
+    return Summary(value=[value])
 
 
 def _flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -20,7 +20,7 @@ from tandem.trainer.config import TrainerConfig, limit_batches
 from tandem.trainer.logging import MetricCollector, to_float
 from tandem.trainer.optim import LRSchedulerConfig, parse_optimizers
 from tandem.trainer.state import EVAL_STAGES, Progress, TrainerState
-from tandem.utilities.checkpoint import CHECKPOINT_MARKER
+from tandem.utilities.checkpoint import CHECKPOINT_MARKER, to_weights_only
 from tandem.utilities.data import has_len, make_skippable
 from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError, missing_metric
 from tandem.utilities.rank_zero import rank_zero_warn
@@ -342,6 +342,8 @@ class Trainer:
             return
         values = to_float(dict(metrics))
         self._metrics.logged_metrics.update(values)
+        if step is None:  # as Lightning: every row says its epoch (metrics.csv gets an epoch column)
+            values.setdefault("epoch", self.current_epoch)
         if self.loggers and self.is_global_zero:
             for logger in self.loggers:
                 logger.log_metrics(values, step=self.global_step if step is None else step)
@@ -350,7 +352,7 @@ class Trainer:
     def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool = False) -> None:
         """Write a checkpoint. Every rank must call this (it builds the state on each); rank 0 writes it
         atomically; all ranks meet at a barrier after."""
-        self.strategy.save_checkpoint(self._checkpoint_state(weights_only), filepath)
+        self.strategy.save_checkpoint(to_weights_only(self._checkpoint_state(weights_only)), filepath)
 
     def _checkpoint_state(self, weights_only: bool = False) -> dict[str, Any]:
         from tandem import __version__

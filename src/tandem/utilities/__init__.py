@@ -1,1 +1,8 @@
-"""Small shared helpers: seeding, rank-zero output, checkpoint files, dataloaders, errors."""
+"""Small shared helpers: seeding, rank-zero output, checkpoint files, dataloaders, errors.
+
+As ``lightning.pytorch.utilities``: ``from tandem.utilities import rank_zero_only, rank_zero_info, rank_zero_warn``.
+"""
+
+from tandem.utilities.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
+
+__all__ = ["rank_zero_info", "rank_zero_only", "rank_zero_warn"]

@@ -7,21 +7,26 @@ killed while writing leaves the previous file intact. The temporary is named
 removes the temporaries that a killed writer left behind (the writer's process is gone and nobody holds
 the lock), and never one that a live writer is still writing.
 
-A tandem checkpoint (a dict with the ``tandem_version`` key) also stores ``tandem_checksum``, a CRC32 of its
-contents (every tensor's bytes, dtype and shape, and the plain values and keys around them), checked when
-the file is loaded: a changed byte is reported as a damaged file instead of training on wrong weights.
+A tandem checkpoint (a dict with the ``tandem_version`` key) also stores ``tandem_checksum``, a CRC32 of each
+of its entries (every tensor's bytes, dtype and shape, and the plain values and keys around them), checked
+when the file is loaded: a changed byte is reported as a damaged file instead of training on wrong weights.
+
+Values that plain ``torch.load(path)`` (``weights_only=True``, torch's default) would refuse are encoded
+by :func:`to_weights_only` before the save, so every tandem checkpoint reads with it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import re
 import secrets
 import socket
 import struct
 import time
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -46,6 +51,10 @@ CHECKSUM_KEY = "tandem_checksum"
 _CHECKSUM_ALGORITHM = "crc32"
 _FOREIGN_IDLE_S = 120.0  # a temporary of another host, unlocked and unchanged this long, is stale
 _TEMPORARY = re.compile(r"^\.(?P<target>.+)\.(?P<host>[A-Za-z0-9-]+)-(?P<pid>\d+)-[0-9a-f]{8}\.tmp$")
+#: a value ``torch.load(weights_only=True)`` would refuse is stored as ``{PICKLED_KEY: uint8 tensor}``
+PICKLED_KEY = "__tandem_pickled__"
+_SAFE_LEAVES = (type(None), bool, int, float, complex, str, bytes, bytearray, torch.dtype, torch.device, torch.Size)
+_SAFE_MAPPINGS = (dict, OrderedDict)
 
 
 # ---------------------------------------------------------------------------------------------- writing
@@ -228,30 +237,82 @@ def _sync_folder(folder: Path) -> None:
             os.close(fd)
 
 
+# ---------------------------------------------------------------------------------------------- weights_only
+
+
+def to_weights_only(obj: Any, where: str = "checkpoint") -> Any:
+    """``obj`` in a form ``torch.load(weights_only=True)`` reads: tensors, numbers, strings, None, dtypes,
+    devices and dicts / lists / tuples / sets of them stay as they are; any other value (a ``Path``, an
+    enum, a numpy number, an ``nn.Module`` in the hyperparameters, ...) becomes ``{PICKLED_KEY: its pickle
+    as a uint8 tensor}``, which :func:`from_weights_only` turns back into the value."""
+    kind = type(obj)
+    if isinstance(obj, torch.Tensor) or kind in _SAFE_LEAVES:
+        return obj
+    if kind in _SAFE_MAPPINGS and all(_safe_key(k) for k in obj):
+        return kind((k, to_weights_only(v, f"{where}[{k!r}]")) for k, v in obj.items())
+    if kind in (list, tuple):
+        return kind(to_weights_only(v, f"{where}[{i}]") for i, v in enumerate(obj))
+    if kind is set and all(type(v) in _SAFE_LEAVES for v in obj):
+        return obj
+    try:
+        data = pickle.dumps(obj)
+    except Exception as err:
+        raise CheckpointError(
+            f"{where} holds a {kind.__name__} that cannot be saved ({type(err).__name__}: {err}). Store plain "
+            "values (numbers, strings, tensors, lists, dicts) there, or leave it out (e.g. "
+            "save_hyperparameters(ignore=[...]))."
+        ) from None
+    return {PICKLED_KEY: torch.frombuffer(bytearray(data), dtype=torch.uint8)}
+
+
+def from_weights_only(obj: Any) -> Any:
+    """Undo :func:`to_weights_only` (values pickled there are unpickled: load only files you trust)."""
+    kind = type(obj)
+    if kind in _SAFE_MAPPINGS:
+        if len(obj) == 1 and isinstance(obj.get(PICKLED_KEY), torch.Tensor):
+            return pickle.loads(obj[PICKLED_KEY].numpy().tobytes())
+        return kind((k, from_weights_only(v)) for k, v in obj.items())
+    if kind in (list, tuple):
+        return kind(from_weights_only(v) for v in obj)
+    return obj
+
+
+def _safe_key(key: Any) -> bool:
+    return type(key) in _SAFE_LEAVES or type(key) is tuple and all(type(k) in _SAFE_LEAVES for k in key)
+
+
 # ---------------------------------------------------------------------------------------------- checksum
 
 
-def checksum(obj: Any) -> str:
-    """A CRC32 of a checkpoint's contents, as ``"crc32:<8 hex digits>"`` (a plain str: ``weights_only``-safe).
+def checksum(obj: dict[str, Any]) -> dict[str, Any]:
+    """CRC32s of a checkpoint's entries, as stored under ``tandem_checksum``: ``{"crc32": {entry: hex}}``
+    (plain strs in a dict: ``weights_only``-safe).
 
-    Covers every tensor's dtype, shape and bytes (read in place, without a copy, for contiguous CPU
-    tensors), numpy arrays, and the keys, plain values (None, bool, int, float, str, bytes) and nesting of
-    dicts, lists and tuples; other objects count by their type name only. The top-level ``tandem_checksum``
-    entry is left out. The value does not depend on the process (no ``id``, ``hash`` or set order).
+    One CRC32 per top-level entry (named by its ``repr``), so a damaged file names the damaged entry, and a
+    file saved again after an entry was deliberately removed still checks the rest. Each covers every
+    tensor's dtype, shape and bytes (read in place, without a copy, for contiguous CPU tensors), numpy
+    arrays, and the keys, plain values (None, bool, int, float, complex, str, bytes, dtypes, devices) and
+    nesting of dicts, lists, tuples and sets; other objects count by their type name only (tandem's
+    checkpoints hold none: :func:`to_weights_only` stores them as tensors). The ``tandem_checksum`` entry
+    itself is left out. The values do not depend on the process (no ``id``, ``hash`` or set order).
     """
     hasher = _Hasher()
-    if isinstance(obj, dict):
-        obj = {k: v for k, v in obj.items() if k != CHECKSUM_KEY}
-    hasher.feed(obj)
-    return f"{_CHECKSUM_ALGORITHM}:{hasher.value():08x}"
+    names = []
+    for key, value in obj.items():
+        if key != CHECKSUM_KEY:
+            names.append(repr(key))
+            hasher.start_segment()
+            hasher.feed(key)
+            hasher.feed(value)
+    return {_CHECKSUM_ALGORITHM: {name: f"{crc:08x}" for name, crc in zip(names, hasher.values())}}
 
 
 class _Hasher:
-    """Feeds a nested structure to zlib.crc32.
+    """Feeds nested structures to zlib.crc32, one CRC per segment.
 
-    Small items go into one stream in order. Large buffers (tensor and array bytes, read in place) are cut
+    Small items go into a stream in order. Large buffers (tensor and array bytes, read in place) are cut
     into fixed 16 MB pieces whose CRC32s are computed on a thread pool (zlib releases the GIL), and each
-    piece's CRC and length join the stream where the buffer was: the value does not depend on the threads.
+    piece's CRC and length join the stream where the buffer was: the values do not depend on the threads.
     """
 
     _PIECE = 16 << 20
@@ -259,10 +320,19 @@ class _Hasher:
 
     def __init__(self) -> None:
         self._stream: list[bytes | Any] = []  # bytes, or a buffer to cut into pieces
+        self._segments: list[int] = [0]  # where each segment starts in the stream
         self._buffer = bytearray()
         self._large = 0
 
-    def value(self) -> int:
+    def start_segment(self) -> None:
+        self._flush()
+        if self._stream:
+            self._segments.append(len(self._stream))
+        else:
+            self._segments = [0]
+
+    def values(self) -> list[int]:
+        """The CRC32 of each segment."""
         self._flush()
         pieces = [
             part[start : start + self._PIECE]
@@ -276,15 +346,18 @@ class _Hasher:
                 piece_crcs = iter(list(pool.map(zlib.crc32, pieces)))
         else:
             piece_crcs = iter([zlib.crc32(piece) for piece in pieces])
-        crc = 0
-        for part in self._stream:
-            if isinstance(part, bytes):
-                crc = zlib.crc32(part, crc)
-            else:
-                for start in range(0, max(len(part), 1), self._PIECE):
-                    length = min(self._PIECE, len(part) - start)
-                    crc = zlib.crc32(struct.pack("<IQ", next(piece_crcs), length), crc)
-        return crc
+        crcs = []
+        for first, end in zip(self._segments, [*self._segments[1:], len(self._stream)]):
+            crc = 0
+            for part in self._stream[first:end]:
+                if isinstance(part, bytes):
+                    crc = zlib.crc32(part, crc)
+                else:
+                    for start in range(0, max(len(part), 1), self._PIECE):
+                        length = min(self._PIECE, len(part) - start)
+                        crc = zlib.crc32(struct.pack("<IQ", next(piece_crcs), length), crc)
+            crcs.append(crc)
+        return crcs
 
     def _flush(self) -> None:
         if self._buffer:
@@ -329,6 +402,14 @@ class _Hasher:
             self._add(b"s%d;" % len(data) + data)
         elif isinstance(obj, (bytes, bytearray)):
             self._add(b"y%d;" % len(obj) + bytes(obj))
+        elif isinstance(obj, complex):
+            self._add(b"c" + struct.pack("<dd", obj.real, obj.imag))
+        elif isinstance(obj, (torch.dtype, torch.device)):
+            self.feed(str(obj))
+        elif isinstance(obj, (set, frozenset)):  # in an order that does not depend on the process's hashing
+            self._add(b"<%d" % len(obj))
+            for value in sorted(obj, key=repr):
+                self.feed(value)
         elif np is not None and isinstance(obj, (np.ndarray, np.generic)):
             array = np.ascontiguousarray(obj)
             self._add(f"a{array.dtype.str}{array.shape}".encode())
@@ -354,19 +435,27 @@ class _Hasher:
 
 
 def verify_checksum(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
-    """Raise :class:`CheckpointError` if ``checkpoint`` (loaded from ``path``) does not match its stored checksum.
+    """Raise :class:`CheckpointError` if an entry of ``checkpoint`` (loaded from ``path``) does not match the
+    checksum stored when it was written.
 
-    Checkpoints written before tandem stored checksums have none and pass.
+    Checkpoints written before tandem stored checksums have none and pass. Entries removed since are not
+    missed (the file was edited on purpose); an entry that changed, or that replaced one (a damaged name),
+    is damage.
     """
     stored = checkpoint.get(CHECKSUM_KEY)
-    if not isinstance(stored, str) or not stored.startswith(f"{_CHECKSUM_ALGORITHM}:"):
+    expected = stored.get(_CHECKSUM_ALGORITHM) if isinstance(stored, dict) else None
+    if not isinstance(expected, dict):
         return
-    actual = checksum(checkpoint)
-    if actual != stored:
+    actual = checksum(checkpoint)[_CHECKSUM_ALGORITHM]
+    damaged = [name for name, value in expected.items() if name in actual and actual[name] != value]
+    if set(actual) - set(expected) and set(expected) - set(actual):
+        damaged += sorted(set(actual) - set(expected))
+    if damaged:
         raise CheckpointError(
-            f"Checkpoint {str(path)!r} is damaged: its contents do not match the checksum stored when it was "
-            f"written ({stored}, now {actual}); a byte changed on the disk or in a copy. Do not resume from it; "
-            f"{_earlier_checkpoints(path)}"
+            f"Checkpoint {str(path)!r} is damaged: its {', '.join(damaged)} entr{'ies do' if len(damaged) > 1 else 'y does'} "
+            "not match the checksum stored when it was written; a byte changed on the disk or in a copy. Do not "
+            f"resume from it; {_earlier_checkpoints(path)} (If you changed the file on purpose and saved it again "
+            f"with torch.save, delete its {CHECKSUM_KEY!r} entry first.)"
         )
 
 
@@ -375,7 +464,10 @@ def verify_checksum(checkpoint: dict[str, Any], path: str | os.PathLike) -> None
 
 def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
     """Read a tandem checkpoint onto the CPU and check its checksum, or raise :class:`CheckpointError`
-    naming the file (missing, a folder, unreadable, damaged, or not a tandem checkpoint)."""
+    naming the file (missing, a folder, unreadable, damaged, or not a tandem checkpoint).
+
+    Checkpoints of earlier tandem versions (with numpy arrays in the RNG state, without a checksum) load too.
+    """
     path = Path(path)
     if path.is_dir():
         raise CheckpointError(_folder_message(path))
@@ -392,14 +484,29 @@ def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
             f"damaged or not a torch checkpoint; {_earlier_checkpoints(path)}"
         ) from None
     if not isinstance(checkpoint, dict) or CHECKPOINT_MARKER not in checkpoint:
-        found = sorted(checkpoint)[:8] if isinstance(checkpoint, dict) else type(checkpoint).__name__
         raise CheckpointError(
-            f"{str(path)!r} is not a tandem checkpoint (no {CHECKPOINT_MARKER!r} key; found {found}). "
-            "Pass a file written by Trainer.save_checkpoint or ModelCheckpoint; to load bare weights use "
-            "module.load_state_dict(torch.load(path))."
+            f"{str(path)!r} is not a tandem checkpoint (no {CHECKPOINT_MARKER!r} key). {_foreign_file_advice(checkpoint)}"
         )
-    verify_checksum(checkpoint, path)
-    return checkpoint
+    verify_checksum(checkpoint, path)  # over what was saved: before the values are decoded
+    return from_weights_only(checkpoint)
+
+
+def _foreign_file_advice(obj: Any) -> str:
+    """What the file holds, and a load recipe that works for it."""
+    if not isinstance(obj, dict):
+        return f"It holds a {type(obj).__name__}. Pass a file written by Trainer.save_checkpoint or ModelCheckpoint."
+    if isinstance(obj.get("state_dict"), dict):  # e.g. a Lightning checkpoint
+        return (
+            f"It holds the keys {sorted(map(str, obj))[:8]}. Pass a file written by Trainer.save_checkpoint or "
+            "ModelCheckpoint; to take only its weights (from a file you trust), use "
+            "module.load_state_dict(torch.load(path, weights_only=False)['state_dict'])."
+        )
+    if obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+        return (
+            "It holds bare weights (a state dict): load them with module.load_state_dict(torch.load(path)), then "
+            "pass the module without ckpt_path."
+        )
+    return f"It holds the keys {sorted(map(str, obj))[:8]}. Pass a file written by Trainer.save_checkpoint or ModelCheckpoint."
 
 
 def _checkpoints_in(folder: Path) -> list[Path]:

@@ -99,3 +99,20 @@ def write_failed(path: str | os.PathLike, cause: OSError, what: str = "", kept: 
     where = "ModelCheckpoint(dirpath=...), the logger's save_dir or Trainer(default_root_dir=...)"
     kept_text = " The previous file at that path is intact." if kept else ""
     return FileWriteError(code, f"Could not write {subject}: {reason}.{kept_text} {fix} ({where}).", path)
+
+
+#: Lightning's class names that tandem spells differently
+LIGHTNING_RENAMES = {"LightningModule": "TrainingModule", "LightningDataModule": "DataModule"}
+
+
+def renamed_from_lightning(module: str, name: str) -> Exception:
+    """For a module's ``__getattr__``: ``LightningModule`` / ``LightningDataModule`` get an ImportError naming
+    tandem's class (an ImportError, so ``from tandem import LightningModule`` shows it); any other missing
+    name the usual AttributeError."""
+    if name in LIGHTNING_RENAMES:
+        return ImportError(
+            f"{module} has no {name}: tandem calls it {LIGHTNING_RENAMES[name]}. Port a Lightning program by "
+            f"renaming lightning.pytorch to tandem, LightningModule to TrainingModule and LightningDataModule "
+            f"to DataModule."
+        )
+    return AttributeError(f"module {module!r} has no attribute {name!r}")

@@ -67,23 +67,39 @@ def worker_init_function(worker_id: int) -> None:
 
 
 def capture_rng_state() -> dict[str, Any]:
-    """Every global RNG state, in a form torch.save can store."""
+    """Every global RNG state, as tensors and plain Python values (``torch.load(path)`` reads them with its
+    default ``weights_only=True``)."""
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if np is not None:
-        state["numpy"] = np.random.get_state()
+        kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+        state["numpy"] = {
+            "kind": str(kind),
+            "keys": torch.from_numpy(keys.astype(np.int64)),  # uint32 words, exact in int64
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
-    """Undo :func:`capture_rng_state`; sources missing from ``state`` are left as they are."""
+    """Undo :func:`capture_rng_state`; sources missing from ``state`` are left as they are.
+
+    Also reads states captured by tandem 0.1 checkpoints (numpy's state as its own tuple).
+    """
     if "python" in state:
-        random.setstate(state["python"])
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
     if "torch" in state:
         torch.set_rng_state(state["torch"])
     if "numpy" in state and np is not None:
-        np.random.set_state(state["numpy"])
+        saved = state["numpy"]
+        if isinstance(saved, dict):
+            keys = saved["keys"].numpy().astype(np.uint32)
+            saved = (saved["kind"], keys, saved["pos"], saved["has_gauss"], saved["cached_gaussian"])
+        np.random.set_state(saved)
     if "cuda" in state and torch.cuda.is_available():
         cuda_states = state["cuda"]
         if len(cuda_states) == torch.cuda.device_count():

@@ -11,6 +11,7 @@ group, and each rank saves what it saw to ``<out>/<scenario>-rank<r>.pt`` for th
                  (logged in different orders, on one rank only, a rank with no evaluation batch)
     decisions    ModelCheckpoint + EarlyStopping monitoring a metric that differs per rank
     resume       2 epochs + resume from last.ckpt to 4 == 4 epochs (shuffle, dropout, Adam); one file per save
+    prediction_writer  a BasePredictionWriter writing one file per rank: predictions and their dataset indices
     mismatch     (last: it ends in an error on every rank) a torchmetrics Metric logged on one rank only
 """
 
@@ -34,7 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 import tandem
-from tandem.callbacks import EarlyStopping, ModelCheckpoint
+from tandem.callbacks import BasePredictionWriter, EarlyStopping, ModelCheckpoint
 from tandem.strategies import DDPStrategy
 from tandem.strategies import strategy as strategy_module
 
@@ -394,6 +395,35 @@ def resume(out: Path) -> dict[str, Any]:
     }
 
 
+# ---------------------------------------------------------------------------------------------- prediction_writer
+
+
+class PredictionFiles(BasePredictionWriter):
+    """Lightning's multi-device recipe: each rank saves its predictions and their dataset indices to its own file."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__("batch_and_epoch")
+        self.folder = folder
+        self.batch_writes: list[list[int]] = []
+
+    def write_on_batch_end(self, trainer, module, prediction, batch_indices, batch, batch_idx, dataloader_idx) -> None:
+        self.batch_writes.append(list(batch_indices))
+
+    def write_on_epoch_end(self, trainer, module, predictions, batch_indices) -> None:
+        state = {"predictions": predictions, "batch_indices": batch_indices}
+        torch.save(state, self.folder / f"predictions-rank{trainer.global_rank}.pt")
+
+
+def prediction_writer(out: Path) -> dict[str, Any]:
+    folder = out / "predictions"
+    folder.mkdir(exist_ok=True)
+    writer = PredictionFiles(folder)
+    torch.manual_seed(0)
+    trainer = tandem.Trainer(strategy="ddp", callbacks=[writer], **QUIET)
+    returned = trainer.predict(Net(), DataLoader(dataset(EVAL_SAMPLES, seed=2), batch_size=EVAL_BATCH))
+    return {"batch_writes": writer.batch_writes, "returned": returned}
+
+
 # ---------------------------------------------------------------------------------------------- mismatch
 
 
@@ -410,7 +440,7 @@ def mismatch(out: Path) -> dict[str, Any]:
     return {"error": None}
 
 
-SCENARIOS = {f.__name__: f for f in (equivalence, evaluation, logging, decisions, resume, mismatch)}
+SCENARIOS = {f.__name__: f for f in (equivalence, evaluation, logging, decisions, resume, prediction_writer, mismatch)}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()

@@ -1,0 +1,14 @@
+"""A command line and YAML configs for tandem programs, on omegaconf: ``CLI(MyModel, MyData)`` in a script gives
+``python train.py fit --config config.yaml --trainer.max_epochs 5 model.lr=0.01``.
+
+- ``cli.py``: ``CLI`` (also ``LightningCLI``), the subcommands, ``--help``, ``--print_config``;
+- ``config.py``: layering, interpolation, checking values, building objects (pure: no processes, no files);
+- ``arguments.py``: signatures, type hints, docstring help, ``class_path`` names, errors;
+- ``save_config.py``: ``SaveConfigCallback``, the run's ``config.yaml``.
+"""
+
+from tandem.cli.arguments import CLIError
+from tandem.cli.cli import CLI, LightningCLI, LRSchedulerCallable, OptimizerCallable
+from tandem.cli.save_config import SaveConfigCallback
+
+__all__ = ["CLI", "CLIError", "LRSchedulerCallable", "LightningCLI", "OptimizerCallable", "SaveConfigCallback"]

@@ -1,0 +1,62 @@
+"""SaveConfigCallback: the run's resolved config, written once as ``config.yaml`` next to its logs."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from tandem.callbacks.callback import Callback
+from tandem.cli.arguments import CLIError
+from tandem.loggers.logger import atomic_write_text
+
+if TYPE_CHECKING:
+    from tandem.module import TrainingModule
+    from tandem.trainer.trainer import Trainer
+
+
+class SaveConfigCallback(Callback):
+    """Writes the config a :class:`~tandem.cli.CLI` run was built from to ``<trainer.log_dir>/config.yaml``.
+
+    Global rank 0 writes it (atomically) when the first stage sets up; feeding the file back with
+    ``--config`` gives the same run. A different ``config.yaml`` already in that folder belongs to another
+    run: every rank stops with an error unless ``overwrite=True`` (``--overwrite``). Nothing is written
+    under ``fast_dev_run``.
+
+    Args:
+        config: the resolved config as YAML text.
+        config_filename: the file's name in the log folder.
+        overwrite: replace a different config file that is already there.
+    """
+
+    def __init__(self, config: str, config_filename: str = "config.yaml", overwrite: bool = False) -> None:
+        self.config = config
+        self.config_filename = config_filename
+        self.overwrite = overwrite
+        self.already_saved = False
+
+    def setup(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
+        if self.already_saved or trainer.fast_dev_run:
+            return
+        path = os.path.join(trainer.log_dir, self.config_filename)  # every rank agrees on the log folder
+        problem = config_conflict(path, self.config, self.overwrite) if trainer.is_global_zero else None
+        problem = trainer.strategy.broadcast(problem)  # rank 0 decides; every rank raises together
+        if problem is not None:
+            raise CLIError(problem)
+        if trainer.is_global_zero:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            atomic_write_text(path, self.config)
+        self.already_saved = True
+
+
+def config_conflict(path: str, config: str, overwrite: bool) -> str | None:
+    """Why ``config`` must not be written to ``path`` (a different config is there), or None."""
+    if overwrite or not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as file:
+        if file.read() == config:
+            return None
+    return (
+        f"{path} already holds a different config, from another run logging to the same folder. Not overwriting "
+        "it: give this run its own folder (another trainer.default_root_dir, or a logger version), remove the "
+        "file, or pass --overwrite."
+    )

@@ -1,0 +1,44 @@
+"""The import paths a Lightning program uses, with ``lightning.pytorch`` read as ``tandem``."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import run_python
+
+pytestmark = pytest.mark.timeout(60)
+
+PORTED_IMPORTS = """
+import sys
+import tandem
+assert "rich" not in sys.modules  # imported only when a rich callback is used
+from tandem import Callback, DataModule, Trainer, TrainingModule, seed_everything
+from tandem.core import DataModule as CoreDataModule, TrainingModule as CoreTrainingModule
+from tandem.trainer import Trainer as TrainerFromTrainer
+from tandem.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
+from tandem.utilities.seed import seed_everything as seed_from_utilities
+from tandem.callbacks import (
+    BasePredictionWriter, Callback as CallbackFromCallbacks, EarlyStopping, GradientAccumulationScheduler,
+    LearningRateMonitor, ModelCheckpoint, ModelSummary, ProgressBar, RichModelSummary, RichProgressBar,
+    StochasticWeightAveraging, ThroughputMonitor, Timer,
+)
+from tandem.loggers import CSVLogger, Logger, TensorBoardLogger
+from tandem.strategies import DDPStrategy, DataParallelStrategy, SingleDeviceStrategy, Strategy
+assert "rich" not in sys.modules
+assert CoreTrainingModule is TrainingModule and CoreDataModule is DataModule and TrainerFromTrainer is Trainer
+assert seed_from_utilities is seed_everything and CallbackFromCallbacks is Callback
+for statement in ("from tandem import LightningModule", "from tandem.core import LightningDataModule"):
+    try:
+        exec(statement)
+    except ImportError as error:
+        print(error)
+print("imports ok")
+"""
+
+
+def test_lightning_import_paths_work_and_lightning_class_names_say_what_to_rename():
+    result = run_python(["-c", PORTED_IMPORTS])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "imports ok" in result.stdout
+    assert "tandem has no LightningModule: tandem calls it TrainingModule" in result.stdout
+    assert "tandem.core has no LightningDataModule: tandem calls it DataModule" in result.stdout
