@@ -95,6 +95,11 @@ class ProgressBar(Callback):
             loss = float(self._loss)
             if loss not in values.values():  # shown once: train_loss logged with prog_bar=True is the loss
                 values = {"loss": loss, **values}
+        self._draw_metrics(bar, values, refresh)
+        self._postfix_time = time.monotonic()
+
+    def _draw_metrics(self, bar: Any, values: dict[str, float], refresh: bool) -> None:
+        """Show ``values`` on the training bar (subclasses drawing another kind of bar override this)."""
         text = ", ".join(f"{k}={bar.format_num(v)}" for k, v in values.items())
         if bar.total is None:  # no bar to fit: tqdm's counter layout
             bar.set_postfix_str(text, refresh=False)
@@ -102,7 +107,6 @@ class ProgressBar(Callback):
             _fit_layout(bar, text)
         if refresh:
             bar.refresh()
-        self._postfix_time = time.monotonic()
 
     # ------------------------------------------------------------------ training
     def on_train_epoch_start(self, trainer: Trainer, module: TrainingModule) -> None:

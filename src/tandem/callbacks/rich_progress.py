@@ -61,6 +61,9 @@ class RichProgressBar(ProgressBar):
             self._progress.stop()  # prints the bars that stay (leave=True) once more, then releases the terminal
             self._progress = None
 
+    def _draw_metrics(self, bar: Any, values: dict[str, float], refresh: bool) -> None:
+        bar.set_postfix(values)
+
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state["_progress"] = None
@@ -88,7 +91,7 @@ class _RichBar:
         self.n, self.total = 0, _finite(total)
         self._progress.reset(self._task, total=self.total, metrics="")
 
-    def set_postfix(self, values: Mapping[str, float], refresh: bool = True) -> None:
+    def set_postfix(self, values: Mapping[str, float]) -> None:
         text = "  ".join(f"{name}: {value:.4g}" for name, value in values.items())
         self._progress.update(self._task, metrics=text)
 
