@@ -1,8 +1,8 @@
 """Run every benchmark in this folder, one after another (``make bench``).
 
-overhead.py and import_time.py run first, then any other ``*.py`` here (ddp.py, gpu.py, ...) in name
-order; gpu.py is skipped with a note when CUDA is not available. Extra arguments are not forwarded:
-run a script by itself to change its settings. Exits 1 if any benchmark failed.
+overhead.py and import_time.py run first, then any other ``*.py`` here (ddp.py, fsdp_memory.py, gpu.py, ...)
+in name order; gpu.py and fsdp_gpu.py are skipped with a note when CUDA is not available. Extra arguments are
+not forwarded: run a script by itself to change its settings. Exits 1 if any benchmark failed.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 FIRST = ("overhead.py", "import_time.py")
-NEEDS_CUDA = ("gpu.py",)
+NEEDS_CUDA = ("gpu.py", "fsdp_gpu.py")
 
 
 def benchmark_scripts() -> list[Path]:

@@ -114,7 +114,7 @@ class DigitsCNN(TrainingModule):
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--strategy", default="auto", help="auto, single_device, ddp, ddp_spawn or dp")
+    parser.add_argument("--strategy", default="auto", help="auto, single_device, ddp, ddp_spawn, fsdp or dp")
     parser.add_argument("--devices", default="auto", help="'auto', a number of devices/processes, or '0,1'")
     parser.add_argument("--accelerator", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--precision", default="32-true", help="32-true, bf16-mixed, 16-mixed or 64-true")

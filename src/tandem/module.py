@@ -83,6 +83,11 @@ class TrainingModule(nn.Module):
             batch = batch[0]
         return self(batch)
 
+    def configure_model(self) -> None:
+        """Build layers late, at the start of every stage, on the device and once the processes exist (a
+        sharding strategy may call ``fully_shard`` on them here). Runs once per stage: make it idempotent
+        (``if self.layers is not None: return``)."""
+
     def configure_optimizers(self) -> Any:
         """Return an optimizer, or ``{"optimizer": opt, "lr_scheduler": scheduler or {"scheduler": ...,
         "interval": "epoch" | "step", "frequency": 1, "monitor": "val_loss"}}``."""

@@ -336,7 +336,7 @@ class ModelCheckpoint(Callback):
 
     @staticmethod
     def _exists(trainer: Trainer, path: str) -> bool:
-        return trainer.strategy.broadcast(os.path.isfile(path))  # rank 0's view: other nodes may not see it
+        return trainer.strategy.broadcast(os.path.exists(path))  # rank 0's view (a sharded checkpoint is a folder)
 
     def _save_last(self, trainer: Trainer, metrics: Mapping[str, Any]) -> None:
         previous = self.last_model_path

@@ -2,6 +2,8 @@
 
 from tandem.strategies.data_parallel import DataParallelStrategy
 from tandem.strategies.ddp import DDPStrategy
+from tandem.strategies.fsdp import FSDPStrategy
+from tandem.strategies.parallel import ParallelStrategy
 from tandem.strategies.precision import Precision
 from tandem.strategies.registry import available_strategies, register_strategy
 from tandem.strategies.single_device import SingleDeviceStrategy
@@ -10,6 +12,8 @@ from tandem.strategies.strategy import Strategy
 __all__ = [
     "DDPStrategy",
     "DataParallelStrategy",
+    "FSDPStrategy",
+    "ParallelStrategy",
     "Precision",
     "SingleDeviceStrategy",
     "Strategy",

@@ -137,8 +137,8 @@ class DataParallelStrategy(Strategy):
         """Devices this one process drives (what a throughput per device divides by)."""
         return len(self.parallel_devices)
 
-    def setup(self, module: nn.Module) -> None:
-        super().setup(module)
+    def _setup(self, module: nn.Module) -> None:
+        super()._setup(module)
         self._metric_names = [name for name, m in self._module.named_modules() if _is_metric(m)]
 
     # ------------------------------------------------------------------ steps

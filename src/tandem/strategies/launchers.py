@@ -441,7 +441,7 @@ def _to_cpu(tensor: torch.Tensor) -> torch.Tensor:
 def collect(trainer: Any) -> dict[str, Any]:
     """What rank 0 of ``ddp_spawn`` sends back: trained weights, metrics, loop progress, checkpoint paths."""
     payload: dict[str, Any] = {
-        "state_dict": {k: v.detach().cpu() for k, v in trainer.strategy.module_state_dict().items()},
+        "state_dict": {k: v.detach().cpu() for k, v in trainer.strategy.full_module_state_dict().items()},
         "callback_metrics": apply_to_collection(dict(trainer.callback_metrics), torch.Tensor, _to_cpu),
         "logged_metrics": dict(getattr(trainer, "logged_metrics", {})),
     }
@@ -499,9 +499,9 @@ def _spawned(
         environment.export_rank(local_rank)
         restore_rng_state(rng_state)
         result = function(*args, **kwargs)
+        payload = collect(trainer) if trainer is not None else None  # every rank: gathering weights is a collective
         if environment.global_rank == 0:
             result = apply_to_collection(result, torch.Tensor, _to_cpu)
-            payload = collect(trainer) if trainer is not None else None
             atomic_save({"result": result, "payload": payload}, os.path.join(folder, "rank0.pt"))
     except KeyboardInterrupt:
         sys.exit(130)  # Ctrl-C reached every process; the caller reports it

@@ -6,6 +6,7 @@ The strategy owns one ``Precision``; the trainer never reads the precision strin
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import torch
@@ -56,6 +57,19 @@ class Precision:
             self.device_type = device_type
             if self.scaler is not None:
                 self.scaler = torch.amp.GradScaler(device_type)
+
+    @contextlib.contextmanager
+    def module_init_context(self) -> Iterator[None]:
+        """Floating-point tensors created inside are float64 under "64-true"; other precisions change nothing."""
+        if self.precision != "64-true":
+            yield
+            return
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            yield
+        finally:
+            torch.set_default_dtype(previous)
 
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
         return module.double() if self.precision == "64-true" else module

@@ -1,13 +1,18 @@
 """The Strategy base: where the module lives, how batches get there, and how processes talk.
 
 A strategy with one process uses the defaults here unchanged: its collectives return their input and
-its barrier passes. Distributed strategies override only what differs.
+its barrier passes. Distributed strategies (:mod:`tandem.strategies.parallel`) override only the
+private hooks of what differs; the public methods check their arguments first, so every strategy
+accepts and refuses the same inputs.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+import itertools
+import math
+import shutil
+from collections.abc import Iterable, Iterator, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
@@ -20,17 +25,28 @@ from torch.utils.data import DataLoader
 
 from tandem.strategies.precision import Precision
 from tandem.utilities.checkpoint import atomic_save, load_checkpoint_file
-from tandem.utilities.exceptions import TandemConfigError
+from tandem.utilities.exceptions import (
+    CheckpointError,
+    TandemConfigError,
+    TandemUserCodeError,
+    bad_choice,
+    incompatible,
+    out_of_range,
+)
 from tandem.utilities.rank_zero import set_rank
 
 _NO_CONTEXT = contextlib.nullcontext()
 ReduceOp = str  # "mean" | "sum" | "max" | "min"
+REDUCE_OPS = ("mean", "sum", "max", "min")
+STAGES = ("fit", "validate", "test", "predict")
+CLIP_ALGORITHMS = ("norm", "value")
 _STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 
 
 class StepForward(nn.Module):
-    """Routes ``forward`` to the module's step method, so wrappers (DDP, DataParallel) see each step as a
-    forward call: DDP prepares its gradient reduction there, DataParallel splits the batch there."""
+    """Routes ``forward`` to the module's step method, so wrappers (DDP, FSDP, DataParallel) see each step
+    as a forward call: DDP prepares its gradient reduction there, FSDP gathers the parameters there,
+    DataParallel splits the batch there."""
 
     def __init__(self, module: nn.Module) -> None:
         super().__init__()
@@ -47,10 +63,14 @@ class Strategy:
         devices: the devices this process may use (one for most strategies, several for
             DataParallel). ``None`` lets the Trainer choose from its ``accelerator`` and ``devices``.
         precision: a precision name (see :class:`~tandem.strategies.precision.Precision`) or instance.
+            ``None`` means "32-true" until a Trainer gives its own ``precision``.
 
-    Subclasses set ``name`` and may override the properties and methods below. Capabilities are data:
-    ``distributed_sampler_kwargs`` says whether the training data must be sharded, ``launcher``
-    whether other processes must be started.
+    A strategy is complete when constructed: its precision, devices (when given) and options are set,
+    and the Trainer's ``configure`` only fills in what the instance left open. Subclasses set ``name``
+    and override the private hooks (``_reduce``, ``_process_dataloader``, ...) and the properties below;
+    the public methods validate their arguments first. Capabilities are data:
+    ``distributed_sampler_kwargs`` says whether the data must be sharded, ``launcher`` whether other
+    processes must be started.
 
     Example::
 
@@ -67,7 +87,8 @@ class Strategy:
 
     def __init__(self, devices: list[torch.device] | None = None, precision: str | Precision | None = None) -> None:
         self.parallel_devices: list[torch.device] | None = devices
-        self.precision: Precision | None = Precision(precision) if isinstance(precision, (str, int)) else precision
+        self._precision_given = precision is not None
+        self.precision: Precision = precision if isinstance(precision, Precision) else Precision(precision or "32-true")
         self.num_nodes = 1
         self._module: nn.Module | None = None  # the user's module, unwrapped
         self._model: nn.Module | None = None  # what steps run through (may be a wrapper)
@@ -86,12 +107,24 @@ class Strategy:
             )
 
     def configure(self, devices: list[torch.device], num_nodes: int, precision: str | Precision) -> None:
-        """Fill in what the Trainer's arguments decide and the user's instance left open."""
+        """Fill in what the Trainer's arguments decide and the user's instance left open.
+
+        A precision given to the strategy wins over the Trainer's default; two different precisions are
+        an error.
+        """
         if self.parallel_devices is None:
             self.parallel_devices = devices
         self.num_nodes = num_nodes
-        if self.precision is None:
-            self.precision = precision if isinstance(precision, Precision) else Precision(precision)
+        trainer_precision = precision if isinstance(precision, Precision) else Precision(precision)
+        if not self._precision_given:
+            self.precision = trainer_precision
+        elif trainer_precision.precision not in ("32-true", self.precision.precision):
+            raise incompatible(
+                f"Trainer(precision={trainer_precision.precision!r}) with a strategy built with "
+                f"precision={self.precision.precision!r}",
+                "the two disagree",
+                "Give the precision in one place: Trainer(precision=...) or the strategy's precision argument.",
+            )
         self.precision.set_device_type(self.root_device.type)
 
     # ------------------------------------------------------------------ capabilities and topology
@@ -111,7 +144,8 @@ class Strategy:
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, int] | None:
-        """``num_replicas`` and ``rank`` for a DistributedSampler, or None when data needs no sharding."""
+        """``num_replicas`` and ``rank`` of this process's share of the data, or None when the data needs no
+        sharding (one process). :meth:`process_dataloader` shards with these."""
         return None
 
     @property
@@ -139,8 +173,26 @@ class Strategy:
         """Join the process group (distributed strategies) and record this process's rank."""
         set_rank(self.global_rank)
 
+    @contextlib.contextmanager
+    def tensor_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
+        """Where the module's tensors are created in ``with trainer.init_module():`` — directly on this
+        process's device, in the precision's dtype ("64-true": float64).
+
+        Args:
+            empty_init: ``True`` asks for the module to be built without memory (on the meta device) and
+                initialised when the strategy sets it up; only sharding strategies (FSDP) do that, the others
+                build on the device as for ``None``.
+        """
+        with torch.device(self.root_device), self.precision.module_init_context():
+            yield
+
     def setup(self, module: nn.Module) -> None:
         """Move the module to its device, convert its precision, and wrap it for the steps."""
+        if not isinstance(module, nn.Module):
+            raise TandemUserCodeError(f"Strategy.setup expects a torch.nn.Module, got {type(module).__name__}.")
+        self._setup(module)
+
+    def _setup(self, module: nn.Module) -> None:
         self._module = self.precision.convert_module(self.module_to_device(module))
         self._model = self.wrap_module(self._module)
 
@@ -164,13 +216,33 @@ class Strategy:
 
     @property
     def model(self) -> nn.Module:
-        """The module as the steps see it (a DDP or DataParallel wrapper, or the module itself)."""
+        """The module as the steps see it (a DDP, FSDP or DataParallel wrapper, or the module itself)."""
         return self._model
 
     # ------------------------------------------------------------------ data
     def process_dataloader(self, dataloader: DataLoader, stage: str) -> DataLoader:
-        """Adapt a dataloader to this strategy (DDP shards it); ``stage`` is "fit", "validate", "test" or "predict"."""
+        """Adapt a dataloader to this strategy (DDP and FSDP shard it).
+
+        Args:
+            dataloader: the user's loader (or any iterable of batches).
+            stage: "fit" for the training loader; "validate", "test" or "predict" for evaluation loaders
+                (including validation during fit).
+        """
+        if stage not in STAGES:
+            raise bad_choice("stage", stage, STAGES)
+        return self._process_dataloader(dataloader, stage)
+
+    def _process_dataloader(self, dataloader: DataLoader, stage: str) -> DataLoader:
         return dataloader
+
+    def evaluation_batches(self, dataloader: Iterable[Any], limit: int | float) -> Iterator[Any]:
+        """The batches one evaluation pass runs in this process: the first ``limit`` of ``dataloader``
+        (``math.inf``: all). A strategy whose evaluation steps are collectives keeps the ranks in step here
+        (FSDP: a rank that has run out of batches joins the others' parameter gathers until all are done).
+        """
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit >= 0:
+            raise out_of_range("limit", limit, "a number of batches >= 0, or math.inf")
+        return itertools.islice(dataloader, None if limit == math.inf else int(limit))
 
     def batch_to_device(self, batch: Any) -> Any:
         device = self.root_device
@@ -192,18 +264,34 @@ class Strategy:
             return step(*args)
 
     def no_backward_sync(self, module: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
-        """Skip gradient synchronisation inside this block when ``enabled`` (accumulation micro-steps)."""
+        """Skip gradient synchronisation inside this block when ``enabled`` (accumulation micro-steps, and
+        ``manual_backward`` calls that are not the last before a step)."""
         return _NO_CONTEXT
 
     def backward(self, loss: torch.Tensor) -> None:
+        """Backward of ``loss`` (scaled under "16-mixed"): what the loop and ``manual_backward`` call."""
         self.precision.backward(loss)
 
     def unscale_gradients(self, optimizer: Optimizer) -> None:
         """Undo float16 loss scaling once per step, before hooks and clipping read the gradients."""
         self.precision.unscale_gradients(optimizer)
 
-    def clip_gradients(self, optimizer: Optimizer, value: float, algorithm: str) -> None:
-        """Clip by total norm (``"norm"``) or elementwise (``"value"``); call after :meth:`unscale_gradients`."""
+    def clip_gradients(self, optimizer: Optimizer, value: float, algorithm: str = "norm") -> None:
+        """Clip ``optimizer``'s gradients; call after :meth:`unscale_gradients`.
+
+        Args:
+            optimizer: whose parameters' gradients to clip.
+            value: the largest total norm (``"norm"``) or absolute value (``"value"``).
+            algorithm: ``"norm"`` (the norm of all gradients together, across processes for a sharding
+                strategy) or ``"value"`` (elementwise).
+        """
+        if algorithm not in CLIP_ALGORITHMS:
+            raise bad_choice("gradient_clip_algorithm", algorithm, CLIP_ALGORITHMS)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise out_of_range("gradient_clip_val", value, "a number >= 0")
+        self._clip_gradients(optimizer, float(value), algorithm)
+
+    def _clip_gradients(self, optimizer: Optimizer, value: float, algorithm: str) -> None:
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         if algorithm == "norm":
             torch.nn.utils.clip_grad_norm_(params, value)
@@ -215,29 +303,71 @@ class Strategy:
         return self.precision.optimizer_step(optimizer)
 
     # ------------------------------------------------------------------ collectives (identity for one process)
-    def reduce(self, tensor: torch.Tensor, reduce_op: ReduceOp = "mean") -> torch.Tensor:
+    def reduce(self, tensor: torch.Tensor | float, reduce_op: ReduceOp = "mean") -> torch.Tensor | float:
+        """Combine ``tensor`` across processes with ``reduce_op`` ("mean", "sum", "max" or "min").
+
+        Every process must call this. One process gets its input back unchanged.
+        """
+        if reduce_op not in REDUCE_OPS:
+            raise bad_choice("reduce_op", reduce_op, REDUCE_OPS)
+        if isinstance(tensor, bool) or not isinstance(tensor, (torch.Tensor, int, float)):
+            raise TandemUserCodeError(f"reduce expects a tensor or a number, got {type(tensor).__name__}.")
+        return self._reduce(tensor, reduce_op)
+
+    def _reduce(self, tensor: torch.Tensor | float, reduce_op: ReduceOp) -> torch.Tensor | float:
         return tensor
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Stack ``tensor`` from every rank along a new dim 0."""
+        """Stack ``tensor`` (the same shape on every process) from every rank along a new dim 0."""
+        if not isinstance(tensor, torch.Tensor):
+            raise TandemUserCodeError(
+                f"all_gather expects a tensor, got {type(tensor).__name__}; use all_gather_object for other values."
+            )
+        return self._all_gather(tensor)
+
+    def _all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.unsqueeze(0)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Every rank's picklable ``obj``, in rank order."""
+        return self._all_gather_object(obj)
+
+    def _all_gather_object(self, obj: Any) -> list[Any]:
         return [obj]
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Rank ``src``'s picklable ``obj``, on every rank."""
+        if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < self.world_size:
+            raise out_of_range("src", src, f"a rank in 0..{self.world_size - 1}")
+        return self._broadcast(obj, src)
+
+    def _broadcast(self, obj: Any, src: int) -> Any:
         return obj
 
     def barrier(self, name: str | None = None) -> None:
+        """Wait until every process reaches a barrier; ``name`` says which, for debugging."""
+        if name is not None and not isinstance(name, str):
+            raise out_of_range("name", name, "a string or None")
+        self._barrier(name)
+
+    def _barrier(self, name: str | None) -> None:
         pass
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
-        return decision
+        """Whether every rank (``all=True``) or any rank (``all=False``) decided ``True``."""
+        votes = int(self.reduce(torch.tensor(int(bool(decision))), "sum"))
+        return votes == self.world_size if all else votes > 0
 
     # ------------------------------------------------------------------ checkpoint state
     def module_state_dict(self) -> dict[str, Any]:
-        """The module's state for a checkpoint. Every rank calls this (a sharding strategy gathers here)."""
+        """The module's state for a checkpoint, in the format :meth:`save_checkpoint` writes. Every rank
+        calls this (a sharding strategy gathers or shards here)."""
+        return self.full_module_state_dict()
+
+    def full_module_state_dict(self) -> dict[str, Any]:
+        """The module's whole state as plain tensors, on global rank 0 at least (other ranks may get an
+        empty dict), whatever the checkpoint format. Every rank calls this: a sharding strategy gathers here.
+        ``ddp_spawn`` sends it back to the calling process."""
         return self.module.state_dict()
 
     def load_module_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
@@ -260,8 +390,26 @@ class Strategy:
         self.barrier("save_checkpoint")
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        """Read a checkpoint file onto the CPU (a sharded checkpoint directory needs the strategy that wrote it)."""
+        if Path(path).is_dir():
+            raise sharded_checkpoint_error(path, self.name)
         return load_checkpoint_file(path)
 
     def remove_checkpoint(self, path: str | Path) -> None:
+        """Delete a checkpoint file (or a sharded checkpoint's directory), on global rank 0."""
         if self.is_global_zero:
-            Path(path).unlink(missing_ok=True)
+            path = Path(path)
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+
+
+def sharded_checkpoint_error(path: str | Path, strategy: str) -> CheckpointError:
+    """A sharded checkpoint (a directory) handed to a strategy that does not shard."""
+    return CheckpointError(
+        f"Checkpoint {str(path)!r} is a directory: a sharded checkpoint written by "
+        f"FSDPStrategy(state_dict_type='sharded'), which strategy={strategy!r} cannot load. Load it with "
+        "strategy='fsdp' (on any number of devices), or save with FSDPStrategy(state_dict_type='full') to "
+        "get one file that every strategy loads."
+    )

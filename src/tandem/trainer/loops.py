@@ -237,9 +237,7 @@ def run_evaluation(trainer: Trainer, stage: str, sanity: bool = False) -> Any:
     trainer._call(f"on_{name}_epoch_start")
     predictions: list[Any] = []
     with torch.no_grad():
-        for batch_idx, batch in enumerate(loader):
-            if batch_idx >= n:
-                break
+        for batch_idx, batch in enumerate(strategy.evaluation_batches(loader, n)):
             batch = strategy.batch_to_device(batch)
             metrics.set_batch(batch)
             trainer._call(f"on_{name}_batch_start", batch, batch_idx)

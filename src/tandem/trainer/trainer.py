@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import math
 import os
@@ -33,7 +34,7 @@ class Trainer:
     Args:
         accelerator: ``"auto"`` (CUDA if available), ``"cpu"`` or ``"cuda"``.
         devices: ``"auto"``, a count (``-1`` for all), or a list of CUDA indices.
-        strategy: ``"auto"``, a registered name (``"single_device"``, ``"ddp"``, ``"ddp_spawn"``,
+        strategy: ``"auto"``, a registered name (``"single_device"``, ``"ddp"``, ``"ddp_spawn"``, ``"fsdp"``,
             ``"dp"``) or a :class:`~tandem.strategies.Strategy` instance.
         num_nodes: machines in a multi-node DDP job.
         precision: ``"32-true"``, ``"64-true"``, ``"bf16-mixed"`` or ``"16-mixed"``.
@@ -223,6 +224,23 @@ class Trainer:
         self._finish(fn, "success")
         return result
 
+    def init_module(self, empty_init: bool | None = None) -> contextlib.AbstractContextManager:
+        """Build the module where the strategy wants its tensors: directly on the device (in float64 under
+        "64-true"), or, with ``strategy="fsdp"`` and ``empty_init=True``, without memory (meta parameters)
+        so that each rank materialises only its shard.
+
+        Args:
+            empty_init: True to skip allocating (and initialising) the parameters now; FSDP then calls each
+                submodule's ``reset_parameters()`` on this rank's shard. Other strategies build as for None.
+
+        Example::
+
+            trainer = Trainer(strategy="fsdp", devices=4)
+            with trainer.init_module(empty_init=True):
+                model = LargeModel()
+        """
+        return self.strategy.tensor_init_context(empty_init)
+
     # ================================================================== set-up
     def _setup(self, fn: str, model: TrainingModule, train: Any, evaluation: Any, datamodule: Any) -> None:
         if datamodule is not None and (train is not None or evaluation is not None):
@@ -239,6 +257,8 @@ class Trainer:
                 datamodule.prepare_data()  # once per node; the other ranks wait at the barrier
             self.strategy.barrier("prepare_data")
             datamodule.setup(fn)
+        with self.strategy.tensor_init_context():
+            model.configure_model()  # layers built (and sharded) late, on the device, once the processes exist
         self.strategy.setup(model)
         for logger in self.loggers:  # every rank agrees on the run folder
             logger.version = self.strategy.broadcast(logger.version)

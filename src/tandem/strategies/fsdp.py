@@ -1,0 +1,683 @@
+"""Fully sharded data parallel on PyTorch's FSDP2: each of N processes holds 1/N of the parameters,
+gradients and optimizer state.
+
+The engine is torch's: :func:`torch.distributed.fsdp.fully_shard` over a one-dimensional
+:class:`~torch.distributed.device_mesh.DeviceMesh`, and :mod:`torch.distributed.checkpoint` for state dicts
+and sharded checkpoints. What tandem adds:
+
+- **Groups.** ``auto_wrap_policy`` (a set of layer classes, or ``callable(module) -> bool``) picks the
+  submodules that become FSDP groups, bottom-up; the module's own ``configure_model()`` hook may call
+  ``fully_shard`` itself. The root group is a :class:`~tandem.strategies.strategy.StepForward` around the
+  module, so each ``training_step`` / ``validation_step`` / ... is one FSDP forward: its parameters are
+  gathered before the step and its gradients reduce-scattered in backward.
+- **Evaluation in step.** FSDP's forward is a collective, but evaluation ranks see different numbers of
+  batches (every sample exactly once). :meth:`FSDPStrategy.evaluation_batches` lets a rank that has run out
+  of batches join the others' parameter gathers (replaying the last step's gathers) until every rank is
+  done, so validation, test and predict equal one process's results and never hang.
+- **Checkpoints.** ``state_dict_type="full"`` gathers one file on rank 0 in tandem's normal format
+  (loadable on one device and by ``ddp``); ``"sharded"`` writes a directory with
+  torch.distributed.checkpoint, each rank its shard, into a temporary directory renamed when every rank has
+  finished. A sharded checkpoint loads on any number of ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import os
+import shutil
+import uuid
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim import Optimizer
+
+from tandem.strategies.parallel import ParallelStrategy
+from tandem.strategies.precision import Precision
+from tandem.strategies.registry import register_strategy
+from tandem.strategies.strategy import StepForward
+from tandem.utilities.checkpoint import atomic_save, load_checkpoint_file
+from tandem.utilities.exceptions import CheckpointError, TandemConfigError, TandemUserCodeError, bad_choice
+
+if TYPE_CHECKING:  # torch's FSDP, DTensor and checkpoint modules take ~1 s to import: loaded when used
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, OffloadPolicy
+
+STATE_DICT_TYPES = ("full", "sharded")
+META_FILE = "meta.pt"  #: a sharded checkpoint's non-tensor state (loops, callbacks, RNG, ...), written by rank 0
+_ROOT_ATTRIBUTE = "_tandem_fsdp_root"  # the FSDP root built around a module, reused by later stages
+_PARAM_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+
+Policy = Callable[[nn.Module], bool] | Iterable[type[nn.Module]] | type[nn.Module] | None
+
+
+class FSDPStrategy(ParallelStrategy):
+    """One process per device, with parameters, gradients and optimizer state sharded across the processes.
+
+    Launch, data sharding, evaluation, metrics and crash handling are those of ``ddp``
+    (:class:`~tandem.strategies.parallel.ParallelStrategy`): the script is re-run for the other ranks, or
+    torchrun / srun started them; ``start_method="spawn"`` spawns them per stage.
+
+    Args:
+        devices: this node's devices, one process each (the Trainer's ``devices`` when None).
+        precision: see :class:`~tandem.strategies.precision.Precision`. "bf16-mixed" keeps bfloat16 copies of
+            the parameters for compute and reduces gradients in float32 (FSDP's ``MixedPrecisionPolicy``),
+            under autocast; "16-mixed" the same with float16 and a sharded gradient scaler.
+        auto_wrap_policy: which submodules become FSDP groups (all-gathered and freed one by one, the key to
+            saving memory): a set of layer classes (e.g. ``{TransformerBlock}``) or ``callable(module) -> bool``.
+            None: only the groups ``configure_model()`` made, plus the root.
+        activation_checkpointing_policy: layer classes (or a callable) whose activations are recomputed in
+            backward instead of stored.
+        reshard_after_forward: free the gathered parameters of each group after its forward and gather them
+            again in backward (True: less memory); False keeps them until backward (less communication).
+        cpu_offload: keep the sharded parameters, gradients and optimizer state in CPU memory; the optimizer
+            steps on the CPU.
+        sync_module_states: start every rank from rank 0's weights and buffers (like DDP), so ranks seeded
+            differently agree. A module built with ``trainer.init_module(empty_init=True)`` is initialised
+            consistently anyway; only its buffers are broadcast.
+        state_dict_type: "full" (one file, written by rank 0) or "sharded" (a directory, each rank its shard).
+        process_group_backend, timeout, use_distributed_sampler, start_method: as for ``DDPStrategy``.
+
+    Example::
+
+        trainer = Trainer(strategy=FSDPStrategy(auto_wrap_policy={Block}), accelerator="cuda", devices=4,
+                          precision="bf16-mixed")
+        with trainer.init_module(empty_init=True):  # no memory until each rank materialises its shard
+            model = LanguageModel()
+        trainer.fit(model, loader)
+    """
+
+    name = "fsdp"
+
+    def __init__(
+        self,
+        devices: list[torch.device] | None = None,
+        precision: str | Precision | None = None,
+        auto_wrap_policy: Policy = None,
+        activation_checkpointing_policy: Policy = None,
+        reshard_after_forward: bool = True,
+        cpu_offload: bool = False,
+        sync_module_states: bool = True,
+        state_dict_type: str = "full",
+        process_group_backend: str | None = None,
+        timeout: datetime.timedelta = datetime.timedelta(minutes=30),
+        use_distributed_sampler: bool = True,
+        start_method: str = "popen",
+    ) -> None:
+        super().__init__(
+            devices=devices,
+            precision=precision,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            use_distributed_sampler=use_distributed_sampler,
+            start_method=start_method,
+        )
+        self.auto_wrap_policy = _check_policy("auto_wrap_policy", auto_wrap_policy)
+        self.activation_checkpointing_policy = _check_policy(
+            "activation_checkpointing_policy", activation_checkpointing_policy
+        )
+        for flag, value in (
+            ("reshard_after_forward", reshard_after_forward),
+            ("cpu_offload", cpu_offload),
+            ("sync_module_states", sync_module_states),
+        ):
+            if not isinstance(value, bool):
+                raise TandemConfigError(f"FSDPStrategy({flag}={value!r}) must be True or False.")
+        if state_dict_type not in STATE_DICT_TYPES:
+            raise bad_choice("state_dict_type", state_dict_type, STATE_DICT_TYPES)
+        self.reshard_after_forward = reshard_after_forward
+        self.cpu_offload = cpu_offload
+        self.sync_module_states = sync_module_states
+        self.state_dict_type = state_dict_type
+        self._mesh: DeviceMesh | None = None
+        self._optimizers: list[Optimizer] = []
+        self._hooks: list[Any] = []
+        self._managed: dict[nn.Module, str] = {}  # FSDP module -> one parameter its group holds
+        self._recording: list[nn.Module] | None = None
+        self._last_step: list[tuple[nn.Module, bool]] = []  # the gathers of the last evaluation step
+
+    def configure(self, devices: list[torch.device], num_nodes: int, precision: str | Precision) -> None:
+        super().configure(devices, num_nodes, precision)
+        if self.precision.scaler is not None:  # found-inf must agree across the shards: torch's sharded scaler
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            self.precision.scaler = ShardedGradScaler(self.root_device.type)
+
+    # ------------------------------------------------------------------ topology
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        """The one-dimensional mesh of every rank (available once the stage has started): pass it to
+        ``fully_shard(layer, mesh=self.trainer.strategy.device_mesh)`` in ``configure_model``."""
+        if self._mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self._mesh = init_device_mesh(self.root_device.type, (self.world_size,))
+        return self._mesh
+
+    @property
+    def mixed_precision_policy(self) -> MixedPrecisionPolicy:
+        """The groups' policy: parameters gathered in the precision's 16-bit dtype, gradients reduced in float32,
+        and the group's floating-point inputs cast to that dtype."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        dtype = _PARAM_DTYPES.get(self.precision.precision)
+        return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
+
+    @property
+    def offload_policy(self) -> OffloadPolicy:
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+        return CPUOffloadPolicy(pin_memory=self.root_device.type == "cuda") if self.cpu_offload else OffloadPolicy()
+
+    # ------------------------------------------------------------------ set-up
+    @contextlib.contextmanager
+    def tensor_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
+        """``empty_init=True``: parameters are created on the meta device (no memory); each rank materialises
+        and initialises only its shard when the stage starts, with each submodule's ``reset_parameters()``.
+        Buffers and other tensors are created on the device as usual."""
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.device(self.root_device))
+            stack.enter_context(self.precision.module_init_context())
+            if empty_init:
+                stack.enter_context(_parameters_on_meta())
+            yield
+
+    def _setup(self, module: nn.Module) -> None:
+        self._optimizers = []
+        root = module.__dict__.get(_ROOT_ATTRIBUTE)
+        if root is None:  # a module sharded by an earlier stage keeps its groups
+            root = self._shard(module)
+            module.__dict__[_ROOT_ATTRIBUTE] = root
+        self._module, self._model = module, root
+        self._index(root)
+        self._reshard_all()  # an earlier evaluation may have left the root gathered: the optimizer needs the shards
+
+    def _shard(self, module: nn.Module) -> FSDPModule:
+        """Check, then shard: activation checkpointing, the policy's groups innermost first, the root last."""
+        from torch.distributed._composable import checkpoint
+        from torch.distributed.fsdp import fully_shard
+
+        _refuse_data_parallel(module)
+        meta = [m for m in module.modules() if _has_meta(m)]
+        if meta:
+            _check_initialisable(module, meta)
+        else:
+            module = self.module_to_device(module)
+        module = self.precision.convert_module(module)
+        checkpointed = _select(module, self.activation_checkpointing_policy, "activation_checkpointing_policy")
+        groups = _select(module, self.auto_wrap_policy, "auto_wrap_policy")
+        _check_dtypes(module, groups)
+        if self.sync_module_states and self.world_size > 1 and not meta:
+            self._broadcast_tensors(module)
+        for layer in checkpointed:
+            checkpoint(layer)
+        options = {"mesh": self.device_mesh, "mp_policy": self.mixed_precision_policy}
+        options["offload_policy"] = self.offload_policy
+        for layer in groups:
+            fully_shard(layer, reshard_after_forward=self.reshard_after_forward, **options)
+        # the root: torch keeps its parameters gathered after forward (backward needs them at once)
+        reshard_root = None if self.reshard_after_forward else False
+        # the root's input is the whole batch: targets stay float32 for the loss (autocast casts the layers' inputs)
+        options["mp_policy"] = dataclasses.replace(options["mp_policy"], cast_forward_inputs=False)
+        root = fully_shard(StepForward(module), reshard_after_forward=reshard_root, **options)
+        if meta:
+            self._materialize(root, module, meta)
+        return root
+
+    def _broadcast_tensors(self, module: nn.Module, parameters: bool = True) -> None:
+        """Rank 0's buffers (and unsharded parameters) on every rank."""
+        tensors = list(module.buffers()) + (list(module.parameters()) if parameters else [])
+        with torch.no_grad():
+            for tensor in tensors:
+                if not _is_dtensor(tensor) and not tensor.is_meta:
+                    dist.broadcast(tensor.data, src=0)
+
+    def _materialize(self, root: nn.Module, module: nn.Module, meta: list[nn.Module]) -> None:
+        """Allocate this rank's shards of the meta parameters, then initialise them with ``reset_parameters``.
+
+        Buffers and torchmetrics states were created for real: they are kept as they are.
+        """
+        from torchmetrics import Metric
+
+        buffers = [(m, name, b) for m in root.modules() for name, b in m._buffers.items() if b is not None]
+        metrics = [(m, name, c) for m in root.modules() for name, c in m._modules.items() if isinstance(c, Metric)]
+        for parent, name, _ in metrics:
+            parent._modules[name] = None  # to_empty would empty their states and defaults
+        try:
+            root.to_empty(device="cpu" if self.cpu_offload else self.root_device)
+        finally:
+            for parent, name, child in metrics:
+                parent._modules[name] = child
+        for owner, name, buffer in buffers:
+            owner._buffers[name] = buffer.to(self.root_device)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "DTensor random operators may not have complete support")
+            for layer in meta:
+                layer.reset_parameters()
+        if self.sync_module_states and self.world_size > 1:
+            self._broadcast_tensors(module, parameters=False)
+
+    def _index(self, root: nn.Module) -> None:
+        """Record, per FSDP group, one parameter it holds (to tell whether it is gathered) and hook its forward
+        (to know which groups an evaluation step gathers)."""
+        for handle in self._hooks:
+            handle.remove()
+        groups = [m for m in root.modules() if _is_fsdp(m)]
+        self._managed = {}
+        for group in groups:
+            nested = {
+                id(p) for inner in group.modules() if inner is not group and _is_fsdp(inner) for p in inner.parameters()
+            }
+            name = next((n for n, p in group.named_parameters() if id(p) not in nested), None)
+            if name is not None:
+                self._managed[group] = name
+        self._hooks = [g.register_forward_pre_hook(self._record) for g in self._managed]
+        self._last_step = []
+
+    def _record(self, module: nn.Module, args: Any) -> None:
+        if self._recording is not None:
+            self._recording.append(module)
+
+    def setup_optimizers(self, optimizers: list[Optimizer]) -> list[Optimizer]:
+        for optimizer in optimizers:
+            plain = [p for g in optimizer.param_groups for p in g["params"] if not _is_dtensor(p)]
+            if plain:
+                raise TandemUserCodeError(
+                    f"The optimizer holds {len(plain)} parameter(s) that FSDP did not shard. Build the optimizer "
+                    "in configure_optimizers from self.parameters() (it runs after the module is sharded), not "
+                    "from tensors created or saved earlier."
+                )
+        self._optimizers = list(optimizers)
+        return optimizers
+
+    def teardown(self) -> None:
+        """The module stays sharded (its parameters are this rank's shards, the gathered copies are freed); a
+        later stage reuses its groups."""
+        self._reshard_all()
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks, self._recording, self._last_step = [], None, []
+        super().teardown()
+
+    # ------------------------------------------------------------------ steps
+    def run_step(self, method: str, *args: Any) -> Any:
+        """Every step is one forward of the FSDP root (parameters gathered around it); evaluation steps also
+        record which groups they gathered, for ranks that run out of batches first."""
+        if method == "training_step":
+            with self.precision.forward_context():
+                return self._model(method, *args)
+        self._recording = gathered = []
+        try:
+            with self.precision.forward_context():
+                output = self._model(method, *args)
+        finally:
+            self._recording = None
+        self._last_step = [(group, self._is_sharded(group)) for group in gathered]
+        return output
+
+    @contextlib.contextmanager
+    def no_backward_sync(self, module: nn.Module, enabled: bool) -> Iterator[None]:
+        """Accumulation micro-steps keep their gradients unreduced (``set_requires_gradient_sync(False)``); the
+        step that follows reduce-scatters their sum once."""
+        root = self._model
+        if not enabled or not _is_fsdp(root):
+            yield
+            return
+        root.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            root.set_requires_gradient_sync(True)
+
+    # ------------------------------------------------------------------ evaluation in step
+    def evaluation_batches(self, dataloader: Iterable[Any], limit: int | float) -> Iterator[Any]:
+        batches = super().evaluation_batches(dataloader, limit)
+        if self.world_size == 1 or not dist.is_initialized() or not _is_fsdp(self._model):
+            return batches
+        return self._in_step(batches)
+
+    def _in_step(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """Each round, every rank says whether it runs a step; a rank without a batch replays the last step's
+        parameter gathers while any rank still runs one. All ranks leave together."""
+        for batch in batches:
+            self._running(True)
+            yield batch
+        while self._running(False):
+            self._replay_gathers()
+
+    def _running(self, running: bool) -> int:
+        return int(self.reduce(torch.tensor(int(running)), "sum"))
+
+    def _replay_gathers(self) -> None:
+        root = self._model
+        steps = self._last_step or [(g, g is not root and self.reshard_after_forward) for g in self._managed]
+        # a rank that has not run a forward yet: torch's root set-up, which the first forward would do (no public API)
+        root._get_fsdp_state()._lazy_init()
+        for group, resharded in steps:
+            group.unshard()
+            if resharded:
+                group.reshard()
+
+    def _is_sharded(self, group: nn.Module) -> bool:
+        name = self._managed.get(group)
+        return name is None or _is_dtensor(group.get_parameter(name))
+
+    def _reshard_all(self) -> None:
+        """Register the sharded parameters everywhere (local): the state-dict functions map them to names."""
+        for group in self._managed:
+            group.reshard()
+
+    # ------------------------------------------------------------------ checkpoint state
+    def module_state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        if self.state_dict_type == "full":
+            return self.full_module_state_dict()
+        self._reshard_all()
+        return get_model_state_dict(self.module)
+
+    def full_module_state_dict(self) -> dict[str, Any]:
+        """Gathered on every rank's call; the tensors arrive on rank 0 (on the CPU), the others get ``{}``."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        self._reshard_all()
+        return get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def load_module_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        self._reshard_all()
+        full = not any(_is_dtensor(v) for v in state_dict.values())
+        try:
+            set_model_state_dict(
+                self.module, dict(state_dict), options=StateDictOptions(full_state_dict=full, strict=strict)
+            )
+        except (KeyError, ValueError) as err:
+            raise RuntimeError(str(err)) from None
+
+    def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
+        """Full: the gathered state in torch's usual format (parameters numbered, on rank 0); sharded: the
+        shards by parameter name. An optimizer that has not stepped yet has nothing to shard: its plain
+        state dict (torch would initialise the state to name it, changing the next step)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        if not optimizer.state:
+            return optimizer.state_dict()
+        self._reshard_all()
+        if self.state_dict_type == "sharded":
+            return get_optimizer_state_dict(self.module, optimizer)
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_optimizer_state_dict(self.module, optimizer, options=options)
+        return _numbered(state) if state else {}
+
+    def load_optimizer_state(self, optimizer: Optimizer, state: Mapping[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        if not state.get("state"):
+            optimizer.load_state_dict(state)
+            return
+        self._reshard_all()
+        if all(isinstance(k, str) for k in state["state"]):  # by name: a sharded checkpoint
+            set_optimizer_state_dict(self.module, optimizer, dict(state))
+            return
+        named = _named(state, self._parameter_names(optimizer))
+        set_optimizer_state_dict(self.module, optimizer, named, options=StateDictOptions(full_state_dict=True))
+
+    def _parameter_names(self, optimizer: Optimizer) -> list[str]:
+        names = {id(p): n for n, p in self.module.named_parameters()}
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        missing = [i for i, p in enumerate(params) if id(p) not in names]
+        if missing:
+            raise TandemUserCodeError(
+                f"The optimizer holds {len(missing)} parameter(s) that are not the module's; FSDP names each "
+                "parameter by its place in the module. Build the optimizer from self.parameters()."
+            )
+        return [names[id(p)] for p in params]
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path) -> None:
+        """Full: rank 0 writes one file. Sharded: a directory — every rank writes its shard with
+        torch.distributed.checkpoint into a temporary directory, rank 0 adds ``meta.pt`` (everything but the
+        module and optimizer tensors), and the directory is renamed onto ``path`` once every rank has finished."""
+        if self.state_dict_type == "full":
+            super().save_checkpoint(checkpoint, path)
+            return
+        import torch.distributed.checkpoint as dcp
+
+        path = Path(path)
+        temporary = self.broadcast(str(path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"))
+        meta = dict(checkpoint)
+        tensors: dict[str, Any] = {"state_dict": meta.pop("state_dict")}
+        if "optimizer_states" in meta:  # the plain states of optimizers that never stepped go with the meta
+            states = meta.pop("optimizer_states")
+            meta["optimizer_states"] = [s if _is_numbered(s) else None for s in states]
+            tensors["optimizer_states"] = {str(i): s for i, s in enumerate(states) if not _is_numbered(s)}
+        try:
+            dcp.save(tensors, checkpoint_id=temporary)
+            if self.is_global_zero:
+                atomic_save(meta, Path(temporary) / META_FILE)
+            self.barrier("save_checkpoint")  # every shard is written
+            if self.is_global_zero:
+                _replace_directory(Path(temporary), path)
+            self.barrier("save_checkpoint")
+        except BaseException:
+            if self.is_global_zero:
+                shutil.rmtree(temporary, ignore_errors=True)
+            raise
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        """A file (full, or written by another strategy) as usual; a sharded directory is read into this rank's
+        shards, whatever the number of ranks that wrote it."""
+        path = Path(path)
+        if not path.is_dir():
+            return load_checkpoint_file(path)
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        checkpoint = load_checkpoint_file(_meta_file(path))
+        self._reshard_all()
+        target: dict[str, Any] = {"state_dict": get_model_state_dict(self.module)}
+        plain = checkpoint.get("optimizer_states")
+        if plain is not None and self._optimizers:
+            target["optimizer_states"] = {
+                str(i): get_optimizer_state_dict(self.module, optimizer)
+                for i, optimizer in enumerate(self._optimizers)
+                if i < len(plain) and plain[i] is None
+            }
+        try:
+            dcp.load(target, checkpoint_id=str(path))
+        except Exception as err:  # torch raises several types for a checkpoint that does not fit
+            raise CheckpointError(
+                f"Sharded checkpoint {str(path)!r} does not fit {type(self.module).__name__}: "
+                f"{type(err).__name__}: {str(err).strip().splitlines()[0][:500]}"
+            ) from None
+        checkpoint["state_dict"] = target["state_dict"]
+        if plain is not None:
+            loaded = target.get("optimizer_states", {})
+            checkpoint["optimizer_states"] = [s if s is not None else loaded.get(str(i)) for i, s in enumerate(plain)]
+        return checkpoint
+
+
+# ---------------------------------------------------------------------------------------------- policies
+
+
+def _check_policy(what: str, policy: Policy) -> Callable[[nn.Module], bool] | frozenset[type] | None:
+    """A set of layer classes (or one class) becomes a frozenset; a callable stays; anything else is an error."""
+    if policy is None or callable(policy) and not isinstance(policy, type):
+        return policy
+    classes = [policy] if isinstance(policy, type) else list(policy) if isinstance(policy, Iterable) else [policy]
+    wrong = [c for c in classes if not (isinstance(c, type) and issubclass(c, nn.Module))]
+    if wrong or not classes:
+        raise TandemConfigError(
+            f"{what}={policy!r} must be a set of layer classes (torch.nn.Module subclasses, e.g. {{nn.Linear}}) "
+            f"or a callable taking a module and returning True to select it; got {wrong[0] if wrong else policy!r}."
+        )
+    return frozenset(classes)
+
+
+def _select(module: nn.Module, policy: Any, what: str) -> list[nn.Module]:
+    """The submodules ``policy`` selects, innermost first; a clear error for classes the module does not
+    contain or a policy that selects nothing."""
+    if policy is None:
+        return []
+    candidates = [m for m in module.modules() if m is not module and not _is_fsdp(m)]
+    if isinstance(policy, frozenset):
+        found = {c for c in policy if any(isinstance(m, c) for m in candidates)}
+        unknown = sorted(c.__name__ for c in policy - found)
+        if unknown:
+            present = sorted({type(m).__name__ for m in candidates})
+            raise TandemConfigError(
+                f"{what} names {', '.join(unknown)}, which {'is' if len(unknown) == 1 else 'are'} not a layer of "
+                f"{type(module).__name__} (its layer classes: {', '.join(present) or 'none'}). Pass the classes of "
+                "the blocks to shard, e.g. {TransformerBlock}."
+            )
+        selected = [m for m in candidates if isinstance(m, tuple(policy))]
+    else:
+        selected = [m for m in candidates if policy(m)]
+    selected = [m for m in selected if any(True for _ in m.parameters())]
+    if not selected:
+        raise TandemConfigError(
+            f"{what} selected no submodule of {type(module).__name__} that has parameters, so it would do nothing. "
+            f"Select the layers to {'shard' if what == 'auto_wrap_policy' else 'checkpoint'} (e.g. a set of their "
+            f"classes), or leave {what}=None."
+        )
+    return selected[::-1]  # children before parents: fully_shard works bottom-up
+
+
+def _check_dtypes(module: nn.Module, groups: list[nn.Module]) -> None:
+    """FSDP gathers each group's parameters as one buffer of one dtype: a group mixing dtypes is an error."""
+    assigned = {id(p) for m in module.modules() if _is_fsdp(m) for p in m.parameters()}
+    owners = {id(p): n for n, p in module.named_parameters()}
+    for group in [*groups, module]:
+        dtypes: dict[torch.dtype, list[str]] = {}
+        for param in group.parameters():
+            if id(param) not in assigned:
+                dtypes.setdefault(param.dtype, []).append(owners.get(id(param), "?"))
+                assigned.add(id(param))
+        if len(dtypes) > 1:
+            where = "the module" if group is module else f"the group {type(group).__name__}"
+            mix = "; ".join(f"{dtype}: {', '.join(names[:3])}" for dtype, names in dtypes.items())
+            raise TandemConfigError(
+                f"FSDP flattens each group's parameters into one buffer of one dtype, but {where} mixes "
+                f"{mix}. Give them one dtype (e.g. module.float()), or put the layers of another dtype in "
+                "groups of their own with auto_wrap_policy."
+            )
+
+
+def _is_fsdp(module: Any) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
+def _is_dtensor(tensor: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
+
+
+def _refuse_data_parallel(module: nn.Module) -> None:
+    for name, inner in module.named_modules():
+        if isinstance(inner, (nn.DataParallel, DistributedDataParallel)):
+            raise TandemConfigError(
+                f"{type(module).__name__}.{name} is a {type(inner).__name__}, which drives several devices "
+                "from one process; FSDP runs one process per device and shards the module itself. Remove the "
+                f"{type(inner).__name__} wrapper and keep the plain module."
+            )
+
+
+# ---------------------------------------------------------------------------------------------- meta init
+
+
+@contextlib.contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Parameters registered inside move to the meta device at once (their initialisation then costs
+    nothing); buffers and other tensors stay real."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        register(module, name, param)
+        if param is not None and type(param) is nn.Parameter and not param.is_meta:
+            module._parameters[name] = nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def _has_meta(module: nn.Module) -> bool:
+    return any(p.is_meta for p in module.parameters(recurse=False))
+
+
+def _check_initialisable(module: nn.Module, meta: list[nn.Module]) -> None:
+    names = {m: n or type(module).__name__ for n, m in module.named_modules()}
+    missing = [m for m in meta if not callable(getattr(m, "reset_parameters", None))]
+    if missing:
+        shown = ", ".join(f"{names[m]} ({type(m).__name__})" for m in missing[:5])
+        raise TandemUserCodeError(
+            f"Parameters created under trainer.init_module(empty_init=True) are initialised by their module's "
+            f"reset_parameters(), which {shown} lack(s). Define reset_parameters(self) initialising that "
+            "module's own parameters, or build it outside init_module."
+        )
+
+
+# ---------------------------------------------------------------------------------------------- formats
+
+
+def _numbered(state: Mapping[str, Any]) -> dict[str, Any]:
+    """torch.distributed.checkpoint names parameters; torch's optimizers number them in param_groups order."""
+    index: dict[str, int] = {}
+    groups = []
+    for group in state["param_groups"]:
+        ids = []
+        for name in group["params"]:
+            index[name] = len(index)
+            ids.append(index[name])
+        groups.append({**group, "params": ids})
+    return {"state": {index[k]: v for k, v in state["state"].items()}, "param_groups": groups}
+
+
+def _named(state: Mapping[str, Any], names: list[str]) -> dict[str, Any]:
+    """The inverse of :func:`_numbered`, with the names of the optimizer's parameters in order."""
+    groups = [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]
+    return {"state": {names[i]: v for i, v in state["state"].items()}, "param_groups": groups}
+
+
+def _is_numbered(state: Mapping[str, Any]) -> bool:
+    return not state.get("state") or all(isinstance(k, int) for k in state["state"])
+
+
+def _meta_file(path: Path) -> Path:
+    meta = path / META_FILE
+    if not meta.is_file():
+        raise CheckpointError(
+            f"{str(path)!r} is a directory without {META_FILE}: not a tandem sharded checkpoint, or one whose "
+            "writing was interrupted (those are never renamed into place). Use another checkpoint."
+        )
+    return meta
+
+
+def _replace_directory(source: Path, target: Path) -> None:
+    """Put the finished directory ``source`` at ``target``; an existing checkpoint there is removed only after."""
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.old")
+        os.replace(target, old)
+    os.replace(source, target)
+    if old is not None:
+        if old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
+
+
+register_strategy("fsdp", FSDPStrategy, "one process per device; parameters, gradients and optimizer state sharded")

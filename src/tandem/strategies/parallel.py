@@ -1,0 +1,333 @@
+"""The base of every strategy that runs one process per device (DDP, FSDP).
+
+What they share lives here: the environment (who started the processes, which rank this is), the
+launcher choice, joining and leaving the process group, the collectives, sharding the data, evening the
+training batch counts, and gathering predictions. A subclass adds how the module is wrapped and how
+gradients are synchronised.
+
+Launch: see :mod:`tandem.strategies.launchers` (who starts the processes) and
+:mod:`tandem.strategies.environments` (how a process learns its rank).
+
+Data: see :mod:`tandem.strategies.samplers`. The training loader is sharded with a DistributedSampler
+that keeps the user's shuffle / drop_last / custom sampler; evaluation and predict loaders give every
+sample to exactly one rank (rank r: samples r, r+N, r+2N, ...), so metrics reduced across ranks as
+sums and counts equal single-device results. ``trainer.predict`` returns every sample's prediction,
+in dataset order, on every rank.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import gc
+import itertools
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from lightning_utilities.core.apply_func import apply_to_collection
+from torch import nn
+from torch.utils.data import DataLoader
+
+from tandem.strategies import launchers
+from tandem.strategies.environments import (
+    ClusterEnvironment,
+    LocalEnvironment,
+    global_seed,
+    select_environment,
+    threads_per_process,
+)
+from tandem.strategies.precision import Precision
+from tandem.strategies.samplers import (
+    FirstItems,
+    evaluation_layout,
+    interleave_predictions,
+    shard_evaluation,
+    shard_training,
+)
+from tandem.strategies.strategy import ReduceOp, Strategy
+from tandem.utilities.data import has_len, is_iterable_style, rebuild_dataloader
+from tandem.utilities.exceptions import TandemConfigError, bad_choice, out_of_range
+from tandem.utilities.rank_zero import rank_zero_warn, set_rank
+
+START_METHODS = ("popen", "spawn")
+_REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+
+class ParallelStrategy(Strategy):
+    """One process per device, joined in a torch.distributed process group.
+
+    Args:
+        devices: this node's devices, one process each (the Trainer's ``devices`` when None).
+        precision: see :class:`~tandem.strategies.precision.Precision`.
+        process_group_backend: "gloo" (CPU default), "nccl" (CUDA default), or another torch backend.
+        timeout: how long a collective may wait for the other ranks before failing.
+        use_distributed_sampler: shard the dataloaders as described in this module; False leaves them
+            alone (shard the data yourself).
+        start_method: "popen" (re-run the script) or "spawn" (torch.multiprocessing, per stage).
+    """
+
+    max_devices = None
+
+    def __init__(
+        self,
+        devices: list[torch.device] | None = None,
+        precision: str | Precision | None = None,
+        process_group_backend: str | None = None,
+        timeout: datetime.timedelta = datetime.timedelta(minutes=30),
+        use_distributed_sampler: bool = True,
+        start_method: str = "popen",
+    ) -> None:
+        super().__init__(devices=devices, precision=precision)
+        if start_method not in START_METHODS:
+            raise bad_choice("start_method", start_method, START_METHODS)
+        if not isinstance(timeout, datetime.timedelta):
+            raise out_of_range("timeout", timeout, "a datetime.timedelta, e.g. timedelta(minutes=5)")
+        self.process_group_backend = process_group_backend
+        self.timeout = timeout
+        self.use_distributed_sampler = use_distributed_sampler
+        self.start_method = start_method
+        self._environment: ClusterEnvironment | None = None
+
+    def configure(self, devices: list[torch.device], num_nodes: int, precision: str | Precision) -> None:
+        super().configure(devices, num_nodes, precision)
+        types = {d.type for d in self.parallel_devices}
+        cuda = [d for d in self.parallel_devices if d.type == "cuda"]
+        if len(types) > 1 or len(cuda) != len({(d.index or 0) for d in cuda}):
+            shown = ", ".join(str(d) for d in self.parallel_devices)
+            raise TandemConfigError(
+                f"strategy={self.name!r} runs one process per device, but devices=[{shown}] lists a CUDA device "
+                "twice or mixes device types: several devices in one process is DataParallel's way. Give each "
+                "process its own device (e.g. devices=2 with accelerator='cuda'), or use strategy='dp'."
+            )
+        device_type = self.parallel_devices[0].type
+        if self.process_group_backend is None:
+            self.process_group_backend = "nccl" if device_type == "cuda" else "gloo"
+        if self.process_group_backend == "nccl" and device_type != "cuda":
+            raise TandemConfigError("process_group_backend='nccl' needs CUDA devices; on the CPU use 'gloo'.")
+
+    # ------------------------------------------------------------------ topology
+    @property
+    def num_processes(self) -> int:
+        """Processes on this node: one per device."""
+        return len(self.parallel_devices) if self.parallel_devices else 1
+
+    @property
+    def environment(self) -> ClusterEnvironment:
+        """How this process learned its rank (torchrun, SLURM, or tandem's launcher)."""
+        if self._environment is None:
+            return select_environment(self.num_processes, self.num_nodes)
+        return self._environment
+
+    @property
+    def global_rank(self) -> int:
+        return self.environment.global_rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.environment.local_rank
+
+    @property
+    def node_rank(self) -> int:
+        return self.environment.node_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.environment.world_size
+
+    @property
+    def root_device(self) -> torch.device:
+        if not self.parallel_devices:
+            return torch.device("cpu")
+        return self.parallel_devices[min(self.local_rank, len(self.parallel_devices) - 1)]
+
+    @property
+    def launcher(self) -> launchers.ScriptLauncher | launchers.SpawnLauncher | None:
+        environment = self.environment
+        if not isinstance(environment, LocalEnvironment) or self.world_size == 1:
+            return None  # torchrun / srun started the processes, or there is only one
+        if self.start_method == "spawn":
+            return (
+                None
+                if environment.creates_processes_externally
+                else launchers.SpawnLauncher(environment, self.num_processes)
+            )
+        return launchers.ScriptLauncher(environment, self.num_processes)
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
+        if self.world_size == 1:
+            return None
+        return {"num_replicas": self.world_size, "rank": self.global_rank}
+
+    # ------------------------------------------------------------------ set-up
+    def setup_environment(self) -> None:
+        """Find the environment, join the process group (once per process), set threads, device and rank."""
+        self._environment = environment = select_environment(self.num_processes, self.num_nodes)
+        self._check_environment(environment)
+        threads = threads_per_process(self.num_processes)
+        if threads is not None:
+            torch.set_num_threads(threads)
+        if self.root_device.type == "cuda":
+            torch.cuda.set_device(self.root_device)
+        if not dist.is_initialized():
+            environment.export_rendezvous()
+            dist.init_process_group(
+                self.process_group_backend,
+                init_method="env://",
+                rank=environment.global_rank,
+                world_size=environment.world_size,
+                timeout=self.timeout,
+            )
+            atexit.register(_destroy_process_group)
+        elif dist.get_world_size() != environment.world_size:
+            raise TandemConfigError(
+                f"this process already joined a process group of {dist.get_world_size()} processes, but "
+                f"strategy={self.name!r} expects {environment.world_size}. Use the same devices and num_nodes "
+                "for every Trainer in a script."
+            )
+        set_rank(self.global_rank)
+
+    def _check_environment(self, environment: ClusterEnvironment) -> None:
+        expected = self.num_processes * self.num_nodes
+        if environment.world_size != expected:
+            raise TandemConfigError(
+                f"the {environment.name} environment describes {environment.world_size} processes, but the "
+                f"Trainer expects devices × num_nodes = {self.num_processes} × {self.num_nodes} = {expected}. "
+                "Set devices to the processes per node (torchrun --nproc-per-node, srun --ntasks-per-node) "
+                "and num_nodes to the number of nodes."
+            )
+        if not isinstance(environment, LocalEnvironment):
+            return
+        if self.num_nodes > 1 and not environment.rendezvous_given:
+            raise TandemConfigError(
+                f"num_nodes={self.num_nodes} with tandem's launcher needs MASTER_ADDR, MASTER_PORT and "
+                "NODE_RANK set on every node. Set them, or start the job with torchrun or srun."
+            )
+        started = environment.creates_processes_externally or launchers.processes_started()
+        if self.world_size > 1 and self.num_processes > 1 and not started:
+            raise TandemConfigError(
+                f"{type(self).__name__}.setup_environment() ran before the other ranks were started, so it would "
+                "wait for them forever. Run the stage through strategy.launcher.launch(function, ...)."
+            )
+
+    def module_to_device(self, module: nn.Module) -> nn.Module:
+        """Move the module, and give this process its own copy of any tensor it shares with another process:
+        ddp_spawn receives the caller's module through shared memory, and without a copy every rank would
+        step the same parameters."""
+        module = super().module_to_device(module)
+        with torch.no_grad():
+            for tensor in itertools.chain(module.parameters(), module.buffers()):
+                if tensor.device.type == "cpu" and tensor.is_shared():  # CUDA tensors always say shared
+                    tensor.data = tensor.data.clone()
+        return module
+
+    def teardown(self) -> None:
+        """Drop the wrapper. The process group stays: code after ``fit()`` (``trainer.test()``, another
+        Trainer) runs on every rank and uses it again; torch cannot re-create it on the same port
+        reliably, and a new port would need a new rendezvous."""
+        self._model = self._module
+
+    # ------------------------------------------------------------------ collectives
+    def _to_collective_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(self.root_device) if self.process_group_backend == "nccl" else tensor
+
+    def _reduce(self, tensor: torch.Tensor | float, reduce_op: ReduceOp) -> torch.Tensor | float:
+        if not dist.is_initialized():
+            return tensor
+        result = self._to_collective_device(torch.as_tensor(tensor)).clone()
+        if reduce_op == "mean" and not result.is_floating_point():
+            result = result.float()
+        dist.all_reduce(result, op=_REDUCE_OPS[reduce_op])
+        if reduce_op == "mean":
+            result /= dist.get_world_size()
+        return result.to(tensor.device) if isinstance(tensor, torch.Tensor) else result
+
+    def _all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        if not dist.is_initialized():
+            return tensor.unsqueeze(0)
+        local = self._to_collective_device(tensor).contiguous()
+        parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, local)
+        return torch.stack(parts).to(tensor.device)
+
+    def _broadcast(self, obj: Any, src: int) -> Any:
+        if not dist.is_initialized():
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src, device=self._to_collective_device(torch.empty(0)).device)
+        return box[0]
+
+    def _barrier(self, name: str | None) -> None:
+        if not dist.is_initialized():
+            return
+        if self.process_group_backend == "nccl":
+            dist.barrier(device_ids=[self.root_device.index])
+        else:
+            dist.barrier()
+
+    def _all_gather_object(self, obj: Any) -> list[Any]:
+        if not dist.is_initialized():
+            return [obj]
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, obj)
+        return gathered
+
+    # ------------------------------------------------------------------ data
+    def _process_dataloader(self, dataloader: DataLoader, stage: str) -> DataLoader:
+        """Shard ``dataloader`` with :attr:`distributed_sampler_kwargs`; even the training batch counts.
+
+        Call after :meth:`setup_environment` on every rank: for "fit" it compares batch counts across ranks.
+        """
+        shardable = isinstance(dataloader, DataLoader) and not is_iterable_style(dataloader)
+        shards = self.distributed_sampler_kwargs
+        if self.use_distributed_sampler and shardable and shards is not None:
+            replicas, rank = shards["num_replicas"], shards["rank"]
+            if stage == "fit":  # rank 0's seed: ranks seeded differently must still shard one permutation
+                seed = self.broadcast(global_seed())
+                dataloader = shard_training(dataloader, replicas, rank, seed)
+            else:
+                dataloader = shard_evaluation(dataloader, replicas, rank)
+        if stage == "fit" and shardable:
+            dataloader = self._even_batches(dataloader)
+        return dataloader
+
+    def _even_batches(self, loader: DataLoader) -> DataLoader:
+        """Ranks with different training batch counts would wait for each other: keep the smallest count."""
+        local = torch.tensor(len(loader) if has_len(loader) else -1)
+        counts = [int(c) for c in self.all_gather(local).tolist()]
+        fewest = min(counts)
+        if fewest < 0 or fewest == max(counts):
+            return loader
+        rank_zero_warn(
+            f"The ranks have different numbers of training batches per epoch ({counts}); each rank trains on "
+            f"its first {fewest}, dropping {sum(counts) - fewest * len(counts)} batches in all. Give every "
+            "rank the same number of batches (e.g. use_distributed_sampler=True) to train on all of them."
+        )
+        if loader.batch_sampler is not None:
+            return rebuild_dataloader(loader, batch_sampler=FirstItems(loader.batch_sampler, fewest))
+        return rebuild_dataloader(loader, sampler=FirstItems(loader.sampler, fewest))
+
+    def gather_predictions(self, predictions: list[Any], dataloader: DataLoader) -> list[Any]:
+        """Every rank's predict outputs, in dataset order, batched as one process would have: on every rank.
+
+        Outputs are moved to the CPU. Without tandem's evaluation sampler (``use_distributed_sampler=False``)
+        each rank keeps its own predictions.
+        """
+        layout = evaluation_layout(dataloader)
+        if not dist.is_initialized() or layout is None:
+            return predictions
+        local = apply_to_collection(predictions, torch.Tensor, lambda t: t.detach().cpu())
+        return interleave_predictions(self.all_gather_object(local), layout)
+
+
+def _destroy_process_group() -> None:
+    """At exit, while the interpreter is still whole, free the process group that setup_environment joined.
+
+    DistributedDataParallel wrappers sit in reference cycles that hold the group; if they are only freed
+    while the interpreter shuts down, a gloo worker thread may need the GIL then, and the process aborts
+    ("terminate called without an active exception", SIGABRT) after the script succeeded.
+    """
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()

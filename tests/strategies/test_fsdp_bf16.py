@@ -1,0 +1,94 @@
+"""FSDP in bfloat16 on one process: on the CPU over gloo, and on one CUDA device over nccl (marked ``gpu``:
+skipped without CUDA, see conftest.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import tandem
+from helpers import clear_launch_variables
+from tandem.strategies import FSDPStrategy
+from tandem.strategies.environments import find_free_port
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Net(tandem.TrainingModule):
+    """Records the dtype the layers compute in, and the gradients' and parameters' dtypes at the step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+        self.compute_dtypes: set[torch.dtype] = set()
+        self.step_dtypes: set[tuple[torch.dtype, torch.dtype]] = set()
+        self.batch_dtypes: set[torch.dtype] = set()
+        self.losses: list[float] = []
+        # FSDP gathers the layer's parameters in its own pre-forward hook, which runs before this one
+        self.net[0].register_forward_pre_hook(lambda layer, args: self.compute_dtypes.add(layer.weight.dtype))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        self.batch_dtypes.add(x.dtype)  # the batch reaches the step as the loader made it
+        loss = F.cross_entropy(self.net(x), y)
+        self.losses.append(float(loss.detach()))
+        return loss
+
+    def on_before_optimizer_step(self, optimizer):
+        for p in self.parameters():
+            self.step_dtypes.add((p.dtype, p.grad.dtype))  # the sharded fp32 copy and its fp32 gradient
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=0.01)
+
+
+def _data() -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 16, generator=g)
+    return DataLoader(TensorDataset(x, (x[:, 0] > 0).long() + 2 * (x[:, 1] > 0).long()), batch_size=32)
+
+
+@pytest.mark.parametrize("accelerator", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_bf16_fsdp_trains_and_resumes_from_a_sharded_checkpoint(tmp_path, monkeypatch, accelerator):
+    clear_launch_variables(monkeypatch)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(find_free_port()))
+    options = dict(
+        accelerator=accelerator,
+        devices=1,
+        precision="bf16-mixed",
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    try:
+        strategy = FSDPStrategy(auto_wrap_policy={nn.Linear}, state_dict_type="sharded")
+        trainer = tandem.Trainer(strategy=strategy, max_epochs=4, **options)
+        model = Net()
+        trainer.fit(model, _data())
+        assert strategy.process_group_backend == {"cpu": "gloo", "cuda": "nccl"}[accelerator]
+        assert strategy.root_device.type == accelerator
+        assert model.compute_dtypes == {torch.bfloat16}
+        assert model.batch_dtypes == {torch.float32}
+        assert model.step_dtypes == {(torch.float32, torch.float32)}
+        assert sum(model.losses[-8:]) < 0.5 * sum(model.losses[:8])  # it learns
+        weights = {k: v.clone() for k, v in strategy.full_module_state_dict().items()}
+        last = trainer.checkpoint_callback.last_model_path
+        assert (tmp_path / "checkpoints" / "last.ckpt" / "meta.pt").is_file() and last
+
+        resumed_strategy = FSDPStrategy(auto_wrap_policy={nn.Linear}, state_dict_type="sharded")
+        resumed = tandem.Trainer(strategy=resumed_strategy, max_epochs=4, **options)
+        again = Net()
+        resumed.fit(again, _data(), ckpt_path=last)  # nothing left to train: the weights are the checkpoint's
+        restored = resumed_strategy.full_module_state_dict()
+        assert restored.keys() == weights.keys()
+        for name, value in weights.items():
+            assert torch.equal(restored[name], value), name
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,127 @@
+"""The Strategy base and the parallel base without processes: complete on construction, public guards that
+refuse the same inputs on every strategy, data sharding driven by ``distributed_sampler_kwargs``."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from helpers import clear_launch_variables
+from tandem.strategies import DDPStrategy, Precision, SingleDeviceStrategy
+from tandem.strategies.registry import resolve_strategy
+from tandem.utilities.exceptions import CheckpointError, TandemConfigError, TandemUserCodeError
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch):
+    clear_launch_variables(monkeypatch)
+
+
+def _configured(strategy, devices: int = 1):
+    strategy.configure([torch.device("cpu")] * devices, 1, "32-true")
+    return strategy
+
+
+STRATEGIES = {
+    "single_device": lambda: _configured(SingleDeviceStrategy("cpu")),
+    "ddp": lambda: _configured(DDPStrategy(), devices=2),
+}
+
+
+# ---------------------------------------------------------------------------------------------- construction
+
+
+@pytest.mark.parametrize("make", [SingleDeviceStrategy, DDPStrategy], ids=["single_device", "ddp"])
+def test_a_strategy_is_complete_when_constructed(make):
+    strategy = make()
+    assert isinstance(strategy.precision, Precision) and strategy.precision.precision == "32-true"
+    assert make(precision="bf16-mixed").precision.autocast_dtype == torch.bfloat16
+
+
+def test_the_strategys_own_precision_wins_over_the_trainer_default_and_a_conflict_is_an_error():
+    assert resolve_strategy(DDPStrategy(precision="bf16-mixed"), "cpu", 2, 1, "32-true").precision.precision == (
+        "bf16-mixed"
+    )
+    assert resolve_strategy(DDPStrategy(), "cpu", 2, 1, "bf16-mixed").precision.precision == "bf16-mixed"
+    with pytest.raises(TandemConfigError, match="Give the precision in one place"):
+        resolve_strategy(DDPStrategy(precision="bf16-mixed"), "cpu", 2, 1, "64-true")
+
+
+def test_one_process_per_device_refuses_dataparallel_style_devices():
+    with pytest.raises(TandemConfigError, match="several devices in one process is DataParallel's way"):
+        DDPStrategy(devices=[torch.device("cpu"), torch.device("cuda", 0)]).configure([], 1, "32-true")
+
+
+# ---------------------------------------------------------------------------------------------- public guards
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_collectives_refuse_the_same_bad_arguments_on_every_strategy(name):
+    strategy = STRATEGIES[name]()
+    value = torch.tensor([1.0, 2.0])
+    with pytest.raises(TandemConfigError, match=r"reduce_op='avg' is not valid; expected one of: 'mean', 'sum'"):
+        strategy.reduce(value, "avg")
+    with pytest.raises(TandemUserCodeError, match="reduce expects a tensor or a number, got str"):
+        strategy.reduce("1.0", "sum")
+    with pytest.raises(TandemUserCodeError, match="use all_gather_object"):
+        strategy.all_gather([1.0])
+    with pytest.raises(TandemConfigError, match=r"src=5 is out of range; expected a rank in 0\.\."):
+        strategy.broadcast("x", src=5)
+    with pytest.raises(TandemConfigError, match="name=3"):
+        strategy.barrier(3)
+    with pytest.raises(TandemConfigError, match="stage='train'"):
+        strategy.process_dataloader(DataLoader(range(4)), "train")
+    with pytest.raises(TandemConfigError, match="limit=-1"):
+        strategy.evaluation_batches(range(4), -1)
+    with pytest.raises(TandemConfigError, match="gradient_clip_algorithm='l2'"):
+        strategy.clip_gradients(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=1.0), 1.0, "l2")
+    # without a process group, the good calls are identities
+    assert strategy.reduce(value, "max") is value
+    assert strategy.all_gather(value).shape == (1, 2)
+    assert strategy.all_gather_object({"a": 1}) == [{"a": 1}]
+    assert strategy.broadcast("x") == "x" and strategy.reduce_boolean_decision(True, all=False)
+    assert list(strategy.evaluation_batches(range(10), 3)) == [0, 1, 2]
+    assert list(strategy.evaluation_batches(range(3), math.inf)) == [0, 1, 2]
+
+
+def test_sharding_follows_distributed_sampler_kwargs(monkeypatch):
+    loader = DataLoader(TensorDataset(torch.arange(8.0)), batch_size=2)
+    assert SingleDeviceStrategy().distributed_sampler_kwargs is None
+    assert _configured(DDPStrategy(), devices=1).distributed_sampler_kwargs is None  # one process: nothing to shard
+    assert _configured(DDPStrategy(), devices=1).process_dataloader(loader, "validate") is loader
+    for name, value in {"RANK": 1, "LOCAL_RANK": 1, "WORLD_SIZE": 2}.items():
+        monkeypatch.setenv(name, str(value))
+    strategy = _configured(DDPStrategy(), devices=2)
+    assert strategy.distributed_sampler_kwargs == {"num_replicas": 2, "rank": 1}
+    sharded = strategy.process_dataloader(loader, "validate")
+    assert [v for (batch,) in sharded for v in batch.tolist()] == [1.0, 3.0, 5.0, 7.0]
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints and init
+
+
+def test_a_sharded_checkpoint_directory_is_refused_by_a_strategy_that_does_not_shard(tmp_path):
+    folder = tmp_path / "last.ckpt"
+    folder.mkdir()
+    with pytest.raises(CheckpointError, match="strategy='single_device' cannot load. Load it with strategy='fsdp'"):
+        SingleDeviceStrategy("cpu").load_checkpoint(folder)
+    (folder / "shard").write_text("x")
+    SingleDeviceStrategy("cpu").remove_checkpoint(folder)
+    assert not folder.exists()
+
+
+def test_tensor_init_context_builds_on_the_device_in_the_precisions_dtype():
+    strategy = _configured(SingleDeviceStrategy("cpu"))
+    with strategy.tensor_init_context():
+        layer = torch.nn.Linear(2, 2)
+    assert layer.weight.device == torch.device("cpu") and layer.weight.dtype == torch.float32
+    double = SingleDeviceStrategy("cpu", precision="64-true")
+    with double.tensor_init_context(empty_init=True):  # no meta device without a sharding strategy
+        layer = torch.nn.Linear(2, 2)
+    assert layer.weight.dtype == torch.float64 and not layer.weight.is_meta
+    assert torch.get_default_dtype() == torch.float32
