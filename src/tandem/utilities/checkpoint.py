@@ -51,6 +51,8 @@ CHECKSUM_KEY = "tandem_checksum"
 _CHECKSUM_ALGORITHM = "crc32"
 _FOREIGN_IDLE_S = 120.0  # a temporary of another host, unlocked and unchanged this long, is stale
 _TEMPORARY = re.compile(r"^\.(?P<target>.+)\.(?P<host>[A-Za-z0-9-]+)-(?P<pid>\d+)-[0-9a-f]{8}\.tmp$")
+#: a sharded checkpoint (a directory written by torch.distributed.checkpoint) holds its other state in this file
+SHARDED_META_FILE = "meta.pt"
 #: a value ``torch.load(weights_only=True)`` would refuse is stored as ``{PICKLED_KEY: uint8 tensor}``
 PICKLED_KEY = "__tandem_pickled__"
 _SAFE_LEAVES = (type(None), bool, int, float, complex, str, bytes, bytearray, torch.dtype, torch.device, torch.Size)
@@ -507,6 +509,16 @@ def _foreign_file_advice(obj: Any) -> str:
             "pass the module without ckpt_path."
         )
     return f"It holds the keys {sorted(map(str, obj))[:8]}. Pass a file written by Trainer.save_checkpoint or ModelCheckpoint."
+
+
+def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is (or claims to be) a sharded checkpoint's directory: named ``*.ckpt``, or holding tandem's
+    meta file or torch.distributed.checkpoint's ``.metadata``; any other folder (a run's ``version_0``, its
+    ``checkpoints``) is a plain folder."""
+    path = Path(path)
+    if not path.is_dir():
+        return False
+    return path.suffix == ".ckpt" or (path / SHARDED_META_FILE).is_file() or (path / ".metadata").is_file()
 
 
 def _checkpoints_in(folder: Path) -> list[Path]:
