@@ -104,8 +104,6 @@ class CollectiveGuard:
         world_size: processes in the group.
         run_id: a token shared by every rank of this group (keys of another group, e.g. an earlier
             torchrun attempt sharing the store, are never read).
-        stall_timeout: seconds a rank may sit in a torch collective or backward pass, not in the check
-            the others wait in, before they call it a mismatch.
         main_thread: the thread whose stack the watcher samples (the one running the Trainer).
     """
 
@@ -115,12 +113,10 @@ class CollectiveGuard:
         rank: int,
         world_size: int,
         run_id: str,
-        stall_timeout: float = 60.0,
         main_thread: threading.Thread | None = None,
     ) -> None:
         self.store, self.rank, self.world_size = store, rank, world_size
         self.prefix = f"tandem/cc/{run_id}"
-        self.stall_timeout = stall_timeout
         self.count = 0
         self._main = main_thread or threading.main_thread()
         self._beat_store = store.clone() if hasattr(store, "clone") else store
@@ -140,8 +136,12 @@ class CollectiveGuard:
         atexit.register(lambda: self.close(self._exit_status))
 
     # ------------------------------------------------------------------ the check
-    def check(self, site: CallSite) -> None:
-        """Agree with every other rank that this is the collective they enter next; raise if not."""
+    def check(self, site: CallSite, stall_timeout: float = 60.0) -> None:
+        """Agree with every other rank that this is the collective they enter next; raise if not.
+
+        ``stall_timeout``: seconds a rank may sit in a torch collective or backward pass, not in this
+        check, before the waiting ranks call it a mismatch.
+        """
         self.count += 1
         n, store = self.count, self.store
         store.set(f"{self.prefix}/{n}/{self.rank}", f"{site.tag}\n{site.user}")
@@ -150,7 +150,7 @@ class CollectiveGuard:
         verdict_key = f"{self.prefix}/{n}/verdict"
         if arrived == self.world_size:
             store.set(verdict_key, self._verdict(n))
-        verdict = self._wait_for(verdict_key, n, site)
+        verdict = self._wait_for(verdict_key, n, site, stall_timeout)
         if n > 1:  # every rank has read check n - 1 (they all reached n): drop what this rank wrote for it
             _delete(store, f"{self.prefix}/{n - 1}/{self.rank}")
             if self.rank == 0:
@@ -174,7 +174,7 @@ class CollectiveGuard:
         )
         return f"The ranks entered different collectives: {sides}. {_FIX}"
 
-    def _wait_for(self, key: str, n: int, site: CallSite) -> str:
+    def _wait_for(self, key: str, n: int, site: CallSite, stall_timeout: float) -> str:
         """Poll for ``key`` (the store's own timed wait logs a warning per timeout); every second, look
         for a rank that will never arrive."""
         store, delay = self.store, 0.0002
@@ -183,13 +183,13 @@ class CollectiveGuard:
             time.sleep(delay)
             delay = min(delay * 2, 0.02)
             if time.monotonic() >= diagnose_at:
-                problem = self._missing_rank_problem(n, site)
+                problem = self._missing_rank_problem(n, site, stall_timeout)
                 if problem is not None:
                     raise CollectiveMismatchError(problem)
                 diagnose_at = time.monotonic() + _BEAT_S
         return store.get(key).decode()
 
-    def _missing_rank_problem(self, n: int, site: CallSite) -> str | None:
+    def _missing_rank_problem(self, n: int, site: CallSite, stall_timeout: float) -> str | None:
         """Why a rank that has not arrived at check ``n`` never will, or None while it may still come."""
         me = f"rank {self.rank} entered {_describe(site.tag, site.user)}"
         for r in range(self.world_size):
@@ -200,7 +200,7 @@ class CollectiveGuard:
                 continue
             if beat.status != "running":
                 return f"Rank {r} {beat.status} while {me}. {beat.where_text}{_FIX}"
-            if beat.blocked_for >= self.stall_timeout:
+            if beat.blocked_for >= stall_timeout:
                 return (
                     f"Rank {r} has waited {beat.blocked_for:.0f} s in a collective that this rank never enters, in "
                     f"{beat.where} (its last tandem collective was {beat.last or 'none'}), while {me}. {_FIX}"
@@ -295,6 +295,11 @@ def guard_for_group(factory: Callable[[], CollectiveGuard]) -> CollectiveGuard:
     global _GUARD
     if _GUARD is None:
         _GUARD = factory()
+    return _GUARD
+
+
+def current_guard() -> CollectiveGuard | None:
+    """This process's guard, or None when checks are off or no group was joined."""
     return _GUARD
 
 

@@ -72,6 +72,7 @@ class DDPStrategy(ParallelStrategy):
         sync_batchnorm: bool = False,
         use_distributed_sampler: bool = True,
         start_method: str = "popen",
+        collective_check_timeout: datetime.timedelta | None = datetime.timedelta(seconds=60),
     ) -> None:
         super().__init__(
             devices=devices,
@@ -80,6 +81,7 @@ class DDPStrategy(ParallelStrategy):
             timeout=timeout,
             use_distributed_sampler=use_distributed_sampler,
             start_method=start_method,
+            collective_check_timeout=collective_check_timeout,
         )
         if bucket_cap_mb is not None and not bucket_cap_mb > 0:
             raise out_of_range("bucket_cap_mb", bucket_cap_mb, "a positive number of MB, or None")

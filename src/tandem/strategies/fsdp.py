@@ -112,6 +112,7 @@ class FSDPStrategy(ParallelStrategy):
         timeout: datetime.timedelta = datetime.timedelta(minutes=30),
         use_distributed_sampler: bool = True,
         start_method: str = "popen",
+        collective_check_timeout: datetime.timedelta | None = datetime.timedelta(seconds=60),
     ) -> None:
         super().__init__(
             devices=devices,
@@ -120,6 +121,7 @@ class FSDPStrategy(ParallelStrategy):
             timeout=timeout,
             use_distributed_sampler=use_distributed_sampler,
             start_method=start_method,
+            collective_check_timeout=collective_check_timeout,
         )
         self.auto_wrap_policy = _check_policy("auto_wrap_policy", auto_wrap_policy)
         self.activation_checkpointing_policy = _check_policy(

@@ -30,6 +30,14 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from tandem.strategies import launchers
+from tandem.strategies.collective_check import (
+    CallSite,
+    CollectiveGuard,
+    current_guard,
+    forget_guard,
+    guard_for_group,
+    new_run_id,
+)
 from tandem.strategies.environments import (
     ClusterEnvironment,
     LocalEnvironment,
@@ -65,6 +73,12 @@ class ParallelStrategy(Strategy):
         use_distributed_sampler: shard the dataloaders as described in this module; False leaves them
             alone (shard the data yourself).
         start_method: "popen" (re-run the script) or "spawn" (torch.multiprocessing, per stage).
+        collective_check_timeout: tandem's own collectives (set-up, epoch and evaluation ends, checkpoint
+            saves, metric reduction; not the per-step gradient sync) are first agreed on through the
+            process group's store: ranks entering different ones fail at once with both sides named, and
+            a rank that sits this long in another collective (or whose script ended) is reported instead
+            of waiting for ``timeout`` (see :mod:`tandem.strategies.collective_check`). None turns the
+            check off.
     """
 
     max_devices = None
@@ -77,12 +91,18 @@ class ParallelStrategy(Strategy):
         timeout: datetime.timedelta = datetime.timedelta(minutes=30),
         use_distributed_sampler: bool = True,
         start_method: str = "popen",
+        collective_check_timeout: datetime.timedelta | None = datetime.timedelta(seconds=60),
     ) -> None:
         super().__init__(devices=devices, precision=precision)
         if start_method not in START_METHODS:
             raise bad_choice("start_method", start_method, START_METHODS)
         if not isinstance(timeout, datetime.timedelta):
             raise out_of_range("timeout", timeout, "a datetime.timedelta, e.g. timedelta(minutes=5)")
+        if collective_check_timeout is not None and not isinstance(collective_check_timeout, datetime.timedelta):
+            raise out_of_range(
+                "collective_check_timeout", collective_check_timeout, "a datetime.timedelta, or None for no check"
+            )
+        self.collective_check_timeout = collective_check_timeout
         self.process_group_backend = process_group_backend
         self.timeout = timeout
         self.use_distributed_sampler = use_distributed_sampler
@@ -180,6 +200,7 @@ class ParallelStrategy(Strategy):
                 timeout=self.timeout,
             )
             atexit.register(_destroy_process_group)
+            self._start_collective_check()
         elif dist.get_world_size() != environment.world_size:
             raise TandemConfigError(
                 f"this process already joined a process group of {dist.get_world_size()} processes, but "
@@ -229,12 +250,26 @@ class ParallelStrategy(Strategy):
         self._model = self._module
 
     # ------------------------------------------------------------------ collectives
+    def _start_collective_check(self) -> None:
+        """Give the new process group its guard (every rank calls this right after joining it)."""
+        forget_guard()
+        run_id = self._broadcast(new_run_id(), 0)  # one token per group: an earlier group's keys are never read
+        store = dist.distributed_c10d._get_default_store()
+        guard_for_group(lambda: CollectiveGuard(store, dist.get_rank(), dist.get_world_size(), run_id))
+
+    def _check(self, op: str) -> None:
+        """Agree with the other ranks that this collective is the one they enter next (see collective_check)."""
+        guard = current_guard()
+        if guard is not None and self.collective_check_timeout is not None:
+            guard.check(CallSite.here(op, depth=2), self.collective_check_timeout.total_seconds())
+
     def _to_collective_device(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(self.root_device) if self.process_group_backend == "nccl" else tensor
 
     def _reduce(self, tensor: torch.Tensor | float, reduce_op: ReduceOp) -> torch.Tensor | float:
         if not dist.is_initialized():
             return tensor
+        self._check("reduce")
         result = self._to_collective_device(torch.as_tensor(tensor)).clone()
         if reduce_op == "mean" and not result.is_floating_point():
             result = result.float()
@@ -246,6 +281,7 @@ class ParallelStrategy(Strategy):
     def _all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         if not dist.is_initialized():
             return tensor.unsqueeze(0)
+        self._check("all_gather")
         local = self._to_collective_device(tensor).contiguous()
         parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
         dist.all_gather(parts, local)
@@ -254,6 +290,7 @@ class ParallelStrategy(Strategy):
     def _broadcast(self, obj: Any, src: int) -> Any:
         if not dist.is_initialized():
             return obj
+        self._check("broadcast")
         box = [obj]
         dist.broadcast_object_list(box, src, device=self._to_collective_device(torch.empty(0)).device)
         return box[0]
@@ -261,6 +298,7 @@ class ParallelStrategy(Strategy):
     def _barrier(self, name: str | None) -> None:
         if not dist.is_initialized():
             return
+        self._check(f"barrier {name!r}" if name else "barrier")
         if self.process_group_backend == "nccl":
             dist.barrier(device_ids=[self.root_device.index])
         else:
@@ -269,6 +307,7 @@ class ParallelStrategy(Strategy):
     def _all_gather_object(self, obj: Any) -> list[Any]:
         if not dist.is_initialized():
             return [obj]
+        self._check("all_gather_object")
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, obj)
         return gathered
@@ -329,5 +368,6 @@ def _destroy_process_group() -> None:
     ("terminate called without an active exception", SIGABRT) after the script succeeded.
     """
     gc.collect()
+    forget_guard()
     if dist.is_initialized():
         dist.destroy_process_group()

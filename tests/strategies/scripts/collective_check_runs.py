@@ -19,14 +19,14 @@ import torch.distributed as dist
 from tandem.strategies.collective_check import CallSite, CollectiveGuard, CollectiveMismatchError
 
 
-def guard(name: str, stall: float = 60.0) -> CollectiveGuard:
-    return CollectiveGuard(dist.distributed_c10d._get_default_store(), rank, 2, run_id=name, stall_timeout=stall)
+def guard(name: str) -> CollectiveGuard:
+    return CollectiveGuard(dist.distributed_c10d._get_default_store(), rank, 2, run_id=name)
 
 
-def attempt(g: CollectiveGuard, tag: str, user: str = "") -> tuple[str | None, float]:
+def attempt(g: CollectiveGuard, tag: str, user: str = "", stall: float = 60.0) -> tuple[str | None, float]:
     started = time.perf_counter()
     try:
-        g.check(CallSite(tag, user))
+        g.check(CallSite(tag, user), stall)
     except CollectiveMismatchError as err:
         return str(err), time.perf_counter() - started
     return None, time.perf_counter() - started
@@ -49,9 +49,9 @@ if __name__ == "__main__":
     tag = "barrier@Strategy.save_checkpoint" if rank == 0 else "broadcast@Trainer._setup"
     result["different"] = attempt(g, tag, f"train.py:{10 + rank} in main")
 
-    g = guard("blocked", stall=2.0)
+    g = guard("blocked")
     if rank == 0:
-        result["blocked"] = attempt(g, "barrier@Strategy.save_checkpoint", "train.py:42 in main")
+        result["blocked"] = attempt(g, "barrier@Strategy.save_checkpoint", "train.py:42 in main", stall=2.0)
         dist.all_reduce(torch.zeros(1))  # release rank 1
     else:
         dist.all_reduce(torch.zeros(1))  # waits here until rank 0 has given up on its check
