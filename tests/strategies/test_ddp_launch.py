@@ -135,18 +135,33 @@ def reference(tmp_path_factory) -> dict[str, torch.Tensor]:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("crash_rank", [1, 0])
 def test_exception_in_one_rank_ends_the_job(tmp_path, crash_rank):
-    """The failing rank's traceback is shown, the job exits non-zero within seconds, and no process is left."""
+    """The failing rank's traceback is shown, the job exits non-zero within seconds, and no process is left. Rank 0
+    leaves through a Python exception (its finally blocks run) that carries the failing rank's traceback."""
     start = time.monotonic()
     done = _python([str(SCRIPT), "crash", "--crash-rank", str(crash_rank), "--out", str(tmp_path)], _env(), timeout=30)
     elapsed = time.monotonic() - start
-    assert done.returncode != 0
+    assert done.returncode == 1  # an uncaught Python exception in rank 0, not os._exit
     assert elapsed < 30
     assert f"RuntimeError: boom at step 3 on rank {crash_rank}" in done.stderr, done.stderr
+    assert all((tmp_path / f"pid{r}").exists() for r in (0, 1))  # both ranks were training
+    assert (tmp_path / "finally0").read_text() == "ran"  # rank 0 left through a Python exception: finally ran
+    raised = (tmp_path / "raised0").read_text()
     if crash_rank == 1:  # rank 0, stuck in the step's all-reduce, names the rank that failed and stops
         assert re.search(
             r"\[tandem\] rank 1 (exited with code 1|was killed by SIGABRT); stopping the other ranks", done.stderr
         ), done.stderr
-    assert all((tmp_path / f"pid{r}").exists() for r in (0, 1))  # both ranks were training
+        # ... and raises, in its main thread, an exception that carries rank 1's traceback
+        assert re.match(
+            r"RankFailedError: rank 1 (exited with code 1|was killed by SIGABRT); the other ranks were stopped. Its traceback:\n",
+            raised,
+        ), raised
+        assert raised.rstrip().endswith(
+            "RuntimeError: boom at step 3 on rank 1\nRank 0 then raised RuntimeError (shown above), most likely because rank 1 had stopped."
+        )
+        assert "in on_train_batch_start" in raised
+        assert "tandem.utilities.exceptions.RankFailedError: rank 1" in done.stderr
+    else:  # rank 0's own error is raised as it is
+        assert raised == "RuntimeError: boom at step 3 on rank 0"
     assert _nothing_left(tmp_path)
 
 

@@ -3,7 +3,8 @@
 
 Modes:
     fit       train 12 steps; each rank saves rank{global_rank}.pt (weights, ranks, environment, threads)
-    crash     rank --crash-rank raises at step 3; each rank first writes its pid to pid{rank}
+    crash     rank --crash-rank raises at step 3; each rank first writes its pid to pid{rank}; what fit raised
+              goes to raised{rank}, and its finally block writes finally{rank}
     wait      after 2 steps each rank writes its pid to ready{rank}, then trains slowly until a signal ends it
     restart   fit(ckpt_path="last") with a step ModelCheckpoint in the default run folder; on the first attempt
               (no marker file yet) rank 1 SIGKILLs itself after step 7; then like fit
@@ -129,7 +130,13 @@ def main(args: argparse.Namespace) -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(Classifier(), data(), ckpt_path="last" if args.mode == "restart" else None)
+    try:
+        trainer.fit(Classifier(), data(), ckpt_path="last" if args.mode == "restart" else None)
+    except BaseException as err:
+        (out / f"raised{trainer.global_rank}").write_text(f"{type(err).__name__}: {err}")
+        raise
+    finally:
+        (out / f"finally{trainer.global_rank}").write_text("ran")
     if args.mode in ("test0", "test0_validate1"):
         (out / f"fitted{trainer.global_rank}").write_text(str(os.getpid()))
         if trainer.is_global_zero:
