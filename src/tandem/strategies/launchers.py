@@ -445,9 +445,9 @@ def collect(trainer: Any) -> dict[str, Any]:
         "callback_metrics": apply_to_collection(dict(trainer.callback_metrics), torch.Tensor, _to_cpu),
         "logged_metrics": dict(getattr(trainer, "logged_metrics", {})),
     }
-    progress = getattr(trainer, "_progress", None)
-    if progress is not None:  # current_epoch and global_step read the fitted values afterwards
-        payload["progress"] = vars(progress).copy()
+    loop = getattr(trainer, "_loop", None)  # a Trainer's loop state (as checkpoints save it)
+    if loop is not None:  # current_epoch and global_step read the fitted values afterwards
+        payload["progress"] = loop.state_dict()
     checkpoint = getattr(trainer, "checkpoint_callback", None)
     if checkpoint is not None:
         payload["checkpoint"] = {
@@ -469,9 +469,9 @@ def apply(trainer: Any, payload: dict[str, Any], module: torch.nn.Module | None)
     if isinstance(logged, dict) and "logged_metrics" in payload:
         logged.clear()
         logged.update(payload["logged_metrics"])
-    progress = getattr(trainer, "_progress", None)
-    if progress is not None and "progress" in payload:
-        vars(progress).update(payload["progress"])
+    loop = getattr(trainer, "_loop", None)
+    if loop is not None and "progress" in payload:
+        loop.load_state_dict(payload["progress"])
     checkpoint = getattr(trainer, "checkpoint_callback", None)
     if checkpoint is not None:
         for name, value in payload.get("checkpoint", {}).items():
