@@ -2,8 +2,9 @@
 
 What they share lives here: the environment (who started the processes, which rank this is), the
 launcher choice, joining and leaving the process group, the collectives, sharding the data, evening the
-training batch counts, and gathering predictions. A subclass adds how the module is wrapped and how
-gradients are synchronised.
+training batch counts (counted ones here; an epoch of unknown length is evened by the loop, a batch at a
+time, with :meth:`ParallelStrategy.ranks_with_batch`), and gathering predictions. A subclass adds how the
+module is wrapped and how gradients are synchronised.
 
 Launch: see :mod:`tandem.strategies.launchers` (who starts the processes) and
 :mod:`tandem.strategies.environments` (how a process learns its rank).
@@ -175,6 +176,10 @@ class ParallelStrategy(Strategy):
         return launchers.ScriptLauncher(environment, self.num_processes)
 
     @property
+    def steps_in_lockstep(self) -> bool:
+        return self.world_size > 1
+
+    @property
     def distributed_sampler_kwargs(self) -> dict[str, int] | None:
         if self.world_size == 1:
             return None
@@ -307,6 +312,17 @@ class ParallelStrategy(Strategy):
             dist.barrier(device_ids=[self.root_device.index])
         else:
             dist.barrier()
+
+    def _ranks_with_batch(self, has_batch: bool) -> list[bool]:
+        """Not agreed on through the store first (see :meth:`_check`): the loop asks this before every training
+        batch of an epoch of unknown length, on every rank at the same batch, so it is per-step hot path."""
+        if not dist.is_initialized():
+            return [has_batch]
+        flags = torch.zeros(dist.get_world_size(), dtype=torch.int32)
+        flags[dist.get_rank()] = int(has_batch)
+        flags = self._to_collective_device(flags)
+        dist.all_reduce(flags, op=dist.ReduceOp.SUM)
+        return [bool(flag) for flag in flags.tolist()]
 
     def _all_gather_object(self, obj: Any) -> list[Any]:
         if not dist.is_initialized():

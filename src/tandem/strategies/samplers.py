@@ -25,7 +25,8 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from tandem.utilities.data import SkippableSampler, rebuild_dataloader
+from tandem.utilities.data import SkippableSampler, has_len, rebuild_dataloader
+from tandem.utilities.exceptions import incompatible
 from tandem.utilities.rank_zero import rank_zero_warn
 
 
@@ -98,7 +99,17 @@ def shard_training(loader: DataLoader, num_replicas: int, rank: int, seed: int) 
 
     ``seed`` must be the same on every rank, or the ranks would shard different permutations.
     """
-    if type(loader.batch_sampler) is not BatchSampler and loader.batch_sampler is not None:  # a custom one
+    custom = type(loader.batch_sampler) is not BatchSampler and loader.batch_sampler is not None
+    drawn = loader.batch_sampler if custom else loader.sampler
+    if not has_len(drawn):
+        raise incompatible(
+            f"The training DataLoader's {'batch_sampler' if custom else 'sampler'} {type(drawn).__name__}",
+            "it has no __len__, so tandem cannot split it between the ranks with a DistributedSampler",
+            "Give it a __len__, or shard the data yourself (each rank its own sampler or IterableDataset) and pass "
+            "Trainer(use_distributed_sampler=False): tandem then ends each epoch for all ranks at the first batch "
+            "one of them lacks.",
+        )
+    if custom:
         wrapper = DistributedSamplerWrapper(loader.batch_sampler, num_replicas, rank, seed)
         return rebuild_dataloader(loader, batch_sampler=wrapper)
     sampler = loader.sampler

@@ -153,6 +153,13 @@ class Strategy:
         return None
 
     @property
+    def steps_in_lockstep(self) -> bool:
+        """Whether the training steps of the processes are collectives (several processes), so that every rank
+        must run the same number of training batches. The loop then evens an epoch whose length it cannot count
+        (an iterable dataset, a sampler without ``__len__``) with :meth:`ranks_with_batch`."""
+        return False
+
+    @property
     def global_rank(self) -> int:
         return 0
 
@@ -349,6 +356,14 @@ class Strategy:
 
     def _broadcast(self, obj: Any, src: int) -> Any:
         return obj
+
+    def ranks_with_batch(self, has_batch: bool) -> list[bool]:
+        """Which ranks have a next training batch, in rank order; every process calls this. One small
+        all-reduce, asked before each batch of an epoch of unknown length when :attr:`steps_in_lockstep`."""
+        return self._ranks_with_batch(bool(has_batch))
+
+    def _ranks_with_batch(self, has_batch: bool) -> list[bool]:
+        return [has_batch]
 
     def barrier(self, name: str | None = None) -> None:
         """Wait until every process reaches a barrier; ``name`` says which, for debugging."""

@@ -17,7 +17,7 @@ import torch
 
 from tandem.trainer.evaluation import run_evaluation
 from tandem.trainer.optim import TrainingOptimizer
-from tandem.utilities.data import find_sampler
+from tandem.utilities.data import find_sampler, has_len
 from tandem.utilities.exceptions import TandemUserCodeError, missing_metric
 from tandem.utilities.rank_zero import rank_zero_warn
 from tandem.utilities.seed import capture_rng_state, restore_rng_state
@@ -85,7 +85,9 @@ def run_training_epoch(trainer: Trainer, run_batch: BatchRunner) -> None:
     module.train()
     trainer._call("on_train_epoch_start")
     batches = _epoch_batches(trainer)
-    n = trainer._train.num_batches[0]
+    n = loop.epoch_batches = trainer._train.num_batches[0]
+    if trainer.strategy.steps_in_lockstep and not has_len(loader):  # only here is there a per-step collective
+        batches = _even_batches(trainer, batches, n)
     val_every = _val_check_batches(trainer)
     max_steps, one_process = trainer.max_steps, trainer.world_size == 1
     for batch_idx, batch in enumerate(batches, start=loop.batches_done):
@@ -146,6 +148,52 @@ def _epoch_batches(trainer: Trainer) -> Iterator[Any]:
     return iterator
 
 
+_END = object()
+
+
+def _even_batches(trainer: Trainer, batches: Iterator[Any], limit: int | float) -> Iterator[Any]:
+    """An epoch of unknown length whose steps are collectives (several processes): before each batch the ranks
+    agree that every one of them has it (one small all-reduce), a batch ahead, so the loop knows the epoch's
+    last batch (an accumulation window steps there) and every rank ends the epoch at the same batch, at the
+    same ``global_step``. A rank's batches beyond the first one another rank lacks are not trained on."""
+    loop, strategy = trainer._loop, trainer.strategy
+
+    def agreed(index: int) -> Any:
+        """Batch ``index`` of the epoch if every rank has one, else ``_END`` (on every rank)."""
+        if index >= limit:  # the same limit on every rank: no need to ask
+            return _END
+        batch = next(batches, _END)
+        have = strategy.ranks_with_batch(batch is not _END)
+        if all(have):
+            return batch
+        if any(have) and not loop.uneven_warned:
+            loop.uneven_warned = True
+            _warn_uneven(loop.epoch, index, have)
+        return _END
+
+    index = loop.batches_done
+    batch = agreed(index)
+    while batch is not _END:
+        following = agreed(index + 1)
+        if following is _END:
+            loop.epoch_batches = index + 1  # the last batch of the epoch, on every rank
+        yield batch
+        batch, index = following, index + 1
+
+
+def _warn_uneven(epoch: int, count: int, have: list[bool]) -> None:
+    out = [rank for rank, has in enumerate(have) if not has]
+    more = [rank for rank, has in enumerate(have) if has]
+    rank_zero_warn(
+        f"The ranks got different numbers of training batches from a dataloader of unknown length: in epoch "
+        f"{epoch}, rank(s) {out} had {count} batches and rank(s) {more} had more. Every rank ends each such epoch at the "
+        f"first batch one of them lacks (here after {count}), so all stay at the same global_step; the other "
+        "ranks' further batches are not trained on. To train on all of them, give every rank the same number "
+        "of batches (e.g. the same number of samples per rank in your IterableDataset), or use a map-style "
+        "dataset with a sampler that has __len__, which tandem shards evenly. (Shown once per fit.)"
+    )
+
+
 def _val_check_batches(trainer: Trainer) -> int:
     interval, n = trainer._config.val_check_interval, trainer._train.num_batches[0]
     if isinstance(interval, int):
@@ -173,7 +221,7 @@ def run_training_batch(trainer: Trainer, batch: Any, batch_idx: int) -> None:
     if hooks["on_train_batch_start"]:
         trainer._call("on_train_batch_start", batch, batch_idx)
     k = trainer._config.accumulate_grad_batches
-    stepping = k == 1 or (batch_idx + 1) % k == 0 or batch_idx + 1 == trainer._train.num_batches[0]
+    stepping = k == 1 or (batch_idx + 1) % k == 0 or batch_idx + 1 == trainer._loop.epoch_batches
     if stepping:
         output, loss = _forward_backward(trainer, batch, batch_idx, k)
     else:  # an accumulation micro-step: gradients stay local (DDP skips its all-reduce)
@@ -200,7 +248,7 @@ def run_training_batch_with_closure(trainer: Trainer, batch: Any, batch_idx: int
     if hooks["on_train_batch_start"]:
         trainer._call("on_train_batch_start", batch, batch_idx)
     k = trainer._config.accumulate_grad_batches
-    if not (k == 1 or (batch_idx + 1) % k == 0 or batch_idx + 1 == trainer._train.num_batches[0]):
+    if not (k == 1 or (batch_idx + 1) % k == 0 or batch_idx + 1 == trainer._loop.epoch_batches):
         with strategy.no_backward_sync(strategy.model, enabled=True):
             output, loss = _forward_backward(trainer, batch, batch_idx, k)
     else:

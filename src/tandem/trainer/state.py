@@ -23,6 +23,10 @@ class LoopState:
     batches_done: int = 0  # training batches finished in the current epoch
     epoch_finished: bool = False  # the epoch's batches are done; its end (validation, hooks) is running
     epoch_start_rng: dict[str, Any] | None = field(default=None, repr=False)  # RNG at iter(train loader)
+    # The current epoch's batch count: the training loader's (math.inf when unknown); an epoch of unknown length
+    # that several processes even gets its count once the ranks find its last batch (not saved).
+    epoch_batches: int | float = 0
+    uneven_warned: bool = False  # the ranks' uneven training batches were reported (once per fit; not saved)
     # Restored from a checkpoint, applied when the loop reaches the point they belong to (not saved).
     resume_rng: dict[str, Any] | None = field(default=None, repr=False)
     resume_train_metrics: dict[str, Any] | None = field(default=None, repr=False)
