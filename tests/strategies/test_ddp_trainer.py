@@ -32,6 +32,7 @@ SCENARIOS = (
     "decisions",
     "resume",
     "prediction_writer",
+    "uneven",
     "mismatch",
 )  # mismatch ends the job
 
@@ -313,6 +314,64 @@ def test_prediction_writer_files_of_the_ranks_cover_every_sample_once(runs, comm
     assert sorted(indices) == list(range(n))  # every sample exactly once, over the two files
     returned = runs["prediction_writer"][0]["returned"]
     assert torch.equal(torch.cat([p["x0"] for p in returned]), common.dataset(n, seed=2).tensors[0][:, 0])
+
+
+# ---------------------------------------------------------------------------------------------- uneven data
+
+
+def _uneven_reference(common: ModuleType, k: int) -> dict[str, torch.Tensor]:
+    """One process, batch 2b: step i trains rank 0's batch i with rank 1's, for the 5 batches both ranks have."""
+    x, y = common.dataset(8 * common.BATCH + 5 * common.BATCH, seed=4).tensors
+    b = common.BATCH
+    order = [j for i in range(5) for j in [*range(i * b, (i + 1) * b), *range((8 + i) * b, (9 + i) * b)]]
+    torch.manual_seed(0)
+    model = common.Net()
+    quiet_trainer(max_epochs=2, accumulate_grad_batches=k).fit(
+        model, DataLoader(torch.utils.data.TensorDataset(x[order], y[order]), batch_size=2 * b)
+    )
+    return common.weights(model)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("k", [1, 3], ids=["k1", "k3"])
+def test_uneven_data_of_unknown_length_ends_each_epoch_on_every_rank_together(runs, common, k):
+    # rank 0 has 8 batches an epoch, rank 1 has 5; with k=3 rank 1 runs out in the second accumulation window
+    rank0, rank1 = (result[f"k{k}"] for result in runs["uneven"])
+    assert rank0["steps"] == rank1["steps"] == 2 * math.ceil(5 / k)  # the short window steps at the epoch's end
+    assert rank0["grads_left"] == rank1["grads_left"] == []  # nothing accumulated is carried on
+    assert max_abs_diff(rank0["final"], rank1["final"]) == 0.0
+    assert max_abs_diff(rank0["final"], _uneven_reference(common, k)) <= 1e-6
+    n = 8 * common.BATCH + 5 * common.BATCH
+    for rank, result in enumerate((rank0, rank1)):  # each epoch: the rank's own first 5 batches, in order
+        first = 0 if rank == 0 else 8 * common.BATCH
+        seen = [round(v * n) for batch in result["samples"] for v in batch]
+        assert seen == list(range(first, first + 5 * common.BATCH)) * 2
+    (warning,) = rank0["warnings"]  # once per fit, from rank 0
+    assert "in epoch 0, rank(s) [1] had 5 batches and rank(s) [0] had more" in warning
+    assert "same number of batches" in warning and "__len__" in warning
+    assert rank1["warnings"] == []
+    # limit_train_batches=4 ends the epoch before anyone runs out: no batch read past it, no warning
+    for result in runs["uneven"]:
+        assert result["limited"] == {"steps": 4, "warnings": []}
+
+
+@pytest.mark.timeout(150)
+def test_uneven_evaluation_of_unknown_length_reduces_over_every_sample(runs, common):
+    # rank 0 evaluates 4 batches, rank 1 one; Net logs a step-level sync_dist value too: nothing may hang
+    model = common.Net()
+    model.load_state_dict(runs["uneven"][0]["k3"]["final"])
+    data = common.dataset(5 * common.EVAL_BATCH, seed=5)
+    loader = DataLoader(data, batch_size=common.EVAL_BATCH)
+    expected = {"validate": quiet_trainer().validate(model, loader)[0], "test": quiet_trainer().test(model, loader)[0]}
+    for rank, result in enumerate(runs["uneven"]):
+        for stage, metrics in expected.items():
+            (got,) = result[stage]
+            assert got == pytest.approx(metrics, rel=1e-6, abs=1e-6), (stage, got, metrics)
+        fitted = {name: result["k3"]["val"][name] for name in expected["validate"]}  # validation at the fit's end
+        assert fitted == pytest.approx(expected["validate"], rel=1e-6, abs=1e-6)
+        # data tandem did not shard: each rank predicts its own batches
+        own = range(0, 40) if rank == 0 else range(40, 50)
+        assert torch.equal(torch.cat([p["x0"] for p in result["predict"]]), data.tensors[0][list(own), 0])
 
 
 # ---------------------------------------------------------------------------------------------- ddp_spawn

@@ -22,7 +22,7 @@ from torch.utils.data import (
 )
 
 from helpers import clear_launch_variables
-from tandem.strategies import DDPStrategy
+from tandem.strategies import DDPStrategy, SingleDeviceStrategy
 from tandem.strategies.launchers import ScriptLauncher, SpawnLauncher
 from tandem.strategies.registry import resolve_strategy
 from tandem.strategies.samplers import (
@@ -139,6 +139,18 @@ def test_collectives_without_a_process_group_are_identities():
         strategy.reduce(value, "avg")
 
 
+def test_steps_in_lockstep_only_with_several_processes(monkeypatch):
+    single = SingleDeviceStrategy(device="cpu")
+    assert not single.steps_in_lockstep and single.ranks_with_batch(1) == [True]  # no collective, no loop cost
+    _as_rank(monkeypatch, 1)
+    assert _strategy().steps_in_lockstep
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert not _strategy(devices=1).steps_in_lockstep
+    assert _strategy(devices=1).ranks_with_batch(False) == [False]  # no process group: this rank's answer
+
+
 def test_unused_parameter_error_names_the_parameters():
     strategy = _strategy()
 
@@ -235,6 +247,20 @@ def test_random_custom_sampler_draws_alike_on_every_rank(monkeypatch):
         loader = _strategy().process_dataloader(DataLoader(_dataset(20), batch_size=5, sampler=sampler), "fit")
         shards.append(_indices(loader))
     assert sorted(shards[0] + shards[1]) == list(range(20))
+
+
+@pytest.mark.parametrize("batches", [False, True], ids=["sampler", "batch_sampler"])
+def test_a_training_sampler_without_len_is_a_clear_error(monkeypatch, batches):
+    class Endless(Sampler):
+        def __iter__(self):
+            return iter(range(8))
+
+    _as_rank(monkeypatch, 0)
+    given = {"batch_sampler": Endless()} if batches else {"sampler": Endless(), "batch_size": 2}
+    with pytest.raises(TandemConfigError, match=r"Endless: it has no __len__.*use_distributed_sampler=False"):
+        _strategy().process_dataloader(DataLoader(_dataset(8), **given), "fit")
+    mine = DataLoader(_dataset(8), **given)  # sharded by the user: tandem evens the epochs as it trains
+    assert _strategy(use_distributed_sampler=False).process_dataloader(mine, "fit") is mine
 
 
 def test_custom_batch_sampler_is_wrapped(monkeypatch):

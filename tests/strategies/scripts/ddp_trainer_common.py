@@ -4,10 +4,11 @@ single-device references and ``ddp_spawn``), so both sides train exactly the sam
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 import torchmetrics
 from torch import nn
-from torch.utils.data import TensorDataset
+from torch.utils.data import IterableDataset, TensorDataset
 
 import tandem
 
@@ -23,6 +24,20 @@ def dataset(n: int, seed: int = 1) -> TensorDataset:
     x[:, 0] = torch.arange(n, dtype=torch.float32) / n
     y = ((x[:, 1] > 0).long() + (x[:, 2] > 0.5).long()) % CLASSES
     return TensorDataset(x, y)
+
+
+class RankSamples(IterableDataset):
+    """Data of unknown length that each rank reads its own share of (the user shards by hand): rank r yields
+    ``per_rank[r]`` samples of ``dataset(sum(per_rank), seed)``, rank 0 the first ones."""
+
+    def __init__(self, per_rank: tuple[int, ...], seed: int) -> None:
+        self.per_rank, self.seed = per_rank, seed
+
+    def __iter__(self):
+        data = dataset(sum(self.per_rank), self.seed)
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        start = sum(self.per_rank[:rank])
+        return (data[i] for i in range(start, start + self.per_rank[rank]))
 
 
 class Net(tandem.TrainingModule):

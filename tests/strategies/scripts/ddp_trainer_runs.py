@@ -12,6 +12,8 @@ group, and each rank saves what it saw to ``<out>/<scenario>-rank<r>.pt`` for th
     decisions    ModelCheckpoint + EarlyStopping monitoring a metric that differs per rank
     resume       2 epochs + resume from last.ckpt to 4 == 4 epochs (shuffle, dropout, Adam); one file per save
     prediction_writer  a BasePredictionWriter writing one file per rank: predictions and their dataset indices
+    uneven       data of unknown length, 8 training batches on rank 0 and 5 on rank 1 (accumulate 1 and 3, a
+                 limit), and 4 and 1 evaluation batches: fit, validate, test and predict
     mismatch     (last: it ends in an error on every rank) a torchmetrics Metric logged on one rank only
 """
 
@@ -30,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from ddp_trainer_common import BATCH, EVAL_BATCH, EVAL_SAMPLES, TRAIN_SAMPLES, Net, dataset, weights
+from ddp_trainer_common import BATCH, EVAL_BATCH, EVAL_SAMPLES, TRAIN_SAMPLES, Net, RankSamples, dataset, weights
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
@@ -424,6 +426,46 @@ def prediction_writer(out: Path) -> dict[str, Any]:
     return {"batch_writes": writer.batch_writes, "returned": returned}
 
 
+# ---------------------------------------------------------------------------------------------- uneven
+
+UNEVEN_TRAIN, UNEVEN_EVAL = (8 * BATCH, 5 * BATCH), (4 * EVAL_BATCH, EVAL_BATCH)  # samples per rank
+
+
+def uneven(out: Path) -> dict[str, Any]:
+    """Loaders of unknown length giving the ranks different numbers of batches: training, with validation at
+    each epoch end, must end every epoch on all ranks together; evaluation runs each rank's own batches."""
+    result: dict[str, Any] = {}
+    for k in (1, 3):  # 5 batches and k=3: rank 1 runs out in the second accumulation window
+        torch.manual_seed(0)
+        model, recorder = Net(), Recorder()
+        trainer = tandem.Trainer(strategy="ddp", max_epochs=2, accumulate_grad_batches=k, callbacks=[recorder], **QUIET)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.fit(
+                model,
+                DataLoader(RankSamples(UNEVEN_TRAIN, seed=4), batch_size=BATCH),
+                DataLoader(RankSamples(UNEVEN_EVAL, seed=5), batch_size=EVAL_BATCH),
+            )
+        result[f"k{k}"] = {
+            "steps": trainer.global_step,
+            "final": weights(model),
+            "samples": recorder.samples,
+            "grads_left": [n for n, p in model.named_parameters() if p.grad is not None],
+            "val": {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val_")},
+            "warnings": [str(w.message) for w in caught if "different numbers" in str(w.message)],
+        }
+    limited = tandem.Trainer(strategy="ddp", max_epochs=1, limit_train_batches=4, **QUIET)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        limited.fit(Net(), DataLoader(RankSamples(UNEVEN_TRAIN, seed=4), batch_size=BATCH))
+    result["limited"] = {"steps": limited.global_step, "warnings": [str(w.message) for w in caught]}
+    evaluation = DataLoader(RankSamples(UNEVEN_EVAL, seed=5), batch_size=EVAL_BATCH)
+    result["validate"] = trainer.validate(model, evaluation)
+    result["test"] = trainer.test(model, evaluation)
+    result["predict"] = trainer.predict(model, evaluation)
+    return result
+
+
 # ---------------------------------------------------------------------------------------------- mismatch
 
 
@@ -440,7 +482,9 @@ def mismatch(out: Path) -> dict[str, Any]:
     return {"error": None}
 
 
-SCENARIOS = {f.__name__: f for f in (equivalence, evaluation, logging, decisions, resume, prediction_writer, mismatch)}
+SCENARIOS = {
+    f.__name__: f for f in (equivalence, evaluation, logging, decisions, resume, prediction_writer, uneven, mismatch)
+}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
