@@ -339,6 +339,8 @@ def test_uneven_data_of_unknown_length_ends_each_epoch_on_every_rank_together(ru
     rank0, rank1 = (result[f"k{k}"] for result in runs["uneven"])
     assert rank0["steps"] == rank1["steps"] == 2 * math.ceil(5 / k)  # the short window steps at the epoch's end
     assert rank0["grads_left"] == rank1["grads_left"] == []  # nothing accumulated is carried on
+    # val_check_interval (batches) on every rank at the same steps; not twice at the epoch's last batch
+    assert rank0["validated_at"] == rank1["validated_at"] == ([5, 10] if k == 1 else [0, 1, 2, 2, 3, 4])
     assert max_abs_diff(rank0["final"], rank1["final"]) == 0.0
     assert max_abs_diff(rank0["final"], _uneven_reference(common, k)) <= 1e-6
     n = 8 * common.BATCH + 5 * common.BATCH

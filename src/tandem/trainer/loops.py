@@ -94,7 +94,9 @@ def run_training_epoch(trainer: Trainer, run_batch: BatchRunner) -> None:
         if batch_idx >= n:
             break
         run_batch(trainer, batch, batch_idx)
-        if val_every and (batch_idx + 1) % val_every == 0 and batch_idx + 1 < n and _val_due_this_epoch(trainer):
+        # not after the epoch's last batch (known there in an evened epoch too): the epoch-end validation follows
+        due = val_every and (batch_idx + 1) % val_every == 0 and batch_idx + 1 < loop.epoch_batches
+        if due and _val_due_this_epoch(trainer):
             run_evaluation(trainer, "validate")
             metrics.stage = trainer.state.stage = "train"
         if 0 <= max_steps <= loop.global_step or trainer.should_stop and one_process and _min_reached(trainer):

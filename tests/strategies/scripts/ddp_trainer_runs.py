@@ -435,10 +435,25 @@ def uneven(out: Path) -> dict[str, Any]:
     """Loaders of unknown length giving the ranks different numbers of batches: training, with validation at
     each epoch end, must end every epoch on all ranks together; evaluation runs each rank's own batches."""
     result: dict[str, Any] = {}
+
+    class Validations(tandem.Callback):
+        def __init__(self) -> None:
+            self.at: list[int] = []
+
+        def on_validation_start(self, trainer: tandem.Trainer, module: tandem.TrainingModule) -> None:
+            self.at.append(trainer.global_step)
+
     for k in (1, 3):  # 5 batches and k=3: rank 1 runs out in the second accumulation window
         torch.manual_seed(0)
-        model, recorder = Net(), Recorder()
-        trainer = tandem.Trainer(strategy="ddp", max_epochs=2, accumulate_grad_batches=k, callbacks=[recorder], **QUIET)
+        model, recorder, validations = Net(), Recorder(), Validations()
+        trainer = tandem.Trainer(
+            strategy="ddp",
+            max_epochs=2,
+            accumulate_grad_batches=k,
+            val_check_interval=5 if k == 1 else 2,  # k=1: batch 5 is the evened epoch's last: validated once
+            callbacks=[recorder, validations],
+            **QUIET,
+        )
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             trainer.fit(
@@ -451,6 +466,7 @@ def uneven(out: Path) -> dict[str, Any]:
             "final": weights(model),
             "samples": recorder.samples,
             "grads_left": [n for n, p in model.named_parameters() if p.grad is not None],
+            "validated_at": list(validations.at),  # (the validate call below adds to it)
             "val": {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val_")},
             "warnings": [str(w.message) for w in caught if "different numbers" in str(w.message)],
         }
