@@ -72,6 +72,24 @@ def test_accumulating_two_half_batches_equals_one_full_batch():
     assert max_abs_diff(a.state_dict(), b.state_dict()) < 1e-6
 
 
+def test_an_epoch_of_unknown_length_steps_its_last_accumulation_window():
+    class Stream(torch.utils.data.IterableDataset):  # 5 batches of 8: no __len__
+        def __iter__(self):
+            data = make_data(40)
+            return (data[i] for i in range(40))
+
+    tandem.seed_everything(0)
+    a = TinyModule(lr=0.1)
+    b = copy.deepcopy(a)
+    streamed = quiet_trainer(max_epochs=2, accumulate_grad_batches=3)
+    streamed.fit(a, DataLoader(Stream(), batch_size=8))
+    sized = quiet_trainer(max_epochs=2, accumulate_grad_batches=3)
+    sized.fit(b, loader(40, 8))
+    assert streamed.global_step == sized.global_step == 4  # windows of 3 and 2 batches each epoch
+    assert all(p.grad is None for p in a.parameters())  # nothing carried into the next epoch
+    assert max_abs_diff(a.state_dict(), b.state_dict()) == 0.0
+
+
 @pytest.mark.parametrize("algorithm", ["norm", "value"])
 def test_gradient_clipping_limits_what_the_optimizer_sees(algorithm):
     seen = []

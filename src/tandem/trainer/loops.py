@@ -86,7 +86,8 @@ def run_training_epoch(trainer: Trainer, run_batch: BatchRunner) -> None:
     trainer._call("on_train_epoch_start")
     batches = _epoch_batches(trainer)
     n = loop.epoch_batches = trainer._train.num_batches[0]
-    if trainer.strategy.steps_in_lockstep and not has_len(loader):  # only here is there a per-step collective
+    lockstep = trainer.strategy.steps_in_lockstep  # several processes: only here is there a collective per step
+    if (lockstep or trainer._config.accumulate_grad_batches > 1) and not has_len(loader):
         batches = _even_batches(trainer, batches, n)
     val_every = _val_check_batches(trainer)
     max_steps, one_process = trainer.max_steps, trainer.world_size == 1
@@ -154,10 +155,11 @@ _END = object()
 
 
 def _even_batches(trainer: Trainer, batches: Iterator[Any], limit: int | float) -> Iterator[Any]:
-    """An epoch of unknown length whose steps are collectives (several processes): before each batch the ranks
-    agree that every one of them has it (one small all-reduce), a batch ahead, so the loop knows the epoch's
-    last batch (an accumulation window steps there) and every rank ends the epoch at the same batch, at the
-    same ``global_step``. A rank's batches beyond the first one another rank lacks are not trained on."""
+    """An epoch of unknown length, read a batch ahead so that the loop knows its last batch (an accumulation
+    window cut short steps there, as in Lightning). When the steps are collectives (several processes), the
+    ranks agree on each batch that every one of them has it (one small all-reduce; one process asks nobody),
+    so every rank ends the epoch at the same batch, at the same ``global_step``. A rank's batches beyond the
+    first one another rank lacks are not trained on."""
     loop, strategy = trainer._loop, trainer.strategy
 
     def agreed(index: int) -> Any:
