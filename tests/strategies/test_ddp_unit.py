@@ -7,6 +7,7 @@ Ranks are simulated with environment variables (a LocalEnvironment with LOCAL_RA
 from __future__ import annotations
 
 import datetime
+import re
 
 import pytest
 import torch
@@ -261,6 +262,26 @@ def test_a_training_sampler_without_len_is_a_clear_error(monkeypatch, batches):
         _strategy().process_dataloader(DataLoader(_dataset(8), **given), "fit")
     mine = DataLoader(_dataset(8), **given)  # sharded by the user: tandem evens the epochs as it trains
     assert _strategy(use_distributed_sampler=False).process_dataloader(mine, "fit") is mine
+
+
+@pytest.mark.parametrize(
+    ("counts", "iterable", "shown"),
+    [([-1, 3], True, "['unknown', 3]"), ([4, 3], True, "[4, 3]"), ([2, -1], False, "[2, 'unknown']")],
+    ids=["one-length-unknown", "iterable-lengths-differ", "sampler-length-unknown-on-one"],
+)
+def test_training_lengths_tandem_cannot_even_are_a_clear_error(monkeypatch, counts, iterable, shown):
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(range(8))
+
+    _as_rank(monkeypatch, 0)
+    strategy = _strategy(use_distributed_sampler=False)
+    monkeypatch.setattr(strategy, "all_gather", lambda local: torch.tensor(counts))  # what the ranks report
+    given = DataLoader(Stream(), batch_size=2) if iterable else DataLoader(_dataset(4), batch_size=2)
+    with pytest.raises(TandemConfigError, match=rf"have these lengths \(batches per epoch\): {re.escape(shown)}"):
+        strategy.process_dataloader(given, "fit")
+    monkeypatch.setattr(strategy, "all_gather", lambda local: torch.tensor([-1, -1]))  # no rank knows: the loop evens
+    assert strategy.process_dataloader(given, "fit") is given
 
 
 def test_custom_batch_sampler_is_wrapped(monkeypatch):

@@ -56,7 +56,7 @@ from tandem.strategies.samplers import (
 )
 from tandem.strategies.strategy import ReduceOp, Strategy
 from tandem.utilities.data import has_len, is_iterable_style, rebuild_dataloader
-from tandem.utilities.exceptions import TandemConfigError, bad_choice, out_of_range
+from tandem.utilities.exceptions import TandemConfigError, bad_choice, incompatible, out_of_range
 from tandem.utilities.rank_zero import rank_zero_warn, set_rank
 
 START_METHODS = ("popen", "spawn")
@@ -347,17 +347,27 @@ class ParallelStrategy(Strategy):
                 dataloader = shard_training(dataloader, replicas, rank, seed)
             else:
                 dataloader = shard_evaluation(dataloader, replicas, rank)
-        if stage == "fit" and shardable:
-            dataloader = self._even_batches(dataloader)
+        if stage == "fit" and shards is not None:
+            dataloader = self._even_batches(dataloader, shardable)
         return dataloader
 
-    def _even_batches(self, loader: DataLoader) -> DataLoader:
-        """Ranks with different training batch counts would wait for each other: keep the smallest count."""
+    def _even_batches(self, loader: DataLoader, rebuildable: bool) -> DataLoader:
+        """Ranks with different training batch counts would wait for each other: keep the smallest count.
+        Loaders of unknown length on every rank are evened by the loop as it trains."""
         local = torch.tensor(len(loader) if has_len(loader) else -1)
         counts = [int(c) for c in self.all_gather(local).tolist()]
         fewest = min(counts)
-        if fewest < 0 or fewest == max(counts):
+        if fewest == max(counts) or max(counts) < 0:
             return loader
+        if fewest < 0 or not rebuildable:
+            shown = [c if c >= 0 else "unknown" for c in counts]
+            raise incompatible(
+                f"The training loaders of the ranks have these lengths (batches per epoch): {shown}",
+                "tandem can even them only when every rank's length is known and its DataLoader can be rebuilt, "
+                "or when no rank's length is known (then each epoch ends at the first batch a rank lacks)",
+                "Give every rank the same kind of loader with the same number of batches, or leave __len__ out "
+                "of all of them.",
+            )
         rank_zero_warn(
             f"The ranks have different numbers of training batches per epoch ({counts}); each rank trains on "
             f"its first {fewest}, dropping {sum(counts) - fewest * len(counts)} batches in all. Give every "
