@@ -348,7 +348,7 @@ def test_uneven_data_of_unknown_length_ends_each_epoch_on_every_rank_together(ru
         first = 0 if rank == 0 else 8 * common.BATCH
         seen = [round(v * n) for batch in result["samples"] for v in batch]
         assert seen == list(range(first, first + 5 * common.BATCH)) * 2
-    (warning,) = rank0["warnings"]  # once per fit, from rank 0
+    (warning,) = rank0["warnings"]  # once (two uneven epochs), from rank 0
     assert "in epoch 0, rank(s) [1] had 5 batches and rank(s) [0] had more" in warning
     assert "same number of batches" in warning and "__len__" in warning
     assert rank1["warnings"] == []

@@ -88,7 +88,7 @@ def run_training_epoch(trainer: Trainer, run_batch: BatchRunner) -> None:
     n = loop.epoch_batches = trainer._train.num_batches[0]
     lockstep = trainer.strategy.steps_in_lockstep  # several processes: only here is there a collective per step
     if (lockstep or trainer._config.accumulate_grad_batches > 1) and not has_len(loader):
-        batches = _even_batches(trainer, batches, n)
+        batches = _agreed_batches(trainer, batches, n)
     val_every = _val_check_batches(trainer)
     max_steps, one_process = trainer.max_steps, trainer.world_size == 1
     for batch_idx, batch in enumerate(batches, start=loop.batches_done):
@@ -154,7 +154,7 @@ def _epoch_batches(trainer: Trainer) -> Iterator[Any]:
 _END = object()
 
 
-def _even_batches(trainer: Trainer, batches: Iterator[Any], limit: int | float) -> Iterator[Any]:
+def _agreed_batches(trainer: Trainer, batches: Iterator[Any], limit: int | float) -> Iterator[Any]:
     """An epoch of unknown length, read a batch ahead so that the loop knows its last batch (an accumulation
     window cut short steps there, as in Lightning). When the steps are collectives (several processes), the
     ranks agree on each batch that every one of them has it (one small all-reduce; one process asks nobody),
@@ -189,12 +189,12 @@ def _warn_uneven(epoch: int, count: int, have: list[bool]) -> None:
     out = [rank for rank, has in enumerate(have) if not has]
     more = [rank for rank, has in enumerate(have) if has]
     rank_zero_warn(
-        f"The ranks got different numbers of training batches from a dataloader of unknown length: in epoch "
-        f"{epoch}, rank(s) {out} had {count} batches and rank(s) {more} had more. Every rank ends each such epoch at the "
-        f"first batch one of them lacks (here after {count}), so all stay at the same global_step; the other "
-        "ranks' further batches are not trained on. To train on all of them, give every rank the same number "
-        "of batches (e.g. the same number of samples per rank in your IterableDataset), or use a map-style "
-        "dataset with a sampler that has __len__, which tandem shards evenly. (Shown once per fit.)"
+        "The ranks got different numbers of training batches from a dataloader of unknown length: in epoch "
+        f"{epoch}, rank(s) {out} had {count} batches and rank(s) {more} had more. Every rank ends each such "
+        f"epoch at the first batch one of them lacks (here after {count}), so all stay at the same global_step; "
+        "the other ranks' further batches are not trained on. To train on all of them, give every rank the "
+        "same number of batches (e.g. the same number of samples per rank in your IterableDataset), or use a "
+        "map-style dataset with a sampler that has __len__, which tandem shards evenly. (Shown once.)"
     )
 
 

@@ -26,7 +26,7 @@ class LoopState:
     # The current epoch's batch count: the training loader's (math.inf when unknown); an epoch of unknown length
     # that several processes even gets its count once the ranks find its last batch (not saved).
     epoch_batches: int | float = 0
-    uneven_warned: bool = False  # the ranks' uneven training batches were reported (once per fit; not saved)
+    uneven_warned: bool = False  # the ranks' uneven training batches were reported (once; not saved)
     # Restored from a checkpoint, applied when the loop reaches the point they belong to (not saved).
     resume_rng: dict[str, Any] | None = field(default=None, repr=False)
     resume_train_metrics: dict[str, Any] | None = field(default=None, repr=False)
