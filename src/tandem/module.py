@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -98,7 +99,7 @@ class TrainingModule(HyperparametersMixin, nn.Module):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._trainer: Trainer | None = None
+        self._trainer = None
         self._hparams: AttributeDict = AttributeDict()
         self._log_hyperparams = True
         self._automatic_optimization = True
@@ -106,8 +107,20 @@ class TrainingModule(HyperparametersMixin, nn.Module):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_trainer"] = None  # pickled for spawned processes or deep copies: never drag the Trainer along
+        state["_trainer_ref"] = None  # pickled for spawned processes or deep copies: never drag the Trainer along
         return state
+
+    @property
+    def _trainer(self) -> Trainer | None:
+        """The Trainer running this module, or None. Held weakly: the Trainer holds the module (``trainer.test()``
+        after ``fit`` reuses it), and a reference back would make a cycle that only Python's garbage collector
+        frees, keeping the module's memory after a finished fit."""
+        ref = self.__dict__.get("_trainer_ref")
+        return None if ref is None else ref()
+
+    @_trainer.setter
+    def _trainer(self, trainer: Trainer | None) -> None:
+        self.__dict__["_trainer_ref"] = None if trainer is None else weakref.ref(trainer)
 
     # ------------------------------------------------------------------ the user's steps
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor | Mapping[str, Any] | None:
@@ -440,9 +453,15 @@ class TrainingModule(HyperparametersMixin, nn.Module):
     # ------------------------------------------------------------------ read-only views of the run
     @property
     def trainer(self) -> Trainer:
-        if self._trainer is None:
-            raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer; call trainer.fit(model) first.")
-        return self._trainer
+        """The Trainer running this module, or the one of its latest run while that Trainer exists (the module
+        refers to it weakly, so that a finished fit's memory is freed as soon as both go out of scope)."""
+        trainer = self._trainer
+        if trainer is None:
+            raise RuntimeError(
+                f"{type(self).__name__} is not attached to a Trainer: call trainer.fit(model) first, and keep the "
+                "Trainer while you use model.trainer (the module does not keep it alive)."
+            )
+        return trainer
 
     @property
     def device(self) -> torch.device:
@@ -594,9 +613,22 @@ class DataModule(HyperparametersMixin):
     prepare_data_per_node: bool = True
 
     def __init__(self) -> None:
-        self.trainer: Trainer | None = None
+        self._trainer_ref: weakref.ReferenceType[Trainer] | None = None
         self._hparams = AttributeDict()
         self._log_hyperparams = True
+
+    @property
+    def trainer(self) -> Trainer | None:
+        """The Trainer of the current or latest run while it exists (held weakly, as the module holds it)."""
+        ref = self.__dict__.get("_trainer_ref")  # a subclass may not have called DataModule.__init__
+        return None if ref is None else ref()
+
+    @trainer.setter
+    def trainer(self, trainer: Trainer | None) -> None:
+        self._trainer_ref = None if trainer is None else weakref.ref(trainer)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_trainer_ref": None}
 
     def prepare_data(self) -> None: ...
     def setup(self, stage: str) -> None: ...
