@@ -67,7 +67,49 @@ class HyperparametersMixin:
         return self.__dict__["_hparams"]
 
 
-class TrainingModule(HyperparametersMixin, nn.Module):
+class DataHooks:
+    """Where data comes from and how a batch reaches the device: shared by :class:`TrainingModule` and
+    :class:`DataModule` (a DataModule's override wins). Transfer hooks are called only when overridden."""
+
+    # ------------------------------------------------------------------ data (used when fit gets no loaders)
+    def prepare_data(self) -> None:
+        """Download or write data once per node (local rank 0); do not set state on ``self`` here."""
+
+    def setup(self, stage: str) -> None:
+        """Called on every process before the run, with ``stage`` in "fit" | "validate" | "test" | "predict"."""
+
+    def teardown(self, stage: str) -> None:
+        """Called on every process after the run."""
+
+    def train_dataloader(self) -> Any:
+        """The training loader, used when ``fit`` gets neither loaders nor a datamodule."""
+        return None
+
+    def val_dataloader(self) -> Any:
+        """The validation loader(s): one, a list or a dict."""
+        return None
+
+    def test_dataloader(self) -> Any:
+        return None
+
+    def predict_dataloader(self) -> Any:
+        return None
+
+    # ------------------------------------------------------------------ batch transfer (called only when overridden)
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Move ``batch`` to ``device``: tensors (and objects with ``.to``) inside any collection."""
+        return apply_to_collection(batch, (torch.Tensor, nn.Module), lambda t: t.to(device, non_blocking=True))
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change the batch on the CPU before it moves to the device; return it."""
+        return batch
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change the batch on the device (e.g. GPU augmentations); return it."""
+        return batch
+
+
+class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
     """A model together with how to train, evaluate and optimize it (Lightning's ``LightningModule``).
 
     Override ``training_step`` and ``configure_optimizers``; the rest is optional. Hooks run on every
@@ -165,43 +207,6 @@ class TrainingModule(HyperparametersMixin, nn.Module):
         """Callbacks this module needs (a callback or a list), added to the Trainer's at every run; one whose
         class is (a subclass of) a Trainer callback's replaces it, as in Lightning."""
         return []
-
-    # ------------------------------------------------------------------ data hooks (used when fit gets no data)
-    def prepare_data(self) -> None:
-        """Download or write data once per node (local rank 0); do not set state on ``self`` here."""
-
-    def setup(self, stage: str) -> None:
-        """Called on every process before the run, with ``stage`` in "fit" | "validate" | "test" | "predict"."""
-
-    def teardown(self, stage: str) -> None:
-        """Called on every process after the run."""
-
-    def train_dataloader(self) -> Any:
-        """The training loader, used when ``fit`` gets neither loaders nor a datamodule."""
-        return None
-
-    def val_dataloader(self) -> Any:
-        """The validation loader(s): one, a list or a dict."""
-        return None
-
-    def test_dataloader(self) -> Any:
-        return None
-
-    def predict_dataloader(self) -> Any:
-        return None
-
-    # ------------------------------------------------------------------ batch transfer (called only when overridden)
-    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        """Move ``batch`` to ``device``: tensors (and objects with ``.to``) inside any collection."""
-        return apply_to_collection(batch, (torch.Tensor, nn.Module), lambda t: t.to(device, non_blocking=True))
-
-    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Change the batch on the CPU before it moves to the device; return it."""
-        return batch
-
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Change the batch on the device (e.g. GPU augmentations); return it."""
-        return batch
 
     # ------------------------------------------------------------------ optimization
     @property
@@ -588,7 +593,7 @@ def _instantiate(cls: type, hparams: dict[str, Any], path: str | os.PathLike) ->
     return cls(**hparams)
 
 
-class DataModule(HyperparametersMixin):
+class DataModule(HyperparametersMixin, DataHooks):
     """Data loading in one place: download once, set up per process, hand out loaders.
 
     ``prepare_data`` runs once per node (on local rank 0 while the other ranks wait) and must not set
@@ -629,32 +634,6 @@ class DataModule(HyperparametersMixin):
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_trainer_ref": None}
-
-    def prepare_data(self) -> None: ...
-    def setup(self, stage: str) -> None: ...
-    def teardown(self, stage: str) -> None: ...
-
-    def train_dataloader(self) -> Any:
-        return None
-
-    def val_dataloader(self) -> Any:
-        return None
-
-    def test_dataloader(self) -> Any:
-        return None
-
-    def predict_dataloader(self) -> Any:
-        return None
-
-    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        """As :meth:`TrainingModule.transfer_batch_to_device`; the DataModule's override wins."""
-        return TrainingModule.transfer_batch_to_device(self, batch, device, dataloader_idx)  # type: ignore[arg-type]
-
-    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        return batch
-
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        return batch
 
     def state_dict(self) -> dict[str, Any]:
         return {}

@@ -1,4 +1,5 @@
 import csv
+import errno
 import logging
 import os
 from datetime import timedelta
@@ -9,10 +10,10 @@ import torch
 
 from callbacks._fake import fake_trainer, metrics
 from helpers import TinyModule, loader, max_abs_diff, quiet_trainer
-from tandem.callbacks import ModelCheckpoint
+from tandem.callbacks import Callback, ModelCheckpoint
 from tandem.loggers import CSVLogger
 from tandem.utilities.checkpoint import load_checkpoint_file
-from tandem.utilities.exceptions import MissingMetricError, TandemConfigError
+from tandem.utilities.exceptions import FileWriteError, MissingMetricError, TandemConfigError
 
 
 def _setup(callback, tmp_path, **attrs):
@@ -398,3 +399,26 @@ def test_resume_into_a_new_version_folder_keeps_the_best_of_the_earlier_folder(t
     assert _files(new) == ["epoch=4.ckpt", "last.ckpt"]
     best = load_checkpoint_file(resumed.best_model_path)
     assert best["epoch"] == 1
+
+
+# ---------------------------------------------------------------------- the folder
+
+
+class _CountBatches(Callback):
+    def __init__(self) -> None:
+        self.batches = 0
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+        self.batches += 1
+
+
+def test_an_unwritable_checkpoint_folder_fails_at_setup_before_any_training(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    counter = _CountBatches()
+    trainer = quiet_trainer(max_epochs=1, callbacks=[ModelCheckpoint(dirpath=blocker / "ckpts"), counter])
+    with pytest.raises(FileWriteError, match=r"Could not write the ModelCheckpoint folder .*a-file' is a file") as err:
+        trainer.fit(TinyModule(), loader())
+    assert "Checked before training, so no work is lost" in str(err.value) and err.value.errno == errno.ENOTDIR
+    assert counter.batches == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # the check leaves nothing behind

@@ -35,7 +35,7 @@ def test_rates_are_logged_every_log_every_n_steps_and_shown_in_the_bar():
     assert monitor.last["throughput/samples_per_sec"] == pytest.approx(64 / 5)
     assert monitor.last["throughput/samples_per_sec_per_device"] == pytest.approx(64 / 5)
     for name in NAMES:
-        assert trainer.callback_metrics[name].item() == pytest.approx(monitor.last[name])
+        assert trainer.logged_metrics[name] == pytest.approx(monitor.last[name])
     assert set(trainer.progress_bar_metrics) >= {"throughput/samples_per_sec", "throughput/batches_per_sec"}
     assert "throughput/samples_per_sec_per_device" not in trainer.progress_bar_metrics
 
@@ -71,15 +71,39 @@ def test_per_device_rates_count_the_devices_of_a_dp_process():
 
 def test_totals_scale_with_world_size():
     logged = {}
-    module = SimpleNamespace(log=lambda name, value, **kw: logged.__setitem__(name, value))
+    module = SimpleNamespace(log=lambda name, value, **kw: None)
     strategy = SimpleNamespace(root_device=torch.device("cpu"), devices_per_process=1)  # as in ddp
-    trainer = SimpleNamespace(world_size=4, strategy=strategy, global_step=0, log_every_n_steps=1)
+    trainer = SimpleNamespace(
+        world_size=4, strategy=strategy, global_step=0, log_every_n_steps=1, log_metrics=logged.update
+    )
     monitor = ticking(ThroughputMonitor())
     monitor.on_train_batch_start(trainer, module, torch.zeros(8, 3), 0)
-    monitor.on_before_zero_grad(trainer, module, None)
+    trainer.global_step = 1
+    monitor.on_train_batch_end(trainer, module, None, torch.zeros(8, 3), 0)
     assert logged["throughput/samples_per_sec"] == pytest.approx(8 * 4)
     assert logged["throughput/samples_per_sec_per_device"] == pytest.approx(8)
     assert logged["throughput/batches_per_sec"] == pytest.approx(4)
+
+
+def test_manual_optimization_is_measured_too():
+    class Manual(TinyModule):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            optimizer = self.optimizers()
+            x, y = batch
+            loss = torch.nn.functional.cross_entropy(self(x), y)
+            optimizer.zero_grad()
+            self.manual_backward(loss)
+            optimizer.step()
+
+    monitor = ticking(ThroughputMonitor())
+    trainer = quiet_trainer(max_steps=4, log_every_n_steps=2, callbacks=[monitor])
+    trainer.fit(Manual(), loader(64, batch_size=16))
+    assert monitor.last["throughput/batches_per_sec"] == pytest.approx(4 / 5)
+    assert trainer.logged_metrics["throughput/samples_per_sec"] == pytest.approx(64 / 5)
 
 
 def test_bad_window():

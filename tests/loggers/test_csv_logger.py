@@ -1,12 +1,14 @@
 import csv
+import errno
 import os
 
 import pytest
 
 from helpers import TinyModule, loader, quiet_trainer
 from tandem.loggers import CSVLogger
+from tandem.loggers import csv as csv_module
 from tandem.loggers import logger as logger_module
-from tandem.utilities.exceptions import TandemConfigError
+from tandem.utilities.exceptions import FileWriteError, TandemConfigError
 
 
 def _read(logger):
@@ -89,3 +91,23 @@ def test_a_resumed_run_appends_to_the_existing_file(tmp_path):
 def test_flush_interval_must_be_positive(tmp_path):
     with pytest.raises(TandemConfigError, match="CSVLogger: flush_logs_every_n_steps=0 is out of range"):
         CSVLogger(tmp_path, flush_logs_every_n_steps=0)
+
+
+def test_a_full_disk_is_reported_naming_the_metrics_file(tmp_path, monkeypatch):
+    """Appending rows and rewriting the file alike: FileWriteError with the path and the cause."""
+    logger = CSVLogger(tmp_path)
+    logger.log_metrics({"loss": 1.0}, step=0)
+    logger.save()
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(csv_module, "open", full_disk, raising=False)  # the append
+    logger.log_metrics({"loss": 0.5}, step=1)
+    with pytest.raises(FileWriteError, match=r"Could not write the metrics file '.*metrics.csv': No space left on"):
+        logger.save()
+    monkeypatch.undo()
+    monkeypatch.setattr(logger_module.os, "replace", full_disk)  # a rewrite (new column) fails at the rename
+    logger.log_metrics({"loss": 0.25, "acc": 0.5}, step=2)
+    with pytest.raises(FileWriteError, match=r"metrics.csv': No space left on device \(ENOSPC\)\. The previous"):
+        logger.save()

@@ -135,18 +135,69 @@ def reference(tmp_path_factory) -> dict[str, torch.Tensor]:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("crash_rank", [1, 0])
 def test_exception_in_one_rank_ends_the_job(tmp_path, crash_rank):
-    """The failing rank's traceback is shown, the job exits non-zero within seconds, and no process is left."""
+    """The failing rank's traceback is shown, the job exits non-zero within seconds, and no process is left. Rank 0
+    leaves through a Python exception (its finally blocks run) that carries the failing rank's traceback."""
     start = time.monotonic()
     done = _python([str(SCRIPT), "crash", "--crash-rank", str(crash_rank), "--out", str(tmp_path)], _env(), timeout=30)
     elapsed = time.monotonic() - start
-    assert done.returncode != 0
+    assert done.returncode == 1  # an uncaught Python exception in rank 0, not os._exit
     assert elapsed < 30
     assert f"RuntimeError: boom at step 3 on rank {crash_rank}" in done.stderr, done.stderr
+    assert all((tmp_path / f"pid{r}").exists() for r in (0, 1))  # both ranks were training
+    assert (tmp_path / "finally0").read_text() == "ran"  # rank 0 left through a Python exception: finally ran
+    raised = (tmp_path / "raised0").read_text()
     if crash_rank == 1:  # rank 0, stuck in the step's all-reduce, names the rank that failed and stops
         assert re.search(
             r"\[tandem\] rank 1 (exited with code 1|was killed by SIGABRT); stopping the other ranks", done.stderr
         ), done.stderr
-    assert all((tmp_path / f"pid{r}").exists() for r in (0, 1))  # both ranks were training
+        # ... and raises, in its main thread, an exception that carries rank 1's traceback
+        assert re.match(
+            r"RankFailedError: rank 1 (exited with code 1|was killed by SIGABRT); the other ranks were stopped. Its traceback:\n",
+            raised,
+        ), raised
+        assert raised.rstrip().endswith(
+            "RuntimeError: boom at step 3 on rank 1\nRank 0 then raised RuntimeError (shown above), most likely because rank 1 had stopped."
+        )
+        assert "in on_train_batch_start" in raised
+        assert "tandem.utilities.exceptions.RankFailedError: rank 1" in done.stderr
+    else:  # rank 0's own error is raised as it is
+        assert raised == "RuntimeError: boom at step 3 on rank 0"
+    assert _nothing_left(tmp_path)
+
+
+@pytest.mark.timeout(60)
+def test_save_checkpoint_on_rank_zero_only_is_named_within_seconds(tmp_path):
+    """The classic mistake: trainer.save_checkpoint under is_global_zero during a fit. Rank 1 goes on into the
+    next step's gradient all-reduce and rank 0 waits in the save: without the collective check this waits for
+    the whole process-group timeout (30 minutes). With it (stall timeout 3 s here), rank 0 names both sides."""
+    start = time.monotonic()
+    done = _python([str(SCRIPT), "save0", "--out", str(tmp_path)], _env(), timeout=45)
+    elapsed = time.monotonic() - start
+    assert done.returncode != 0
+    assert elapsed < 30, elapsed
+    assert "CollectiveMismatchError: Rank 1 has waited" in done.stderr, done.stderr[-3000:]
+    assert "while rank 0 entered" in done.stderr and "save_checkpoint" in done.stderr
+    assert "called at launch_fit.py" in done.stderr  # the user's line
+    assert "guard only side effects (files, prints, uploads) with trainer.is_global_zero" in done.stderr
+    assert _nothing_left(tmp_path)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["test0", "test0_validate1"])
+def test_trainer_call_on_rank_zero_only_is_a_clear_error(tmp_path, mode):
+    """trainer.test under is_global_zero: rank 1's script ends (or it calls validate instead); rank 0 fails at
+    once with tandem's message, not gloo's 'Connection closed by peer'."""
+    done = _python([str(SCRIPT), mode, "--out", str(tmp_path)], _env(), timeout=45)
+    assert all((tmp_path / f"fitted{r}").exists() for r in (0, 1)), done.stderr[-3000:]
+    fitted = (tmp_path / "fitted0").stat().st_mtime
+    assert done.returncode != 0
+    assert "CollectiveMismatchError" in done.stderr, done.stderr[-3000:]
+    if mode == "test0":
+        assert "Rank 1 exited (its script ended) while rank 0 entered" in done.stderr, done.stderr[-3000:]
+    else:
+        assert re.search(r"rank 0 entered .*\(from .*Trainer.*, called at launch_fit.py:\d+ in main\)", done.stderr)
+        assert "rank 1 entered" in done.stderr
+    assert time.time() - fitted < 20  # the error comes seconds after the fit, not at a timeout
     assert _nothing_left(tmp_path)
 
 

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 import types
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import torch
 from helpers import launch_free_env
 from tandem.strategies import launchers
 from tandem.strategies.environments import find_free_port
-from tandem.utilities.exceptions import TandemConfigError
+from tandem.utilities.exceptions import RankFailedError, TandemConfigError
 
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_steps.py"
 
@@ -126,6 +127,8 @@ def test_script_launcher_and_torchrun_train_alike(tmp_path):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("rank0_sleeps", [False, True], ids=["rank0-in-collective", "rank0-busy"])
 def test_crash_in_rank_1_ends_the_job(tmp_path, rank0_sleeps):
+    """Rank 0 stops rank 1's peers and raises RankFailedError in its main thread, wherever it is: in the
+    collective that rank 1's exit broke, or asleep (a signal wakes it)."""
     start = time.monotonic()
     args = [str(SCRIPT), "crash", "--out", str(tmp_path)] + (["--rank0-sleeps"] if rank0_sleeps else [])
     done = _run(args, timeout=30)
@@ -137,6 +140,11 @@ def test_crash_in_rank_1_ends_the_job(tmp_path, rank0_sleeps):
     assert re.search(
         r"\[tandem\] rank 1 (exited with code 1|was killed by SIGABRT); stopping the other ranks", done.stderr
     ), done.stderr
+    # rank 0, in a collective or asleep, raises in its main thread: its context manager sees why, then exits 1
+    assert done.returncode == 1
+    ended = (tmp_path / "exit0").read_text()
+    assert re.match(r"RankFailedError: rank 1 (exited with code 1|was killed by SIGABRT); the other ranks", ended)
+    assert "Its traceback:\nTraceback (most recent call last):" in ended and "boom at step 3 on rank 1" in ended
     pids = [int((tmp_path / f"pid{r}").read_text()) for r in (0, 1)]
     assert _all_ended(pids)
 
@@ -185,11 +193,129 @@ def test_spawn_failure_names_the_rank(tmp_path):
     done = _run([str(SCRIPT), "spawn_crash", "--out", str(tmp_path)])
     assert done.returncode != 0
     message = (tmp_path / "error.txt").read_text()
-    assert message.startswith("ddp_spawn: rank 1 failed")
+    assert message.startswith("ddp_spawn: rank 1 exited with code 1; the other ranks were stopped. Its traceback:")
     assert "ValueError: spawned rank 1 fails" in message
 
 
+# ---------------------------------------------------------------------------------------------- ddp_spawn + Trainer
+
+SPAWN_RUNS = SCRIPT.parent / "spawn_runs.py"
+
+
+@pytest.fixture(scope="module")
+def spawn_runs(tmp_path_factory) -> dict:
+    """``scripts/spawn_runs.py``: every ddp_spawn scenario in one process, ending with a rank killed by SIGKILL."""
+    out = tmp_path_factory.mktemp("spawn_runs")
+    done = _run([str(SPAWN_RUNS), "--out", str(out)], timeout=100)
+    return {"out": out, "done": done}
+
+
+def _spawned_pids(out: Path, scenario: str) -> list[int]:
+    return [int((out / f"pid-{scenario}-{r}").read_text()) for r in (0, 1)]
+
+
+@pytest.mark.timeout(120)
+def test_spawn_follows_seed_everything(spawn_runs):
+    """Dropout and a shuffled loader in spawned ranks: two fits after seed_everything(7) have equal weights after
+    two steps (the second fit is the one whose rank 1 is then killed)."""
+    out = spawn_runs["out"]
+    first, second = (torch.load(out / f"step2-{scenario}.pt", weights_only=False) for scenario in ("seeded", "killed"))
+    for name, value in first.items():
+        assert torch.equal(value, second[name]), name
+
+
+@pytest.mark.timeout(120)
+def test_spawn_keeps_one_run_folder_and_the_fitted_progress(spawn_runs):
+    """fit, then test, then trainer.log_dir: one version folder, which exists; current_epoch and global_step
+    read the fitted values in the calling process."""
+    result = torch.load(spawn_runs["out"] / "seeded.pt", weights_only=False)
+    run = spawn_runs["out"] / "seeded" / "tandem_logs" / "version_0"
+    assert result["versions"] == ["version_0"]
+    assert result["log_dir"] == result["after_fit"]["log_dir"] == str(run) and result["log_dir_exists"]
+    assert result["after_fit"]["epoch"] == 2 and result["after_fit"]["step"] == 8  # 2 epochs of 4 batches per rank
+    assert result["last_model_path"] == str(run / "checkpoints" / "last.ckpt")
+    assert len(list(run.glob("events.out.tfevents.*"))) == 2  # one event file for fit, one for test
+    assert result["tested"][0]["test_loss"] > 0
+
+
+@pytest.mark.timeout(120)
+def test_spawn_names_the_attribute_that_cannot_be_pickled(spawn_runs):
+    message = (spawn_runs["out"] / "unpicklable.txt").read_text()
+    assert message.startswith(
+        "strategy='ddp_spawn' sends your module, data and Trainer to each process it starts by pickling them, and "
+        "Classifier.net.writer.lock (a _thread.lock) cannot be pickled: cannot pickle '_thread.lock' object. "
+        "Use strategy='ddp'"
+    ), message
+    assert not list(spawn_runs["out"].glob("pid-unpicklable-*"))  # no process was started
+
+
+@pytest.mark.timeout(120)
+def test_spawn_reports_a_rank_killed_by_a_signal_as_killed(spawn_runs):
+    """Rank 1 dies by SIGKILL while rank 0 is in the gradient all-reduce and fails in turn: the caller reports
+    rank 1's signal (never rank 0's echo, nor a half-written error file), quickly, and no process is left."""
+    out, done = spawn_runs["out"], spawn_runs["done"]
+    assert done.returncode == 1
+    last_line = done.stderr.strip().splitlines()[-1]
+    assert last_line == (
+        "tandem.utilities.exceptions.RankFailedError: ddp_spawn: rank 1 was killed by SIGKILL (the kernel's "
+        "out-of-memory killer sends SIGKILL); the other ranks were stopped. It left no Python traceback; its own "
+        "output (above) may say more."
+    ), done.stderr[-3000:]
+    assert "EOFError" not in done.stderr and "Connection closed" not in done.stderr  # rank 0's echo is not shown
+    assert done.stderr.count("Traceback (most recent call last)") == 1
+    reported = float((out / "killed-reported-at").read_text()) - float((out / "killed-at").read_text())
+    assert 0 < reported < 10
+    assert _all_ended([p for scenario in ("seeded", "killed") for p in _spawned_pids(out, scenario)])
+
+
+@pytest.mark.timeout(60)
+def test_spawn_without_a_main_guard_gets_one_clear_error(tmp_path):
+    """Each spawned process imports the script again; without the guard that import would start training: the
+    processes end quietly and the caller raises one error naming the fix (instead of pages of multiprocessing)."""
+    start = time.monotonic()
+    done = _run([str(SCRIPT.parent / "spawn_unguarded.py"), str(tmp_path)], timeout=50)
+    elapsed = time.monotonic() - start
+    assert done.returncode == 1 and elapsed < 40
+    assert done.stderr.count("Traceback (most recent call last)") == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        "tandem.utilities.exceptions.TandemConfigError: strategy='ddp_spawn' starts each process by importing "
+        "your script again, and this script starts training as it is imported (it has no `if __name__ == "
+        '"__main__":` guard). Put the code that creates the Trainer and calls fit under `if __name__ == '
+        '"__main__":`, or use strategy="ddp", which runs the whole script on every rank.'
+    )
+    assert "bootstrapping phase" not in done.stderr
+    pids = [int(p.name.split("-")[1]) for p in tmp_path.glob("pid-*")]
+    assert len(pids) == 3 and _all_ended(pids)  # the script, and the two processes that imported it again
+
+
 # ---------------------------------------------------------------------------------------------- no processes
+
+
+def test_rank_0s_own_error_is_kept_whole_behind_the_failure(tmp_path):
+    """A started rank failed, and rank 0 then raised an error of its own: RankFailedError carries the rank's
+    traceback, and rank 0's error stays attached as its context, whole (not cut at 200 characters)."""
+    record = tmp_path / "rank1.txt"
+    launchers._write_error_record(str(record), "Traceback (most recent call last):\nValueError: rank 1's own")
+    child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    child.wait()
+    watchdog = launchers._Watchdog()
+    watchdog.children = [launchers._Child(1, child, str(record))]
+    own = RuntimeError("rank 0's long message " + "x" * 500 + " END")
+    with pytest.raises(RankFailedError) as caught:
+        try:
+            raise own
+        except RuntimeError as error:
+            failure = watchdog.failure_behind(error)
+            assert failure is not None
+            raise failure  # noqa: B904 (as ScriptLauncher.launch does)
+    assert str(caught.value) == (
+        "rank 1 exited with code 3; the other ranks were stopped. Its traceback:\n"
+        "Traceback (most recent call last):\nValueError: rank 1's own\n"
+        "Rank 0 then raised RuntimeError (shown above), most likely because rank 1 had stopped."
+    )
+    assert caught.value.__context__ is own
+    printed = "".join(traceback.format_exception(caught.value))
+    assert "x" * 500 + " END" in printed
 
 
 def test_script_command_forms(monkeypatch):

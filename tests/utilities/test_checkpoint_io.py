@@ -1,32 +1,46 @@
-"""Atomic checkpoint writes: a save that dies half-way leaves the previous file intact."""
+"""Checkpoint and log files: atomic writes, temporaries left by killed writers, file modes, write errors, the
+checksum, and what a bad ``ckpt_path`` is told."""
 
 from __future__ import annotations
 
 import argparse
 import collections
 import enum
+import errno
+import fcntl
 import os
 import pathlib
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
+from helpers import TinyModule, loader, quiet_trainer
+from tandem.loggers import CSVLogger
+from tandem.utilities import checkpoint as checkpoint_io
 from tandem.utilities.checkpoint import (
     CHECKPOINT_MARKER,
+    CHECKSUM_KEY,
     PICKLED_KEY,
     atomic_save,
+    check_writable_folder,
     load_checkpoint_file,
+    remove_stale_temporaries,
     to_weights_only,
 )
-from tandem.utilities.exceptions import CheckpointError
+from tandem.utilities.exceptions import CheckpointError, FileWriteError
 
 pytestmark = pytest.mark.timeout(60)
+
+
+def _temporaries(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
 
 
 def test_failed_save_keeps_the_previous_file_and_leaves_no_temporary(tmp_path, monkeypatch):
@@ -67,6 +81,245 @@ while True:
     proc.wait(timeout=10)
     checkpoint = load_checkpoint_file(path)
     assert checkpoint["i"] >= 1 and checkpoint["big"].numel() == 4_000_000
+
+
+_HALF_WRITTEN = """
+import sys, time
+from tandem.utilities.checkpoint import atomic_write
+
+def write(f):
+    f.write(b"x" * 3_000_000)
+    f.flush()
+    print("writing", flush=True)
+    time.sleep(120)
+
+atomic_write(sys.argv[1], write)
+"""
+
+
+def test_a_killed_writers_temporary_is_removed_by_the_next_save_and_a_live_writers_is_not(tmp_path):
+    """The next save to the same target removes what a SIGKILLed save left; a temporary that a live process is
+    still writing, other targets' temporaries and files that are not tandem's stay."""
+    path = tmp_path / "last.ckpt"
+    atomic_save({CHECKPOINT_MARKER: "x", "value": 1}, path)
+    unrelated = [".last.ckpt.k2j4h5g6.tmp", ".other.ckpt.host-1-0123abcd.tmp", ".last-v1.ckpt.host-1-0123abcd.tmp"]
+    for name in unrelated:
+        (tmp_path / name).write_bytes(b"not ours to remove")
+    writer = subprocess.Popen([sys.executable, "-c", _HALF_WRITTEN, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "writing"
+        (live,) = set(_temporaries(tmp_path)) - set(unrelated)
+        assert live.startswith(".last.ckpt.") and f"-{writer.pid}-" in live
+        atomic_save({CHECKPOINT_MARKER: "x", "value": 2}, path)  # the writer is alive: its file stays
+        assert live in _temporaries(tmp_path)
+        assert (tmp_path / live).stat().st_size == 3_000_000
+        writer.kill()
+        writer.wait(timeout=10)
+        assert live in _temporaries(tmp_path)  # SIGKILL: nothing removed it
+        atomic_save({CHECKPOINT_MARKER: "x", "value": 3}, path)
+    finally:
+        writer.kill()
+        writer.stdout.close()
+    assert _temporaries(tmp_path) == sorted(unrelated)
+    assert load_checkpoint_file(path)["value"] == 3
+
+
+def test_temporaries_of_another_host_are_removed_only_when_unlocked_and_idle(tmp_path):
+    """On a shared filesystem a writer on another machine cannot be asked whether it lives: its temporary goes
+    only when nobody holds its lock and it has not changed for two minutes."""
+    path = tmp_path / "last.ckpt"
+    old, fresh, locked = (tmp_path / f".last.ckpt.othernode-{pid}-0123abcd.tmp" for pid in (11, 12, 13))
+    for tmp in (old, fresh, locked):
+        tmp.write_bytes(b"x")
+    an_hour_ago = time.time() - 3600
+    for tmp in (old, locked):
+        os.utime(tmp, (an_hour_ago, an_hour_ago))
+    with open(locked, "rb") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # a live writer elsewhere holds this one
+        assert remove_stale_temporaries(path) == [old.name]
+    assert sorted(_temporaries(tmp_path)) == sorted([fresh.name, locked.name])
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_files_get_the_mode_open_gives(tmp_path, umask):
+    """Checkpoints, hparams.yaml and metrics.csv: 0o666 less the umask, like open() and torch.save(obj, path)."""
+    previous = os.umask(umask)
+    try:
+        trainer = quiet_trainer(
+            max_epochs=1, logger=CSVLogger(tmp_path), enable_checkpointing=True, default_root_dir=tmp_path
+        )
+        trainer.fit(TinyModule(), loader())
+        plain = tmp_path / "plain.pt"
+        torch.save({}, plain)
+    finally:
+        os.umask(previous)
+    log_dir = Path(trainer.log_dir)
+    files = [log_dir / "checkpoints" / "last.ckpt", log_dir / "hparams.yaml", log_dir / "metrics.csv"]
+    for path in [*files, plain]:
+        assert oct(path.stat().st_mode & 0o777) == oct(0o666 & ~umask), path
+
+
+class _FullDisk:
+    """A file whose writes fail once ``room`` bytes are used, as writes to a full disk do."""
+
+    def __init__(self, f, room: int) -> None:
+        self._f, self._room = f, room
+
+    def write(self, data) -> int:
+        if len(data) > self._room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self._room -= len(data)
+        return self._f.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._f.close()
+
+
+def test_a_full_disk_is_reported_naming_the_file_and_the_cause(tmp_path, monkeypatch):
+    path = tmp_path / "last.ckpt"
+    atomic_save({CHECKPOINT_MARKER: "x", "value": 1}, path)
+    real_fdopen = os.fdopen
+    monkeypatch.setattr(os, "fdopen", lambda fd, mode: _FullDisk(real_fdopen(fd, mode), room=20_000))
+    with pytest.raises(FileWriteError) as caught:
+        atomic_save({CHECKPOINT_MARKER: "x", "value": 2, "big": torch.randn(100_000)}, path)
+    monkeypatch.undo()
+    message = str(caught.value)
+    assert f"Could not write checkpoint {str(path)!r}: No space left on device (ENOSPC)." in message
+    assert "The previous file at that path is intact. Free space on that disk" in message
+    assert "unexpected pos" not in message and caught.value.errno == errno.ENOSPC
+    assert caught.value.__suppress_context__  # torch's own "unexpected pos" text is not printed
+    assert load_checkpoint_file(path)["value"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+
+
+def test_a_folder_without_write_permission_is_named(tmp_path):
+    """Checked by creating a file (permissions, ACLs and read-only mounts alike). root may write anywhere, so
+    under root the check runs in a child process that became the user nobody."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    target = locked / "run" / "checkpoints"
+    if os.geteuid() != 0:
+        with pytest.raises(FileWriteError, match=r"Permission denied \(EACCES\)\. Make the folder writable"):
+            check_writable_folder(target)
+        return
+    read, write = os.pipe()
+    pid = os.fork()  # the check, as the user nobody (nothing is exec'd: the venv may be root's alone)
+    if pid == 0:
+        os.close(read)
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            check_writable_folder(target)
+            message = "no error"
+        except BaseException as err:
+            message = f"{type(err).__name__}: {err}"
+        os.write(write, message.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        message = pipe.read()
+    os.waitpid(pid, 0)
+    assert message.startswith(f"FileWriteError: Could not write {str(target)!r}: Permission denied (EACCES)."), message
+    assert "Make the folder writable for this user, or write somewhere else" in message
+
+
+# ---------------------------------------------------------------------------------------------- checksum
+
+
+def _flip_a_byte_of(path: Path, tensor: torch.Tensor) -> None:
+    data = bytearray(path.read_bytes())
+    at = data.find(tensor.numpy().tobytes()[:64])
+    assert at > 0
+    data[at + 40] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_flipped_byte_in_tensor_data_fails_to_load_and_names_the_previous_checkpoint(tmp_path):
+    trainer = quiet_trainer(max_epochs=1)
+    trainer.fit(TinyModule(), loader())
+    trainer.save_checkpoint(tmp_path / "last.ckpt")
+    damaged = tmp_path / "epoch=0-step=4.ckpt"
+    trainer.save_checkpoint(damaged)
+    stored = torch.load(damaged)  # torch's default weights_only=True reads the checksum too
+    assert set(stored[CHECKSUM_KEY]["crc32"]) == {repr(k) for k in stored if k != CHECKSUM_KEY}
+
+    _flip_a_byte_of(damaged, stored["state_dict"]["net.0.weight"])
+    torch.load(damaged)  # torch itself notices nothing
+    with pytest.raises(CheckpointError) as err:
+        quiet_trainer(max_epochs=2).fit(TinyModule(), loader(), ckpt_path=damaged)
+    assert str(err.value) == (
+        f"Checkpoint {str(damaged)!r} is damaged: its 'state_dict' entry does not match the checksum stored when "
+        "it was written; a byte changed on the disk or in a copy. Do not resume from it; use the previous "
+        f"checkpoint in {str(tmp_path)!r}: 'last.ckpt'. (If you changed the file on purpose and saved it again "
+        "with torch.save, delete its 'tandem_checksum' entry first.)"
+    )
+    load_checkpoint_file(tmp_path / "last.ckpt")  # the other one is fine
+
+
+def test_checkpoints_stay_plain_torch_files_and_old_or_edited_ones_load(tmp_path):
+    path = tmp_path / "weights.ckpt"
+    atomic_save({CHECKPOINT_MARKER: "0.1", "state_dict": TinyModule().state_dict(), "extra": 1}, path)
+    loaded = torch.load(path)  # torch's default weights_only=True: the checksum is plain strs in a dict
+    assert loaded[CHECKSUM_KEY] == checkpoint_io.checksum(loaded)
+    old = tmp_path / "old.ckpt"  # written before checksums
+    torch.save({CHECKPOINT_MARKER: "0.1", "state_dict": loaded["state_dict"]}, old)
+    assert CHECKSUM_KEY not in load_checkpoint_file(old)
+    del loaded["extra"]  # an entry removed on purpose, the file saved again: the rest is still checked
+    torch.save(loaded, path)
+    assert set(load_checkpoint_file(path)) == {CHECKPOINT_MARKER, "state_dict", CHECKSUM_KEY}
+    loaded["state_dict"] = {k: v + 1 for k, v in loaded["state_dict"].items()}
+    torch.save(loaded, path)
+    with pytest.raises(CheckpointError, match=r"its 'state_dict' entry does not match"):
+        load_checkpoint_file(path)
+    loaded["weights"] = loaded.pop("state_dict")  # a name changed (as a damaged byte in it would)
+    torch.save(loaded, path)
+    with pytest.raises(CheckpointError, match=r"its 'weights' entry does not match"):
+        load_checkpoint_file(path)
+
+
+def test_the_checksum_covers_tensors_values_and_keys_but_not_process_details():
+    def crc(**changes):
+        w = torch.arange(6.0).reshape(3, 2).t().contiguous()
+        base = {CHECKPOINT_MARKER: "x", "w": w, "epoch": 3, "lr": 0.1, "set": {"a"}}
+        return checkpoint_io.checksum({**base, **changes})["crc32"]
+
+    value = crc()
+    assert crc(**{CHECKSUM_KEY: {"crc32": {}}}) == value  # its own entry is left out
+    transposed = torch.arange(6.0).reshape(3, 2).t()
+    assert not transposed.is_contiguous() and crc(w=transposed) == value  # the values count, not the layout
+    assert crc(set={"b", "a"}) == crc(set={"a", "b"}) and crc(set={"a"}) == value
+    assert crc(other=object())["'other'"] == crc(other=object())["'other'"]  # other objects: by type
+    for changed in ({"w": transposed.reshape(3, 2)}, {"w": transposed.double()}, {"epoch": 4}):
+        differ = [name for name, v in crc(**changed).items() if value[name] != v]
+        assert differ == [repr(next(iter(changed)))], changed
+    assert crc(set={"b"})["'set'"] != value["'set'"] and crc(lr=0.2)["'lr'"] != value["'lr'"]
+
+
+# ---------------------------------------------------------------------------------------------- ckpt_path
+
+
+def test_a_folder_as_ckpt_path_is_named_a_folder_and_the_file_inside_suggested(tmp_path):
+    run = tmp_path / "version_0"
+    (run / "checkpoints").mkdir(parents=True)
+    with pytest.raises(CheckpointError, match=r"'.*version_0' is a folder, not a checkpoint file, and holds no"):
+        load_checkpoint_file(run)
+    for name in ("epoch=0-step=4.ckpt", "last.ckpt", "epoch=1-step=8.ckpt"):
+        atomic_save({CHECKPOINT_MARKER: "x"}, run / "checkpoints" / name)
+    for given in (run, run / "checkpoints"):
+        with pytest.raises(CheckpointError) as err:
+            quiet_trainer(max_epochs=1).fit(TinyModule(), loader(), ckpt_path=given)
+        suggestion = str(run / "checkpoints" / "last.ckpt")
+        assert str(err.value) == (
+            f"ckpt_path {str(given)!r} is a folder, not a checkpoint file. Pass the file inside it: "
+            f"ckpt_path={suggestion!r}."
+        )
 
 
 # ---------------------------------------------------------------------- plain torch.load(path) reads every checkpoint

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tandem.callbacks.callback import Callback
-from tandem.utilities.exceptions import NonFiniteError, bad_choice, incompatible, missing_metric, out_of_range
+from tandem.utilities.checkpoint import check_writable_folder
+from tandem.utilities.exceptions import FileWriteError, NonFiniteError, bad_choice, incompatible, missing_metric, out_of_range
 from tandem.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 if TYPE_CHECKING:
@@ -165,6 +166,16 @@ class ModelCheckpoint(Callback):
             log_dir = getattr(logger, "log_dir", None)
             base = log_dir if log_dir is not None else trainer.default_root_dir
             self.dirpath = trainer.strategy.broadcast(os.path.join(os.fspath(base), "checkpoints"))
+        if stage == "fit":  # find an unwritable folder now, not at the first save after an epoch of work
+            problem = None
+            if trainer.is_global_zero:  # the rank that writes
+                try:
+                    check_writable_folder(self.dirpath, "the ModelCheckpoint folder")
+                except FileWriteError as err:
+                    problem = (err.errno, f"{err} (Checked before training, so no work is lost.)", self.dirpath)
+            problem = trainer.strategy.broadcast(problem)
+            if problem is not None:
+                raise FileWriteError(*problem)
         if self._pending_state is not None:
             state, self._pending_state = self._pending_state, None
             self._restore(state)

@@ -52,7 +52,11 @@ class ThroughputMonitor(Callback):
         self.prog_bar = prog_bar
         self._starts: deque[tuple[float, int]] = deque(maxlen=window)  # (time a batch started, its samples)
         self.last: dict[str, float] = {}  # the most recently logged values
+        self._last_step = -1
         self._clock = time.perf_counter
+
+    def on_train_start(self, trainer: Trainer, module: TrainingModule) -> None:
+        self._last_step = trainer.global_step  # nothing measured yet for the step a resumed fit starts at
 
     def on_train_epoch_start(self, trainer: Trainer, module: TrainingModule) -> None:
         self._starts.clear()  # skip the gap between epochs (loader workers starting up)
@@ -63,11 +67,14 @@ class ThroughputMonitor(Callback):
     def on_train_batch_start(self, trainer: Trainer, module: TrainingModule, batch: Any, batch_idx: int) -> None:
         self._starts.append((self._clock(), int(self.batch_size_fn(batch))))
 
-    def on_before_zero_grad(self, trainer: Trainer, module: TrainingModule, optimizer: Any) -> None:
-        # Runs after each optimizer step, just before the loop hands step metrics to the loggers
-        # (when the step about to be counted is a multiple of log_every_n_steps).
-        if (trainer.global_step + 1) % trainer.log_every_n_steps or not self._starts:
+    def on_train_batch_end(
+        self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        # After the batch's optimizer steps (automatic or manual optimization): measure at each logging step.
+        step = trainer.global_step
+        if step == self._last_step or step % trainer.log_every_n_steps or not self._starts:
             return
+        self._last_step = step
         device = trainer.strategy.root_device
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -83,12 +90,7 @@ class ThroughputMonitor(Callback):
             "throughput/samples_per_sec_per_device": samples / devices,
             "throughput/batches_per_sec_per_device": batches / devices,
         }
-        for name, value in self.last.items():
-            module.log(
-                name,
-                value,
-                on_step=True,
-                on_epoch=False,
-                logger=True,
-                prog_bar=self.prog_bar and "per_device" not in name,
-            )
+        trainer.log_metrics(self.last)
+        if self.prog_bar:
+            for name in ("throughput/samples_per_sec", "throughput/batches_per_sec"):
+                module.log(name, self.last[name], on_step=True, on_epoch=False, logger=False, prog_bar=True)

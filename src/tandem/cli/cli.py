@@ -298,13 +298,7 @@ class CLI:
         }
         if self.datamodule is not None:
             kwargs["datamodule"] = self.datamodule
-        result = getattr(self.trainer, self.subcommand)(self.model, **kwargs)
-        if self.subcommand in ("validate", "test") and result:  # the numbers the command was run for
-            metrics = result[0]
-            width = max((len(name) for name in metrics), default=0)
-            lines = [f"  {name:<{width}}  {value:.6g}" for name, value in sorted(metrics.items())]
-            self._print("\n".join([f"{self.subcommand} results:", *lines]))
-        return result
+        return getattr(self.trainer, self.subcommand)(self.model, **kwargs)  # validate / test print their table
 
     # ------------------------------------------------------------------ output
     def _fail(self, err: CLIError) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tandem.loggers.logger import Logger, atomic_write_text
-from tandem.utilities.exceptions import out_of_range
+from tandem.utilities.exceptions import out_of_range, write_failed
 from tandem.utilities.rank_zero import rank_zero_only
 
 METRICS_FILE = "metrics.csv"
@@ -80,12 +80,16 @@ class CSVLogger(Logger):
         names = set(self._file_columns or ()).union(*self._pending)
         if self._file_columns is not None and names == set(self._file_columns):
             chunk = _format_rows(self._file_columns, self._pending, header=False)
-            with open(path, "a", encoding="utf-8", newline="") as f:  # rows formatted first: one write
-                f.write(chunk)
+            try:
+                with open(path, "a", encoding="utf-8", newline="") as f:  # rows formatted first: one write
+                    f.write(chunk)
+            except OSError as err:
+                raise write_failed(path, err, "the metrics file") from None
         else:  # a new file, or new columns: rewrite everything with the union of columns
             old_rows = _read_rows(path) if self._file_columns is not None else []
             columns = sorted(names)  # Lightning's order
-            atomic_write_text(path, _format_rows(columns, old_rows + self._pending, header=True))
+            text = _format_rows(columns, old_rows + self._pending, header=True)
+            atomic_write_text(path, text, what="the metrics file")
             self._file_columns = columns
         self._last_flush_step = self._pending[-1]["step"]
         self._pending = []

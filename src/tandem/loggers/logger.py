@@ -146,9 +146,10 @@ def _yaml_safe(value: Any) -> Any:
     return str(value)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` (UTF-8) through :func:`tandem.utilities.checkpoint.atomic_write`."""
-    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+def atomic_write_text(path: str | os.PathLike, text: str, what: str = "") -> None:
+    """Write ``text`` (UTF-8) through :func:`tandem.utilities.checkpoint.atomic_write`: a new file gets the
+    umask's mode, a failed write names the file and the cause and leaves the previous file intact."""
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")), what=what)
 
 
 def save_hparams_yaml(path: str | os.PathLike, params: Mapping[str, Any] | argparse.Namespace) -> None:
@@ -156,7 +157,7 @@ def save_hparams_yaml(path: str | os.PathLike, params: Mapping[str, Any] | argpa
     from omegaconf import OmegaConf
 
     text = OmegaConf.to_yaml(OmegaConf.create(_yaml_safe(params_to_dict(params))))
-    atomic_write_text(path, text)
+    atomic_write_text(path, text, what="the hyperparameters file")
 
 
 def load_hparams_yaml(path: str | os.PathLike) -> dict[str, Any]:

@@ -72,7 +72,26 @@ class CallSite:
         if frame is not None and _in(frame, _TANDEM_DIR) and not frame.f_code.co_filename.endswith("module.py"):
             internal = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
         user = _user_site(frame)
-        return cls(f"{op}@{internal or 'user code'}", user)
+        entry = _trainer_entry(frame)
+        return cls(f"{op}@{internal or 'user code'}" + (f" in Trainer.{entry}" if entry else ""), user)
+
+
+_ENTRY_POINTS = frozenset({"fit", "validate", "test", "predict", "save_checkpoint"})
+_TRAINER_FILE = os.path.join(_TANDEM_DIR, "trainer", "trainer.py")
+
+
+def _trainer_entry(frame: FrameType | None) -> str | None:
+    """The Trainer entry point (fit, test, ...) this collective runs under, if any: ``trainer.test`` on one
+    rank and ``trainer.validate`` on another pass through the same collectives, yet do not belong together."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename == _TRAINER_FILE:
+            if code.co_name == "_run_stage":  # also in spawned processes, where fit() ran in the parent
+                return str(frame.f_locals.get("fn"))
+            if code.co_name in _ENTRY_POINTS:
+                return code.co_name
+        frame = frame.f_back
+    return None
 
 
 def _in(frame: FrameType, folder: str) -> bool:
@@ -91,7 +110,8 @@ def _user_site(frame: FrameType | None) -> str:
 
 def _describe(tag: str, user: str) -> str:
     op, _, where = tag.partition("@")
-    text = f"{op} (from {where}"
+    where, _, entry = where.partition(" in ")
+    text = f"{op} (from {where}" + (f" in {entry}" if entry else "")
     return text + (f", called at {user})" if user else ")")
 
 

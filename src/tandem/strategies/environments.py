@@ -28,8 +28,9 @@ i.e. ``SLURM_JOB_NAME`` is not ``bash`` or ``interactive``)::
 
 tandem's launcher (otherwise). The first process is rank 0 of its node; it exports to the ranks it
 starts RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT and
-TANDEM_LAUNCHER_PID (its own pid: a started rank ends itself when that process is gone). A process
-with LOCAL_RANK set was started by a launcher and starts nothing. With one node, MASTER_ADDR
+TANDEM_LAUNCHER_PID (its own pid: a started rank ends itself when that process is gone) and
+TANDEM_ERROR_FILE (where the started rank writes the traceback of an error that ends it, for rank 0 to
+report). A process with LOCAL_RANK set was started by a launcher and starts nothing. With one node, MASTER_ADDR
 defaults to 127.0.0.1 and a free MASTER_PORT is picked; with several nodes, set MASTER_ADDR,
 MASTER_PORT and NODE_RANK on every node.
 
@@ -50,6 +51,7 @@ from typing import ClassVar
 from tandem.utilities.rank_zero import rank_zero_warn
 
 _LOCAL_ADDRESS = "127.0.0.1"
+ERROR_FILE_VARIABLE = "TANDEM_ERROR_FILE"
 
 
 def rank_from_environment() -> int:
@@ -268,6 +270,11 @@ class LocalEnvironment(ClusterEnvironment):
         value = os.environ.get("TANDEM_LAUNCHER_PID")
         return int(value) if value and value.isdigit() else None
 
+    @property
+    def error_file(self) -> str | None:
+        """Where this rank, started by tandem's launcher, writes the traceback of an error that ends it."""
+        return os.environ.get(ERROR_FILE_VARIABLE) or None
+
     def rank_variables(self, local_rank: int) -> dict[str, str]:
         """The variables that make a process local rank ``local_rank`` of this node."""
         return {
@@ -280,9 +287,10 @@ class LocalEnvironment(ClusterEnvironment):
             "RANK": str(self.node_rank * self.num_processes + local_rank),
         }
 
-    def child_environment(self, local_rank: int) -> dict[str, str]:
+    def child_environment(self, local_rank: int, error_file: str | None = None) -> dict[str, str]:
         """The whole environment for a rank this process starts with ``subprocess``."""
-        return {**os.environ, **self.rank_variables(local_rank), "TANDEM_LAUNCHER_PID": str(os.getpid())}
+        extra = {ERROR_FILE_VARIABLE: error_file} if error_file else {}
+        return {**os.environ, **self.rank_variables(local_rank), "TANDEM_LAUNCHER_PID": str(os.getpid()), **extra}
 
     def export_rank(self, local_rank: int) -> None:
         """Make this process local rank ``local_rank`` (a spawned process, which inherits no variables)."""

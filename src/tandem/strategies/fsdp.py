@@ -43,7 +43,7 @@ from tandem.strategies.parallel import ParallelStrategy
 from tandem.strategies.precision import Precision
 from tandem.strategies.registry import register_strategy
 from tandem.strategies.strategy import StepForward
-from tandem.utilities.checkpoint import atomic_save, load_checkpoint_file
+from tandem.utilities.checkpoint import SHARDED_META_FILE, atomic_save, is_sharded_checkpoint, load_checkpoint_file
 from tandem.utilities.exceptions import CheckpointError, TandemConfigError, TandemUserCodeError, bad_choice
 
 if TYPE_CHECKING:  # torch's FSDP, DTensor and checkpoint modules take ~1 s to import: loaded when used
@@ -51,7 +51,9 @@ if TYPE_CHECKING:  # torch's FSDP, DTensor and checkpoint modules take ~1 s to i
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, OffloadPolicy
 
 STATE_DICT_TYPES = ("full", "sharded")
-META_FILE = "meta.pt"  #: a sharded checkpoint's non-tensor state (loops, callbacks, RNG, ...), written by rank 0
+META_FILE = (
+    SHARDED_META_FILE  #: a sharded checkpoint's non-tensor state (loops, callbacks, RNG, ...), written by rank 0
+)
 _ROOT_ATTRIBUTE = "_tandem_fsdp_root"  # the FSDP root built around a module, reused by later stages
 _PARAM_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
@@ -478,8 +480,8 @@ class FSDPStrategy(ParallelStrategy):
         """A file (full, or written by another strategy) as usual; a sharded directory is read into this rank's
         shards, whatever the number of ranks that wrote it."""
         path = Path(path)
-        if not path.is_dir():
-            return load_checkpoint_file(path)
+        if not is_sharded_checkpoint(path):
+            return load_checkpoint_file(path)  # a file, or a plain folder (named as one there)
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 

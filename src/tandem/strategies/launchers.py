@@ -8,11 +8,19 @@ and brings rank 0's results back to the caller, for code that cannot be re-run a
 
 A launcher is used as ``launcher.launch(function, *args, trainer=trainer, **kwargs)``; it returns
 what ``function`` returned on this process (ScriptLauncher) or on global rank 0 (SpawnLauncher).
+
+When a rank fails, the others are stopped and the failure is raised as :class:`RankFailedError`, with
+the failing rank's traceback, in the process the user watches: rank 0 under ``ddp`` (in its main
+thread, wherever it is, so its ``finally`` blocks and context managers run), the caller under
+``ddp_spawn``. Each started rank writes the traceback of the error that ends it to a file of its own
+(atomically: a reader never sees half of it); a rank killed by a signal writes none and is reported by
+its signal.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import functools
 import os
@@ -24,21 +32,31 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from multiprocessing.connection import wait as wait_for_any
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.multiprocessing as mp
 from lightning_utilities.core.apply_func import apply_to_collection
-from torch.multiprocessing.spawn import ProcessContext, ProcessException
 
 from tandem.strategies.environments import LocalEnvironment
-from tandem.utilities.exceptions import TandemConfigError
+from tandem.utilities.checkpoint import atomic_save
+from tandem.utilities.exceptions import RankFailedError, TandemConfigError, TandemUserCodeError
 
 _POLL_S = 0.1
 _TERMINATE_GRACE_S = 5.0
 _ECHO_WAIT_S = 2.0  # how long rank 0, failing, waits to see whether a started rank failed first
+_SETTLE_S = 0.3  # ddp_spawn: after the first failure, how long to let the others end (and write) first
+_HANDLING_GRACE_S = 30.0  # rank 0 busy with an exception of its own is left to finish it this long
+_RESPONSE_S = 15.0  # rank 0, told to raise, must do so within this; else the process is ended
+_ABORT_AFTER_S = 3.0  # rank 0 still blocked this long after the wake-up signal: abort an NCCL process group
+_NOT_GUARDED_EXIT = 87  # a spawned process that re-ran the user's unguarded script exits with this
+# The signal that wakes rank 0's main thread to raise RankFailedError (a real-time one: nobody else's)
+_WAKE_SIGNAL = signal.SIGRTMIN + 5 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
 
 
 def script_command() -> list[str]:
@@ -58,6 +76,61 @@ def script_command() -> list[str]:
     return [sys.executable, os.path.abspath(sys.argv[0]), *sys.argv[1:]]
 
 
+# ---------------------------------------------------------------------------------------------- error records
+
+
+def _write_error_record(path: str, text: str) -> None:
+    """The traceback that ends this rank, written whole or not at all (a reader may look at any moment)."""
+    partial = f"{path}.{os.getpid()}.part"
+    with open(partial, "w", encoding="utf-8") as fh:
+        fh.write(f"{time.time()!r}\n{text}")
+    os.replace(partial, path)
+
+
+def _read_error_record(path: str | None) -> tuple[float, str] | None:
+    """(when, traceback) from :func:`_write_error_record`, or None if the rank wrote none."""
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            when, _, text = fh.read().partition("\n")
+        return float(when), text.rstrip()
+    except (OSError, ValueError):
+        return None
+
+
+@functools.cache  # once per process
+def _record_uncaught_errors(path: str) -> None:
+    """A rank that tandem's launcher started: an exception that ends its script is also written to ``path``."""
+    previous = sys.excepthook
+
+    def excepthook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        with contextlib.suppress(Exception):
+            _write_error_record(path, "".join(traceback.format_exception(exc_type, exc, tb)))
+        previous(exc_type, exc, tb)
+
+    sys.excepthook = excepthook
+
+
+def _how_it_ended(returncode: int) -> str:
+    if returncode >= 0:
+        return f"exited with code {returncode}"
+    name = signal.Signals(-returncode).name
+    hint = " (the kernel's out-of-memory killer sends SIGKILL)" if -returncode == signal.SIGKILL else ""
+    return f"was killed by {name}{hint}"
+
+
+def _exit_code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _failure_message(prefix: str, rank: int, returncode: int, record: tuple[float, str] | None) -> str:
+    text = f"{prefix}rank {rank} {_how_it_ended(returncode)}; the other ranks were stopped."
+    if record is None:
+        return f"{text} It left no Python traceback; its own output (above) may say more."
+    return f"{text} Its traceback:\n{record[1]}"
+
+
 # ---------------------------------------------------------------------------------------------- script
 
 
@@ -65,19 +138,44 @@ def script_command() -> list[str]:
 class _Child:
     rank: int
     proc: subprocess.Popen
+    error_file: str
+
+
+def _handled_exception(thread_id: int) -> BaseException | None:
+    """The exception ``thread_id`` is handling now (inside an except / finally / __exit__), if any."""
+    entry = sys._current_exceptions().get(thread_id)
+    return entry[1] if isinstance(entry, tuple) else entry
 
 
 class _Watchdog:
-    """The ranks this process started, watched until they end: one failing ends the whole job."""
+    """The ranks this process started, watched until they end: one failing ends the whole job.
+
+    The failure is raised as :class:`RankFailedError` in the thread that launched them (normally the
+    main thread): directly when that thread is already failing (its collective broke when the rank
+    died), else through a signal whose handler raises it (a busy or sleeping thread). Only a thread that
+    does not respond at all (blocked outside Python) is ended with ``os._exit``.
+    """
 
     def __init__(self) -> None:
         self.children: list[_Child] = []
         self.stopping = False
+        self.failure: _Child | None = None
+        self.reported = False  # RankFailedError was raised in the launching thread
+        self._main_failing = False  # the launching thread is in launch()'s error handling
+        self._main_done = False  # the interpreter is exiting: nothing left to raise into
+        self._force_wake = False  # raise even inside an except / finally block (it has taken too long)
+        self._main_ident = threading.main_thread().ident
+        self._signal_installed = False
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._folder: str | None = None
 
-    def start(self, children: list[_Child]) -> None:
-        self.children = children
+    def start(self, children: list[_Child], folder: str) -> None:
+        self.children, self._folder = children, folder
+        self._main_ident = threading.get_ident()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(_WAKE_SIGNAL, self._on_wake_signal)
+            self._signal_installed = True
         self._thread = threading.Thread(target=self._watch, name="tandem-ddp-watchdog", daemon=True)
         self._thread.start()
         atexit.register(self.wait)
@@ -89,14 +187,15 @@ class _Watchdog:
 
         sys.excepthook = excepthook
 
+    # ------------------------------------------------------------------ the watching thread
     def failed_child(self) -> _Child | None:
         return next((c for c in self.children if c.proc.poll() not in (None, 0)), None)
 
     def wait_for_failure(self, seconds: float) -> _Child | None:
         """A started rank that failed, waiting up to ``seconds`` for one while any is still running."""
         deadline = time.monotonic() + seconds
-        while self.children and not self.stopping:
-            failed = self.failed_child()
+        while self.children:
+            failed = self.failure or self.failed_child()
             if failed is not None or time.monotonic() > deadline:
                 return failed
             if all(c.proc.poll() is not None for c in self.children):
@@ -108,29 +207,110 @@ class _Watchdog:
         while not self.stopping:
             failed = self.failed_child()
             if failed is not None:
-                self.fail(failed)
+                if self._declare(failed):
+                    self.stop()
+                    self._raise_in_main()
+                return
             if all(c.proc.poll() == 0 for c in self.children):
                 return
             time.sleep(_POLL_S)
 
-    def fail(self, child: _Child, echo: BaseException | None = None) -> None:
-        """Report the failed rank, end the others, and end this process (it may be stuck in a collective)."""
+    def _declare(self, child: _Child) -> bool:
+        """Record ``child`` as the job's failure and say so, once; False if a failure or a stop came first."""
         with self._lock:
-            if self.stopping:
-                return
-            code = child.proc.returncode
-            if code < 0:
-                how, exit_code = f"was killed by {signal.Signals(-code).name}", 128 - code
-            else:
-                how, exit_code = f"exited with code {code}", code
-            line = f"[tandem] rank {child.rank} {how}; stopping the other ranks."
-            if echo is not None:
-                first = str(echo).strip().splitlines()[0] if str(echo).strip() else ""
-                line += f" (rank 0 then raised {type(echo).__name__}: {first[:200]})"
-            print(line, file=sys.stderr, flush=True)
+            if self.failure is not None or self.stopping:
+                return False
+            self.failure = child
+        print(
+            f"[tandem] rank {child.rank} {_how_it_ended(child.proc.returncode)}; stopping the other ranks.",
+            file=sys.stderr,
+            flush=True,
+        )
+        return True
+
+    def _raise_in_main(self) -> None:
+        """Make the launching thread raise RankFailedError; end the process if it cannot be reached.
+
+        A thread already handling an exception (its collective broke when the rank died) is left to reach
+        launch(), which raises the failure itself, for up to _HANDLING_GRACE_S; otherwise, or after that,
+        it is woken by a signal whose handler raises. Still blocked after _ABORT_AFTER_S: an NCCL process group
+        is aborted (a CUDA sync waiting for the dead rank returns). No response within _RESPONSE_S: ``os._exit``.
+        """
+        handling_since = woken_at = None
+        aborted = False
+        while not (self.reported or self._main_failing):
+            now = time.monotonic()
+            if self._main_done or not _thread_alive(self._main_ident):
+                self._exit_now("rank 0's script has ended")
+            if _handled_exception(self._main_ident) is not None and not self._force_wake:
+                handling_since = handling_since or now
+                self._force_wake = now - handling_since > _HANDLING_GRACE_S
+                if not self._force_wake:
+                    time.sleep(_POLL_S)
+                    continue
+            woken_at = woken_at or now
+            if now - woken_at > _RESPONSE_S:
+                self._exit_now(f"rank 0 did not respond within {_RESPONSE_S:.0f} s (blocked outside Python)")
+            if now - woken_at > _ABORT_AFTER_S and not aborted:
+                aborted = True
+                _abort_nccl()  # a CUDA sync behind an NCCL collective that waits for the failed rank
+            self._interrupt_main()
+            time.sleep(5 * _POLL_S)
+
+    def _interrupt_main(self) -> None:
+        if self._signal_installed:
+            with contextlib.suppress(OSError, ValueError):
+                signal.pthread_kill(self._main_ident, _WAKE_SIGNAL)
+        else:  # launched from another thread: an asynchronous exception, seen at its next bytecode
+            thread, error = ctypes.c_ulong(self._main_ident), ctypes.py_object(RankFailedError)
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(thread, error)
+
+    def _on_wake_signal(self, signum: int, frame: Any) -> None:
+        """Runs in the main thread: raise the failure there, unless it is already unwinding from an error."""
+        if self.failure is None or self.reported or self._main_failing:
+            return
+        if sys.exc_info()[1] is not None and not self._force_wake:
+            return  # leave its except / finally block alone: it is on its way to launch() already
+        self.reported = True
+        raise self.error()
+
+    def _exit_now(self, why: str) -> None:
+        child = self.failure
+        print(f"[tandem] {why}; exiting.", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(_exit_code(child.proc.returncode) if child is not None else 1)
+
+    # ------------------------------------------------------------------ the launching thread
+    def error(self, echo: BaseException | None = None) -> RankFailedError:
+        """The RankFailedError for the recorded failure, with the failing rank's traceback."""
+        child = self.failure
+        message = _failure_message("", child.rank, child.proc.returncode, _read_error_record(child.error_file))
+        if echo is not None:
+            message += (
+                f"\nRank 0 then raised {type(echo).__name__} (shown above), most likely because rank "
+                f"{child.rank} had stopped."
+            )
+        return RankFailedError(message)
+
+    def failure_behind(self, error: BaseException) -> RankFailedError | None:
+        """Rank 0's launch() failed with ``error``: the RankFailedError to raise instead (a started rank failed
+        first, and ``error`` is most likely its echo), or None to re-raise ``error``. Stops every started rank."""
+        self._main_failing = True  # the watchdog will not interrupt this thread any more
+        if isinstance(error, RankFailedError):  # raised by the wake-up signal (or the asynchronous fallback)
+            self.reported = True
             self.stop()
-            sys.stdout.flush()
-            os._exit(exit_code)
+            return self.error() if not error.args and self.failure is not None else None
+        if isinstance(error, KeyboardInterrupt) or (self.stopping and self.failure is None):
+            self.stop()  # Ctrl-C, or the ranks were already stopped after an earlier error of rank 0's own
+            return None
+        failed = self.failure or self.wait_for_failure(_ECHO_WAIT_S)
+        if failed is not None:
+            self._declare(failed)  # said once, by whichever thread saw it first
+        self.stop()
+        if self.failure is None:
+            return None  # rank 0's own error
+        self.reported = True
+        return self.error(echo=error)
 
     def stop(self) -> None:
         """Terminate every started rank still running; kill those that ignore it."""
@@ -148,8 +328,25 @@ class _Watchdog:
 
     def wait(self) -> None:
         """At exit, rank 0 waits for the ranks it started (they die with it); a failure still ends the job."""
+        self._main_done = True
         if self._thread is not None:
             self._thread.join()
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+
+
+def _abort_nccl() -> None:
+    """Best effort: abort NCCL's communicators, so that a thread blocked behind a collective that waits for a
+    dead rank returns (gloo needs none of this: the dead rank's closed sockets end its collectives)."""
+    with contextlib.suppress(Exception):
+        import torch.distributed as dist
+
+        if dist.is_initialized() and dist.get_backend() == "nccl":
+            dist.distributed_c10d._abort_process_group()
+
+
+def _thread_alive(ident: int | None) -> bool:
+    return any(t.ident == ident for t in threading.enumerate())
 
 
 _WATCHDOG = _Watchdog()  # one per process: a script's later Trainers reuse the ranks started by the first
@@ -185,6 +382,9 @@ def _watch_parent(pid: int) -> None:
 class ScriptLauncher:
     """Start local ranks 1..N-1 by re-running this script with the rank variables set; this process is rank 0.
 
+    When a started rank fails, rank 0 stops the others and raises :class:`RankFailedError` (with that
+    rank's traceback) in its main thread, wherever it is: ``finally`` blocks and context managers run.
+
     Args:
         environment: the :class:`LocalEnvironment` of this job.
         num_processes: processes per node.
@@ -200,29 +400,35 @@ class ScriptLauncher:
         if self.environment.creates_processes_externally:  # a rank that a launcher started
             if self.environment.launcher_pid is not None and sys.platform != "linux":
                 _watch_parent(self.environment.launcher_pid)
+            if self.environment.error_file is not None:
+                _record_uncaught_errors(self.environment.error_file)
         elif not _WATCHDOG.children and self.num_processes > 1:
             self._start_children()
         try:
             return function(*args, **kwargs)
         except BaseException as error:
-            failed = _WATCHDOG.wait_for_failure(0.0 if isinstance(error, KeyboardInterrupt) else _ECHO_WAIT_S)
-            if failed is not None:  # most likely an echo of that rank's failure (a closed connection)
-                _WATCHDOG.fail(failed, echo=error)
-            _WATCHDOG.stop()
-            raise
+            if not _WATCHDOG.children:
+                raise
+            failure = _WATCHDOG.failure_behind(error)
+            if failure is None:
+                raise
+            raise failure  # noqa: B904 (rank 0's own error stays attached as the context: nothing is cut)
 
     def _start_children(self) -> None:
         command = script_command()
         libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+        folder = tempfile.mkdtemp(prefix="tandem-errors-")
         children = []
         for local_rank in range(1, self.num_processes):
+            rank = self.environment.node_rank * self.num_processes + local_rank
+            error_file = os.path.join(folder, f"rank{rank}.txt")
             proc = subprocess.Popen(
                 command,
-                env=self.environment.child_environment(local_rank),
+                env=self.environment.child_environment(local_rank, error_file),
                 preexec_fn=_die_with_parent(os.getpid(), libc),
             )
-            children.append(_Child(self.environment.node_rank * self.num_processes + local_rank, proc))
-        _WATCHDOG.start(children)
+            children.append(_Child(rank, proc, error_file))
+        _WATCHDOG.start(children, folder)
 
 
 # ---------------------------------------------------------------------------------------------- spawn
@@ -233,11 +439,15 @@ def _to_cpu(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def collect(trainer: Any) -> dict[str, Any]:
-    """What rank 0 of ``ddp_spawn`` sends back: trained weights, callback metrics, checkpoint paths."""
+    """What rank 0 of ``ddp_spawn`` sends back: trained weights, metrics, loop progress, checkpoint paths."""
     payload: dict[str, Any] = {
         "state_dict": {k: v.detach().cpu() for k, v in trainer.strategy.full_module_state_dict().items()},
         "callback_metrics": apply_to_collection(dict(trainer.callback_metrics), torch.Tensor, _to_cpu),
+        "logged_metrics": dict(getattr(trainer, "logged_metrics", {})),
     }
+    loop = getattr(trainer, "_loop", None)  # a Trainer's loop state (as checkpoints save it)
+    if loop is not None:  # current_epoch and global_step read the fitted values afterwards
+        payload["progress"] = loop.state_dict()
     checkpoint = getattr(trainer, "checkpoint_callback", None)
     if checkpoint is not None:
         payload["checkpoint"] = {
@@ -255,6 +465,13 @@ def apply(trainer: Any, payload: dict[str, Any], module: torch.nn.Module | None)
         module.load_state_dict(payload["state_dict"])
     trainer.callback_metrics.clear()
     trainer.callback_metrics.update(payload["callback_metrics"])
+    logged = getattr(trainer, "logged_metrics", None)
+    if isinstance(logged, dict) and "logged_metrics" in payload:
+        logged.clear()
+        logged.update(payload["logged_metrics"])
+    loop = getattr(trainer, "_loop", None)
+    if loop is not None and "progress" in payload:
+        loop.load_state_dict(payload["progress"])
     checkpoint = getattr(trainer, "checkpoint_callback", None)
     if checkpoint is not None:
         for name, value in payload.get("checkpoint", {}).items():
@@ -268,32 +485,40 @@ def _spawned(
     args: tuple,
     kwargs: dict,
     trainer: Any,
-    result_path: str,
+    folder: str,
+    rng_state: dict[str, Any],
 ) -> None:
-    environment.export_rank(local_rank)
-    result = function(*args, **kwargs)
-    payload = collect(trainer) if trainer is not None else None  # every rank: gathering the weights is a collective
-    if environment.global_rank == 0:
-        result = apply_to_collection(result, torch.Tensor, _to_cpu)
-        torch.save({"result": result, "payload": payload}, result_path)
+    """A spawned rank: the caller's RNG state (so seed_everything holds), the function, and the outcome on disk."""
+    from tandem.utilities.seed import restore_rng_state
 
-
-def _first_failure(context: ProcessContext, err: ProcessException) -> tuple[int, str]:
-    """The process that failed first (the others' errors are mostly echoes) and its traceback."""
-    written = [(os.path.getmtime(f), i, f) for i, f in enumerate(context.error_files) if os.path.exists(f)]
-    if not written:
-        return err.error_index, str(err).strip()
-    _, index, path = min(written)
-    with open(path, "rb") as fh:
-        return index, pickle.load(fh)
+    Path(folder, f"started{local_rank}").touch()  # it got past importing the user's script
+    if sys.platform == "linux":
+        with contextlib.suppress(Exception):
+            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: end with the caller
+    try:
+        environment.export_rank(local_rank)
+        restore_rng_state(rng_state)
+        result = function(*args, **kwargs)
+        payload = collect(trainer) if trainer is not None else None  # every rank: gathering weights is a collective
+        if environment.global_rank == 0:
+            result = apply_to_collection(result, torch.Tensor, _to_cpu)
+            atomic_save({"result": result, "payload": payload}, os.path.join(folder, "rank0.pt"))
+    except KeyboardInterrupt:
+        sys.exit(130)  # Ctrl-C reached every process; the caller reports it
+    except BaseException:  # the caller raises the first failure's traceback; the others are mostly its echoes
+        _write_error_record(os.path.join(folder, f"error{local_rank}.txt"), traceback.format_exc())
+        sys.exit(1)
 
 
 class SpawnLauncher:
     """Run ``function`` in N spawned processes; the caller gets rank 0's return value back.
 
     With ``trainer`` given, rank 0 also sends back the trained weights (loaded into the first
-    ``nn.Module`` among ``args``), ``trainer.callback_metrics`` (updated in place) and the checkpoint
-    callback's ``best_model_path`` / ``last_model_path`` / ``best_model_score``.
+    ``nn.Module`` among ``args``), ``trainer.callback_metrics`` and ``logged_metrics`` (updated in
+    place), ``current_epoch`` / ``global_step``, and the checkpoint callback's ``best_model_path`` /
+    ``last_model_path`` / ``best_model_score``. The spawned processes start from the caller's RNG state
+    (``seed_everything`` holds in them), and the loggers' version folder is fixed in the caller first,
+    so every stage of one Trainer logs into one folder.
 
     Args:
         environment: the :class:`LocalEnvironment` of this job.
@@ -309,32 +534,172 @@ class SpawnLauncher:
         self.start_method = start_method
 
     def launch(self, function: Callable[..., Any], *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
+        if getattr(mp.current_process(), "_inheriting", False):
+            # A spawned process imports the user's script again; without the __main__ guard that import
+            # reached this line. End quietly: the caller sees the exit code and explains (once).
+            raise SystemExit(_NOT_GUARDED_EXIT)
         self.environment.export_rendezvous()  # the spawned processes inherit MASTER_ADDR / MASTER_PORT
+        for logger in getattr(trainer, "loggers", None) or []:
+            logger.version = logger.version  # fixed here: fit, test and log_dir all name one folder
+        from tandem.utilities.seed import capture_rng_state
+
+        rng_state = capture_rng_state()
+        rng_state.pop("cuda", None)  # each rank seeds its own device from torch's seed
         folder = tempfile.mkdtemp(prefix="tandem-spawn-")
-        result_path = os.path.join(folder, "rank0.pt")
+        context = mp.get_context(self.start_method)
+        processes: list[Any] = []
         try:
-            context = mp.start_processes(
-                _spawned,
-                args=(self.environment, function, args, kwargs, trainer, result_path),
-                nprocs=self.num_processes,
-                join=False,
-                start_method=self.start_method,
-            )
-            try:
-                while not context.join():
-                    pass
-            except ProcessException as err:
-                index, text = _first_failure(context, err)
-                rank = self.environment.node_rank * self.num_processes + index
-                raise RuntimeError(
-                    f"ddp_spawn: rank {rank} failed; the other ranks were stopped. Its traceback:\n{text}"
-                ) from None
+            for local_rank in range(self.num_processes):
+                process = context.Process(
+                    target=_spawned,
+                    args=(local_rank, self.environment, function, args, kwargs, trainer, folder, rng_state),
+                    name=f"tandem-rank-{local_rank}",
+                )
+                try:
+                    process.start()
+                except (TypeError, AttributeError, pickle.PicklingError) as err:
+                    found = _unpicklable(err, [*args, *kwargs.values(), trainer, function])
+                    if found is None:
+                        raise
+                    raise found from None
+                processes.append(process)
+            self._wait(processes, folder)
+            result_path = os.path.join(folder, "rank0.pt")
             if not os.path.exists(result_path):  # global rank 0 runs on another node
                 return None
             received = torch.load(result_path, weights_only=False)
         finally:
+            _stop(processes)
             shutil.rmtree(folder, ignore_errors=True)
         if trainer is not None and received["payload"] is not None:
             module = next((a for a in args if isinstance(a, torch.nn.Module)), None)
             apply(trainer, received["payload"], module)
         return received["result"]
+
+    def _wait(self, processes: list[Any], folder: str) -> None:
+        """Until every process ended; the first failure (not its echoes in the others) is raised."""
+        running = list(range(len(processes)))
+        ended: list[int] = []  # in the order they were seen to end
+        while running:
+            ready = wait_for_any([processes[i].sentinel for i in running])
+            for i in list(running):
+                if processes[i].sentinel in ready:
+                    processes[i].join()
+                    running.remove(i)
+                    ended.append(i)
+            if any(processes[i].exitcode != 0 for i in ended):
+                break
+        else:
+            return
+        deadline = time.monotonic() + _SETTLE_S  # the others may end on their own: their records help decide
+        while running and time.monotonic() < deadline:
+            for i in list(running):
+                if processes[i].exitcode is not None:
+                    running.remove(i)
+                    ended.append(i)
+            time.sleep(0.02)
+        _stop(processes)
+        raise self._failure(processes, [i for i in ended if processes[i].exitcode != 0], folder)
+
+    def _failure(self, processes: list[Any], failed: list[int], folder: str) -> Exception:
+        started = {i for i in range(len(processes)) if os.path.exists(os.path.join(folder, f"started{i}"))}
+        if any(processes[i].exitcode == _NOT_GUARDED_EXIT and i not in started for i in failed):
+            return TandemConfigError(
+                "strategy='ddp_spawn' starts each process by importing your script again, and this script starts "
+                'training as it is imported (it has no `if __name__ == "__main__":` guard). Put the code that '
+                'creates the Trainer and calls fit under `if __name__ == "__main__":`, or use strategy="ddp", '
+                "which runs the whole script on every rank."
+            )
+        records = {i: _read_error_record(os.path.join(folder, f"error{i}.txt")) for i in failed}
+        # A rank killed by a signal (other than an abort, which can be the echo of another's failure) failed
+        # first: the others' errors are what its disappearance caused. Else the earliest written traceback.
+        killed = [i for i in failed if processes[i].exitcode < 0 and -processes[i].exitcode != signal.SIGABRT]
+        with_record = sorted((r[0], i) for i, r in records.items() if r is not None)
+        first = killed[0] if killed else with_record[0][1] if with_record else failed[0]
+        rank = self.environment.node_rank * self.num_processes + first
+        return RankFailedError(_failure_message("ddp_spawn: ", rank, processes[first].exitcode, records[first]))
+
+
+def _stop(processes: list[Any]) -> None:
+    """Terminate the processes still running; kill those that ignore it."""
+    alive = [p for p in processes if p.exitcode is None and p.is_alive()]
+    for process in alive:
+        process.terminate()
+    deadline = time.monotonic() + _TERMINATE_GRACE_S
+    for process in alive:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+
+
+# ---------------------------------------------------------------------------------------------- pickling
+
+
+def _unpicklable(error: Exception, roots: list[Any]) -> TandemUserCodeError | None:
+    """Name the attribute that ddp_spawn could not pickle (e.g. ``MyModule.writer._lock``) and the ways out."""
+    for root in roots:
+        if root is None or isinstance(root, (str, int, float, bool)):
+            continue
+        root = getattr(root, "__self__", root)  # a bound method pickles its object
+        found = _find_unpicklable(root, type(root).__name__, set(), 0)
+        if found is not None:
+            path, cause, obj = found
+            return TandemUserCodeError(
+                f"strategy='ddp_spawn' sends your module, data and Trainer to each process it starts by pickling "
+                f"them, and {path} (a {type(obj).__module__}.{type(obj).__qualname__}) cannot be pickled: {cause}. "
+                "Use strategy='ddp', which starts the ranks by re-running your script and pickles nothing; or make "
+                "it picklable: create it in setup() or a hook rather than __init__, or leave it out in __getstate__."
+            )
+    return None
+
+
+def _find_unpicklable(obj: Any, path: str, seen: set[int], depth: int) -> tuple[str, Exception, Any] | None:
+    """The deepest part of ``obj`` that fails to pickle on its own, as (attribute path, error, object)."""
+    try:
+        pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        return None
+    except Exception as err:  # any error: pickling runs arbitrary __reduce__ code
+        error = err
+    if depth >= 16 or id(obj) in seen:
+        return path, error, obj
+    seen.add(id(obj))
+    for name, part in _parts(obj):
+        found = _find_unpicklable(part, f"{path}{name}", seen, depth + 1)
+        if found is not None:
+            return found
+    return path, error, obj
+
+
+def _parts(obj: Any) -> Iterator[tuple[str, Any]]:
+    """What pickling ``obj`` pickles in turn, with the name to show for each."""
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            yield f"[{key!r}]", value
+        return
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        for index, value in enumerate(obj):
+            yield f"[{index}]", value
+        return
+    if isinstance(obj, functools.partial):
+        yield ".func", obj.func
+        yield ".args", obj.args
+        yield ".keywords", obj.keywords
+        return
+    if hasattr(obj, "__self__") and not isinstance(obj, type):
+        yield ".__self__", obj.__self__
+        return
+    try:
+        state = obj.__getstate__() if hasattr(obj, "__getstate__") else getattr(obj, "__dict__", None)
+    except Exception:
+        return
+    if isinstance(state, tuple) and len(state) == 2:  # (dict, slots)
+        state = {**(state[0] or {}), **(state[1] or {})}
+    if not isinstance(state, dict):
+        return
+    for key, value in state.items():
+        if isinstance(obj, torch.nn.Module) and key in ("_modules", "_parameters", "_buffers") and value:
+            for name, sub in value.items():  # show module.net.lock, not module._modules['net']
+                yield f".{name}", sub
+        else:
+            yield f".{key}", value

@@ -232,6 +232,10 @@ class ParallelStrategy(Strategy):
                 "wait for them forever. Run the stage through strategy.launcher.launch(function, ...)."
             )
 
+    def setup(self, module: nn.Module) -> None:
+        self._check("setup")  # wrapping the module (DDP, FSDP) starts with collectives: agree on it first
+        super().setup(module)
+
     def module_to_device(self, module: nn.Module) -> nn.Module:
         """Move the module, and give this process its own copy of any tensor it shares with another process:
         ddp_spawn receives the caller's module through shared memory, and without a copy every rank would

@@ -24,7 +24,7 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from tandem.strategies.precision import Precision
-from tandem.utilities.checkpoint import atomic_save, load_checkpoint_file
+from tandem.utilities.checkpoint import atomic_save, is_sharded_checkpoint, load_checkpoint_file
 from tandem.utilities.exceptions import (
     CheckpointError,
     TandemConfigError,
@@ -397,9 +397,9 @@ class Strategy:
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Read a checkpoint file onto the CPU (a sharded checkpoint directory needs the strategy that wrote it)."""
-        if Path(path).is_dir():
+        if is_sharded_checkpoint(path):
             raise sharded_checkpoint_error(path, self.name)
-        return load_checkpoint_file(path)
+        return load_checkpoint_file(path)  # a plain folder is named as one there
 
     def remove_checkpoint(self, path: str | Path) -> None:
         """Delete a checkpoint file (or a sharded checkpoint's directory), on global rank 0."""

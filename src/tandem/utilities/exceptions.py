@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -15,7 +17,21 @@ class TandemUserCodeError(TypeError):
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint file is missing, unreadable, or not a tandem checkpoint."""
+    """A checkpoint file is missing, unreadable, damaged (its checksum does not match), or not a tandem checkpoint."""
+
+
+class FileWriteError(OSError):
+    """A checkpoint or log file could not be written (disk full, read-only, no permission).
+
+    ``errno`` is the operating system's error number; ``filename`` the file or folder concerned.
+    """
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+class RankFailedError(RuntimeError):
+    """Another process of the job failed; the message names its rank and carries its traceback."""
 
 
 class NonFiniteError(FloatingPointError):
@@ -78,6 +94,38 @@ def non_finite(found: str, precision: str) -> NonFiniteError:
 def incompatible(what: str, reason: str, fix: str) -> TandemConfigError:
     """Arguments that are each valid but cannot work together (or need something that is absent)."""
     return TandemConfigError(f"{what}: {reason}. {fix}")
+
+
+_WRITE_FIXES = {
+    errno.ENOSPC: "Free space on that disk, or write somewhere else",
+    errno.EDQUOT: "Free space within your disk quota, or write somewhere else",
+    errno.EFBIG: "The file is larger than this process may write (ulimit -f); raise the limit, or write elsewhere",
+    errno.EACCES: "Make the folder writable for this user, or write somewhere else",
+    errno.EPERM: "Make the folder writable for this user, or write somewhere else",
+    errno.EROFS: "The filesystem is mounted read-only; write somewhere else",
+    errno.ENOTDIR: "A file stands where a folder is needed; remove it, or write somewhere else",
+}
+
+
+def write_failed(path: str | os.PathLike, cause: OSError, what: str = "", kept: bool = False) -> FileWriteError:
+    """Writing ``path`` failed with ``cause``; say why in plain words, whether the old file survived, and the fix.
+
+    Args:
+        path: the file (or folder) that could not be written.
+        cause: the operating system's error.
+        what: a phrase naming the file's role, e.g. "the checkpoint"; ``path`` is named either way.
+        kept: the previous file at ``path`` is still there, unchanged.
+    """
+    path = os.fspath(path)
+    code = cause.errno
+    reason = cause.strerror or str(cause)
+    if code is not None and code in errno.errorcode:
+        reason = f"{reason} ({errno.errorcode[code]})"
+    subject = f"{what} {path!r}" if what else repr(path)
+    fix = _WRITE_FIXES.get(code, "Check the folder and the disk, or write somewhere else")
+    where = "ModelCheckpoint(dirpath=...), the logger's save_dir or Trainer(default_root_dir=...)"
+    kept_text = " The previous file at that path is intact." if kept else ""
+    return FileWriteError(code, f"Could not write {subject}: {reason}.{kept_text} {fix} ({where}).", path)
 
 
 #: Lightning's class names that tandem spells differently

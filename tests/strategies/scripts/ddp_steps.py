@@ -4,7 +4,8 @@ optimizer_step, try the collectives and the samplers, and write what they saw to
 Modes:
     train     two ranks (or whatever started us) train; collectives, data sharding, predictions
               gathering and the unused-parameter message are checked; each rank saves rank{r}.pt
-    crash     rank 1 raises at step 3; rank 0 is in a collective then (or asleep, --rank0-sleeps)
+    crash     rank 1 raises at step 3; rank 0 is in a collective then (or asleep, --rank0-sleeps); each rank
+              writes how its launch ended to exit{rank} from a context manager
     wait      the ranks write ready{r} and train slowly until a signal ends them
     spawn     ddp_spawn: the caller gets rank 0's return value, weights and metrics back
     spawn_crash  ddp_spawn where rank 1 raises
@@ -156,6 +157,19 @@ def run_train(args: argparse.Namespace) -> None:
         launcher.launch(work)
 
 
+class ExitRecorder:
+    """A context manager that writes how its block ended to ``path`` (it must run however the block ends)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.path.write_text(f"{exc_type.__name__}: {exc}" if exc_type is not None else "no error")
+
+
 def run_crash(args: argparse.Namespace) -> None:
     strategy = make_strategy(2)
 
@@ -165,7 +179,8 @@ def run_crash(args: argparse.Namespace) -> None:
         strategy.setup(Regression())
         train_steps(strategy, strategy.module, steps=50, crash_at=3, rank0_sleeps=args.rank0_sleeps)
 
-    strategy.launcher.launch(work)
+    with ExitRecorder(Path(args.out) / f"exit{os.environ.get('RANK', '0')}"):
+        strategy.launcher.launch(work)
 
 
 def run_wait(args: argparse.Namespace) -> None:

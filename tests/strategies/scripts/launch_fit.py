@@ -3,11 +3,16 @@
 
 Modes:
     fit       train 12 steps; each rank saves rank{global_rank}.pt (weights, ranks, environment, threads)
-    crash     rank --crash-rank raises at step 3; each rank first writes its pid to pid{rank}
+    crash     rank --crash-rank raises at step 3; each rank first writes its pid to pid{rank}; what fit raised
+              goes to raised{rank}, and its finally block writes finally{rank}
     wait      after 2 steps each rank writes its pid to ready{rank}, then trains slowly until a signal ends it
     restart   fit(ckpt_path="last") with a step ModelCheckpoint in the default run folder; on the first attempt
               (no marker file yet) rank 1 SIGKILLs itself after step 7; then like fit
     late      rank 1 sleeps before fit, so rank 0 waits for it in init_process_group until --timeout seconds
+    save0     rank 0 alone calls trainer.save_checkpoint at step 3 (under is_global_zero, the classic mistake);
+              the collective check's stall timeout is 3 s
+    test0     after the fit, rank 0 alone calls trainer.test; rank 1's script ends
+    test0_validate1  after the fit, rank 0 calls trainer.test while rank 1 calls trainer.validate
 """
 
 from __future__ import annotations
@@ -46,6 +51,13 @@ class Classifier(tandem.TrainingModule):
         self.log("train_loss", loss)
         return loss
 
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self.test_step(batch, batch_idx)
+
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        self.log("loss", F.cross_entropy(self.net(x), y), sync_dist=True)
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.parameters(), lr=0.01)
 
@@ -69,6 +81,8 @@ class Probe(tandem.Callback):
     def on_train_batch_end(
         self, trainer: tandem.Trainer, module: tandem.TrainingModule, outputs, batch, batch_idx
     ) -> None:
+        if self.args.mode == "save0" and trainer.global_step == 3 and trainer.is_global_zero:
+            trainer.save_checkpoint(self.out / "mistake.ckpt")  # every rank must call it
         if self.args.mode == "wait":
             if trainer.global_step == 2:
                 (self.out / f"ready{trainer.global_rank}").write_text(str(os.getpid()))
@@ -97,6 +111,8 @@ def main(args: argparse.Namespace) -> None:
         time.sleep(120)  # never joins: rank 0's init_process_group times out first
     tandem.seed_everything(7)
     strategy = DDPStrategy(timeout=datetime.timedelta(seconds=args.timeout)) if args.timeout else "ddp"
+    if args.mode == "save0":
+        strategy = DDPStrategy(collective_check_timeout=datetime.timedelta(seconds=3))
     probe = Probe(args)
     callbacks: list[tandem.Callback] = [probe]
     if args.mode == "restart":  # the recipe in README: torchrun --max-restarts=N, ckpt_path="last"
@@ -114,7 +130,19 @@ def main(args: argparse.Namespace) -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(Classifier(), data(), ckpt_path="last" if args.mode == "restart" else None)
+    try:
+        trainer.fit(Classifier(), data(), ckpt_path="last" if args.mode == "restart" else None)
+    except BaseException as err:
+        (out / f"raised{trainer.global_rank}").write_text(f"{type(err).__name__}: {err}")
+        raise
+    finally:
+        (out / f"finally{trainer.global_rank}").write_text("ran")
+    if args.mode in ("test0", "test0_validate1"):
+        (out / f"fitted{trainer.global_rank}").write_text(str(os.getpid()))
+        if trainer.is_global_zero:
+            trainer.test(Classifier(), data())  # the mistake: every rank must call it
+        elif args.mode == "test0_validate1":
+            trainer.validate(Classifier(), data())
     # code after fit runs on every rank: each writes its own file
     result = {
         "weights": {k: v.clone() for k, v in trainer.training_module.state_dict().items()},
@@ -136,7 +164,9 @@ def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["fit", "crash", "wait", "restart", "late"])
+    parser.add_argument(
+        "mode", choices=["fit", "crash", "wait", "restart", "late", "save0", "test0", "test0_validate1"]
+    )
     parser.add_argument("--out", required=True)
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--num-nodes", type=int, default=1)
