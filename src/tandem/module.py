@@ -543,8 +543,11 @@ def _collect_init_args(frame: Any, cls: type) -> dict[str, Any]:
     """The arguments of the ``__init__`` calls on the stack for this object; the innermost call wins."""
     collected: list[dict[str, Any]] = []
     while frame is not None:
-        code, local_vars = frame.f_code, frame.f_locals
-        if code.co_name == "__init__" and isinstance(local_vars.get("self"), cls):
+        code = frame.f_code
+        # f_locals only of __init__ frames: reading it snapshots the frame's variables into a dict the frame
+        # keeps (Python < 3.13), so the caller's frame would go on holding its objects, a Trainer included.
+        local_vars = frame.f_locals if code.co_name == "__init__" else {}
+        if isinstance(local_vars.get("self"), cls):
             count = code.co_argcount + code.co_kwonlyargcount
             names = code.co_varnames[:count]
             args = {name: local_vars[name] for name in names[1:] if name in local_vars}

@@ -1,7 +1,7 @@
 """A finished run leaves no reference cycle: its module, Trainer, optimizer and tensors are freed as soon as the
 script drops them, without waiting for Python's garbage collector (the tests turn it off to prove it). ddp and
 ddp_spawn are checked in the shared launches (``scripts/core_ddp_runs.py`` scenario ``memory``, and
-``tests/strategies/test_ddp_trainer.py``), fsdp in ``tests/strategies/test_fsdp_trainer.py``."""
+``tests/strategies/scripts/spawn_runs.py``), fsdp in ``tests/strategies/test_fsdp_trainer.py``."""
 
 from __future__ import annotations
 
@@ -127,6 +127,12 @@ def test_a_data_parallel_fit_is_freed_too():
         refs = _refs(trainer, model)
         del trainer, model
         assert _alive(refs) == []
+
+
+@pytest.mark.timeout(150)
+def test_a_ddp_fit_is_freed_too(core_ddp):
+    for alive in core_ddp["memory"]:  # per rank: which of module, trainer, optimizer, parameter outlived the drop
+        assert [name for name in ("module", "trainer", "optimizer", "parameter") if alive[name]] == [], alive
 
 
 @pytest.mark.gpu
