@@ -14,7 +14,14 @@ import torch
 
 from tandem.callbacks.callback import Callback
 from tandem.utilities.checkpoint import check_writable_folder
-from tandem.utilities.exceptions import FileWriteError, NonFiniteError, bad_choice, incompatible, missing_metric, out_of_range
+from tandem.utilities.exceptions import (
+    FileWriteError,
+    NonFiniteError,
+    bad_choice,
+    incompatible,
+    missing_metric,
+    out_of_range,
+)
 from tandem.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 if TYPE_CHECKING:
