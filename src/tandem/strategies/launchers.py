@@ -45,7 +45,9 @@ from lightning_utilities.core.apply_func import apply_to_collection
 
 from tandem.strategies.environments import LocalEnvironment
 from tandem.utilities.checkpoint import atomic_save
-from tandem.utilities.exceptions import RankFailedError, TandemConfigError, TandemUserCodeError
+from tandem.utilities.exceptions import Preempted, RankFailedError, TandemConfigError, TandemUserCodeError
+from tandem.utilities.preemption import EXIT_CODES as PREEMPTED_EXIT_CODES
+from tandem.utilities.preemption import PREEMPTION
 
 _POLL_S = 0.1
 _TERMINATE_GRACE_S = 5.0
@@ -189,7 +191,7 @@ class _Watchdog:
 
     # ------------------------------------------------------------------ the watching thread
     def failed_child(self) -> _Child | None:
-        return next((c for c in self.children if c.proc.poll() not in (None, 0)), None)
+        return next((c for c in self.children if _failed(c.proc.poll())), None)
 
     def wait_for_failure(self, seconds: float) -> _Child | None:
         """A started rank that failed, waiting up to ``seconds`` for one while any is still running."""
@@ -205,13 +207,14 @@ class _Watchdog:
 
     def _watch(self) -> None:
         while not self.stopping:
-            failed = self.failed_child()
+            codes = [c.proc.poll() for c in self.children]  # read once: a rank ending in between is seen next time
+            failed = next((c for c, code in zip(self.children, codes) if _failed(code)), None)
             if failed is not None:
                 if self._declare(failed):
                     self.stop()
                     self._raise_in_main()
                 return
-            if all(c.proc.poll() == 0 for c in self.children):
+            if None not in codes:  # all ended, successfully or stopped for a pre-emption
                 return
             time.sleep(_POLL_S)
 
@@ -295,6 +298,8 @@ class _Watchdog:
     def failure_behind(self, error: BaseException) -> RankFailedError | None:
         """Rank 0's launch() failed with ``error``: the RankFailedError to raise instead (a started rank failed
         first, and ``error`` is most likely its echo), or None to re-raise ``error``. Stops every started rank."""
+        if isinstance(error, Preempted):
+            return None  # every rank stopped at the same step and exits with the same code; they are not stopped
         self._main_failing = True  # the watchdog will not interrupt this thread any more
         if isinstance(error, RankFailedError):  # raised by the wake-up signal (or the asynchronous fallback)
             self.reported = True
@@ -333,6 +338,14 @@ class _Watchdog:
             self._thread.join()
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
+
+
+def _failed(returncode: int | None) -> bool:
+    """A started rank ended with an error: not running, not 0, and not the exit of a pre-emption stop that this
+    process made too (every rank stops at the same step and exits with 128 + the signal's number)."""
+    if returncode is None or returncode == 0:
+        return False
+    return not (returncode in PREEMPTED_EXIT_CODES and (PREEMPTION.signum is not None or PREEMPTION.stopped))
 
 
 def _abort_nccl() -> None:
@@ -428,6 +441,7 @@ class ScriptLauncher:
                 preexec_fn=_die_with_parent(os.getpid(), libc),
             )
             children.append(_Child(rank, proc, error_file))
+        PREEMPTION.forward_to = [child.proc.pid for child in children]  # SIGTERM / SIGUSR1 reach them too
         _WATCHDOG.start(children, folder)
 
 
@@ -505,6 +519,8 @@ def _spawned(
             atomic_save({"result": result, "payload": payload}, os.path.join(folder, "rank0.pt"))
     except KeyboardInterrupt:
         sys.exit(130)  # Ctrl-C reached every process; the caller reports it
+    except Preempted as stopped:  # every rank stopped at the same step, last.ckpt written
+        sys.exit(stopped.code)
     except BaseException:  # the caller raises the first failure's traceback; the others are mostly its echoes
         _write_error_record(os.path.join(folder, f"error{local_rank}.txt"), traceback.format_exc())
         sys.exit(1)

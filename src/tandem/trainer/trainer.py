@@ -23,7 +23,8 @@ from tandem.trainer.logging import MetricCollector, to_float
 from tandem.trainer.optim import LRSchedulerConfig, Optimization
 from tandem.trainer.state import EVAL_STAGES, TRAIN, LoopState, StageData, TrainerState
 from tandem.utilities.checkpoint import to_weights_only
-from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError, incompatible
+from tandem.utilities.exceptions import Preempted, TandemConfigError, TandemUserCodeError, incompatible
+from tandem.utilities.preemption import PREEMPTION
 from tandem.utilities.rank_zero import rank_zero_warn
 
 
@@ -287,7 +288,7 @@ class Trainer:
                 checkpointing.restore(self, ckpt_path, fn)
             if fn == "fit":
                 anomaly = torch.autograd.detect_anomaly() if self.detect_anomaly else contextlib.nullcontext()
-                with anomaly:
+                with anomaly, _catch_preemption(self):
                     self._call("on_fit_start")
                     loops.run_fit(self)
                     self._call("on_fit_end")
@@ -297,7 +298,7 @@ class Trainer:
         except BaseException as exception:
             self.state.status = "interrupted"
             self._call("on_exception", exception)
-            self._finish(fn, "interrupted" if isinstance(exception, KeyboardInterrupt) else "failed")
+            self._finish(fn, "interrupted" if isinstance(exception, (KeyboardInterrupt, Preempted)) else "failed")
             raise
         self.state.status = "finished"
         self._finish(fn, "success")
@@ -686,6 +687,19 @@ class Trainer:
         per_epoch = math.ceil(self.num_training_batches / self.accumulate_grad_batches)
         total = per_epoch * self._config.epoch_limit
         return min(total, self.max_steps) if self.max_steps != -1 else total
+
+
+@contextlib.contextmanager
+def _catch_preemption(trainer: Trainer) -> Any:
+    """During a fit, SIGTERM / SIGUSR1 ask the loop to stop at the next step and save ``last.ckpt``
+    (:mod:`tandem.trainer.preemption`); outside it they keep their previous handlers."""
+    PREEMPTION.install()
+    PREEMPTION.progress = trainer._loop.progress
+    try:
+        yield
+    finally:
+        PREEMPTION.progress = None
+        PREEMPTION.uninstall()
 
 
 @functools.cache
