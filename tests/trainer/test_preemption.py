@@ -1,0 +1,162 @@
+"""Pre-emption: SIGTERM / SIGUSR1 during fit stop every rank at one step, write an exact ``last.ckpt``, run
+teardown and exit with 128 + the signal; under SLURM (SIGUSR1) rank 0 requeues the job; ``fit(ckpt_path="last")``
+then ends with the weights of an uninterrupted run. Real processes: ``scripts/preempt_run.py``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import tandem
+from helpers import TinyModule, launch_free_env, loader, quiet_trainer
+from tandem.utilities.checkpoint import load_checkpoint_file
+from tandem.utilities.exceptions import Preempted
+from tandem.utilities.preemption import PREEMPTION
+
+SCRIPT = Path(__file__).parent / "scripts" / "preempt_run.py"
+
+
+def _run(mode: str, folder: Path, devices: int, timeout: float = 100, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), mode, str(folder), str(devices)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**launch_free_env(**env), "PYTHONUNBUFFERED": "1"},
+        cwd=folder,
+    )
+
+
+def _record(folder: Path, name: str, rank: int) -> dict[str, Any]:
+    return json.loads((folder / f"record-{name}-{rank}.json").read_text())
+
+
+def _gone(pid: int) -> bool:
+    """Not running: no such process, or a zombie waiting for its reaper."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+# ---------------------------------------------------------------------------------------------- one process
+def test_a_signal_in_process_stops_after_the_step_and_restores_the_handlers(tmp_path):
+    """In the calling process: SIGTERM during a step raises Preempted (exit code 143) once the accumulation's
+    optimizer step is done, with last.ckpt where ckpt_path="last" looks; the previous handler is back after."""
+
+    class SignalAt(TinyModule):
+        def training_step(self, batch, batch_idx):
+            if (self.current_epoch, batch_idx) == (0, 2):
+                os.kill(os.getpid(), signal.SIGTERM)
+            return super().training_step(batch, batch_idx)
+
+    before = signal.getsignal(signal.SIGTERM)
+    trainer = quiet_trainer(max_epochs=2, accumulate_grad_batches=2, default_root_dir=tmp_path)
+    with pytest.raises(Preempted) as caught:
+        trainer.fit(SignalAt(), loader(n=64, batch_size=8))
+    assert caught.value.code == 128 + signal.SIGTERM
+    assert "SIGTERM received: stopped at epoch 0, global step 2" in str(caught.value)
+    assert signal.getsignal(signal.SIGTERM) is before and PREEMPTION.signum is None
+    checkpoint = load_checkpoint_file(caught.value.checkpoint)
+    assert checkpoint["loops"]["batches_done"] == 4  # batch 2 was a micro-batch: the stop waited for batch 3's step
+    assert trainer.interrupted and trainer.global_step == 2
+
+
+def test_sigusr1_under_slurm_saves_requeues_and_resumes_exactly(tmp_path):
+    """A process SIGUSR1'd mid-epoch (epoch 1, a micro-batch) exits 138 within seconds after writing last.ckpt,
+    running on_exception and teardown, and calling `scontrol requeue <job>`; the resumed fit ends with the
+    uninterrupted fit's weights, bit for bit."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "scontrol.txt"}\n')
+    scontrol.chmod(scontrol.stat().st_mode | stat.S_IEXEC)
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train", "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    done = _run("stop", tmp_path, 1, PREEMPT_AT="1:4:0:SIGUSR1", **slurm)
+    ended = time.time()
+    assert done.returncode == 128 + signal.SIGUSR1, done.stderr[-3000:]
+    assert "[tandem] SIGUSR1 received: stopped at epoch 1, global step 11 and saved" in done.stderr
+    assert "Requeued SLURM job 4242" in done.stderr
+    assert (tmp_path / "scontrol.txt").read_text().split() == ["requeue", "4242"]
+    assert ended - float((tmp_path / "signal-0.txt").read_text()) < 10
+    assert _record(tmp_path, "stop", 0) == {
+        "exception": "Preempted",
+        "epoch": 1,
+        "batches_done": 6,  # the signal came in micro-batch 4; the stop is after batch 5's optimizer step
+        "global_step": 11,
+        "pid": _record(tmp_path, "stop", 0)["pid"],
+    }
+    resumed = _run("resume", tmp_path, 1)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((tmp_path / "result.json").read_text()) == {"equal": True, "global_step": 24}
+
+
+# ---------------------------------------------------------------------------------------------- two ranks
+@pytest.fixture(scope="module")
+def ddp_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One DDP job pre-empted twice (rank 1 alone gets SIGTERM in the first fit, caught; rank 0 alone gets
+    SIGUSR1 in the resumed second fit, uncaught), then one job resuming to the end beside a reference fit."""
+    folder = tmp_path_factory.mktemp("preempt_ddp")
+    done = _run("stop", folder, 2, PREEMPT_AT="0:2:1:SIGTERM,1:2:0:SIGUSR1")
+    ended = time.time()
+    resumed = _run("resume", folder, 2)
+    return {"folder": folder, "stop": done, "ended": ended, "resume": resumed}
+
+
+def test_ddp_one_signalled_rank_stops_every_rank_at_one_step(ddp_runs):
+    """Rank 1 alone signalled (the store carries it to rank 0) and rank 0 alone signalled (forwarded, and the
+    store): both ranks stop after the same optimizer step, run on_exception and teardown, and the job exits
+    with 128 + SIGUSR1 within seconds, leaving no process behind."""
+    folder, done = ddp_runs["folder"], ddp_runs["stop"]
+    assert done.returncode == 128 + signal.SIGUSR1, done.stderr[-3000:]
+    assert "RankFailedError" not in done.stderr and "Traceback" not in done.stderr
+    assert "[tandem] SIGTERM received: stopped at epoch 0" in done.stderr
+    assert "[tandem] SIGUSR1 received: stopped at epoch 1" in done.stderr
+    for name, epoch, signalled in (("first", 0, 2), ("stop", 1, 2)):
+        records = [_record(folder, name, r) for r in (0, 1)]
+        assert records[0] | {"pid": 0} == records[1] | {"pid": 0}  # the same step on both ranks
+        assert records[0]["exception"] == "Preempted" and records[0]["epoch"] == epoch
+        assert records[0]["batches_done"] % 2 == 0  # after an optimizer step (accumulate_grad_batches=2)
+        assert signalled < records[0]["batches_done"] <= signalled + 4  # within a step or two of the signal
+    assert ddp_runs["ended"] - float((folder / "signal-0.txt").read_text()) < 15
+    assert all(_gone(_record(folder, "stop", r)["pid"]) for r in (0, 1))
+
+
+def test_ddp_resume_after_preemption_equals_an_uninterrupted_run(ddp_runs):
+    resumed = ddp_runs["resume"]
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((ddp_runs["folder"] / "result.json").read_text()) == {"equal": True, "global_step": 12}
+
+
+def test_preempted_is_a_system_exit_with_the_signal_code():
+    error = Preempted(signal.SIGTERM, "last.ckpt", "stopped")
+    assert isinstance(error, SystemExit) and not isinstance(error, Exception)
+    assert error.code == 143 and str(error) == "stopped" and error.checkpoint == "last.ckpt"
+
+
+def test_a_trainer_in_another_thread_leaves_the_signal_handlers_alone(tmp_path):
+    import threading
+
+    before = signal.getsignal(signal.SIGTERM)
+    seen = []
+
+    class Peek(tandem.Callback):
+        def on_train_start(self, trainer, module):
+            seen.append(signal.getsignal(signal.SIGTERM))
+
+    trainer = quiet_trainer(max_epochs=1, default_root_dir=tmp_path, callbacks=[Peek()])
+    thread = threading.Thread(target=trainer.fit, args=(TinyModule(), loader()))
+    thread.start()
+    thread.join(60)
+    assert seen == [before] and torch.is_tensor(trainer.callback_metrics.get("train_loss"))
