@@ -51,32 +51,47 @@ def _gone(pid: int) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- one process
-def test_a_signal_in_process_stops_after_the_step_and_restores_the_handlers(tmp_path):
-    """In the calling process: SIGTERM during a step raises Preempted (exit code 143) once the accumulation's
-    optimizer step is done, with last.ckpt where ckpt_path="last" looks; the previous handler is back after."""
+class _SignalAt(TinyModule):
+    def __init__(self, at: tuple[int, int] | None = None) -> None:
+        super().__init__(dropout=0.3)  # dropout: the RNG state must come back too
+        self.at = at
 
-    class SignalAt(TinyModule):
-        def training_step(self, batch, batch_idx):
-            if (self.current_epoch, batch_idx) == (0, 2):
-                os.kill(os.getpid(), signal.SIGTERM)
-            return super().training_step(batch, batch_idx)
+    def training_step(self, batch, batch_idx):
+        if (self.current_epoch, batch_idx) == self.at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().training_step(batch, batch_idx)
 
+
+def _fit(root: Path, at: tuple[int, int] | None = None, ckpt_path: str | None = None) -> tuple[Any, Any]:
+    tandem.seed_everything(3)
+    model = _SignalAt(at)
+    trainer = quiet_trainer(max_epochs=2, accumulate_grad_batches=2, default_root_dir=root)  # no ModelCheckpoint
+    trainer.fit(model, loader(n=64, batch_size=8, shuffle=True), ckpt_path=ckpt_path)
+    return trainer, model
+
+
+def test_a_signal_in_process_stops_after_the_step_and_resumes_exactly(tmp_path):
+    """In the calling process: SIGTERM during a micro-batch raises Preempted (exit code 143) once the
+    accumulation's optimizer step is done, with last.ckpt where ckpt_path="last" looks and the previous handler
+    back; fit(ckpt_path="last") then ends with the weights of an uninterrupted fit, bit for bit."""
     before = signal.getsignal(signal.SIGTERM)
-    trainer = quiet_trainer(max_epochs=2, accumulate_grad_batches=2, default_root_dir=tmp_path)
     with pytest.raises(Preempted) as caught:
-        trainer.fit(SignalAt(), loader(n=64, batch_size=8))
+        _fit(tmp_path / "run", at=(1, 2))
     assert caught.value.code == 128 + signal.SIGTERM
-    assert "SIGTERM received: stopped at epoch 0, global step 2" in str(caught.value)
+    assert "SIGTERM received: stopped at epoch 1, global step 6" in str(caught.value)
     assert signal.getsignal(signal.SIGTERM) is before and PREEMPTION.signum is None
-    checkpoint = load_checkpoint_file(caught.value.checkpoint)
-    assert checkpoint["loops"]["batches_done"] == 4  # batch 2 was a micro-batch: the stop waited for batch 3's step
-    assert trainer.interrupted and trainer.global_step == 2
+    assert caught.value.checkpoint == str(tmp_path / "run" / "checkpoints" / "last.ckpt")
+    loops = load_checkpoint_file(caught.value.checkpoint)["loops"]
+    assert (loops["epoch"], loops["batches_done"]) == (1, 4)  # batch 2 was a micro-batch: batch 3 stepped first
+    resumed, model = _fit(tmp_path / "run", ckpt_path="last")
+    _, reference = _fit(tmp_path / "reference")
+    assert resumed.global_step == 8 and not resumed.interrupted
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
 
 
-def test_sigusr1_under_slurm_saves_requeues_and_resumes_exactly(tmp_path):
+def test_sigusr1_under_slurm_saves_last_and_requeues_the_job(tmp_path):
     """A process SIGUSR1'd mid-epoch (epoch 1, a micro-batch) exits 138 within seconds after writing last.ckpt,
-    running on_exception and teardown, and calling `scontrol requeue <job>`; the resumed fit ends with the
-    uninterrupted fit's weights, bit for bit."""
+    running on_exception and teardown, and calling `scontrol requeue <job>`."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     scontrol = bin_dir / "scontrol"
@@ -97,9 +112,7 @@ def test_sigusr1_under_slurm_saves_requeues_and_resumes_exactly(tmp_path):
         "global_step": 11,
         "pid": _record(tmp_path, "stop", 0)["pid"],
     }
-    resumed = _run("resume", tmp_path, 1)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert json.loads((tmp_path / "result.json").read_text()) == {"equal": True, "global_step": 24}
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
 
 
 # ---------------------------------------------------------------------------------------------- two ranks
