@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import tandem
-from helpers import TinyModule, launch_free_env, loader, quiet_trainer
+from helpers import TinyModule, clear_launch_variables, launch_free_env, loader, quiet_trainer
 from tandem.utilities.checkpoint import load_checkpoint_file
 from tandem.utilities.exceptions import Preempted
 from tandem.utilities.preemption import PREEMPTION
@@ -150,6 +150,45 @@ def test_ddp_resume_after_preemption_equals_an_uninterrupted_run(ddp_runs):
     resumed = ddp_runs["resume"]
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads((ddp_runs["folder"] / "result.json").read_text()) == {"equal": True, "global_step": 12}
+
+
+def test_a_signal_after_the_last_step_lets_the_fit_finish_and_stops_the_next_one(tmp_path):
+    class SignalAtTheEnd(tandem.Callback):
+        def on_train_epoch_end(self, trainer, module):
+            if trainer.current_epoch == trainer.max_epochs - 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    trainer = quiet_trainer(max_epochs=1, default_root_dir=tmp_path, callbacks=[SignalAtTheEnd()])
+    with pytest.warns(UserWarning, match="SIGTERM arrived after the last step of the fit"):
+        trainer.fit(TinyModule(), loader())
+    assert trainer.state.status == "finished" and PREEMPTION.signum == signal.SIGTERM
+    with pytest.raises(Preempted, match="stopped at epoch 0, global step 1 "):
+        quiet_trainer(max_epochs=1, default_root_dir=tmp_path).fit(TinyModule(), loader())
+    assert PREEMPTION.signum is None
+
+
+class _Rank1Signals(TinyModule):
+    """ddp_spawn pickles the module: a class the spawned processes can import."""
+
+    def training_step(self, batch, batch_idx):
+        if (self.global_rank, batch_idx) == (1, 1):
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().training_step(batch, batch_idx)
+
+
+def test_ddp_spawn_caller_gets_preempted_when_a_rank_is_signalled(tmp_path, monkeypatch):
+    """Under ddp_spawn the caller raises Preempted (rank 0's message and checkpoint) instead of RankFailedError."""
+    clear_launch_variables(monkeypatch)  # and restored after: the launcher exports MASTER_PORT
+    before = signal.getsignal(signal.SIGTERM)
+    trainer = quiet_trainer(
+        strategy="ddp_spawn", devices=2, max_epochs=2, default_root_dir=tmp_path, enable_checkpointing=True
+    )
+    with pytest.raises(Preempted) as caught:
+        trainer.fit(_Rank1Signals(), loader(n=64, batch_size=4))
+    assert caught.value.code == 128 + signal.SIGTERM and "SIGTERM received: stopped at epoch 0" in str(caught.value)
+    loops = load_checkpoint_file(caught.value.checkpoint)["loops"]
+    assert loops["epoch"] == 0 and 2 <= loops["batches_done"] <= 4
+    assert signal.getsignal(signal.SIGTERM) is before and PREEMPTION.forward_to == [] and PREEMPTION.signum is None
 
 
 def test_preempted_is_a_system_exit_with_the_signal_code():

@@ -149,7 +149,7 @@ class CollectiveGuard:
         self._watcher.start()
         self._exit_status = "exited (its script ended)"
         self._preempt_lock = threading.Lock()
-        self._preempt_round = 0  # pre-emption stops this group has made (keys of a finished one are not read)
+        self._preempt_round = 0  # fits and pre-emption stops so far (keys of an earlier round are never read)
         self._preempt_seen = False  # this round's request is known both here and in the store
         self._preempt_target: Position | None = None
         previous_hook = sys.excepthook
@@ -306,8 +306,9 @@ class CollectiveGuard:
         self._preempt_target = max(positions)
         return self._preempt_target
 
-    def preemption_done(self) -> None:
-        """This rank stopped (its checkpoint is written): the next pre-emption is a new round."""
+    def new_preemption_round(self) -> None:
+        """Every rank calls this at the start of each fit and after each pre-emption stop, so the rounds match:
+        a stop's keys are never read again, and a signal still pending is shared afresh."""
         with self._preempt_lock:
             self._preempt_round += 1
             self._preempt_seen, self._preempt_target = False, None

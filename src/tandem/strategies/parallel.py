@@ -274,10 +274,10 @@ class ParallelStrategy(Strategy):
             return here
         return guard.preemption_target(here, timeout=60.0)
 
-    def preemption_done(self) -> None:
+    def new_preemption_round(self) -> None:
         guard = current_guard()
         if guard is not None:
-            guard.preemption_done()
+            guard.new_preemption_round()
 
     def _to_collective_device(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(self.root_device) if self.process_group_backend == "nccl" else tensor

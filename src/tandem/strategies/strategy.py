@@ -372,8 +372,9 @@ class Strategy:
         it): the position every rank stops at, at or after ``here``. One process stops where it is."""
         return here
 
-    def preemption_done(self) -> None:
-        """Every rank stopped for the pre-emption (its checkpoint is written)."""
+    def new_preemption_round(self) -> None:
+        """Called on every rank at the start of each fit and after each pre-emption stop: the ranks agree on
+        each stop afresh."""
 
     # ------------------------------------------------------------------ checkpoint state
     def module_state_dict(self) -> dict[str, Any]:

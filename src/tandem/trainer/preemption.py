@@ -41,7 +41,7 @@ def stop(trainer: Trainer) -> NoReturn:
     path = last_checkpoint_path(trainer)
     trainer.save_checkpoint(path)  # the loop state says exactly where to continue
     PREEMPTION.done()
-    trainer.strategy.preemption_done()
+    trainer.strategy.new_preemption_round()
     name = signal.Signals(signum).name
     where = f"epoch {trainer.current_epoch}, global step {trainer.global_step}"
     message = f"[tandem] {name} received: stopped at {where} and saved {path}."
@@ -53,6 +53,16 @@ def stop(trainer: Trainer) -> NoReturn:
             message += ' Resume with trainer.fit(..., ckpt_path="last").'
         print(message, file=sys.stderr, flush=True)
     raise Preempted(signum, path, message)
+
+
+def warn_if_pending(trainer: Trainer) -> None:
+    """A signal came after the fit's last stop point: the fit ended normally. It stays pending, so a next
+    fit in this process stops at its first step."""
+    if PREEMPTION.signum is not None:
+        rank_zero_warn(
+            f"{signal.Signals(PREEMPTION.signum).name} arrived after the last step of the fit, which finished "
+            "normally; a next fit in this process stops after its first step and saves last.ckpt."
+        )
 
 
 def last_checkpoint_path(trainer: Trainer) -> str:

@@ -16,7 +16,7 @@ from tandem.callbacks.callback import Callback
 from tandem.module import DataModule, TrainingModule, is_overridden
 from tandem.strategies.registry import resolve_strategy
 from tandem.strategies.strategy import Strategy
-from tandem.trainer import checkpointing, data, loops, optim
+from tandem.trainer import checkpointing, data, loops, optim, preemption
 from tandem.trainer.config import TrainerConfig, check_unknown_arguments
 from tandem.trainer.evaluation import format_results, run_evaluation
 from tandem.trainer.logging import MetricCollector, to_float
@@ -693,10 +693,12 @@ class Trainer:
 def _catch_preemption(trainer: Trainer) -> Any:
     """During a fit, SIGTERM / SIGUSR1 ask the loop to stop at the next step and save ``last.ckpt``
     (:mod:`tandem.trainer.preemption`); outside it they keep their previous handlers."""
+    trainer.strategy.new_preemption_round()
     PREEMPTION.install()
     PREEMPTION.progress = trainer._loop.progress
     try:
         yield
+        preemption.warn_if_pending(trainer)
     finally:
         PREEMPTION.progress = None
         PREEMPTION.uninstall()
