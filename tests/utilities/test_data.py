@@ -99,3 +99,14 @@ def test_worker_init_is_wrapped_once_and_keeps_the_users_function():
     plain = _loader()
     end_workers_with_process(plain)
     assert plain.worker_init_fn is None  # no workers, nothing to do
+
+
+def test_a_rebuilt_loader_keeps_its_workers_ending_with_the_process_and_seeded(monkeypatch):
+    import tandem.utilities.data as data
+
+    monkeypatch.setattr(data, "seed_workers_requested", lambda: True)  # seed_everything(workers=True)
+    loader = _loader(num_workers=2)
+    end_workers_with_process(loader)
+    rebuilt = rebuild_dataloader(loader, sampler=RandomSampler(loader.dataset))
+    assert isinstance(rebuilt.worker_init_fn, type(loader.worker_init_fn))
+    assert rebuilt.worker_init_fn.inner is data.worker_init_function

@@ -90,8 +90,11 @@ def rebuild_dataloader(
     if kwargs.get("num_workers", 0) == 0:
         kwargs.pop("prefetch_factor", None)
         kwargs["persistent_workers"] = False
-    if kwargs.get("worker_init_fn") is None and kwargs.get("num_workers", 0) > 0 and seed_workers_requested():
-        kwargs["worker_init_fn"] = worker_init_function
+    init = kwargs.get("worker_init_fn")
+    inner = init.inner if isinstance(init, _DieWithParent) else init
+    if inner is None and kwargs.get("num_workers", 0) > 0 and seed_workers_requested():
+        inner = worker_init_function
+    kwargs["worker_init_fn"] = _DieWithParent(inner, init.parent) if isinstance(init, _DieWithParent) else inner
     if batch_sampler is not None:
         return type(loader)(loader.dataset, batch_sampler=batch_sampler, **kwargs)
     if loader.batch_sampler is None:  # auto-collation off: the sampler yields whole batches' indices
