@@ -9,11 +9,13 @@ The ranks agree on the position (see :meth:`Strategy.preemption_target`), then :
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, NoReturn
 
 from tandem.strategies.environments import slurm_job_to_requeue
@@ -23,6 +25,21 @@ from tandem.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
     from tandem.trainer.trainer import Trainer
+
+
+@contextlib.contextmanager
+def catching_signals(trainer: Trainer) -> Iterator[None]:
+    """Around the fit loop: SIGTERM / SIGUSR1 only set the flag the loop reads; before and after the fit
+    they keep their previous handlers."""
+    trainer.strategy.new_preemption_round()
+    PREEMPTION.install()
+    PREEMPTION.progress = trainer._loop.progress
+    try:
+        yield
+        warn_if_pending(trainer)
+    finally:
+        PREEMPTION.progress = None
+        PREEMPTION.uninstall()
 
 
 def stop_here(trainer: Trainer, epoch_end: bool = False) -> bool:

@@ -24,7 +24,6 @@ from tandem.trainer.optim import LRSchedulerConfig, Optimization
 from tandem.trainer.state import EVAL_STAGES, TRAIN, LoopState, StageData, TrainerState
 from tandem.utilities.checkpoint import to_weights_only
 from tandem.utilities.exceptions import Preempted, TandemConfigError, TandemUserCodeError, incompatible
-from tandem.utilities.preemption import PREEMPTION
 from tandem.utilities.rank_zero import rank_zero_warn
 
 
@@ -288,7 +287,7 @@ class Trainer:
                 checkpointing.restore(self, ckpt_path, fn)
             if fn == "fit":
                 anomaly = torch.autograd.detect_anomaly() if self.detect_anomaly else contextlib.nullcontext()
-                with anomaly, _catch_preemption(self):
+                with anomaly, preemption.catching_signals(self):
                     self._call("on_fit_start")
                     loops.run_fit(self)
                     self._call("on_fit_end")
@@ -687,21 +686,6 @@ class Trainer:
         per_epoch = math.ceil(self.num_training_batches / self.accumulate_grad_batches)
         total = per_epoch * self._config.epoch_limit
         return min(total, self.max_steps) if self.max_steps != -1 else total
-
-
-@contextlib.contextmanager
-def _catch_preemption(trainer: Trainer) -> Any:
-    """During a fit, SIGTERM / SIGUSR1 ask the loop to stop at the next step and save ``last.ckpt``
-    (:mod:`tandem.trainer.preemption`); outside it they keep their previous handlers."""
-    trainer.strategy.new_preemption_round()
-    PREEMPTION.install()
-    PREEMPTION.progress = trainer._loop.progress
-    try:
-        yield
-        preemption.warn_if_pending(trainer)
-    finally:
-        PREEMPTION.progress = None
-        PREEMPTION.uninstall()
 
 
 @functools.cache
