@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -140,7 +141,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._trainer: Trainer | None = None
+        self._trainer = None
         self._hparams: AttributeDict = AttributeDict()
         self._log_hyperparams = True
         self._automatic_optimization = True
@@ -148,8 +149,20 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_trainer"] = None  # pickled for spawned processes or deep copies: never drag the Trainer along
+        state["_trainer_ref"] = None  # pickled for spawned processes or deep copies: never drag the Trainer along
         return state
+
+    @property
+    def _trainer(self) -> Trainer | None:
+        """The Trainer running this module, or None. Held weakly: the Trainer holds the module (``trainer.test()``
+        after ``fit`` reuses it), and a reference back would make a cycle that only Python's garbage collector
+        frees, keeping the module's memory after a finished fit."""
+        ref = self.__dict__.get("_trainer_ref")
+        return None if ref is None else ref()
+
+    @_trainer.setter
+    def _trainer(self, trainer: Trainer | None) -> None:
+        self.__dict__["_trainer_ref"] = None if trainer is None else weakref.ref(trainer)
 
     # ------------------------------------------------------------------ the user's steps
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor | Mapping[str, Any] | None:
@@ -445,9 +458,15 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
     # ------------------------------------------------------------------ read-only views of the run
     @property
     def trainer(self) -> Trainer:
-        if self._trainer is None:
-            raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer; call trainer.fit(model) first.")
-        return self._trainer
+        """The Trainer running this module, or the one of its latest run while that Trainer exists (the module
+        refers to it weakly, so that a finished fit's memory is freed as soon as both go out of scope)."""
+        trainer = self._trainer
+        if trainer is None:
+            raise RuntimeError(
+                f"{type(self).__name__} is not attached to a Trainer: call trainer.fit(model) first, and keep the "
+                "Trainer while you use model.trainer (the module does not keep it alive)."
+            )
+        return trainer
 
     @property
     def device(self) -> torch.device:
@@ -524,8 +543,11 @@ def _collect_init_args(frame: Any, cls: type) -> dict[str, Any]:
     """The arguments of the ``__init__`` calls on the stack for this object; the innermost call wins."""
     collected: list[dict[str, Any]] = []
     while frame is not None:
-        code, local_vars = frame.f_code, frame.f_locals
-        if code.co_name == "__init__" and isinstance(local_vars.get("self"), cls):
+        code = frame.f_code
+        # f_locals only of __init__ frames: reading it snapshots the frame's variables into a dict the frame
+        # keeps (Python < 3.13), so the caller's frame would go on holding its objects, a Trainer included.
+        local_vars = frame.f_locals if code.co_name == "__init__" else {}
+        if isinstance(local_vars.get("self"), cls):
             count = code.co_argcount + code.co_kwonlyargcount
             names = code.co_varnames[:count]
             args = {name: local_vars[name] for name in names[1:] if name in local_vars}
@@ -599,9 +621,22 @@ class DataModule(HyperparametersMixin, DataHooks):
     prepare_data_per_node: bool = True
 
     def __init__(self) -> None:
-        self.trainer: Trainer | None = None
+        self._trainer_ref: weakref.ReferenceType[Trainer] | None = None
         self._hparams = AttributeDict()
         self._log_hyperparams = True
+
+    @property
+    def trainer(self) -> Trainer | None:
+        """The Trainer of the current or latest run while it exists (held weakly, as the module holds it)."""
+        ref = self.__dict__.get("_trainer_ref")  # a subclass may not have called DataModule.__init__
+        return None if ref is None else ref()
+
+    @trainer.setter
+    def trainer(self, trainer: Trainer | None) -> None:
+        self._trainer_ref = None if trainer is None else weakref.ref(trainer)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_trainer_ref": None}
 
     def state_dict(self) -> dict[str, Any]:
         return {}

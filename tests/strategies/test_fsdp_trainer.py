@@ -135,6 +135,15 @@ def test_meta_initialisation_and_configure_model(runs, scripts):
         _close(result["configured"]["validate"][0], expected)
 
 
+def test_a_dropped_fsdp_run_frees_its_trainer_and_optimizer_without_the_garbage_collector(runs):
+    # tandem's objects hold no reference cycle: with the collector off, the Trainer and the optimizer (with its
+    # state) go as soon as the script drops them. The sharded module itself goes at the next collection: torch's
+    # fully_shard keeps every sharded module in cycles with its FSDP state and hooks (plain torch does too).
+    for result in runs["init"]:
+        memory = result["memory"]
+        assert not memory["trainer"] and not memory["optimizer"] and not memory["module_after_collect"], memory
+
+
 # ---------------------------------------------------------------------------------------------- evaluation
 
 

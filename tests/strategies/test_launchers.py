@@ -239,6 +239,11 @@ def test_spawn_keeps_one_run_folder_and_the_fitted_progress(spawn_runs):
 
 
 @pytest.mark.timeout(120)
+def test_a_finished_spawn_run_is_freed_without_the_garbage_collector(spawn_runs):
+    assert (spawn_runs["out"] / "seeded-alive.txt").read_text() == ""
+
+
+@pytest.mark.timeout(120)
 def test_spawn_names_the_attribute_that_cannot_be_pickled(spawn_runs):
     message = (spawn_runs["out"] / "unpicklable.txt").read_text()
     assert message.startswith(

@@ -152,8 +152,9 @@ class TwoRanks:
         self.theirs = theirs
         self.other_packed: dict[str, torch.Tensor] = {}
 
-    def all_gather_object(self, obj):
-        return [obj, self.theirs]
+    def all_gather_object(self, obj):  # the collector sends (names, note); the other rank's note: the same
+        mine, note = obj
+        return [obj, (self.theirs, note)]
 
     def reduce(self, tensor, op):
         pick = {"sum": torch.add, "max": torch.maximum, "min": torch.minimum}[op]

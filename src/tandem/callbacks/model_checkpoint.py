@@ -14,7 +14,14 @@ import torch
 
 from tandem.callbacks.callback import Callback
 from tandem.utilities.checkpoint import check_writable_folder
-from tandem.utilities.exceptions import FileWriteError, bad_choice, incompatible, missing_metric, out_of_range
+from tandem.utilities.exceptions import (
+    FileWriteError,
+    NonFiniteError,
+    bad_choice,
+    incompatible,
+    missing_metric,
+    out_of_range,
+)
 from tandem.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 if TYPE_CHECKING:
@@ -232,10 +239,19 @@ class ModelCheckpoint(Callback):
     # ------------------------------------------------------------------ saving
     def _save(self, trainer: Trainer, top_k: bool) -> None:
         metrics = self._monitor_candidates(trainer)
-        if top_k and self.save_top_k != 0:
-            self._save_top_k(trainer, metrics)
-        if self.save_last:
-            self._save_last(trainer, metrics)
+        before = self.state_dict()
+        try:
+            if top_k and self.save_top_k != 0:
+                self._save_top_k(trainer, metrics)
+            if self.save_last:
+                self._save_last(trainer, metrics)
+        except (_Skipped, NonFiniteError) as reason:
+            # The parameters hold NaN or inf, so nothing was written: as if this save point had not come (no
+            # ranking of a file that does not exist, no deletion of the previous ones).
+            self._restore(before)
+            self._last_global_step_saved = trainer.global_step
+            if isinstance(reason, NonFiniteError):
+                raise
 
     def _monitor_candidates(self, trainer: Trainer) -> dict[str, Any]:
         """Global rank 0's metrics, as numbers: every rank then names, ranks and deletes the same files."""
@@ -303,7 +319,8 @@ class ModelCheckpoint(Callback):
             self._remove(trainer, dropped)
 
     def _write(self, trainer: Trainer, path: str) -> None:
-        trainer.save_checkpoint(path, weights_only=self.save_weights_only)
+        if trainer.save_checkpoint(path, weights_only=self.save_weights_only) is False:
+            raise _Skipped  # Trainer(on_nonfinite="warn") refused to write non-finite parameters
         self._last_global_step_saved = trainer.global_step
 
     def _remove(self, trainer: Trainer, path: str) -> None:
@@ -407,6 +424,10 @@ class ModelCheckpoint(Callback):
                 f"their rank in the top {self.save_top_k} (best: {self.best_model_path!r}) and stay where they are. "
                 f"New checkpoints go to {self.dirpath!r}."
             )
+
+
+class _Skipped(Exception):
+    """A save the Trainer skipped (the parameters hold NaN or inf)."""
 
 
 def _format_name(template: str | None, metrics: Mapping[str, Any], auto_insert_metric_name: bool) -> str:

@@ -237,9 +237,7 @@ class CollectiveGuard:
     def _watch(self) -> None:
         where, since = "", time.monotonic()
         while not self._stop.wait(_BEAT_S):
-            frames = sys._current_frames()
-            frame = frames.get(self._main.ident) if self._main.ident is not None else None
-            now_where, blocked = _main_thread_position(frame)
+            now_where, blocked = _main_thread_position(self._main_frame())
             if now_where != where:
                 where, since = now_where, time.monotonic()
             blocked_for = time.monotonic() - since if blocked else 0.0
@@ -312,6 +310,11 @@ class CollectiveGuard:
         with self._preempt_lock:
             self._preempt_round += 1
             self._preempt_seen, self._preempt_target = False, None
+
+    def _main_frame(self) -> FrameType | None:
+        # Returned, never kept in the watcher's variables: a frame held while the watcher sleeps would keep a
+        # finished fit's frames, and the Trainer and module in their variables, alive.
+        return sys._current_frames().get(self._main.ident) if self._main.ident is not None else None
 
     def close(self, status: str = "exited") -> None:
         """Tell the other ranks this process is leaving (at exit, or when its group is destroyed)."""

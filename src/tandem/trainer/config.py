@@ -148,7 +148,7 @@ LIGHTNING_1X_ARGUMENTS = {
     "auto_lr_find": "a learning-rate search of your own (tandem has no tuner)",
     "auto_scale_batch_size": "a batch size of your own (tandem has no tuner)",
     "track_grad_norm": "on_before_optimizer_step(self, optimizer): self.log('grad_norm', ...)",
-    "terminate_on_nan": "detect_anomaly=True, or a check of the loss in training_step",
+    "terminate_on_nan": "on_nonfinite='raise' (the default; checked at logging steps, epoch ends and saves)",
     "prepare_data_per_node": "prepare_data_per_node = False as an attribute of your DataModule / TrainingModule",
     "move_metrics_to_cpu": "nothing: tandem keeps logged values on their device until a logger needs them",
     "multiple_trainloader_mode": "one training loader (combine datasets with torch.utils.data.ConcatDataset)",

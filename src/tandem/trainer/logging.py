@@ -235,19 +235,22 @@ class MetricCollector:
     def _distributed(self) -> bool:
         return self._strategy.world_size > 1
 
-    def step_metrics(self) -> dict[str, torch.Tensor]:
+    def step_metrics(self, note: Any = None) -> tuple[dict[str, torch.Tensor], list[Any]]:
         """Publish the step values: reduce the ``sync_dist`` ones across processes (every process calls
         this at the same step), then return those logged with on_step since the last call, for the
-        loggers, and clear the 'updated' marks."""
+        loggers, and clear the 'updated' marks.
+
+        ``note``, a small picklable value, travels with the processes' agreement on names (no collective of
+        its own); every process's note comes back, in rank order (``[note]`` in one process).
+        """
         entries = self._stores.get(self.stage, {})
-        if self._distributed:
-            self._sync(entries, epoch=False)
+        notes = self._sync(entries, epoch=False, note=note) if self._distributed else [note]
         out = {}
         for name, entry in entries.items():
             if entry.updated and entry.on_step and entry.logger and entry.step_value is not None:
                 out[f"{name}_step" if entry.on_epoch else name] = entry.step_value
             entry.updated = False
-        return out
+        return out, notes
 
     def epoch_metrics(self) -> dict[str, torch.Tensor]:
         """Aggregate every on_epoch value of the stage (reducing across processes where asked; every
@@ -291,13 +294,14 @@ class MetricCollector:
             return None
         return entry.total / entry.count if entry.reduce_fx == "mean" else entry.total
 
-    def _sync(self, entries: dict[str, _Entry], epoch: bool) -> None:
+    def _sync(self, entries: dict[str, _Entry], epoch: bool, note: Any = None) -> list[Any]:
         """Reduce across processes, by name, every value some process needs reduced now.
 
         Epoch ends (``epoch=True``): synced epoch aggregates and torchmetrics ``Metric`` objects logged
         since they were last computed on any process, plus synced step values not yet reduced. Publishing
         steps: the synced step values. A process that never logged a name contributes the identity and
-        receives the result (its entry is created with the options the other processes used).
+        receives the result (its entry is created with the options the other processes used). ``note`` is
+        gathered with the names; every process's note is returned, in rank order.
         """
         mine: dict[str, tuple[str, bool, tuple[bool, bool, bool, bool]]] = {}
         for name, entry in entries.items():
@@ -310,7 +314,8 @@ class MetricCollector:
                 mine[f"metric/{name}"] = ("metric", entry.dirty, flags)
             elif entry.sync_dist and (entry.total is not None or entry.dirty):
                 mine[f"epoch/{name}"] = (entry.reduce_fx, entry.dirty, flags)
-        everyone = self._strategy.all_gather_object(mine)
+        gathered = self._strategy.all_gather_object((mine, note))
+        everyone, notes = [g[0] for g in gathered], [g[1] for g in gathered]
         wanted = _agree(everyone)
         for key in wanted:  # decided from what every process sent: all raise together, none hangs
             if key.startswith("metric/") and not all(key in theirs for theirs in everyone):
@@ -336,6 +341,7 @@ class MetricCollector:
                 entry.epoch_value, entry.dirty = reduced[key], False
             elif reduced[key] is not None:
                 self._publish_step(name, entry, reduced[key])
+        return notes
 
     def _publish_step(self, name: str, entry: _Entry, value: torch.Tensor) -> None:
         entry.step_value, entry.step_unsynced = value, False

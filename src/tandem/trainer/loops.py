@@ -10,6 +10,7 @@ Evaluation is in :mod:`tandem.trainer.evaluation`.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ import torch
 
 from tandem.trainer import preemption
 from tandem.trainer.evaluation import run_evaluation
+from tandem.trainer.nonfinite import loss_is_finite, nonfinite_parameters
 from tandem.trainer.optim import TrainingOptimizer
 from tandem.utilities.data import find_sampler
 from tandem.utilities.exceptions import TandemUserCodeError, missing_metric
@@ -112,8 +114,12 @@ def run_training_epoch(trainer: Trainer, run_batch: BatchRunner) -> None:
     if trainer._optimization.automatic:  # under manual optimization the module steps its schedulers
         step_schedulers(trainer, "epoch")
     trainer._call("on_train_epoch_end")
-    # One rank asking to stop stops them all: a rank that left the loop alone would hang the others.
-    trainer.should_stop = trainer.strategy.reduce_boolean_decision(trainer.should_stop, all=False)
+    # One reduction, two agreements: one rank asking to stop stops them all (a rank that left the loop alone
+    # would hang the others), and NaN / inf in any rank's parameters is acted on by every rank.
+    nonfinite = nonfinite_parameters(module)
+    stop, anywhere = trainer.strategy.reduce(torch.tensor([int(trainer.should_stop), int(bool(nonfinite))]), "sum")
+    trainer.should_stop = bool(stop > 0)
+    trainer._nonfinite.check_epoch_end(trainer, nonfinite, bool(anywhere > 0))
     train_epoch_metrics.update(metrics.epoch_metrics())  # values logged in on_train_epoch_end hooks
     trainer.log_metrics({**train_epoch_metrics, "epoch": loop.epoch})
     for logger in trainer.loggers:
@@ -189,7 +195,7 @@ def run_training_batch(trainer: Trainer, batch: Any, batch_idx: int) -> None:
         optimizer = trainer._optimization.optimizers[0]
         _prepare_step(trainer, optimizer)
         stepped = strategy.optimizer_step(optimizer)
-        _finish_step(trainer, optimizer, batch_idx, stepped)
+        _finish_step(trainer, optimizer, batch_idx, stepped, loss)
     trainer._loop.batches_done = batch_idx + 1
     if hooks["on_train_batch_end"]:
         trainer._call("on_train_batch_end", _detached_outputs(output, loss), batch, batch_idx)
@@ -225,7 +231,7 @@ def run_training_batch_with_closure(trainer: Trainer, batch: Any, batch_idx: int
                 "backward never ran. Call optimizer.step(closure=optimizer_closure) in your override."
             )
         output, loss = result[-1]
-        _finish_step(trainer, optimizer.optimizer, batch_idx, optimization.last_step_taken)
+        _finish_step(trainer, optimizer.optimizer, batch_idx, optimization.last_step_taken, loss)
     trainer._loop.batches_done = batch_idx + 1
     if hooks["on_train_batch_end"]:
         trainer._call("on_train_batch_end", _detached_outputs(output, loss), batch, batch_idx)
@@ -259,9 +265,11 @@ def _prepare_step(trainer: Trainer, optimizer: Optimizer) -> None:
         clip(optimizer)
 
 
-def _finish_step(trainer: Trainer, optimizer: Optimizer, batch_idx: int, stepped: bool) -> None:
+def _finish_step(
+    trainer: Trainer, optimizer: Optimizer, batch_idx: int, stepped: bool, loss: torch.Tensor | None
+) -> None:
     """After an automatic step: clear the gradients, count the step, step the per-step schedulers, and
-    publish the step's logged values when a logger wants them."""
+    publish the step's logged values when a logger wants them (``loss`` is checked for NaN / inf then)."""
     optimization, loop = trainer._optimization, trainer._loop
     if trainer._hooks["on_before_zero_grad"]:
         trainer._call("on_before_zero_grad", optimizer)
@@ -274,15 +282,18 @@ def _finish_step(trainer: Trainer, optimizer: Optimizer, batch_idx: int, stepped
     loop.batches_stepped += 1
     if stepped and optimization.lr_scheduler_configs:  # a step skipped by the float16 scaler does not count
         step_schedulers(trainer, "step")
-    _publish_step(trainer)
+    _publish_step(trainer, loss)
 
 
-def _publish_step(trainer: Trainer) -> None:
-    """Every ``log_every_n_steps`` stepping batches: loggers get the step values, sync_dist ones reduced first."""
+def _publish_step(trainer: Trainer, loss: torch.Tensor | None) -> None:
+    """Every ``log_every_n_steps`` stepping batches: loggers get the step values, sync_dist ones reduced first.
+    The step's loss is read then too, and the processes' verdicts on it travel with that reduction."""
     if trainer._loop.batches_stepped % trainer._config.log_every_n_steps == 0 and (
         trainer.loggers or trainer.world_size > 1
     ):
-        trainer.log_metrics(trainer._metrics.step_metrics())
+        values, finite = trainer._metrics.step_metrics(loss_is_finite(loss))
+        trainer.log_metrics(values)
+        trainer._nonfinite.check_loss(trainer, finite, values)
 
 
 def step_schedulers(trainer: Trainer, interval: str) -> None:
@@ -330,7 +341,7 @@ def run_manual_batch(trainer: Trainer, batch: Any, batch_idx: int) -> None:
     step_args = (batch, batch_idx) if trainer._step_takes_batch_idx else (batch,)
     output = trainer.strategy.run_step("training_step", *step_args)
     loop.batches_stepped += 1
-    _publish_step(trainer)
+    _publish_step(trainer, output if isinstance(output, torch.Tensor) else _manual_loss(output))
     loop.batches_done = batch_idx + 1
     if hooks["on_train_batch_end"]:
         trainer._call("on_train_batch_end", _manual_outputs(output), batch, batch_idx)
@@ -358,7 +369,13 @@ def _manual_step(trainer: Trainer, optimizer: Optimizer, closure: Callable[[], A
 
 
 def _bind(step: Callable[..., None], trainer: Trainer) -> Callable[..., None]:
+    # The Trainer holds these optimizers: a strong reference back would be a cycle keeping a finished fit alive.
+    trainer_ref = weakref.ref(trainer)
+
     def bound(optimizer: Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any) -> None:
+        trainer = trainer_ref()
+        if trainer is None:
+            raise RuntimeError("optimizer.step(): the Trainer that wrapped this optimizer no longer exists.")
         step(trainer, optimizer, closure, **kwargs)
 
     return bound
@@ -394,6 +411,11 @@ def _detached_outputs(output: Any, loss: torch.Tensor | None) -> Any:
     if isinstance(output, Mapping):
         return {**output, "loss": loss.detach()}
     return {"loss": loss.detach()}
+
+
+def _manual_loss(output: Any) -> torch.Tensor | None:
+    loss = output.get("loss") if isinstance(output, Mapping) else None
+    return loss if isinstance(loss, torch.Tensor) else None
 
 
 def _manual_outputs(output: Any) -> Any:

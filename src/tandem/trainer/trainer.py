@@ -20,6 +20,7 @@ from tandem.trainer import checkpointing, data, loops, optim, preemption
 from tandem.trainer.config import TrainerConfig, check_unknown_arguments
 from tandem.trainer.evaluation import format_results, run_evaluation
 from tandem.trainer.logging import MetricCollector, to_float
+from tandem.trainer.nonfinite import NonFiniteGuard, nonfinite_parameters
 from tandem.trainer.optim import LRSchedulerConfig, Optimization
 from tandem.trainer.state import EVAL_STAGES, TRAIN, LoopState, StageData, TrainerState
 from tandem.utilities.checkpoint import to_weights_only
@@ -61,6 +62,10 @@ class Trainer:
         benchmark: set ``torch.backends.cudnn.benchmark`` (None: leave it as it is).
         inference_mode: accepted for Lightning programs; tandem evaluates under ``torch.no_grad()`` either way.
         detect_anomaly: run fits under ``torch.autograd.detect_anomaly()`` (slow; finds NaN sources).
+        on_nonfinite: what a NaN or inf loss or parameter does: ``"raise"`` stops every rank with a
+            ``NonFiniteError`` naming the step and what to try; ``"warn"`` warns and trains on. Either way no
+            checkpoint of non-finite parameters is written (under ``"warn"`` that save is skipped). Checked where
+            values are read anyway: at logging steps (the loss), epoch ends and checkpoint saves (the parameters).
         sync_batchnorm: turn BatchNorm layers into SyncBatchNorm (strategies that run several processes).
         use_distributed_sampler: let a distributed strategy replace the samplers to shard the data
             (False: shard it yourself).
@@ -123,6 +128,7 @@ class Trainer:
         benchmark: bool | None = None,
         inference_mode: bool = True,
         detect_anomaly: bool = False,
+        on_nonfinite: str = "raise",
         sync_batchnorm: bool = False,
         fast_dev_run: bool | int = False,
         use_distributed_sampler: bool = True,
@@ -146,6 +152,7 @@ class Trainer:
             fast_dev_run=fast_dev_run,
             precision=precision,
         )
+        self._nonfinite = NonFiniteGuard(on_nonfinite)
         self.strategy: Strategy = resolve_strategy(strategy, accelerator, devices, num_nodes, precision)
         if not use_distributed_sampler:
             self.strategy.use_distributed_sampler = False
@@ -347,6 +354,7 @@ class Trainer:
         model.setup(fn)
         if fn == "fit":
             optim.check_manual_optimization(model, self.strategy, self._config)
+            self._nonfinite.reset()
         with self.strategy.tensor_init_context():
             model.configure_model()  # layers built (and sharded) late, on the device, once the processes exist
         self.strategy.setup(model)
@@ -389,7 +397,7 @@ class Trainer:
         if fns:
             self._metrics.hook = hook
             for fn in fns:
-                fn(*args)
+                fn(self, *args)
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         """Send ``metrics`` (name -> number or scalar tensor) to every logger, on global rank 0.
@@ -410,10 +418,26 @@ class Trainer:
                 logger.log_metrics(values, step=self._loop.batches_stepped if step is None else step)
 
     # ================================================================== checkpoints
-    def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool = False) -> None:
+    def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool = False) -> bool:
         """Write a checkpoint. Every rank must call this (it builds the state on each); rank 0 writes it
-        atomically; all ranks meet at a barrier after."""
+        atomically; all ranks meet at a barrier after.
+
+        Parameters holding NaN or inf are never written: ``on_nonfinite="raise"`` raises a ``NonFiniteError``,
+        ``"warn"`` skips the save with a warning and returns False (a file already at ``filepath`` stays).
+
+        Args:
+            filepath: where to write (``.ckpt``).
+            weights_only: only the weights and hyperparameters (such a file cannot resume training).
+
+        Returns:
+            True when the checkpoint was written.
+        """
+        nonfinite = nonfinite_parameters(self.strategy.module)  # one fused pass over the parameters
+        if self.strategy.reduce_boolean_decision(bool(nonfinite), all=False):  # any rank's shard: all decide alike
+            self._nonfinite.refuse_save(self, nonfinite, filepath)
+            return False
         self.strategy.save_checkpoint(to_weights_only(self._checkpoint_state(weights_only)), filepath)
+        return True
 
     def _checkpoint_state(self, weights_only: bool = False) -> dict[str, Any]:
         return checkpointing.checkpoint_state(self, weights_only)
@@ -654,6 +678,10 @@ class Trainer:
     def precision(self) -> str:
         return self.strategy.precision.precision
 
+    @property
+    def on_nonfinite(self) -> str:
+        return self._nonfinite.reaction
+
     # ------------------------------------------------------------------ what is running
     @property
     def sanity_checking(self) -> bool:
@@ -776,24 +804,31 @@ def _with_module_callbacks(callbacks: list[Callback], module: TrainingModule) ->
 
 
 def _collect_hooks(module: TrainingModule, callbacks: list[Callback]) -> dict[str, list[Any]]:
-    """For each hook, the bound methods that do something: overridden on the module, then each callback."""
+    """For each hook, what to call (``fn(trainer, *args)``): the module's override, then each callback's. The
+    Trainer is passed at each call, not held: the Trainer holds this table, and a table holding the Trainer
+    would be a reference cycle (freed only by Python's garbage collector, with the module's memory)."""
     hooks: dict[str, list[Any]] = {}
     names = {n for n in dir(Callback) if n.startswith("on_")}
     for name in names:
         fns = []
         if getattr(type(module), name, None) is not getattr(TrainingModule, name, None) and hasattr(module, name):
-            fns.append(getattr(module, name))
+            fns.append(_module_hook(getattr(module, name)))
         for callback in callbacks:
             if getattr(type(callback), name) is not getattr(Callback, name):
-                fns.append(_bind_callback(getattr(callback, name), module))
+                fns.append(_callback_hook(getattr(callback, name), module))
         hooks[name] = fns
     return hooks
 
 
-def _bind_callback(method: Any, module: TrainingModule) -> Any:
-    trainer = module._trainer
+def _module_hook(method: Any) -> Any:
+    def call(trainer: Trainer, *args: Any) -> None:  # the module's hooks take no (trainer, module) arguments
+        method(*args)
 
-    def call(*args: Any) -> None:
+    return call
+
+
+def _callback_hook(method: Any, module: TrainingModule) -> Any:
+    def call(trainer: Trainer, *args: Any) -> None:
         method(trainer, module, *args)
 
     return call

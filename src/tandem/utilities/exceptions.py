@@ -53,6 +53,10 @@ class Preempted(SystemExit):  # noqa: N818 (Lightning's SIGTERMException is a Sy
         return self.message
 
 
+class NonFiniteError(FloatingPointError):
+    """Training produced NaN or inf: in the loss, or in the parameters (``Trainer(on_nonfinite="raise")``)."""
+
+
 class MissingMetricError(KeyError):
     """A callback monitors a metric that was never logged."""
 
@@ -80,6 +84,29 @@ def missing_metric(owner: str, monitor: str, available: Iterable[str]) -> Missin
     return MissingMetricError(
         f"{owner} monitors {monitor!r}, which was never logged. Logged metrics: {shown}. "
         f"Log it with self.log({monitor!r}, value) in your module, or set monitor to a logged key."
+    )
+
+
+def non_finite_advice(precision: str) -> str:
+    """What to try when training produced NaN or inf."""
+    if precision == "16-mixed":
+        dtype = "float16 overflows often cause this: try precision='bf16-mixed' or '32-true'"
+    elif precision == "bf16-mixed":
+        dtype = "precision='32-true', to see whether bfloat16's coarse rounding is the cause"
+    else:
+        dtype = "a numerically stable loss (F.cross_entropy on logits, log-softmax, no exp of large values)"
+    return (
+        "To find the cause, try: a lower learning rate; gradient clipping (Trainer(gradient_clip_val=1.0)); "
+        f"{dtype}; checking the data for NaN or inf; Trainer(detect_anomaly=True), which names the operation "
+        "that first produced it (slow)."
+    )
+
+
+def non_finite(found: str, precision: str) -> NonFiniteError:
+    """Training produced NaN or inf: ``found`` says what, where and since when."""
+    return NonFiniteError(
+        f"NaN or inf in training: {found} {non_finite_advice(precision)} Trainer(on_nonfinite='warn') trains on "
+        "instead, without writing checkpoints of non-finite parameters."
     )
 
 

@@ -10,7 +10,7 @@ group; each rank saves what it saw to ``<out>/<scenario>-rank<r>.pt`` for the te
                     step), then another Trainer fits the sharded module; one validation sample (rank 1 has
                     no batch at all)
     init            trainer.init_module(empty_init=True) (meta parameters, materialised per shard) and a
-                    module that builds and shards its layers in configure_model()
+                    module that builds and shards its layers in configure_model(); what a dropped run frees
     resume_full     2 epochs + resume from last.ckpt to 4 == 4 epochs (shuffle, dropout, Adam), full
                     checkpoints; DDP resumes from FSDP's file
     resume_sharded  the same with sharded checkpoint directories
@@ -22,10 +22,12 @@ from __future__ import annotations
 import argparse
 import copy
 import faulthandler
+import gc
 import os
 import shutil
 import sys
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -197,12 +199,33 @@ def init(out: Path) -> dict[str, Any]:
     result["final"] = full_weights(trainer)
     result["validate"] = trainer.validate(model, val_loader())
 
-    configured, recorder = Configured(), Recorder()
-    trainer = tandem.Trainer(strategy="fsdp", max_epochs=1, callbacks=[recorder], **QUIET)
-    trainer.fit(configured, DataLoader(dataset(TRAIN_SAMPLES), batch_size=BATCH))
-    result["configured"] = {"start": recorder.start, "final": full_weights(trainer), "groups": fsdp_groups(trainer)}
-    result["configured"]["validate"] = trainer.validate(configured, val_loader())  # configure_model again: no-op
+    try:
+        result["configured"], refs = configured()
+        # The run's objects were dropped with Python's garbage collector off: what is freed at once, and what only
+        # by a collection (torch's fully_shard keeps a sharded module in cycles with its FSDP state and hooks).
+        result["memory"] = {name: ref() is not None for name, ref in refs.items()}
+        gc.collect()
+        result["memory"]["module_after_collect"] = refs["module"]() is not None
+    finally:
+        gc.enable()
     return result
+
+
+def configured() -> tuple[dict[str, Any], dict[str, weakref.ref]]:
+    """A module that shards itself in configure_model; returns with the garbage collector off."""
+    model, recorder = Configured(), Recorder()
+    trainer = tandem.Trainer(strategy="fsdp", max_epochs=1, callbacks=[recorder], **QUIET)
+    trainer.fit(model, DataLoader(dataset(TRAIN_SAMPLES), batch_size=BATCH))
+    result = {"start": recorder.start, "final": full_weights(trainer), "groups": fsdp_groups(trainer)}
+    result["validate"] = trainer.validate(model, val_loader())  # configure_model again: no-op
+    refs = {
+        "trainer": weakref.ref(trainer),
+        "optimizer": weakref.ref(trainer.optimizers[0]),
+        "module": weakref.ref(model),
+    }
+    gc.collect()
+    gc.disable()  # the caller turns it back on; returning drops the run
+    return result, refs
 
 
 # ---------------------------------------------------------------------------------------------- resume

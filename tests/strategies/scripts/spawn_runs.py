@@ -2,7 +2,8 @@
 
     seeded       seed_everything(7), dropout, shuffled data: fit then test with the default TensorBoard logger
                  and checkpointing; what the caller sees afterwards (weights, current_epoch, global_step,
-                 log_dir, version folders) goes to seeded.pt
+                 log_dir, version folders) goes to seeded.pt; then the module and Trainer are dropped with
+                 the garbage collector off, and those still alive are named in seeded-alive.txt
     unpicklable  a module holding a lock: the error the caller gets goes to unpicklable.txt (no process starts)
     killed       (last: the error ends this script) the seeded fit again, in a new Trainer and module after
                  seed_everything(7), but rank 1 SIGKILLs itself in its third training step while rank 0 is in
@@ -18,10 +19,12 @@ Every spawned rank writes its pid to ``pid-<scenario>-<rank>`` so the test can c
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import signal
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -110,6 +113,16 @@ def seeded(out: Path) -> None:
         },
         out / "seeded.pt",
     )
+    # With Python's garbage collector off, dropping the run frees the module and the Trainer at once.
+    refs = {"module": weakref.ref(module), "trainer": weakref.ref(fitter)}
+    gc.collect()
+    gc.disable()
+    try:
+        del module, fitter
+        alive = [name for name, ref in refs.items() if ref() is not None]
+    finally:
+        gc.enable()
+    (out / "seeded-alive.txt").write_text(" ".join(alive))
 
 
 def unpicklable(out: Path) -> None:

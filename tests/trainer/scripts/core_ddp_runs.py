@@ -8,6 +8,11 @@ those files against single-process references.
                passes per step) and a one-optimizer module, each with batch b per rank
     loaders    validate / test / predict over a list and a dict of uneven loaders, metrics synced by name
     ports      the three programs of lightning_programs.py (GAN, two validation sets, a module owning its data)
+    nonfinite  rank 1's loss turns NaN at step 8 (on_nonfinite="warn": "raise" would end the job): both ranks
+               find it at the same check and train on; the checkpoints written before stay, none of NaN
+               weights is written
+    memory     with Python's garbage collector off, a finished fit's module, Trainer and optimizer are freed
+               as soon as the script drops them
     unused     (last) the GAN under plain ddp: a clear error naming ddp_find_unused_parameters_true
 """
 
@@ -15,9 +20,13 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import gc
+import math
 import os
 import sys
 import time
+import warnings
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +104,81 @@ def ports(out: Path) -> dict[str, Any]:
     }
 
 
+class Regression(tandem.TrainingModule):
+    """A regression; with ``nan_from``, its loss is NaN on rank 1 from that step on (rank 0's stays finite
+    until the all-reduced NaN gradients reach the weights)."""
+
+    def __init__(self, nan_from: int | None = None) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(manual_modules.FEATURES, 1)
+        self.nan_from = nan_from
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, _ = batch
+        loss = (self.net(x) - 1.0).pow(2).mean()
+        if self.nan_from is not None and self.global_rank == 1 and self.global_step >= self.nan_from:
+            loss = loss * math.nan
+        self.log("loss", loss)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("val_loss", (self.net(batch[0]) - 1.0).pow(2).mean(), sync_dist=True)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def nonfinite(out: Path) -> dict[str, Any]:
+    """on_nonfinite="warn" ("raise" takes the same decision, but an error on rank 0 would end this launch)."""
+    from tandem.callbacks import ModelCheckpoint
+    from tandem.utilities.checkpoint import load_checkpoint_file
+
+    folder = out / "nonfinite"
+    checkpoint = ModelCheckpoint(dirpath=folder, every_n_train_steps=3, save_last=True, save_top_k=-1)
+    trainer = tandem.Trainer(
+        strategy="ddp",
+        max_epochs=2,
+        log_every_n_steps=2,
+        callbacks=[checkpoint],
+        on_nonfinite="warn",
+        **{**QUIET, "enable_checkpointing": True},
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(Regression(nan_from=7), manual_modules.loader(manual_modules.BATCH))
+    last = load_checkpoint_file(folder / "last.ckpt")
+    return {
+        "found": trainer._nonfinite.found,  # what each rank decided, and when
+        "step": trainer.global_step,
+        "files": sorted(os.listdir(folder)),
+        "last_step": last["global_step"],
+        "last_finite": all(bool(torch.isfinite(v).all()) for v in last["state_dict"].values()),
+        "warnings": [str(w.message) for w in caught if "NaN or inf" in str(w.message)],
+    }
+
+
+def memory(out: Path) -> dict[str, Any]:
+    """A finished DDP fit leaves no reference cycle: with the collector off, dropping the Trainer, the module
+    and the loaders frees them at once (the DDP wrapper, hooks and optimizer wrappers included)."""
+    gc.collect()
+    gc.disable()
+    try:
+        model = Regression()
+        trainer = tandem.Trainer(strategy="ddp", max_epochs=1, **{**QUIET, "enable_checkpointing": True})
+        train, val = manual_modules.loader(manual_modules.BATCH), manual_modules.loader(manual_modules.BATCH)
+        trainer.fit(model, train, val)
+        refs = {
+            "module": weakref.ref(model),
+            "trainer": weakref.ref(trainer),
+            "optimizer": weakref.ref(trainer.optimizers[0]),
+            "parameter": weakref.ref(next(model.parameters())),
+        }
+        del model, trainer, train, val
+        return {name: ref() is not None for name, ref in refs.items()}
+    finally:
+        gc.enable()
+
+
 def _floats(trainer: tandem.Trainer) -> dict[str, float]:
     return {k: float(v) for k, v in trainer.callback_metrics.items()}
 
@@ -109,7 +193,7 @@ def unused(out: Path) -> dict[str, Any]:
     return {"error": None}
 
 
-SCENARIOS = {f.__name__: f for f in (manual, loaders, ports, unused)}
+SCENARIOS = {f.__name__: f for f in (manual, loaders, ports, nonfinite, memory, unused)}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
