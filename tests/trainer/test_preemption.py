@@ -188,7 +188,7 @@ def test_ddp_spawn_caller_gets_preempted_when_a_rank_is_signalled(tmp_path, monk
     assert caught.value.code == 128 + signal.SIGTERM and "SIGTERM received: stopped at epoch 0" in str(caught.value)
     loops = load_checkpoint_file(caught.value.checkpoint)["loops"]
     assert loops["epoch"] == 0 and 2 <= loops["batches_done"] <= 4
-    assert signal.getsignal(signal.SIGTERM) is before and PREEMPTION.forward_to == [] and PREEMPTION.signum is None
+    assert signal.getsignal(signal.SIGTERM) is before and PREEMPTION.forward_to is None and PREEMPTION.signum is None
 
 
 def test_preempted_is_a_system_exit_with_the_signal_code():

@@ -442,7 +442,8 @@ class ScriptLauncher:
                 preexec_fn=_die_with_parent(os.getpid(), libc),
             )
             children.append(_Child(rank, proc, error_file))
-        PREEMPTION.forward_to = [child.proc.pid for child in children]  # SIGTERM / SIGUSR1 reach them too
+        # SIGTERM / SIGUSR1 reach them too; only running ones (a reaped child's pid may belong to another process)
+        PREEMPTION.forward_to = lambda: [child.proc.pid for child in children if child.proc.poll() is None]
         _WATCHDOG.start(children, folder)
 
 
@@ -582,13 +583,13 @@ class SpawnLauncher:
                         raise
                     raise found from None
                 processes.append(process)
-            PREEMPTION.forward_to = [p.pid for p in processes]  # SIGTERM / SIGUSR1 to the caller reach the ranks
+            PREEMPTION.forward_to = lambda: [p.pid for p in processes if p.exitcode is None]  # signals reach them
             PREEMPTION.install()
             try:
                 self._wait(processes, folder)
             finally:
                 PREEMPTION.uninstall()
-                PREEMPTION.forward_to, PREEMPTION.signum = [], None  # the ranks stop; this process has no loop
+                PREEMPTION.forward_to, PREEMPTION.signum = None, None  # the ranks stop; this process has no loop
             result_path = os.path.join(folder, "rank0.pt")
             if not os.path.exists(result_path):  # global rank 0 runs on another node
                 return None

@@ -34,7 +34,7 @@ class Preemption:
     def __init__(self) -> None:
         self.signum: int | None = None  # a stop was asked for and has not happened yet
         self.stopped: int | None = None  # the signal of the last stop this process made (its ranks exit for it)
-        self.forward_to: list[int] = []  # pids of the ranks this process started (tandem's ddp launcher)
+        self.forward_to: Callable[[], list[int]] | None = None  # the running ranks this process started
         self.progress: Callable[[], Progress] | None = None
         self._previous: dict[int, Any] = {}
 
@@ -67,7 +67,7 @@ class Preemption:
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.request(signum)
-        for pid in self.forward_to:  # the ranks started by tandem's launcher, which SLURM may not signal
+        for pid in self.forward_to() if self.forward_to is not None else []:  # SLURM may not signal them
             with contextlib.suppress(OSError):
                 os.kill(pid, signum)
         previous = self._previous.get(int(signum))
