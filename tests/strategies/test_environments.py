@@ -17,6 +17,7 @@ from tandem.strategies.environments import (
     global_seed,
     rank_from_environment,
     select_environment,
+    slurm_job_to_requeue,
     threads_per_process,
 )
 
@@ -148,6 +149,16 @@ def test_slurm_environment(env):
     assert environment.main_port == 15000 + 5678  # from the job id, the same on every node
     environment.export_rendezvous()
     assert (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]) == ("node03", "20678")
+
+
+def test_the_slurm_job_to_requeue_after_a_preemption(env):
+    assert slurm_job_to_requeue() is None  # not in a SLURM job
+    env(SLURM_JOB_ID=77, SLURM_JOB_NAME="train.sh")  # one task (sbatch python train.py): still requeued
+    assert slurm_job_to_requeue() == "77"
+    env(SLURM_ARRAY_JOB_ID=70, SLURM_ARRAY_TASK_ID=3)  # an array task is requeued by its own name
+    assert slurm_job_to_requeue() == "70_3"
+    env(SLURM_JOB_NAME="interactive")  # salloc's shell: never
+    assert slurm_job_to_requeue() is None
 
 
 def test_slurm_master_variables_win(env):

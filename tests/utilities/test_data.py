@@ -1,10 +1,23 @@
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
-from tandem.utilities.data import extract_batch_size, find_sampler, make_skippable, rebuild_dataloader
+from helpers import launch_free_env
+from tandem.utilities.data import (
+    end_workers_with_process,
+    extract_batch_size,
+    find_sampler,
+    make_skippable,
+    rebuild_dataloader,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -43,3 +56,57 @@ def test_extract_batch_size_from_collections():
     assert extract_batch_size({"x": torch.zeros(5, 2), "meta": "a"}) == 5
     assert extract_batch_size([["a"], (torch.zeros(3),)]) == 3
     assert extract_batch_size(torch.tensor(1.0)) == 1
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # a zombie is not running
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_dataloader_workers_end_within_a_second_of_a_killed_process(tmp_path):
+    """A fitting process (2 DataLoader workers, the user's worker_init_fn still called) killed with SIGKILL:
+    its workers are gone within a second (torch's own check of the parent takes up to 5 s)."""
+    script = Path(__file__).parents[1] / "trainer" / "scripts" / "preempt_run.py"
+    env = {**launch_free_env(), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, str(script), "workers", str(tmp_path), "1"], env=env, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 25
+        while len(list(tmp_path.glob("worker-*.pid"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pids = [int(p.read_text()) for p in tmp_path.glob("worker-*.pid")]
+        assert len(pids) == 2 and not any(_gone(p) for p in pids)
+    finally:
+        proc.kill()
+        proc.wait()
+    killed = time.monotonic()
+    while not all(_gone(p) for p in pids) and time.monotonic() - killed < 1.0:
+        time.sleep(0.02)
+    assert all(_gone(p) for p in pids), f"workers {pids} outlived their process"
+
+
+def test_worker_init_is_wrapped_once_and_keeps_the_users_function():
+    def mine(worker_id):
+        return None
+
+    loader = _loader(num_workers=2, worker_init_fn=mine)
+    end_workers_with_process(loader)
+    end_workers_with_process(loader)
+    assert loader.worker_init_fn.inner is mine and loader.worker_init_fn.parent == os.getpid()
+    plain = _loader()
+    end_workers_with_process(plain)
+    assert plain.worker_init_fn is None  # no workers, nothing to do
+
+
+def test_a_rebuilt_loader_keeps_its_workers_ending_with_the_process_and_seeded(monkeypatch):
+    import tandem.utilities.data as data
+
+    monkeypatch.setattr(data, "seed_workers_requested", lambda: True)  # seed_everything(workers=True)
+    loader = _loader(num_workers=2)
+    end_workers_with_process(loader)
+    rebuilt = rebuild_dataloader(loader, sampler=RandomSampler(loader.dataset))
+    assert isinstance(rebuilt.worker_init_fn, type(loader.worker_init_fn))
+    assert rebuilt.worker_init_fn.inner is data.worker_init_function

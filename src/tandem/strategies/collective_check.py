@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from tandem.utilities.preemption import PREEMPTION, Position
+
 _TANDEM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # src/tandem
 _STRATEGIES_DIR = os.path.dirname(os.path.abspath(__file__))
 _TORCH_BLOCKING = (  # where a main thread waits for other ranks inside torch
@@ -146,6 +148,10 @@ class CollectiveGuard:
         self._watcher = threading.Thread(target=self._watch, name="tandem-collective-watch", daemon=True)
         self._watcher.start()
         self._exit_status = "exited (its script ended)"
+        self._preempt_lock = threading.Lock()
+        self._preempt_round = 0  # fits and pre-emption stops so far (keys of an earlier round are never read)
+        self._preempt_seen = False  # this round's request is known both here and in the store
+        self._preempt_target: Position | None = None
         previous_hook = sys.excepthook
 
         def excepthook(kind: type[BaseException], error: BaseException, tb: Any) -> None:
@@ -239,8 +245,71 @@ class CollectiveGuard:
                 self._beat_store.set(
                     f"{self.prefix}/beat/{self.rank}", f"{self._status}\n{blocked_for:.1f}\n{where}\n{self._last}"
                 )
+                self._share_preemption()
             except Exception:  # the store is gone (the job is ending): nothing more to report
                 return
+
+    # ------------------------------------------------------------------ pre-emption
+    # A pre-emption signal may reach one rank only (torchrun, srun, a signal sent by hand), and each rank sees
+    # it at a different step. The ranks agree on one stop position without any per-step work: the signal
+    # handler sets a local flag; each watcher shares it both ways (flag -> store key ``preempt/<round>``,
+    # key -> flag) once a second. Each rank posts, once (compare_set), a position at or ahead of where it is:
+    # its watcher posts the batch its main thread is in (or the epoch end it is in), its main thread, if it
+    # gets there first, the position it stopped at. Every rank stops at the first stop point at or after the
+    # largest post. A rank blocked in a collective (waiting for a rank that already stopped to look at the
+    # flag) gets its post from its watcher, so nobody waits for it; DDP keeps the ranks within one step of
+    # each other, so the largest post is at most a step or two ahead of anyone.
+    def _preempt_key(self, name: str) -> str:
+        return f"{self.prefix}/preempt/{self._preempt_round}/{name}"
+
+    def _share_preemption(self) -> None:
+        """Watcher thread: share the local flag and the store key both ways; post this rank's position."""
+        with self._preempt_lock:
+            store = self._beat_store
+            if not self._preempt_seen:
+                if PREEMPTION.signum is not None:
+                    store.compare_set(self._preempt_key("signal"), "", str(PREEMPTION.signum))
+                elif store.check([self._preempt_key("signal")]):
+                    PREEMPTION.request(int(store.get(self._preempt_key("signal"))))
+                else:
+                    return
+                self._preempt_seen = True
+            progress = PREEMPTION.progress
+            if progress is not None:  # in a fit: where the main thread can stop next, at the earliest
+                epoch, done, epoch_end = progress()
+                ahead = (epoch + 1, 0) if epoch_end else (epoch, done + 1)
+                store.compare_set(self._preempt_key(f"stop/{self.rank}"), "", _position_text(ahead))
+
+    def preemption_target(self, here: Position, timeout: float) -> Position:
+        """Main thread, at a stop point with the flag set: the position every rank stops at (the first stop
+        point at or after it). Posts ``here`` unless this rank's watcher posted first; waits for every rank."""
+        if self._preempt_target is not None:
+            return self._preempt_target
+        store = self.store
+        with self._preempt_lock:
+            store.compare_set(self._preempt_key("signal"), "", str(PREEMPTION.signum))
+            store.compare_set(self._preempt_key(f"stop/{self.rank}"), "", _position_text(here))
+            keys = [self._preempt_key(f"stop/{r}") for r in range(self.world_size)]
+        deadline = time.monotonic() + timeout
+        while not store.check(keys):
+            if time.monotonic() > deadline:
+                missing = [r for r, k in enumerate(keys) if not store.check([k])]
+                raise CollectiveMismatchError(
+                    f"Pre-emption: rank {self.rank} stopped at epoch {here[0]}, batch {here[1]} and waited "
+                    f"{timeout:.0f} s for rank(s) {_ranks(missing)} to say where they stop; they did not answer "
+                    "(stopped or hung). No checkpoint was written for this stop."
+                )
+            time.sleep(0.01)
+        positions = [_parse_position(v) for v in _multi_get(store, keys)]
+        self._preempt_target = max(positions)
+        return self._preempt_target
+
+    def new_preemption_round(self) -> None:
+        """Every rank calls this at the start of each fit and after each pre-emption stop, so the rounds match:
+        a stop's keys are never read again, and a signal still pending is shared afresh."""
+        with self._preempt_lock:
+            self._preempt_round += 1
+            self._preempt_seen, self._preempt_target = False, None
 
     def _main_frame(self) -> FrameType | None:
         # Returned, never kept in the watcher's variables: a frame held while the watcher sleeps would keep a
@@ -289,6 +358,15 @@ def _main_thread_position(frame: FrameType | None) -> tuple[str, bool]:
     user = _user_site(frame)
     where = f"torch's {inner}" if blocked else inner
     return (f"{where}, called at {user}" if user else where), blocked
+
+
+def _position_text(position: Position) -> str:
+    return f"{position[0]} {position[1]}"
+
+
+def _parse_position(value: bytes) -> Position:
+    epoch, done = value.decode().split()
+    return int(epoch), int(done)
 
 
 def _multi_get(store: Any, keys: list[str]) -> list[bytes]:

@@ -25,6 +25,9 @@ i.e. ``SLURM_JOB_NAME`` is not ``bash`` or ``interactive``)::
     SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID   rank, world size, local rank, node
     SLURM_NODELIST   e.g. ``node[03-05,7]``; its first host is MASTER_ADDR unless MASTER_ADDR is set
     MASTER_PORT      if unset: 15000 + the last four digits of SLURM_JOB_ID
+    SLURM_JOB_ID, SLURM_ARRAY_JOB_ID, SLURM_ARRAY_TASK_ID
+                     the job that rank 0 requeues (``scontrol requeue``) after a pre-emption stop on SIGUSR1
+                     (any SLURM batch job, however its processes were started; not an interactive one)
 
 tandem's launcher (otherwise). The first process is rank 0 of its node; it exports to the ranks it
 starts RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT and
@@ -209,6 +212,17 @@ class SLURMEnvironment(ClusterEnvironment):
             return _int("MASTER_PORT")
         job_id = os.environ.get("SLURM_JOB_ID", "")
         return 15000 + int(job_id[-4:]) if job_id[-4:].isdigit() else 12910
+
+
+def slurm_job_to_requeue() -> str | None:
+    """The SLURM job this process belongs to, as ``scontrol requeue`` names it (``<array job>_<task>`` for an
+    array task), or None outside a SLURM batch job (interactive ``salloc`` shells included)."""
+    if os.environ.get("SLURM_JOB_NAME") in ("bash", "interactive"):
+        return None
+    array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array_job and task:
+        return f"{array_job}_{task}"
+    return os.environ.get("SLURM_JOB_ID") or None
 
 
 class LocalEnvironment(ClusterEnvironment):

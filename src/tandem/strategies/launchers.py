@@ -45,11 +45,14 @@ from lightning_utilities.core.apply_func import apply_to_collection
 
 from tandem.strategies.environments import LocalEnvironment
 from tandem.utilities.checkpoint import atomic_save
-from tandem.utilities.exceptions import RankFailedError, TandemConfigError, TandemUserCodeError
+from tandem.utilities.exceptions import Preempted, RankFailedError, TandemConfigError, TandemUserCodeError
+from tandem.utilities.preemption import EXIT_CODES as PREEMPTED_EXIT_CODES
+from tandem.utilities.preemption import PREEMPTION
 
 _POLL_S = 0.1
 _TERMINATE_GRACE_S = 5.0
 _ECHO_WAIT_S = 2.0  # how long rank 0, failing, waits to see whether a started rank failed first
+_PREEMPTED_WAIT_S = 60.0  # ddp_spawn: a rank stopped for a pre-emption; the others must follow within this
 _SETTLE_S = 0.3  # ddp_spawn: after the first failure, how long to let the others end (and write) first
 _HANDLING_GRACE_S = 30.0  # rank 0 busy with an exception of its own is left to finish it this long
 _RESPONSE_S = 15.0  # rank 0, told to raise, must do so within this; else the process is ended
@@ -189,7 +192,7 @@ class _Watchdog:
 
     # ------------------------------------------------------------------ the watching thread
     def failed_child(self) -> _Child | None:
-        return next((c for c in self.children if c.proc.poll() not in (None, 0)), None)
+        return next((c for c in self.children if _failed(c.proc.poll())), None)
 
     def wait_for_failure(self, seconds: float) -> _Child | None:
         """A started rank that failed, waiting up to ``seconds`` for one while any is still running."""
@@ -205,13 +208,14 @@ class _Watchdog:
 
     def _watch(self) -> None:
         while not self.stopping:
-            failed = self.failed_child()
+            codes = [c.proc.poll() for c in self.children]  # read once: a rank ending in between is seen next time
+            failed = next((c for c, code in zip(self.children, codes) if _failed(code)), None)
             if failed is not None:
                 if self._declare(failed):
                     self.stop()
                     self._raise_in_main()
                 return
-            if all(c.proc.poll() == 0 for c in self.children):
+            if None not in codes:  # all ended, successfully or stopped for a pre-emption
                 return
             time.sleep(_POLL_S)
 
@@ -295,6 +299,8 @@ class _Watchdog:
     def failure_behind(self, error: BaseException) -> RankFailedError | None:
         """Rank 0's launch() failed with ``error``: the RankFailedError to raise instead (a started rank failed
         first, and ``error`` is most likely its echo), or None to re-raise ``error``. Stops every started rank."""
+        if isinstance(error, Preempted):
+            return None  # every rank stopped at the same step and exits with the same code; they are not stopped
         self._main_failing = True  # the watchdog will not interrupt this thread any more
         if isinstance(error, RankFailedError):  # raised by the wake-up signal (or the asynchronous fallback)
             self.reported = True
@@ -333,6 +339,14 @@ class _Watchdog:
             self._thread.join()
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
+
+
+def _failed(returncode: int | None) -> bool:
+    """A started rank ended with an error: not running, not 0, and not the exit of a pre-emption stop that this
+    process made too (every rank stops at the same step and exits with 128 + the signal's number)."""
+    if returncode is None or returncode == 0:
+        return False
+    return not (returncode in PREEMPTED_EXIT_CODES and (PREEMPTION.signum is not None or PREEMPTION.stopped))
 
 
 def _abort_nccl() -> None:
@@ -428,6 +442,8 @@ class ScriptLauncher:
                 preexec_fn=_die_with_parent(os.getpid(), libc),
             )
             children.append(_Child(rank, proc, error_file))
+        # SIGTERM / SIGUSR1 reach them too; only running ones (a reaped child's pid may belong to another process)
+        PREEMPTION.forward_to = lambda: [child.proc.pid for child in children if child.proc.poll() is None]
         _WATCHDOG.start(children, folder)
 
 
@@ -505,6 +521,10 @@ def _spawned(
             atomic_save({"result": result, "payload": payload}, os.path.join(folder, "rank0.pt"))
     except KeyboardInterrupt:
         sys.exit(130)  # Ctrl-C reached every process; the caller reports it
+    except Preempted as stopped:  # every rank stopped at the same step, last.ckpt written
+        if environment.global_rank == 0:
+            _write_error_record(os.path.join(folder, "preempted.txt"), f"{stopped.checkpoint}\n{stopped.message}")
+        sys.exit(stopped.code)
     except BaseException:  # the caller raises the first failure's traceback; the others are mostly its echoes
         _write_error_record(os.path.join(folder, f"error{local_rank}.txt"), traceback.format_exc())
         sys.exit(1)
@@ -563,7 +583,13 @@ class SpawnLauncher:
                         raise
                     raise found from None
                 processes.append(process)
-            self._wait(processes, folder)
+            PREEMPTION.forward_to = lambda: [p.pid for p in processes if p.exitcode is None]  # signals reach them
+            PREEMPTION.install()
+            try:
+                self._wait(processes, folder)
+            finally:
+                PREEMPTION.uninstall()
+                PREEMPTION.forward_to, PREEMPTION.signum = None, None  # the ranks stop; this process has no loop
             result_path = os.path.join(folder, "rank0.pt")
             if not os.path.exists(result_path):  # global rank 0 runs on another node
                 return None
@@ -580,16 +606,26 @@ class SpawnLauncher:
         """Until every process ended; the first failure (not its echoes in the others) is raised."""
         running = list(range(len(processes)))
         ended: list[int] = []  # in the order they were seen to end
+        preempted_at: float | None = None  # a rank stopped for a pre-emption: the others stop at the same step
         while running:
-            ready = wait_for_any([processes[i].sentinel for i in running])
+            timeout = None if preempted_at is None else max(0.0, preempted_at + _PREEMPTED_WAIT_S - time.monotonic())
+            ready = wait_for_any([processes[i].sentinel for i in running], timeout)
             for i in list(running):
                 if processes[i].sentinel in ready:
                     processes[i].join()
                     running.remove(i)
                     ended.append(i)
-            if any(processes[i].exitcode != 0 for i in ended):
+            codes = [processes[i].exitcode for i in ended]
+            if any(code != 0 and code not in PREEMPTED_EXIT_CODES for code in codes):
                 break
+            if preempted_at is None and any(code in PREEMPTED_EXIT_CODES for code in codes):
+                preempted_at = time.monotonic()
+            if not ready and running:
+                break  # a rank did not follow the others' pre-emption stop: a failure
         else:
+            stopped = sorted({processes[i].exitcode for i in ended} & PREEMPTED_EXIT_CODES)
+            if stopped:
+                raise _preempted_error(stopped[0], folder)
             return
         deadline = time.monotonic() + _SETTLE_S  # the others may end on their own: their records help decide
         while running and time.monotonic() < deadline:
@@ -599,7 +635,8 @@ class SpawnLauncher:
                     ended.append(i)
             time.sleep(0.02)
         _stop(processes)
-        raise self._failure(processes, [i for i in ended if processes[i].exitcode != 0], folder)
+        failed = [i for i in ended if processes[i].exitcode not in (0, *PREEMPTED_EXIT_CODES)]
+        raise self._failure(processes, failed or [i for i in range(len(processes)) if i not in ended], folder)
 
     def _failure(self, processes: list[Any], failed: list[int], folder: str) -> Exception:
         started = {i for i in range(len(processes)) if os.path.exists(os.path.join(folder, f"started{i}"))}
@@ -618,6 +655,13 @@ class SpawnLauncher:
         first = killed[0] if killed else with_record[0][1] if with_record else failed[0]
         rank = self.environment.node_rank * self.num_processes + first
         return RankFailedError(_failure_message("ddp_spawn: ", rank, processes[first].exitcode, records[first]))
+
+
+def _preempted_error(code: int, folder: str) -> Preempted:
+    """The caller's Preempted after every spawned rank stopped for a pre-emption signal (rank 0 said where)."""
+    record = _read_error_record(os.path.join(folder, "preempted.txt"))
+    checkpoint, _, message = record[1].partition("\n") if record is not None else ("", "", "")
+    return Preempted(code - 128, checkpoint, message or "ddp_spawn: the ranks stopped for a pre-emption signal.")
 
 
 def _stop(processes: list[Any]) -> None:

@@ -272,6 +272,18 @@ class ParallelStrategy(Strategy):
         if guard is not None and self.collective_check_timeout is not None:
             guard.check(CallSite.here(op, depth=2), self.collective_check_timeout.total_seconds())
 
+    def preemption_target(self, here: tuple[int, int]) -> tuple[int, int]:
+        """Agreed through the process group's store, not a collective (see collective_check)."""
+        guard = current_guard()
+        if guard is None:
+            return here
+        return guard.preemption_target(here, timeout=60.0)
+
+    def new_preemption_round(self) -> None:
+        guard = current_guard()
+        if guard is not None:
+            guard.new_preemption_round()
+
     def _to_collective_device(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(self.root_device) if self.process_group_backend == "nccl" else tensor
 

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader
 
 from tandem.strategies.precision import Precision
 from tandem.utilities.checkpoint import atomic_save, is_sharded_checkpoint, load_checkpoint_file
+from tandem.utilities.data import end_workers_with_process
 from tandem.utilities.exceptions import (
     CheckpointError,
     TandemConfigError,
@@ -241,7 +242,9 @@ class Strategy:
         """
         if stage not in STAGES:
             raise bad_choice("stage", stage, STAGES)
-        return self._process_dataloader(dataloader, stage)
+        processed = self._process_dataloader(dataloader, stage)
+        end_workers_with_process(processed)  # no worker outlives a killed rank
+        return processed
 
     def _process_dataloader(self, dataloader: DataLoader, stage: str) -> DataLoader:
         return dataloader
@@ -378,6 +381,15 @@ class Strategy:
         """Whether every rank (``all=True``) or any rank (``all=False``) decided ``True``."""
         votes = int(self.reduce(torch.tensor(int(bool(decision))), "sum"))
         return votes == self.world_size if all else votes > 0
+
+    def preemption_target(self, here: tuple[int, int]) -> tuple[int, int]:
+        """After a pre-emption signal, at a point where training may stop (``here``: epoch, batches done in
+        it): the position every rank stops at, at or after ``here``. One process stops where it is."""
+        return here
+
+    def new_preemption_round(self) -> None:
+        """Called on every rank at the start of each fit and after each pre-emption stop: the ranks agree on
+        each stop afresh."""
 
     # ------------------------------------------------------------------ checkpoint state
     def module_state_dict(self) -> dict[str, Any]:

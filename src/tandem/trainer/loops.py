@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tandem.trainer import preemption
 from tandem.trainer.evaluation import run_evaluation
 from tandem.trainer.nonfinite import loss_is_finite, nonfinite_parameters
 from tandem.trainer.optim import TrainingOptimizer
 from tandem.utilities.data import find_sampler, has_len
 from tandem.utilities.exceptions import TandemUserCodeError, missing_metric
+from tandem.utilities.preemption import PREEMPTION
 from tandem.utilities.rank_zero import rank_zero_warn
 from tandem.utilities.seed import capture_rng_state, restore_rng_state
 
@@ -40,6 +42,8 @@ def run_fit(trainer: Trainer) -> None:
     trainer._call("on_train_start")
     while not _fit_done(trainer):
         run_training_epoch(trainer, run_batch)
+        if PREEMPTION.signum is not None and not _fit_done(trainer) and preemption.stop_here(trainer, epoch_end=True):
+            preemption.stop(trainer)
     trainer._call("on_train_end")
 
 
@@ -102,6 +106,8 @@ def run_training_epoch(trainer: Trainer, run_batch: BatchRunner) -> None:
         if due and _val_due_this_epoch(trainer):
             run_evaluation(trainer, "validate")
             metrics.stage = trainer.state.stage = "train"
+        if PREEMPTION.signum is not None and preemption.stop_here(trainer):  # a signal: one read per batch
+            preemption.stop(trainer)
         if 0 <= max_steps <= loop.global_step or trainer.should_stop and one_process and _min_reached(trainer):
             break  # with several processes, should_stop is agreed on at the end of the epoch (below)
     loop.epoch_finished = True
@@ -123,8 +129,8 @@ def run_training_epoch(trainer: Trainer, run_batch: BatchRunner) -> None:
     trainer.log_metrics({**train_epoch_metrics, "epoch": loop.epoch})
     for logger in trainer.loggers:
         logger.save()
-    loop.epoch += 1
-    loop.batches_done, loop.epoch_finished, loop.epoch_start_rng = 0, False, None
+    # one statement: the collective guard's thread reads these (pre-emption) and must not see half of it
+    loop.epoch, loop.batches_done, loop.epoch_finished, loop.epoch_start_rng = loop.epoch + 1, 0, False, None
 
 
 def _epoch_batches(trainer: Trainer) -> Iterator[Any]:

@@ -34,6 +34,10 @@ class LoopState:
     def state_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _SAVED}
 
+    def progress(self) -> tuple[int, int, bool]:
+        """(epoch, batches done, epoch end running), read in one expression (another thread may call this)."""
+        return self.epoch, self.batches_done, self.epoch_finished
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key in _SAVED:
             if key in state:

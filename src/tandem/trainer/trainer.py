@@ -16,7 +16,7 @@ from tandem.callbacks.callback import Callback
 from tandem.module import DataModule, TrainingModule, is_overridden
 from tandem.strategies.registry import resolve_strategy
 from tandem.strategies.strategy import Strategy
-from tandem.trainer import checkpointing, data, loops, optim
+from tandem.trainer import checkpointing, data, loops, optim, preemption
 from tandem.trainer.config import TrainerConfig, check_unknown_arguments
 from tandem.trainer.evaluation import format_results, run_evaluation
 from tandem.trainer.logging import MetricCollector, to_float
@@ -24,7 +24,7 @@ from tandem.trainer.nonfinite import NonFiniteGuard, nonfinite_parameters
 from tandem.trainer.optim import LRSchedulerConfig, Optimization
 from tandem.trainer.state import EVAL_STAGES, TRAIN, LoopState, StageData, TrainerState
 from tandem.utilities.checkpoint import to_weights_only
-from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError, incompatible
+from tandem.utilities.exceptions import Preempted, TandemConfigError, TandemUserCodeError, incompatible
 from tandem.utilities.rank_zero import rank_zero_warn
 
 
@@ -294,7 +294,7 @@ class Trainer:
                 checkpointing.restore(self, ckpt_path, fn)
             if fn == "fit":
                 anomaly = torch.autograd.detect_anomaly() if self.detect_anomaly else contextlib.nullcontext()
-                with anomaly:
+                with anomaly, preemption.catching_signals(self):
                     self._call("on_fit_start")
                     loops.run_fit(self)
                     self._call("on_fit_end")
@@ -304,7 +304,7 @@ class Trainer:
         except BaseException as exception:
             self.state.status = "interrupted"
             self._call("on_exception", exception)
-            self._finish(fn, "interrupted" if isinstance(exception, KeyboardInterrupt) else "failed")
+            self._finish(fn, "interrupted" if isinstance(exception, (KeyboardInterrupt, Preempted)) else "failed")
             raise
         self.state.status = "finished"
         self._finish(fn, "success")

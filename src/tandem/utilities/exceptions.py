@@ -34,6 +34,25 @@ class RankFailedError(RuntimeError):
     """Another process of the job failed; the message names its rank and carries its traceback."""
 
 
+class Preempted(SystemExit):  # noqa: N818 (Lightning's SIGTERMException is a SystemExit too)
+    """The fit stopped for a pre-emption signal after saving ``last.ckpt``; the process exits with
+    ``128 + signum`` (143 for SIGTERM, 138 for SIGUSR1). A ``SystemExit``: ``except Exception`` does not
+    catch it, ``finally`` blocks and context managers run, and Python prints no traceback.
+
+    Attributes:
+        signum: the signal received.
+        checkpoint: the checkpoint written, to resume with ``trainer.fit(..., ckpt_path="last")``.
+        message: what happened, as printed by rank 0.
+    """
+
+    def __init__(self, signum: int, checkpoint: str, message: str) -> None:
+        super().__init__(128 + int(signum))
+        self.signum, self.checkpoint, self.message = int(signum), checkpoint, message
+
+    def __str__(self) -> str:
+        return self.message
+
+
 class NonFiniteError(FloatingPointError):
     """Training produced NaN or inf: in the loss, or in the parameters (``Trainer(on_nonfinite="raise")``)."""
 

@@ -1,0 +1,104 @@
+"""Stopping a fit for a pre-emption signal (SIGTERM, SIGUSR1): where, what is saved, and how the job ends.
+
+The loop asks :func:`stop_here` at each stop point (after a training batch with no gradients pending,
+and after each epoch's end) only when :data:`~tandem.utilities.preemption.PREEMPTION` holds a signal.
+The ranks agree on the position (see :meth:`Strategy.preemption_target`), then :func:`stop` writes an exact
+``last.ckpt``, asks SLURM to requeue the job (rank 0, on SIGUSR1) and raises
+:class:`~tandem.utilities.exceptions.Preempted`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, NoReturn
+
+from tandem.strategies.environments import slurm_job_to_requeue
+from tandem.utilities.exceptions import Preempted
+from tandem.utilities.preemption import PREEMPTION
+from tandem.utilities.rank_zero import rank_zero_warn
+
+if TYPE_CHECKING:
+    from tandem.trainer.trainer import Trainer
+
+
+@contextlib.contextmanager
+def catching_signals(trainer: Trainer) -> Iterator[None]:
+    """Around the fit loop: SIGTERM / SIGUSR1 only set the flag the loop reads; before and after the fit
+    they keep their previous handlers."""
+    trainer.strategy.new_preemption_round()
+    PREEMPTION.install()
+    PREEMPTION.progress = trainer._loop.progress
+    try:
+        yield
+        warn_if_pending(trainer)
+    finally:
+        PREEMPTION.progress = None
+        PREEMPTION.uninstall()
+
+
+def stop_here(trainer: Trainer, epoch_end: bool = False) -> bool:
+    """Whether every rank stops at this point. Within an epoch, only between optimizer steps: gradients
+    accumulated over micro-batches are not in a checkpoint, so a stop waits for the accumulation's step."""
+    loop = trainer._loop
+    if not epoch_end and trainer._optimization.has_gradients:
+        return False
+    here = (loop.epoch, loop.batches_done)
+    return here >= trainer.strategy.preemption_target(here)
+
+
+def stop(trainer: Trainer) -> NoReturn:
+    """Write ``last.ckpt`` (every rank builds it, rank 0 writes), requeue under SLURM, raise Preempted."""
+    signum = PREEMPTION.signum or signal.SIGTERM
+    path = last_checkpoint_path(trainer)
+    trainer.save_checkpoint(path)  # the loop state says exactly where to continue
+    PREEMPTION.done()
+    trainer.strategy.new_preemption_round()
+    name = signal.Signals(signum).name
+    where = f"epoch {trainer.current_epoch}, global step {trainer.global_step}"
+    message = f"[tandem] {name} received: stopped at {where} and saved {path}."
+    if trainer.is_global_zero:
+        job = slurm_job_to_requeue() if signum == getattr(signal, "SIGUSR1", None) else None
+        if job is not None:
+            message += " " + _requeue(job)
+        else:
+            message += ' Resume with trainer.fit(..., ckpt_path="last").'
+        print(message, file=sys.stderr, flush=True)
+    raise Preempted(signum, path, message)
+
+
+def warn_if_pending(trainer: Trainer) -> None:
+    """A signal came after the fit's last stop point: the fit ended normally. It stays pending, so a next
+    fit in this process stops at its first step."""
+    if PREEMPTION.signum is not None:
+        rank_zero_warn(
+            f"{signal.Signals(PREEMPTION.signum).name} arrived after the last step of the fit, which finished "
+            "normally; a next fit in this process stops after its first step and saves last.ckpt."
+        )
+
+
+def last_checkpoint_path(trainer: Trainer) -> str:
+    """Where ``ckpt_path="last"`` finds it: the first ModelCheckpoint's folder, else the run folder's
+    ``checkpoints`` (the folder a ModelCheckpoint would use)."""
+    callback = trainer.checkpoint_callback
+    folder = callback.dirpath if callback is not None and callback.dirpath else None
+    if folder is None:
+        folder = os.path.join(trainer.log_dir, "checkpoints")
+    return os.path.join(folder, "last.ckpt")
+
+
+def _requeue(job: str) -> str:
+    """``scontrol requeue <job>``, as Lightning does: SLURM starts the job again once it can."""
+    if shutil.which("scontrol") is None:
+        rank_zero_warn(f"SLURM job {job} could not be requeued: scontrol is not on PATH.")
+        return "scontrol was not found, so the job was not requeued."
+    result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        rank_zero_warn(f"`scontrol requeue {job}` failed ({result.returncode}): {result.stderr.strip()}")
+        return f"`scontrol requeue {job}` failed, so the job was not requeued."
+    return f'Requeued SLURM job {job}; it resumes if it calls trainer.fit(..., ckpt_path="last").'

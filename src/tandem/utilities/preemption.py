@@ -1,0 +1,79 @@
+"""Pre-emption signals (SIGTERM, SIGUSR1): this process's record of one, and the handlers that set it.
+
+A cluster pre-empts a job with SIGTERM (SLURM sends SIGUSR1 ahead of it with ``--signal=USR1@90``). While
+``trainer.fit`` runs, tandem's handler only records the signal here (and forwards it to the ranks this
+process started). The training loop reads :attr:`Preemption.signum` after each batch (a local attribute,
+no collective); the ranks agree on the step to stop at through the process group's store
+(:mod:`tandem.strategies.collective_check`), save ``last.ckpt`` there and raise :class:`Preempted`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+#: the signals that ask for a pre-emption stop
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1) if hasattr(signal, "SIGUSR1") else (signal.SIGTERM,)
+#: how a process stopped by one of them exits: 128 + the signal's number, as a shell reports a signal
+EXIT_CODES = frozenset(128 + int(s) for s in SIGNALS)
+
+#: (epoch, training batches finished in it): where a rank is, as the ranks compare positions
+Position = tuple[int, int]
+#: the training loop's (epoch, batches finished in it, whether the epoch's end is running)
+Progress = tuple[int, int, bool]
+
+
+class Preemption:
+    """This process's pre-emption state: the signal received (``signum``), the processes to forward it to,
+    and, during a fit, where the training loop is (``progress``, read by the collective guard's thread)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None  # a stop was asked for and has not happened yet
+        self.stopped: int | None = None  # the signal of the last stop this process made (its ranks exit for it)
+        self.forward_to: Callable[[], list[int]] | None = None  # the running ranks this process started
+        self.progress: Callable[[], Progress] | None = None
+        self._previous: dict[int, Any] = {}
+
+    def request(self, signum: int) -> None:
+        """Ask for a stop (from a signal handler, or told by another rank through the store)."""
+        if self.signum is None:
+            self.signum = int(signum)
+
+    def done(self) -> None:
+        """The stop happened (``last.ckpt`` written)."""
+        self.stopped, self.signum = self.signum, None
+
+    def install(self) -> None:
+        """Catch the pre-emption signals (main thread only; a signal ignored with SIG_IGN stays ignored)."""
+        if threading.current_thread() is not threading.main_thread() or self._previous:
+            return
+        for signum in SIGNALS:
+            previous = signal.getsignal(signum)
+            if previous is signal.SIG_IGN:
+                continue
+            self._previous[int(signum)] = previous
+            signal.signal(signum, self._handle)
+
+    def uninstall(self) -> None:
+        """Put back the handlers that were there before :meth:`install`."""
+        for signum, previous in self._previous.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        self._previous = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.request(signum)
+        for pid in self.forward_to() if self.forward_to is not None else []:  # SLURM may not signal them
+            with contextlib.suppress(OSError):
+                os.kill(pid, signum)
+        previous = self._previous.get(int(signum))
+        if callable(previous):  # a handler of the user's keeps running
+            previous(signum, frame)
+
+
+#: the one record per process
+PREEMPTION = Preemption()
