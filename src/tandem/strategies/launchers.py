@@ -48,6 +48,7 @@ from tandem.utilities.checkpoint import atomic_save
 from tandem.utilities.exceptions import Preempted, RankFailedError, TandemConfigError, TandemUserCodeError
 from tandem.utilities.preemption import EXIT_CODES as PREEMPTED_EXIT_CODES
 from tandem.utilities.preemption import PREEMPTION
+from tandem.utilities.processes import end_with_parent, load_libc
 
 _POLL_S = 0.1
 _TERMINATE_GRACE_S = 5.0
@@ -373,8 +374,7 @@ def processes_started() -> bool:
 
 def _die_with_parent(parent_pid: int, libc: Any) -> Callable[[], None]:
     def preexec() -> None:  # runs in the child between fork and exec
-        if libc is not None:
-            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        end_with_parent(libc)
         if os.getppid() != parent_pid:  # the parent died before prctl took effect
             os._exit(1)
 
@@ -430,7 +430,7 @@ class ScriptLauncher:
 
     def _start_children(self) -> None:
         command = script_command()
-        libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+        libc = load_libc()
         folder = tempfile.mkdtemp(prefix="tandem-errors-")
         children = []
         for local_rank in range(1, self.num_processes):
@@ -508,9 +508,7 @@ def _spawned(
     from tandem.utilities.seed import restore_rng_state
 
     Path(folder, f"started{local_rank}").touch()  # it got past importing the user's script
-    if sys.platform == "linux":
-        with contextlib.suppress(Exception):
-            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: end with the caller
+    end_with_parent()  # end with the caller
     try:
         environment.export_rank(local_rank)
         restore_rng_state(rng_state)

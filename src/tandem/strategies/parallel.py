@@ -60,6 +60,7 @@ from tandem.utilities.exceptions import TandemConfigError, bad_choice, incompati
 from tandem.utilities.rank_zero import rank_zero_warn, set_rank
 
 START_METHODS = ("popen", "spawn")
+_PREEMPTION_WAIT_S = 60.0  # a rank at a pre-emption stop waits this long for every rank to say where it stops
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
 
@@ -277,7 +278,7 @@ class ParallelStrategy(Strategy):
         guard = current_guard()
         if guard is None:
             return here
-        return guard.preemption_target(here, timeout=60.0)
+        return guard.preemption_target(here, timeout=_PREEMPTION_WAIT_S)
 
     def new_preemption_round(self) -> None:
         guard = current_guard()

@@ -129,6 +129,16 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | os.PathLike, fn: str) -
     return os.fspath(ckpt_path)
 
 
+def last_checkpoint_path(trainer: Trainer) -> str:
+    """Where a ``last.ckpt`` written outside ModelCheckpoint's schedule (a pre-emption stop) goes, so that
+    :func:`find_last_checkpoint` finds it: the first ModelCheckpoint's ``last`` file, else the run folder's
+    ``checkpoints`` (the folder a ModelCheckpoint would use)."""
+    callback = trainer.checkpoint_callback
+    if callback is not None and callback.dirpath:
+        return callback.format_checkpoint_name({}, callback.CHECKPOINT_NAME_LAST)
+    return os.path.join(trainer.log_dir, "checkpoints", "last.ckpt")
+
+
 def find_last_checkpoint(trainer: Trainer) -> str | None:
     candidates = []
     for callback in trainer.checkpoint_callbacks:

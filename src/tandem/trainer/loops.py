@@ -393,7 +393,7 @@ def run_manual_batch(trainer: Trainer, batch: Any, batch_idx: int) -> None:
     step_args = (batch, batch_idx) if trainer._step_takes_batch_idx else (batch,)
     output = trainer.strategy.run_step("training_step", *step_args)
     loop.batches_stepped += 1
-    _publish_step(trainer, output if isinstance(output, torch.Tensor) else _manual_loss(output))
+    _publish_step(trainer, _manual_loss(output))
     loop.batches_done = batch_idx + 1
     if hooks["on_train_batch_end"]:
         trainer._call("on_train_batch_end", _manual_outputs(output), batch, batch_idx)
@@ -466,7 +466,8 @@ def _detached_outputs(output: Any, loss: torch.Tensor | None) -> Any:
 
 
 def _manual_loss(output: Any) -> torch.Tensor | None:
-    loss = output.get("loss") if isinstance(output, Mapping) else None
+    """The loss a manual ``training_step`` returned (a tensor, or a dict's ``"loss"``), if any."""
+    loss = output.get("loss") if isinstance(output, Mapping) else output
     return loss if isinstance(loss, torch.Tensor) else None
 
 

@@ -10,7 +10,6 @@ The ranks agree on the position (see :meth:`Strategy.preemption_target`), then :
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import signal
 import subprocess
@@ -19,6 +18,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, NoReturn
 
 from tandem.strategies.environments import slurm_job_to_requeue
+from tandem.trainer import checkpointing
 from tandem.utilities.exceptions import Preempted
 from tandem.utilities.preemption import PREEMPTION
 from tandem.utilities.rank_zero import rank_zero_warn
@@ -55,7 +55,7 @@ def stop_here(trainer: Trainer, epoch_end: bool = False) -> bool:
 def stop(trainer: Trainer) -> NoReturn:
     """Write ``last.ckpt`` (every rank builds it, rank 0 writes), requeue under SLURM, raise Preempted."""
     signum = PREEMPTION.signum or signal.SIGTERM
-    path = last_checkpoint_path(trainer)
+    path = checkpointing.last_checkpoint_path(trainer)
     trainer.save_checkpoint(path)  # the loop state says exactly where to continue
     PREEMPTION.done()
     trainer.strategy.new_preemption_round()
@@ -80,16 +80,6 @@ def warn_if_pending(trainer: Trainer) -> None:
             f"{signal.Signals(PREEMPTION.signum).name} arrived after the last step of the fit, which finished "
             "normally; a next fit in this process stops after its first step and saves last.ckpt."
         )
-
-
-def last_checkpoint_path(trainer: Trainer) -> str:
-    """Where ``ckpt_path="last"`` finds it: the first ModelCheckpoint's folder, else the run folder's
-    ``checkpoints`` (the folder a ModelCheckpoint would use)."""
-    callback = trainer.checkpoint_callback
-    folder = callback.dirpath if callback is not None and callback.dirpath else None
-    if folder is None:
-        folder = os.path.join(trainer.log_dir, "checkpoints")
-    return os.path.join(folder, "last.ckpt")
 
 
 def _requeue(job: str) -> str:

@@ -3,10 +3,7 @@ end with their process."""
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
-import signal
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import fields, is_dataclass
@@ -15,6 +12,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
 
+from tandem.utilities.processes import end_with_parent
 from tandem.utilities.seed import seed_workers_requested, worker_init_function
 
 # DataLoader.__init__ arguments that are stored under the same attribute name.
@@ -42,12 +40,11 @@ class _DieWithParent:
         self.inner, self.parent = inner, parent
 
     def __call__(self, worker_id: int) -> None:
-        with contextlib.suppress(Exception):
-            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        try:
+        end_with_parent()
+        try:  # the parent (not always this worker's parent process: a forkserver starts workers) still runs?
             os.kill(self.parent, 0)
         except ProcessLookupError:
-            os._exit(1)  # the parent died before prctl took effect
+            os._exit(1)  # it died before prctl took effect
         if self.inner is not None:
             self.inner(worker_id)
 
