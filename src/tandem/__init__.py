@@ -1,14 +1,13 @@
 """tandem: Lightning-style training on one device, DataParallel or DDP, picked by name."""
 
-__version__ = "0.1.0"
-
-from tandem.callbacks.callback import Callback  # noqa: E402
-from tandem.module import DataModule, TrainingModule  # noqa: E402
-from tandem.strategies.environments import rank_from_environment  # noqa: E402
-from tandem.trainer.trainer import Trainer  # noqa: E402
-from tandem.utilities.exceptions import renamed_from_lightning  # noqa: E402
-from tandem.utilities.rank_zero import set_rank  # noqa: E402
-from tandem.utilities.seed import seed_everything  # noqa: E402
+from tandem.callbacks.callback import Callback
+from tandem.module import DataModule, TrainingModule
+from tandem.strategies.environments import rank_from_environment
+from tandem.trainer.trainer import Trainer
+from tandem.utilities.exceptions import renamed_from_lightning
+from tandem.utilities.rank_zero import set_rank
+from tandem.utilities.seed import seed_everything
+from tandem.version import __version__
 
 set_rank(rank_from_environment())  # until a strategy sets it, trust the launcher's RANK
 

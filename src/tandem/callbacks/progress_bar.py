@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tandem.callbacks.callback import Callback
-from tandem.trainer.logging import to_float
 from tandem.utilities.exceptions import out_of_range
+from tandem.utilities.logged_values import to_float
 
 if TYPE_CHECKING:
     from tandem.module import TrainingModule

@@ -9,7 +9,7 @@ The data flow of one step, in :meth:`DataParallelStrategy.run_step`:
    of the module's, so their gradients flow back to it).
 3. **Apply** the step method (``training_step``, ``validation_step``, ``test_step``, ``predict_step``)
    in each replica, in one thread per device, under the precision's autocast. ``self.log`` calls made
-   there are buffered per replica (:func:`tandem.trainer.logging.replica_log_buffer`).
+   there are buffered per replica (:func:`tandem.utilities.logged_values.replica_log_buffer`).
 4. **Combine** on the first device with :func:`combine_outputs`: scalars (the loss) as the mean weighted
    by chunk size, so the gradient is exactly the single-device gradient of the whole batch; per-sample
    tensors concatenated in order. Each logged name is combined the same way (or by its ``reduce_fx``)
@@ -23,7 +23,6 @@ import copy
 import dataclasses
 import enum
 import re
-import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
@@ -37,8 +36,8 @@ from torch.nn.parallel import replicate
 from tandem.strategies.precision import Precision
 from tandem.strategies.registry import register_strategy
 from tandem.strategies.strategy import Strategy
-from tandem.trainer.logging import replica_log_buffer
 from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError
+from tandem.utilities.logged_values import is_metric, replica_log_buffer
 from tandem.utilities.rank_zero import rank_zero_warn
 
 #: values that are copied to every chunk instead of being split
@@ -140,7 +139,7 @@ class DataParallelStrategy(Strategy):
 
     def _setup(self, module: nn.Module) -> None:
         super()._setup(module)
-        self._metric_names = [name for name, m in self._module.named_modules() if _is_metric(m)]
+        self._metric_names = [name for name, m in self._module.named_modules() if is_metric(m)]
 
     # ------------------------------------------------------------------ steps
     def run_step(self, method: str, *args: Any) -> Any:
@@ -249,7 +248,7 @@ class DataParallelStrategy(Strategy):
         for buffer, size in zip(logs, sizes):
             seen: dict[str, int] = {}
             for name, value, options in buffer:
-                if _is_metric(value):
+                if is_metric(value):
                     raise _metric_in_replica(name, method)
                 occurrence = seen[name] = seen.get(name, -1) + 1  # a name logged twice in a step: two entries
                 weight = options["batch_size"] if options["batch_size"] is not None else size
@@ -497,11 +496,6 @@ def _metric_in_replica(name: str, method: str) -> TandemUserCodeError:
         "outputs of all replicas concatenated: self.acc(outputs['preds'], outputs['target']); "
         "self.log('acc', self.acc)."
     )
-
-
-def _is_metric(value: Any) -> bool:
-    torchmetrics = sys.modules.get("torchmetrics")
-    return torchmetrics is not None and isinstance(value, torchmetrics.Metric)
 
 
 def _as_device(device: int | str | torch.device) -> torch.device:

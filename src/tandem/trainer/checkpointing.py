@@ -11,6 +11,7 @@ from tandem.utilities.checkpoint import CHECKPOINT_MARKER
 from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError
 from tandem.utilities.rank_zero import rank_zero_warn
 from tandem.utilities.seed import capture_rng_state
+from tandem.version import __version__
 
 if TYPE_CHECKING:
     from tandem.trainer.trainer import Trainer
@@ -19,8 +20,6 @@ if TYPE_CHECKING:
 def checkpoint_state(trainer: Trainer, weights_only: bool = False) -> dict[str, Any]:
     """What a checkpoint holds, built on every rank: the weights and hparams, and unless ``weights_only`` the
     loop state, every optimizer and scheduler, the precision's scaler, callbacks, RNG states, DataModule."""
-    from tandem import __version__
-
     module = trainer.strategy.module
     checkpoint: dict[str, Any] = {
         CHECKPOINT_MARKER: __version__,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tandem.trainer.data import check_dataloader_idx, takes_batch_idx
-from tandem.trainer.logging import to_float
+from tandem.utilities.logged_values import to_float
 
 if TYPE_CHECKING:
     from tandem.trainer.state import StageNames

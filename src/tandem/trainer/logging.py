@@ -13,18 +13,16 @@ at the epoch's end), never on the steps in between.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
 import numbers
-import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from tandem.utilities.exceptions import TandemUserCodeError, bad_choice
+from tandem.utilities.logged_values import is_metric, replica_logs
 
 if TYPE_CHECKING:
     from tandem.strategies.strategy import Strategy
@@ -43,35 +41,6 @@ _STEP_HOOKS = frozenset(
         "on_before_zero_grad",
     }
 )
-
-
-# Set in a DataParallel replica's thread: self.log calls there are appended to this list (name, value,
-# options) instead of being recorded, and the strategy logs each name once, combined across replicas.
-_REPLICA_LOGS: contextvars.ContextVar[list[tuple[str, Any, dict[str, Any]]] | None] = contextvars.ContextVar(
-    "tandem_replica_logs", default=None
-)
-
-
-@contextlib.contextmanager
-def replica_log_buffer() -> Iterator[list[tuple[str, Any, dict[str, Any]]]]:
-    """Collect the ``self.log`` calls made in this thread inside the block into the yielded list.
-
-    Each item is ``(name, value, options)``: the value as a detached scalar tensor (or a torchmetrics
-    Metric), the options as given to ``self.log``. Nothing reaches the collector; the caller combines
-    and logs. DataParallel opens one buffer in each replica's thread.
-    """
-    buffer: list[tuple[str, Any, dict[str, Any]]] = []
-    token = _REPLICA_LOGS.set(buffer)
-    try:
-        yield buffer
-    finally:
-        _REPLICA_LOGS.reset(token)
-
-
-def _is_metric(value: Any) -> bool:
-    """A torchmetrics Metric? (torchmetrics is only imported if the user imported it.)"""
-    torchmetrics = sys.modules.get("torchmetrics")
-    return torchmetrics is not None and isinstance(value, torchmetrics.Metric)
 
 
 @dataclass
@@ -146,7 +115,7 @@ class MetricCollector:
     ) -> None:
         if reduce_fx not in REDUCE_FX:
             raise bad_choice(f"self.log({name!r}, reduce_fx=...)", reduce_fx, REDUCE_FX)
-        buffer = _REPLICA_LOGS.get()
+        buffer = replica_logs()
         if buffer is not None:  # inside a DataParallel replica: the strategy combines and logs once
             options = dict(
                 on_step=on_step,
@@ -159,7 +128,7 @@ class MetricCollector:
                 rank_zero_only=rank_zero_only,
                 add_dataloader_idx=add_dataloader_idx,
             )
-            buffer.append((name, value if _is_metric(value) else self._as_tensor(name, value), options))
+            buffer.append((name, value if is_metric(value) else self._as_tensor(name, value), options))
             return
         if self.dataloader_idx is not None and add_dataloader_idx:  # several evaluation loaders (Lightning's names)
             name = f"{name}/dataloader_idx_{self.dataloader_idx}"
@@ -172,7 +141,7 @@ class MetricCollector:
         if isinstance(value, torch.Tensor) and value.ndim == 0:  # the common case, kept cheap
             value, metric = value.detach(), None
         else:
-            metric = value if _is_metric(value) else None
+            metric = value if is_metric(value) else None
             if metric is None:
                 value = self._as_tensor(name, value)
         entries = self._stores.get(self.stage)
@@ -368,18 +337,6 @@ class MetricCollector:
             for name, e in self._stores.get("train", {}).items()
             if e.metric is None
         }
-
-
-def to_float(metrics: dict[str, Any]) -> dict[str, float]:
-    """One host sync for all values at once, only when a logger needs numbers."""
-    if not metrics:
-        return {}
-    names = list(metrics)
-    values = [metrics[n] for n in names]
-    tensors = [v.float().reshape(()) for v in values if isinstance(v, torch.Tensor)]
-    if len(tensors) == len(values) and len({t.device for t in tensors}) == 1:
-        return dict(zip(names, torch.stack(tensors).cpu().tolist()))
-    return {n: float(v) for n, v in zip(names, values)}
 
 
 # ---------------------------------------------------------------------- reduction across processes, by name

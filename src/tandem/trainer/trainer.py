@@ -19,12 +19,13 @@ from tandem.strategies.strategy import Strategy
 from tandem.trainer import checkpointing, data, loops, optim, preemption
 from tandem.trainer.config import TrainerConfig, check_unknown_arguments
 from tandem.trainer.evaluation import format_results, run_evaluation
-from tandem.trainer.logging import MetricCollector, to_float
+from tandem.trainer.logging import MetricCollector
 from tandem.trainer.nonfinite import NonFiniteGuard, nonfinite_parameters
 from tandem.trainer.optim import LRSchedulerConfig, Optimization
 from tandem.trainer.state import EVAL_STAGES, TRAIN, LoopState, StageData, TrainerState
 from tandem.utilities.checkpoint import to_weights_only
 from tandem.utilities.exceptions import Preempted, TandemConfigError, TandemUserCodeError, incompatible
+from tandem.utilities.logged_values import to_float
 from tandem.utilities.rank_zero import rank_zero_warn
 
 

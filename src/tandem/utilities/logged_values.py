@@ -1,0 +1,58 @@
+"""Logged values outside the Trainer: the DataParallel replicas' ``self.log`` buffer, torchmetrics detection,
+and turning logged tensors into numbers. Used by the metric collector, the DataParallel strategy and the
+progress bar, which sit in different sub-packages; none of them imports another for these."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+# Set in a DataParallel replica's thread: self.log calls there are appended to this list (name, value,
+# options) instead of being recorded, and the strategy logs each name once, combined across replicas.
+_REPLICA_LOGS: contextvars.ContextVar[list[tuple[str, Any, dict[str, Any]]] | None] = contextvars.ContextVar(
+    "tandem_replica_logs", default=None
+)
+
+
+@contextlib.contextmanager
+def replica_log_buffer() -> Iterator[list[tuple[str, Any, dict[str, Any]]]]:
+    """Collect the ``self.log`` calls made in this thread inside the block into the yielded list.
+
+    Each item is ``(name, value, options)``: the value as a detached scalar tensor (or a torchmetrics
+    Metric), the options as given to ``self.log``. Nothing reaches the collector; the caller combines
+    and logs. DataParallel opens one buffer in each replica's thread.
+    """
+    buffer: list[tuple[str, Any, dict[str, Any]]] = []
+    token = _REPLICA_LOGS.set(buffer)
+    try:
+        yield buffer
+    finally:
+        _REPLICA_LOGS.reset(token)
+
+
+def is_metric(value: Any) -> bool:
+    """A torchmetrics Metric? (torchmetrics is only imported if the user imported it.)"""
+    torchmetrics = sys.modules.get("torchmetrics")
+    return torchmetrics is not None and isinstance(value, torchmetrics.Metric)
+
+
+def replica_logs() -> list[tuple[str, Any, dict[str, Any]]] | None:
+    """The buffer of the :func:`replica_log_buffer` open in this thread, or None outside one."""
+    return _REPLICA_LOGS.get()
+
+
+def to_float(metrics: dict[str, Any]) -> dict[str, float]:
+    """One host sync for all values at once, only when a logger needs numbers."""
+    if not metrics:
+        return {}
+    names = list(metrics)
+    values = [metrics[n] for n in names]
+    tensors = [v.float().reshape(()) for v in values if isinstance(v, torch.Tensor)]
+    if len(tensors) == len(values) and len({t.device for t in tensors}) == 1:
+        return dict(zip(names, torch.stack(tensors).cpu().tolist()))
+    return {n: float(v) for n, v in zip(names, values)}
