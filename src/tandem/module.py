@@ -14,7 +14,8 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError
+from tandem.strategies.strategy import CLIP_ALGORITHMS
+from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError, bad_choice
 from tandem.utilities.rank_zero import rank_zero_print
 
 if TYPE_CHECKING:
@@ -22,6 +23,13 @@ if TYPE_CHECKING:
 
     from tandem.trainer.optim import TrainingOptimizer
     from tandem.trainer.trainer import Trainer
+
+
+def logs_per_step(hook: Any) -> Any:
+    """Declare that ``self.log`` in ``hook`` defaults to ``on_step=True, on_epoch=False`` (every other hook:
+    ``on_step=False, on_epoch=True``); the Trainer's hook dispatcher reads the mark."""
+    hook.logs_per_step = True
+    return hook
 
 
 class AttributeDict(dict):
@@ -165,6 +173,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         self.__dict__["_trainer_ref"] = None if trainer is None else weakref.ref(trainer)
 
     # ------------------------------------------------------------------ the user's steps
+    @logs_per_step
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor | Mapping[str, Any] | None:
         """Return the loss (a scalar tensor), a dict with ``"loss"``, or None to skip this batch.
 
@@ -224,14 +233,14 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         Each is wrapped so that ``step()`` goes through the strategy's precision (the float16 scaler) and
         counts toward ``trainer.global_step``; ``use_pl_optimizer=False`` gives the torch optimizers.
         """
-        optimization = self.trainer._optimization
-        found = optimization.wrapped if use_pl_optimizer else optimization.optimizers
+        optimization = self.trainer.fit_loop.optimization
+        found = optimization.training_optimizers if use_pl_optimizer else optimization.optimizers
         return found[0] if len(found) == 1 else list(found)
 
     def lr_schedulers(self) -> Any:
         """The schedulers from ``configure_optimizers``: None, one, or a list. Step them yourself under manual
         optimization."""
-        schedulers = [config.scheduler for config in self.trainer._optimization.lr_scheduler_configs]
+        schedulers = [config.scheduler for config in self.trainer.lr_scheduler_configs]
         if not schedulers:
             return None
         return schedulers[0] if len(schedulers) == 1 else schedulers
@@ -240,20 +249,20 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         """``loss.backward(*args, **kwargs)`` through the strategy: float16 loss scaling and DDP's gradient
         all-reduce, with the ``on_before_backward`` / ``on_after_backward`` hooks. Manual optimization only."""
         trainer = self.trainer
-        if trainer._optimization.automatic:
+        if trainer.fit_loop.optimization.automatic:
             raise TandemUserCodeError(
                 "manual_backward is for manual optimization: set self.automatic_optimization = False in __init__, "
                 "or return the loss from training_step and let the Trainer call backward."
             )
-        trainer._call("on_before_backward", loss)
+        trainer.call_hook("on_before_backward", loss)
         trainer.strategy.backward(loss, *args, **kwargs)
-        trainer._call("on_after_backward")
+        trainer.call_hook("on_after_backward")
 
     def toggle_optimizer(self, optimizer: Any) -> None:
         """Let only ``optimizer``'s parameters take gradients (the others' ``requires_grad`` is set False until
         :meth:`untoggle_optimizer`), so each loss of a GAN reaches only the network it trains."""
         state: dict[nn.Parameter, bool] = {}
-        for opt in self.trainer._optimization.optimizers:
+        for opt in self.trainer.optimizers:
             for group in opt.param_groups:
                 for param in group["params"]:
                     if param not in state:
@@ -267,7 +276,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
     def untoggle_optimizer(self, optimizer: Any) -> None:
         """Restore the ``requires_grad`` flags that :meth:`toggle_optimizer` changed."""
         inner = getattr(optimizer, "optimizer", optimizer)
-        for opt in self.trainer._optimization.optimizers:
+        for opt in self.trainer.optimizers:
             if opt is inner:
                 continue
             for group in opt.param_groups:
@@ -296,18 +305,17 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         Float16 gradients are unscaled first. Without arguments, the Trainer's ``gradient_clip_val`` and
         ``gradient_clip_algorithm`` apply; giving a different value than the Trainer's is an error.
         """
-        from tandem.trainer.optim import resolve_clipping
-
         trainer = self.trainer
-        value, algorithm = resolve_clipping(
+        value, algorithm = _resolve_clipping(
             gradient_clip_val, gradient_clip_algorithm, trainer.gradient_clip_val, trainer.gradient_clip_algorithm
         )
         if not value:
             return
         inner = getattr(optimizer, "optimizer", optimizer)
-        trainer.strategy.unscale_gradients(inner)
+        trainer.strategy.precision.unscale_gradients(inner)
         trainer.strategy.clip_gradients(inner, value, algorithm)
 
+    @logs_per_step
     def configure_gradient_clipping(
         self, optimizer: Any, gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None
     ) -> None:
@@ -315,12 +323,14 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         Override to clip your own way; the default calls :meth:`clip_gradients`."""
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
+    @logs_per_step
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
         """Step ``optimizer`` (automatic optimization). ``optimizer_closure`` runs ``training_step`` and
         backward: call ``optimizer.step(closure=optimizer_closure)``. Override to add warm-up or a schedule
         of your own (tandem calls the override only when there is one)."""
         optimizer.step(closure=optimizer_closure)
 
+    @logs_per_step
     def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
         """Clear the gradients after each optimizer step (automatic optimization)."""
         optimizer.zero_grad()
@@ -367,7 +377,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         """
         if self._trainer is None:
             return  # called outside a Trainer run (e.g. a unit test calling training_step): nothing to collect
-        self._trainer._metrics.log(
+        self._trainer.metric_collector.log(
             name,
             value,
             on_step,
@@ -511,7 +521,9 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
     def on_train_end(self) -> None: ...
     def on_train_epoch_start(self) -> None: ...
     def on_train_epoch_end(self) -> None: ...
+    @logs_per_step
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None: ...
+    @logs_per_step
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None: ...
     def on_validation_start(self) -> None: ...
     def on_validation_end(self) -> None: ...
@@ -531,9 +543,13 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
     def on_predict_epoch_end(self) -> None: ...
     def on_predict_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
     def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    @logs_per_step
     def on_before_backward(self, loss: torch.Tensor) -> None: ...
+    @logs_per_step
     def on_after_backward(self) -> None: ...
+    @logs_per_step
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None: ...
+    @logs_per_step
     def on_before_zero_grad(self, optimizer: torch.optim.Optimizer) -> None: ...
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None: ...
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None: ...
@@ -560,6 +576,32 @@ def _collect_init_args(frame: Any, cls: type) -> dict[str, Any]:
     for args in reversed(collected):
         merged.update(args)
     return merged
+
+
+def _resolve_clipping(
+    value: float | None, algorithm: str | None, trainer_value: float | None, trainer_algorithm: str | None
+) -> tuple[float, str]:
+    """The clipping ``self.clip_gradients`` applies: its arguments, else the Trainer's; both set and
+    different is an error (as in Lightning)."""
+    if value is None:
+        value = trainer_value or 0.0
+    elif trainer_value is not None and trainer_value != value:
+        raise TandemConfigError(
+            f"Trainer(gradient_clip_val={trainer_value!r}) and clip_gradients(gradient_clip_val={value!r}) disagree; "
+            "set clipping in one place only."
+        )
+    if algorithm is None:
+        algorithm = trainer_algorithm or "norm"
+    elif trainer_algorithm is not None and trainer_algorithm != algorithm:
+        raise TandemConfigError(
+            f"Trainer(gradient_clip_algorithm={trainer_algorithm!r}) and clip_gradients(gradient_clip_algorithm="
+            f"{algorithm!r}) disagree; set clipping in one place only."
+        )
+    if algorithm not in CLIP_ALGORITHMS:
+        raise bad_choice("gradient_clip_algorithm", algorithm, CLIP_ALGORITHMS)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise TandemConfigError(f"gradient_clip_val={value!r} must be a number >= 0.")
+    return float(value), algorithm
 
 
 def is_overridden(obj: TrainingModule | DataModule, name: str) -> bool:

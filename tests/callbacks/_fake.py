@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from tandem.trainer.loops import validates_only_at_epoch_ends
 from tandem.utilities.checkpoint import atomic_save
 
 
@@ -49,15 +50,25 @@ class FakeStrategy:
             Path(path).unlink(missing_ok=True)
 
 
+class FakeTrainer(SimpleNamespace):
+    @property
+    def fit_loop(self) -> SimpleNamespace:
+        """The fit loop's answers, from the fake's settings (the same rule as the real loop's)."""
+        val_batches = self.num_val_batches
+        total = sum(val_batches) if isinstance(val_batches, (list, tuple)) else val_batches
+        answer = validates_only_at_epoch_ends(self.check_val_every_n_epoch, self.val_check_interval, total)
+        return SimpleNamespace(validates_only_at_epoch_ends=answer)
+
+
 def fake_trainer(
     root: str | os.PathLike,
     rank: int = 0,
     channel: list[Any] | None = None,
     callbacks: list[Any] = (),
     **attrs: Any,
-) -> SimpleNamespace:
+) -> FakeTrainer:
     """A Trainer look-alike; ``save_checkpoint`` writes ``{"global_step", "weights_only", "callbacks"}`` on rank 0."""
-    trainer = SimpleNamespace(
+    trainer = FakeTrainer(
         current_epoch=0,
         global_step=0,
         callback_metrics={},
@@ -73,6 +84,7 @@ def fake_trainer(
         max_epochs=10,
         max_steps=-1,
         log_every_n_steps=50,
+        is_log_step=False,
         num_training_batches=10,
         num_val_batches=2,
         num_test_batches=3,

@@ -76,7 +76,9 @@ def test_step_interval_logs_every_log_every_n_steps_once_per_step():
     for batch_idx, step in enumerate([0, 0, 1, 1, 2, 2, 3, 3, 4]):  # two micro-batches per step
         trainer.global_step = step
         optimizer.param_groups[0]["lr"] = 0.1 * (step + 1)
+        trainer.is_log_step = batch_idx in (3, 7)  # the loop's plan: steps 2 and 4 publish (batches 3 and 7)
         callback.on_train_batch_start(trainer, None, None, batch_idx)
+        callback.on_train_batch_end(trainer, None, None, None, batch_idx)
     assert [(step, round(m["lr-SGD"], 6)) for m, step in logger.calls] == [(0, 0.1), (2, 0.3), (4, 0.5)]
 
 

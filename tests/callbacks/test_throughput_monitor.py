@@ -74,7 +74,7 @@ def test_totals_scale_with_world_size():
     module = SimpleNamespace(log=lambda name, value, **kw: None)
     strategy = SimpleNamespace(root_device=torch.device("cpu"), devices_per_process=1)  # as in ddp
     trainer = SimpleNamespace(
-        world_size=4, strategy=strategy, global_step=0, log_every_n_steps=1, log_metrics=logged.update
+        world_size=4, strategy=strategy, global_step=0, log_every_n_steps=1, log_metrics=logged.update, is_log_step=True
     )
     monitor = ticking(ThroughputMonitor())
     monitor.on_train_batch_start(trainer, module, torch.zeros(8, 3), 0)

@@ -140,15 +140,15 @@ def test_collectives_without_a_process_group_are_identities():
         strategy.reduce(value, "avg")
 
 
-def test_steps_in_lockstep_only_with_several_processes(monkeypatch):
+def test_steps_are_collectives_only_with_several_processes(monkeypatch):
     single = SingleDeviceStrategy(device="cpu")
-    assert not single.steps_in_lockstep and single.ranks_with_batch(1) == [True]  # no collective, no loop cost
+    assert single.world_size == 1 and single.ranks_with_batch(1) == [True]  # no collective, no loop cost
     _as_rank(monkeypatch, 1)
-    assert _strategy().steps_in_lockstep
+    assert _strategy().world_size > 1
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")
-    assert not _strategy(devices=1).steps_in_lockstep
+    assert _strategy(devices=1).world_size == 1
     assert _strategy(devices=1).ranks_with_batch(False) == [False]  # no process group: this rank's answer
 
 

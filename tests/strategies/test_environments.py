@@ -14,12 +14,12 @@ from tandem.strategies.environments import (
     TorchElasticEnvironment,
     expand_nodelist,
     find_free_port,
-    global_seed,
     rank_from_environment,
     select_environment,
     slurm_job_to_requeue,
     threads_per_process,
 )
+from tandem.utilities.seed import global_seed
 
 
 @pytest.fixture

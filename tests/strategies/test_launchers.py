@@ -341,7 +341,5 @@ def test_script_command_forms(monkeypatch):
         launchers.script_command()
 
 
-def test_launchers_declare_interactive_compatibility():
-    assert launchers.SpawnLauncher.is_interactive_compatible
-    assert not launchers.ScriptLauncher.is_interactive_compatible
+def test_no_processes_are_started_by_importing_the_launchers():
     assert not launchers.processes_started()

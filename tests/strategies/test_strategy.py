@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from helpers import clear_launch_variables
 from tandem.strategies import DDPStrategy, Precision, SingleDeviceStrategy
 from tandem.strategies.registry import resolve_strategy
+from tandem.strategies.strategy import reduce_boolean_decision
 from tandem.utilities.exceptions import CheckpointError, TandemConfigError, TandemUserCodeError
 
 pytestmark = pytest.mark.timeout(30)
@@ -84,7 +85,7 @@ def test_collectives_refuse_the_same_bad_arguments_on_every_strategy(name):
     assert strategy.reduce(value, "max") is value
     assert strategy.all_gather(value).shape == (1, 2)
     assert strategy.all_gather_object({"a": 1}) == [{"a": 1}]
-    assert strategy.broadcast("x") == "x" and strategy.reduce_boolean_decision(True, all=False)
+    assert strategy.broadcast("x") == "x" and reduce_boolean_decision(strategy, True, all=False)
     assert list(strategy.evaluation_batches(range(10), 3)) == [0, 1, 2]
     assert list(strategy.evaluation_batches(range(3), math.inf)) == [0, 1, 2]
 

@@ -8,7 +8,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from helpers import TinyModule, loader, quiet_trainer
 from tandem.loggers.logger import Logger
+from tandem.trainer.hooks import running_hook
 from tandem.trainer.logging import MetricCollector
+from tandem.trainer.state import TrainerState
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -102,19 +104,19 @@ def test_collector_reduces_sums_and_counts_across_processes():
     flags = (False, True, False, True)
     strategy = TwoRanks({"epoch/m": ("mean", True, flags)})
     strategy.other_packed = {"sum": _pack([30.0, 10.0])}  # rank 1: mean 3 over 10 samples
-    collector = MetricCollector(strategy)
-    collector.stage, collector.hook = "validate", "validation_step"
-    collector.log(
-        "m",
-        torch.tensor(2.0),  # rank 0: mean 2 over 2 samples
-        on_step=None,
-        on_epoch=None,
-        prog_bar=False,
-        logger=True,
-        sync_dist=True,
-        reduce_fx="mean",
-        batch_size=2,
-    )
+    collector = MetricCollector(strategy, TrainerState(stage="validate"))
+    with running_hook("validation_step"):
+        collector.log(
+            "m",
+            torch.tensor(2.0),  # rank 0: mean 2 over 2 samples
+            on_step=None,
+            on_epoch=None,
+            prog_bar=False,
+            logger=True,
+            sync_dist=True,
+            reduce_fx="mean",
+            batch_size=2,
+        )
     values = collector.epoch_metrics()
     assert values["m"].item() == pytest.approx(34.0 / 12.0)
 

@@ -100,7 +100,7 @@ def test_sync_batchnorm_reaches_the_strategy_and_is_refused_on_the_cpu():
     trainer = tandem.Trainer(strategy="ddp", accelerator="cpu", devices=2, sync_batchnorm=True)
     assert trainer.strategy.sync_batchnorm
     with pytest.raises(TandemConfigError, match="sync_batchnorm=True needs CUDA"):
-        trainer.strategy.wrap_module(torch.nn.BatchNorm1d(3))
+        trainer.strategy._wrap_module(torch.nn.BatchNorm1d(3))
 
 
 @pytest.mark.parametrize(

@@ -90,9 +90,7 @@ class EarlyStopping(Callback):
     def _at_train_epoch_end(self, trainer: Trainer) -> bool:
         if self.check_on_train_epoch_end is not None:
             return self.check_on_train_epoch_end
-        # Lightning's Trainer has these as public attributes; 1.0 / 1 are the defaults when a Trainer has not
-        interval = getattr(trainer, "val_check_interval", 1.0)
-        return interval == 1.0 and getattr(trainer, "check_val_every_n_epoch", 1) == 1
+        return trainer.fit_loop.validates_only_at_epoch_ends  # the loop knows its validation schedule
 
     def on_train_epoch_end(self, trainer: Trainer, module: TrainingModule) -> None:
         if self._at_train_epoch_end(trainer):

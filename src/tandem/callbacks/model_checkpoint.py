@@ -225,12 +225,7 @@ class ModelCheckpoint(Callback):
         """Whether epoch save points are at the training epoch end (else at validation ends); Lightning's rule."""
         if self.save_on_train_epoch_end is not None:
             return self.save_on_train_epoch_end
-        if _check_val_every_n_epoch(trainer) != 1:
-            return False
-        val_batches = trainer.num_val_batches
-        if (sum(val_batches) if isinstance(val_batches, (list, tuple)) else val_batches) == 0:
-            return True
-        return _val_check_interval(trainer) == 1.0
+        return trainer.fit_loop.validates_only_at_epoch_ends
 
     def _skip(self, trainer: Trainer) -> bool:
         already_saved = trainer.global_step == self._last_global_step_saved
@@ -447,12 +442,3 @@ def _number(value: Any) -> int | float:
     if isinstance(value, torch.Tensor):
         return int(value.item()) if not value.is_floating_point() else float(value.item())
     return value
-
-
-def _val_check_interval(trainer: Trainer) -> int | float:
-    # Lightning's Trainer has these as public attributes; 1.0 / 1 are the defaults when a Trainer has not
-    return getattr(trainer, "val_check_interval", 1.0)
-
-
-def _check_val_every_n_epoch(trainer: Trainer) -> int | None:
-    return getattr(trainer, "check_val_every_n_epoch", 1)

@@ -52,11 +52,7 @@ class ThroughputMonitor(Callback):
         self.prog_bar = prog_bar
         self._starts: deque[tuple[float, int]] = deque(maxlen=window)  # (time a batch started, its samples)
         self.last: dict[str, float] = {}  # the most recently logged values
-        self._last_step = -1
         self._clock = time.perf_counter
-
-    def on_train_start(self, trainer: Trainer, module: TrainingModule) -> None:
-        self._last_step = trainer.global_step  # nothing measured yet for the step a resumed fit starts at
 
     def on_train_epoch_start(self, trainer: Trainer, module: TrainingModule) -> None:
         self._starts.clear()  # skip the gap between epochs (loader workers starting up)
@@ -70,11 +66,9 @@ class ThroughputMonitor(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        # After the batch's optimizer steps (automatic or manual optimization): measure at each logging step.
-        step = trainer.global_step
-        if step == self._last_step or step % trainer.log_every_n_steps or not self._starts:
+        # After the batch's optimizer steps (automatic or manual optimization): measure where the loop publishes.
+        if not trainer.is_log_step or not self._starts:
             return
-        self._last_step = step
         device = trainer.strategy.root_device
         if device.type == "cuda":
             torch.cuda.synchronize(device)

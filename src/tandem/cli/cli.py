@@ -386,7 +386,8 @@ def _resolve_seed(value: bool | int) -> bool | int:
     """``True``: a random seed; in a rank tandem's ``ddp`` launcher started, the one its rank 0 chose."""
     if value is not True:
         return value
-    from tandem.strategies.environments import global_seed, select_environment
+    from tandem.strategies.environments import select_environment
+    from tandem.utilities.seed import global_seed
 
     environment = select_environment()
     if getattr(environment, "launcher_pid", None) is not None:  # rank 0 exported its seed to the ranks it started

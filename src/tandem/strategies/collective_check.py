@@ -26,6 +26,7 @@ collective (no work on the per-step path); ``benchmarks/collective_check.py`` me
 from __future__ import annotations
 
 import atexit
+import contextvars
 import os
 import sys
 import threading
@@ -37,6 +38,9 @@ from types import FrameType
 from typing import Any
 
 from tandem.utilities.preemption import PREEMPTION, Position
+
+#: the Trainer entry point running now (set by ``side_channel.entry_point``; defined here, where it is read)
+_ENTRY_POINT: contextvars.ContextVar[str | None] = contextvars.ContextVar("tandem_entry_point", default=None)
 
 _TANDEM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # src/tandem
 _STRATEGIES_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -74,26 +78,8 @@ class CallSite:
         if frame is not None and _in(frame, _TANDEM_DIR) and not frame.f_code.co_filename.endswith("module.py"):
             internal = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
         user = _user_site(frame)
-        entry = _trainer_entry(frame)
+        entry = _ENTRY_POINT.get()  # tagged by the Trainer's stage runner (side_channel.entry_point)
         return cls(f"{op}@{internal or 'user code'}" + (f" in Trainer.{entry}" if entry else ""), user)
-
-
-_ENTRY_POINTS = frozenset({"fit", "validate", "test", "predict", "save_checkpoint"})
-_TRAINER_FILE = os.path.join(_TANDEM_DIR, "trainer", "trainer.py")
-
-
-def _trainer_entry(frame: FrameType | None) -> str | None:
-    """The Trainer entry point (fit, test, ...) this collective runs under, if any: ``trainer.test`` on one
-    rank and ``trainer.validate`` on another pass through the same collectives, yet do not belong together."""
-    while frame is not None:
-        code = frame.f_code
-        if code.co_filename == _TRAINER_FILE:
-            if code.co_name == "_run_stage":  # also in spawned processes, where fit() ran in the parent
-                return str(frame.f_locals.get("fn"))
-            if code.co_name in _ENTRY_POINTS:
-                return code.co_name
-        frame = frame.f_back
-    return None
 
 
 def _in(frame: FrameType, folder: str) -> bool:

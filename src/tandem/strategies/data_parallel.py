@@ -107,12 +107,19 @@ class DataParallelStrategy(Strategy):
         self._mutation_checks: dict[str, int] = {}  # step method -> steps checked for changed buffers
 
     @classmethod
-    def check_devices(cls, accelerator: str, count: int) -> None:
+    def _check_devices(cls, accelerator: str, count: int) -> None:
         if accelerator != "cuda":
             raise _needs_cuda()
 
-    def configure(self, devices: list[torch.device], num_nodes: int, precision: str | Precision) -> None:
-        super().configure(devices, num_nodes, precision)
+    def configure(
+        self,
+        devices: list[torch.device],
+        num_nodes: int,
+        precision: str | Precision,
+        use_distributed_sampler: bool = True,
+        sync_batchnorm: bool = False,
+    ) -> None:
+        super().configure(devices, num_nodes, precision, use_distributed_sampler, sync_batchnorm)
         if num_nodes != 1:
             raise TandemConfigError(
                 f"strategy='dp' runs in one process on one machine; got num_nodes={num_nodes}. "

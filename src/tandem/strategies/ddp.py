@@ -99,8 +99,15 @@ class DDPStrategy(ParallelStrategy):
         self.sync_batchnorm = sync_batchnorm
         self._manual = False  # the module uses manual optimization (set when the module is wrapped)
 
-    def configure(self, devices: list[torch.device], num_nodes: int, precision: str | Precision) -> None:
-        super().configure(devices, num_nodes, precision)
+    def configure(
+        self,
+        devices: list[torch.device],
+        num_nodes: int,
+        precision: str | Precision,
+        use_distributed_sampler: bool = True,
+        sync_batchnorm: bool = False,
+    ) -> None:
+        super().configure(devices, num_nodes, precision, use_distributed_sampler, sync_batchnorm)
         self._check_sync_batchnorm()
 
     def _check_sync_batchnorm(self) -> None:
@@ -111,9 +118,8 @@ class DDPStrategy(ParallelStrategy):
             )
 
     # ------------------------------------------------------------------ set-up
-    def wrap_module(self, module: nn.Module) -> nn.Module:
-        if self.sync_batchnorm:
-            self._check_sync_batchnorm()  # Trainer(sync_batchnorm=True) sets it after configure()
+    def _wrap_module(self, module: nn.Module) -> nn.Module:
+        if self.sync_batchnorm:  # checked in configure()
             module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         step_forward = StepForward(module)

@@ -359,9 +359,3 @@ def threads_per_process(local_processes: int) -> int | None:
         return None
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cpus // max(1, local_processes))
-
-
-def global_seed() -> int:
-    """The seed ``seed_everything`` exported (TANDEM_GLOBAL_SEED), else 0."""
-    value = os.environ.get("TANDEM_GLOBAL_SEED", "")
-    return int(value) if value.isdigit() else 0

@@ -147,8 +147,15 @@ class FSDPStrategy(ParallelStrategy):
         self._recording: list[nn.Module] | None = None
         self._last_step: list[tuple[nn.Module, bool]] = []  # the gathers of the last evaluation step
 
-    def configure(self, devices: list[torch.device], num_nodes: int, precision: str | Precision) -> None:
-        super().configure(devices, num_nodes, precision)
+    def configure(
+        self,
+        devices: list[torch.device],
+        num_nodes: int,
+        precision: str | Precision,
+        use_distributed_sampler: bool = True,
+        sync_batchnorm: bool = False,
+    ) -> None:
+        super().configure(devices, num_nodes, precision, use_distributed_sampler, sync_batchnorm)
         if self.precision.scaler is not None:  # found-inf must agree across the shards: torch's sharded scaler
             from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
@@ -213,7 +220,7 @@ class FSDPStrategy(ParallelStrategy):
         if meta:
             _check_initialisable(module, meta)
         else:
-            module = self.module_to_device(module)
+            module = self._module_to_device(module)
         module = self.precision.convert_module(module)
         checkpointed = _select(module, self.activation_checkpointing_policy, "activation_checkpointing_policy")
         groups = _select(module, self.auto_wrap_policy, "auto_wrap_policy")

@@ -404,8 +404,6 @@ class ScriptLauncher:
         num_processes: processes per node.
     """
 
-    is_interactive_compatible = False
-
     def __init__(self, environment: LocalEnvironment, num_processes: int) -> None:
         self.environment = environment
         self.num_processes = num_processes
@@ -461,7 +459,7 @@ def collect(trainer: Any) -> dict[str, Any]:
         "callback_metrics": apply_to_collection(dict(trainer.callback_metrics), torch.Tensor, _to_cpu),
         "logged_metrics": dict(getattr(trainer, "logged_metrics", {})),
     }
-    loop = getattr(trainer, "_loop", None)  # a Trainer's loop state (as checkpoints save it)
+    loop = getattr(trainer, "fit_loop", None)  # a Trainer's fit loop (its state_dict: what checkpoints save)
     if loop is not None:  # current_epoch and global_step read the fitted values afterwards
         payload["progress"] = loop.state_dict()
     checkpoint = getattr(trainer, "checkpoint_callback", None)
@@ -485,7 +483,7 @@ def apply(trainer: Any, payload: dict[str, Any], module: torch.nn.Module | None)
     if isinstance(logged, dict) and "logged_metrics" in payload:
         logged.clear()
         logged.update(payload["logged_metrics"])
-    loop = getattr(trainer, "_loop", None)
+    loop = getattr(trainer, "fit_loop", None)
     if loop is not None and "progress" in payload:
         loop.load_state_dict(payload["progress"])
     checkpoint = getattr(trainer, "checkpoint_callback", None)
@@ -543,8 +541,6 @@ class SpawnLauncher:
         num_processes: processes per node.
         start_method: a ``torch.multiprocessing`` start method; "spawn" works everywhere.
     """
-
-    is_interactive_compatible = True
 
     def __init__(self, environment: LocalEnvironment, num_processes: int, start_method: str = "spawn") -> None:
         self.environment = environment

@@ -42,7 +42,6 @@ from tandem.strategies.collective_check import (
 from tandem.strategies.environments import (
     ClusterEnvironment,
     LocalEnvironment,
-    global_seed,
     select_environment,
     threads_per_process,
 )
@@ -58,9 +57,9 @@ from tandem.strategies.strategy import ReduceOp, Strategy
 from tandem.utilities.data import has_len, is_iterable_style, rebuild_dataloader
 from tandem.utilities.exceptions import TandemConfigError, bad_choice, incompatible, out_of_range
 from tandem.utilities.rank_zero import rank_zero_warn, set_rank
+from tandem.utilities.seed import global_seed
 
 START_METHODS = ("popen", "spawn")
-_PREEMPTION_WAIT_S = 60.0  # a rank at a pre-emption stop waits this long for every rank to say where it stops
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
 
@@ -111,8 +110,15 @@ class ParallelStrategy(Strategy):
         self.start_method = start_method
         self._environment: ClusterEnvironment | None = None
 
-    def configure(self, devices: list[torch.device], num_nodes: int, precision: str | Precision) -> None:
-        super().configure(devices, num_nodes, precision)
+    def configure(
+        self,
+        devices: list[torch.device],
+        num_nodes: int,
+        precision: str | Precision,
+        use_distributed_sampler: bool = True,
+        sync_batchnorm: bool = False,
+    ) -> None:
+        super().configure(devices, num_nodes, precision, use_distributed_sampler, sync_batchnorm)
         types = {d.type for d in self.parallel_devices}
         cuda = [d for d in self.parallel_devices if d.type == "cuda"]
         if len(types) > 1 or len(cuda) != len({(d.index or 0) for d in cuda}):
@@ -177,10 +183,6 @@ class ParallelStrategy(Strategy):
         return launchers.ScriptLauncher(environment, self.num_processes)
 
     @property
-    def steps_in_lockstep(self) -> bool:
-        return self.world_size > 1
-
-    @property
     def distributed_sampler_kwargs(self) -> dict[str, int] | None:
         if self.world_size == 1:
             return None
@@ -242,11 +244,11 @@ class ParallelStrategy(Strategy):
         self._check("setup")  # wrapping the module (DDP, FSDP) starts with collectives: agree on it first
         super().setup(module)
 
-    def module_to_device(self, module: nn.Module) -> nn.Module:
+    def _module_to_device(self, module: nn.Module) -> nn.Module:
         """Move the module, and give this process its own copy of any tensor it shares with another process:
         ddp_spawn receives the caller's module through shared memory, and without a copy every rank would
         step the same parameters."""
-        module = super().module_to_device(module)
+        module = super()._module_to_device(module)
         with torch.no_grad():
             for tensor in itertools.chain(module.parameters(), module.buffers()):
                 if tensor.device.type == "cpu" and tensor.is_shared():  # CUDA tensors always say shared
@@ -272,18 +274,6 @@ class ParallelStrategy(Strategy):
         guard = current_guard()
         if guard is not None and self.collective_check_timeout is not None:
             guard.check(CallSite.here(op, depth=2), self.collective_check_timeout.total_seconds())
-
-    def preemption_target(self, here: tuple[int, int]) -> tuple[int, int]:
-        """Agreed through the process group's store, not a collective (see collective_check)."""
-        guard = current_guard()
-        if guard is None:
-            return here
-        return guard.preemption_target(here, timeout=_PREEMPTION_WAIT_S)
-
-    def new_preemption_round(self) -> None:
-        guard = current_guard()
-        if guard is not None:
-            guard.new_preemption_round()
 
     def _to_collective_device(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(self.root_device) if self.process_group_backend == "nccl" else tensor

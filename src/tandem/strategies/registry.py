@@ -106,9 +106,17 @@ def resolve_devices(accelerator: str, devices: Any) -> list[torch.device]:
 
 
 def resolve_strategy(
-    strategy: str | Strategy, accelerator: str, devices: Any, num_nodes: int, precision: Any
+    strategy: str | Strategy,
+    accelerator: str,
+    devices: Any,
+    num_nodes: int,
+    precision: Any,
+    *,
+    use_distributed_sampler: bool = True,
+    sync_batchnorm: bool = False,
 ) -> Strategy:
-    """Build (or complete) the Strategy the Trainer's arguments describe."""
+    """Build (or complete) the Strategy the Trainer's arguments describe, in one phase: nothing is set on it
+    afterwards."""
     from tandem.strategies.strategy import Strategy  # the registry is imported by strategy modules
 
     if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes < 1:
@@ -131,6 +139,6 @@ def resolve_strategy(
     device_list = instance.parallel_devices
     if device_list is None:  # the instance leaves the devices to the Trainer's arguments
         device_list = resolve_devices(accelerator, devices)
-        type(instance).check_devices(accelerator, len(device_list))
-    instance.configure(device_list, num_nodes, precision)
+        type(instance)._check_devices(accelerator, len(device_list))
+    instance.configure(device_list, num_nodes, precision, use_distributed_sampler, sync_batchnorm)
     return instance

@@ -41,7 +41,6 @@ ReduceOp = str  # "mean" | "sum" | "max" | "min"
 REDUCE_OPS = ("mean", "sum", "max", "min")
 STAGES = ("fit", "validate", "test", "predict")
 CLIP_ALGORITHMS = ("norm", "value")
-_STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 
 
 class StepForward(nn.Module):
@@ -100,7 +99,7 @@ class Strategy:
 
     # ------------------------------------------------------------------ configuration (no side effects)
     @classmethod
-    def check_devices(cls, accelerator: str, count: int) -> None:
+    def _check_devices(cls, accelerator: str, count: int) -> None:
         """Raise a clear error if this strategy cannot run ``count`` devices of ``accelerator`` in one process."""
         if accelerator not in cls.supported_accelerators:
             supported = " or ".join(repr(a) for a in cls.supported_accelerators)
@@ -111,12 +110,24 @@ class Strategy:
                 "Use strategy='ddp' to train on several devices."
             )
 
-    def configure(self, devices: list[torch.device], num_nodes: int, precision: str | Precision) -> None:
+    def configure(
+        self,
+        devices: list[torch.device],
+        num_nodes: int,
+        precision: str | Precision,
+        use_distributed_sampler: bool = True,
+        sync_batchnorm: bool = False,
+    ) -> None:
         """Fill in what the Trainer's arguments decide and the user's instance left open.
 
         A precision given to the strategy wins over the Trainer's default; two different precisions are
-        an error.
+        an error. ``Trainer(use_distributed_sampler=False)`` and ``Trainer(sync_batchnorm=True)`` arrive here,
+        in the one construction phase (nothing is set on the strategy after it): either side turning sampler
+        injection off turns it off, either side asking for SyncBatchNorm asks for it (strategies with one
+        process ignore it).
         """
+        self.use_distributed_sampler = self.use_distributed_sampler and use_distributed_sampler
+        self.sync_batchnorm = self.sync_batchnorm or sync_batchnorm
         if self.parallel_devices is None:
             self.parallel_devices = devices
         self.num_nodes = num_nodes
@@ -152,13 +163,6 @@ class Strategy:
         """``num_replicas`` and ``rank`` of this process's share of the data, or None when the data needs no
         sharding (one process). :meth:`process_dataloader` shards with these."""
         return None
-
-    @property
-    def steps_in_lockstep(self) -> bool:
-        """Whether the training steps of the processes are collectives (several processes), so that every rank
-        must run the same number of training batches. The loop then evens an epoch whose length it cannot count
-        (an iterable dataset, a sampler without ``__len__``) with :meth:`ranks_with_batch`."""
-        return False
 
     @property
     def global_rank(self) -> int:
@@ -205,13 +209,13 @@ class Strategy:
         self._setup(module)
 
     def _setup(self, module: nn.Module) -> None:
-        self._module = self.precision.convert_module(self.module_to_device(module))
-        self._model = self.wrap_module(self._module)
+        self._module = self.precision.convert_module(self._module_to_device(module))
+        self._model = self._wrap_module(self._module)
 
-    def module_to_device(self, module: nn.Module) -> nn.Module:
+    def _module_to_device(self, module: nn.Module) -> nn.Module:
         return module.to(self.root_device)
 
-    def wrap_module(self, module: nn.Module) -> nn.Module:
+    def _wrap_module(self, module: nn.Module) -> nn.Module:
         """The object the steps run through; the default is the module itself."""
         return module
 
@@ -287,12 +291,8 @@ class Strategy:
         ``manual_backward`` call."""
         self.precision.backward(loss, *args, **kwargs)
 
-    def unscale_gradients(self, optimizer: Optimizer) -> None:
-        """Undo float16 loss scaling once per step, before hooks and clipping read the gradients."""
-        self.precision.unscale_gradients(optimizer)
-
     def clip_gradients(self, optimizer: Optimizer, value: float, algorithm: str = "norm") -> None:
-        """Clip ``optimizer``'s gradients; call after :meth:`unscale_gradients`.
+        """Clip ``optimizer``'s gradients; call after ``precision.unscale_gradients(optimizer)``.
 
         Args:
             optimizer: whose parameters' gradients to clip.
@@ -362,7 +362,7 @@ class Strategy:
 
     def ranks_with_batch(self, has_batch: bool) -> list[bool]:
         """Which ranks have a next training batch, in rank order; every process calls this. One small
-        all-reduce, asked before each batch of an epoch of unknown length when :attr:`steps_in_lockstep`."""
+        all-reduce, asked before each batch of an epoch of unknown length when several processes train."""
         return self._ranks_with_batch(bool(has_batch))
 
     def _ranks_with_batch(self, has_batch: bool) -> list[bool]:
@@ -376,20 +376,6 @@ class Strategy:
 
     def _barrier(self, name: str | None) -> None:
         pass
-
-    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
-        """Whether every rank (``all=True``) or any rank (``all=False``) decided ``True``."""
-        votes = int(self.reduce(torch.tensor(int(bool(decision))), "sum"))
-        return votes == self.world_size if all else votes > 0
-
-    def preemption_target(self, here: tuple[int, int]) -> tuple[int, int]:
-        """After a pre-emption signal, at a point where training may stop (``here``: epoch, batches done in
-        it): the position every rank stops at, at or after ``here``. One process stops where it is."""
-        return here
-
-    def new_preemption_round(self) -> None:
-        """Called on every rank at the start of each fit and after each pre-emption stop: the ranks agree on
-        each stop afresh."""
 
     # ------------------------------------------------------------------ checkpoint state
     def module_state_dict(self) -> dict[str, Any]:
@@ -436,6 +422,13 @@ class Strategy:
                 shutil.rmtree(path, ignore_errors=True)
             else:
                 path.unlink(missing_ok=True)
+
+
+def reduce_boolean_decision(strategy: Strategy, decision: bool, all: bool = True) -> bool:
+    """Whether every rank (``all=True``) or any rank (``all=False``) decided ``True``; every process calls this
+    (one ``reduce`` of one number)."""
+    votes = int(strategy.reduce(torch.tensor(int(bool(decision))), "sum"))
+    return votes == strategy.world_size if all else votes > 0
 
 
 def sharded_checkpoint_error(path: str | Path, strategy: str) -> CheckpointError:

@@ -32,17 +32,17 @@ def checkpoint_state(trainer: Trainer, weights_only: bool = False) -> dict[str, 
         checkpoint["datamodule_hparams"] = dict(trainer.datamodule.hparams)
     if not weights_only:
         checkpoint.update(
-            loops=trainer._loop.state_dict(),
-            train_metrics=trainer._metrics.state_dict(),
+            loops=trainer.fit_loop.state_dict(),
+            train_metrics=trainer.metric_collector.state_dict(),
             optimizer_states=[trainer.strategy.optimizer_state(o) for o in trainer.optimizers],
-            lr_schedulers=[c.scheduler.state_dict() for c in trainer._optimization.lr_scheduler_configs],
+            lr_schedulers=[c.scheduler.state_dict() for c in trainer.lr_scheduler_configs],
             precision=trainer.strategy.precision.state_dict(),
             callbacks={c.state_key: c.state_dict() for c in trainer.callbacks},
             rng_states=capture_rng_state(),
         )
         if trainer.datamodule is not None:
             checkpoint["datamodule"] = trainer.datamodule.state_dict()
-    trainer._call("on_save_checkpoint", checkpoint)
+    trainer.call_hook("on_save_checkpoint", checkpoint)
     return checkpoint
 
 
@@ -53,7 +53,7 @@ def restore(trainer: Trainer, ckpt_path: str | os.PathLike, fn: str) -> None:
         return
     checkpoint = trainer.strategy.load_checkpoint(path)
     module = trainer.strategy.module
-    trainer._call("on_load_checkpoint", checkpoint)
+    trainer.call_hook("on_load_checkpoint", checkpoint)
     try:
         trainer.strategy.load_module_state_dict(checkpoint["state_dict"])
     except RuntimeError as err:
@@ -67,16 +67,15 @@ def restore(trainer: Trainer, ckpt_path: str | os.PathLike, fn: str) -> None:
             f"{type(module).__name__}.load_from_checkpoint(path)) and fit without ckpt_path."
         )
     saved, optimizers = checkpoint["optimizer_states"], trainer.optimizers
-    schedulers = trainer._optimization.lr_scheduler_configs
+    schedulers = trainer.lr_scheduler_configs
     if len(saved) != len(optimizers) or len(checkpoint["lr_schedulers"]) != len(schedulers):
         raise TandemConfigError(
             f"Checkpoint {str(path)!r} holds {len(saved)} optimizer(s) and {len(checkpoint['lr_schedulers'])} "
             f"scheduler(s), but configure_optimizers returned {len(optimizers)} and {len(schedulers)}. Resume "
             "with the configure_optimizers the checkpoint was trained with."
         )
-    trainer._loop.load_state_dict(checkpoint["loops"])
-    if trainer._loop.batches_done:  # mid-epoch: the epoch's partial metric sums come back too
-        trainer._loop.resume_train_metrics = checkpoint.get("train_metrics")
+    # mid-epoch: the epoch's partial metric sums come back too; the RNG states where the loop reaches their point
+    trainer.fit_loop.load_state_dict(checkpoint["loops"], checkpoint.get("train_metrics"), checkpoint.get("rng_states"))
     for optimizer, state in zip(optimizers, saved):
         trainer.strategy.load_optimizer_state(optimizer, state)
     for config, state in zip(schedulers, checkpoint["lr_schedulers"]):
@@ -88,7 +87,6 @@ def restore(trainer: Trainer, ckpt_path: str | os.PathLike, fn: str) -> None:
             callback.load_state_dict(saved_callbacks[callback.state_key])
     if trainer.datamodule is not None and "datamodule" in checkpoint:
         trainer.datamodule.load_state_dict(checkpoint["datamodule"])
-    trainer._loop.resume_rng = checkpoint.get("rng_states")
 
 
 def best_checkpoint(trainer: Trainer) -> str | None:

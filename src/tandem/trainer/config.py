@@ -7,9 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tandem.strategies.precision import Precision
+from tandem.strategies.strategy import CLIP_ALGORITHMS
 from tandem.utilities.exceptions import TandemConfigError, bad_choice, out_of_range
-
-CLIP_ALGORITHMS = ("norm", "value")
 
 
 def _check_limit(name: str, value: int | float) -> int | float:
@@ -51,6 +50,11 @@ class TrainerConfig:
     log_every_n_steps: int = 50
     fast_dev_run: bool | int = False
     precision: str | int = "32-true"
+
+    @property
+    def sanity_steps(self) -> int | float:
+        """Validation batches per loader the sanity check runs (``math.inf`` for -1: all)."""
+        return math.inf if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
 
     def __post_init__(self) -> None:
         if self.max_steps is None:

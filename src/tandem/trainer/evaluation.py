@@ -1,4 +1,4 @@
-"""Evaluation: one pass over a stage's loaders (validation, test or predict), and the results table that
+"""Evaluation: the loop that runs one pass over a stage's loaders (validation, test or predict), and the results table that
 ``validate`` / ``test`` print.
 
 With several loaders, each runs in turn; the step and the batch hooks get ``dataloader_idx`` and values
@@ -15,76 +15,93 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tandem.trainer.data import check_dataloader_idx, takes_batch_idx
+from tandem.trainer.hooks import running_hook
+from tandem.trainer.state import EVAL_STAGES, StageData
 from tandem.utilities.logged_values import to_float
 
 if TYPE_CHECKING:
+    from tandem.trainer.loops import LoopContext
     from tandem.trainer.state import StageNames
-    from tandem.trainer.trainer import Trainer
 
 _SUFFIX = "/dataloader_idx_"
 
 
-def run_evaluation(trainer: Trainer, stage: str, sanity: bool = False) -> Any:
-    """One pass over ``stage``'s loaders. Returns one dict of epoch metrics per loader, or the predictions
-    (one list per loader when there are several; None when ``return_predictions`` is off)."""
-    strategy, metrics, data = trainer.strategy, trainer._metrics, trainer._eval[stage]
-    names, module = data.names, strategy.module
-    counts = [min(trainer._sanity_steps, n) for n in data.num_batches] if sanity else data.num_batches
-    several = check_dataloader_idx(module, names, data.several)
-    keep = stage == "predict" and trainer._return_predictions
-    was_training = module.training
-    module.eval()
-    metrics.stage = stage
-    trainer.state.stage = "sanity_check" if sanity else stage
-    metrics.reset()
-    if sanity:
-        trainer._call("on_sanity_check_start")
-    trainer._call(names.hook("start"))
-    trainer._call(names.hook("epoch_start"))
-    predictions: list[Any] = []
-    with torch.no_grad():
-        for index, (loader, count) in enumerate(zip(data.loaders, counts)):
-            metrics.dataloader_idx = index if several else None
-            outputs = _run_loader(trainer, names, loader, count, (index,) if several else (), keep)
-            if keep:  # every rank's predictions, in dataset order (a collective: all ranks run it)
-                predictions.append(strategy.gather_predictions(outputs, loader))
-    metrics.dataloader_idx = None
-    trainer._call(names.hook("epoch_end"))
-    epoch_metrics = metrics.epoch_metrics() if stage != "predict" else {}
-    trainer._call(names.hook("end"))
-    if sanity:
-        trainer._call("on_sanity_check_end")
-        metrics.clear_published()
-    elif epoch_metrics:
-        trainer.log_metrics(epoch_metrics)
-    module.train(was_training)
-    if stage == "predict":
-        return (predictions if several else predictions[0]) if keep else None
-    return per_dataloader(to_float(metrics.stage_values()), len(data.loaders))
+class EvaluationLoop:
+    """Runs the evaluation stages and owns their records (one :class:`StageData` per stage: loaders, counts,
+    the shape the user gave them in).
 
+    Args:
+        context: what the loops work with (strategy, hooks, collector, config, log sink).
+    """
 
-def _run_loader(
-    trainer: Trainer, names: StageNames, loader: Any, count: int | float, extra: tuple[int, ...], keep: bool
-) -> list[Any]:
-    """The batches of one loader; ``extra`` is ``(dataloader_idx,)`` when there are several loaders."""
-    strategy, metrics, transfer = trainer.strategy, trainer._metrics, trainer._batch_transfer
-    step, start, end = names.step, names.hook("batch_start"), names.hook("batch_end")
-    index = extra[0] if extra else 0
-    with_batch_idx = takes_batch_idx(getattr(strategy.module, step))
-    outputs: list[Any] = []
-    for batch_idx, batch in enumerate(strategy.evaluation_batches(loader, count)):  # FSDP keeps ranks in step
-        batch = strategy.batch_to_device(batch) if transfer is None else transfer(batch, index)
-        metrics.set_batch(batch)
-        trainer._call(start, batch, batch_idx, *extra)
-        metrics.hook = step
-        if with_batch_idx:
-            output = strategy.run_step(step, batch, batch_idx, *extra)
-        else:
-            output = strategy.run_step(step, batch, *extra)
-        if keep:
-            outputs.append(output)
-        trainer._call(end, output, batch, batch_idx, *extra)
-    return outputs
+    def __init__(self, context: LoopContext) -> None:
+        self.context = context
+        self.records: dict[str, StageData] = {fn: StageData(names) for fn, names in EVAL_STAGES.items()}
+        self.batch_transfer: Any = None  # the batch-transfer hooks of the module or DataModule, when overridden
+        self.return_predictions = True
+
+    def run(self, stage: str, sanity: bool = False) -> Any:
+        """One pass over ``stage``'s loaders. Returns one dict of epoch metrics per loader, or the predictions
+        (one list per loader when there are several; None when ``return_predictions`` is off)."""
+        context, data = self.context, self.records[stage]
+        strategy, metrics, hooks = context.strategy, context.metrics, context.hooks
+        names, module = data.names, strategy.module
+        counts = [min(context.config.sanity_steps, n) for n in data.num_batches] if sanity else data.num_batches
+        several = check_dataloader_idx(module, names, data.several)
+        keep = stage == "predict" and self.return_predictions
+        was_training = module.training
+        module.eval()
+        with hooks.running("sanity_check" if sanity else stage):
+            metrics.reset()
+            if sanity:
+                hooks.call("on_sanity_check_start")
+            hooks.call(names.hook("start"))
+            hooks.call(names.hook("epoch_start"))
+            predictions: list[Any] = []
+            with torch.no_grad():
+                for index, (loader, count) in enumerate(zip(data.loaders, counts)):
+                    metrics.dataloader_idx = index if several else None
+                    outputs = self._run_loader(names, loader, count, (index,) if several else (), keep)
+                    if keep:  # every rank's predictions, in dataset order (a collective: all ranks run it)
+                        predictions.append(strategy.gather_predictions(outputs, loader))
+            metrics.dataloader_idx = None
+            hooks.call(names.hook("epoch_end"))
+            epoch_metrics = metrics.epoch_metrics() if stage != "predict" else {}
+            hooks.call(names.hook("end"))
+            if sanity:
+                hooks.call("on_sanity_check_end")
+                metrics.clear_published()
+            elif epoch_metrics:
+                context.sink.log_metrics(epoch_metrics)
+            values = metrics.stage_values()
+        module.train(was_training)
+        if stage == "predict":
+            return (predictions if several else predictions[0]) if keep else None
+        return per_dataloader(to_float(values), len(data.loaders))
+
+    def _run_loader(
+        self, names: StageNames, loader: Any, count: int | float, extra: tuple[int, ...], keep: bool
+    ) -> list[Any]:
+        """The batches of one loader; ``extra`` is ``(dataloader_idx,)`` when there are several loaders."""
+        strategy, metrics, hooks = self.context.strategy, self.context.metrics, self.context.hooks
+        transfer = self.batch_transfer
+        step, start, end = names.step, names.hook("batch_start"), names.hook("batch_end")
+        index = extra[0] if extra else 0
+        with_batch_idx = takes_batch_idx(getattr(strategy.module, step))
+        outputs: list[Any] = []
+        for batch_idx, batch in enumerate(strategy.evaluation_batches(loader, count)):  # FSDP keeps ranks in step
+            batch = strategy.batch_to_device(batch) if transfer is None else transfer(batch, index)
+            metrics.set_batch(batch)
+            hooks.call(start, batch, batch_idx, *extra)
+            with running_hook(step):
+                if with_batch_idx:
+                    output = strategy.run_step(step, batch, batch_idx, *extra)
+                else:
+                    output = strategy.run_step(step, batch, *extra)
+            if keep:
+                outputs.append(output)
+            hooks.call(end, output, batch, batch_idx, *extra)
+        return outputs
 
 
 def per_dataloader(values: dict[str, float], count: int) -> list[dict[str, float]]:

@@ -21,26 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tandem.trainer.hooks import current_hook, logs_per_step
 from tandem.utilities.exceptions import TandemUserCodeError, bad_choice
-from tandem.utilities.logged_values import is_metric, replica_logs
+from tandem.utilities.logged_values import is_metric, replica_logs, to_float
 
 if TYPE_CHECKING:
     from tandem.strategies.strategy import Strategy
+    from tandem.trainer.state import LoopState, TrainerState
 
 REDUCE_FX = ("mean", "sum", "max", "min")
-
-# Hooks whose self.log calls default to on_step=True, on_epoch=False (everything else: the reverse).
-_STEP_HOOKS = frozenset(
-    {
-        "training_step",
-        "on_train_batch_start",
-        "on_train_batch_end",
-        "on_before_backward",
-        "on_after_backward",
-        "on_before_optimizer_step",
-        "on_before_zero_grad",
-    }
-)
 
 
 @dataclass
@@ -73,8 +62,20 @@ class _Entry:
             self.total = value if self.total is None else pick(self.total, value)
 
 
+@dataclass
+class PublishedStep:
+    """One publishing round of step values: what goes to the loggers, and each process's verdict on its loss
+    (finite or not, in rank order), which travels in the same gathering as the names (no collective of its own)."""
+
+    values: dict[str, torch.Tensor]
+    loss_finite: list[bool]
+
+
 class MetricCollector:
     """Collects ``self.log`` values for one stage at a time and publishes them.
+
+    The stage is the Trainer's (``state.stage``: the sanity check's values are validation values), the hook
+    the dispatcher's (:func:`~tandem.trainer.hooks.current_hook`); the collector keeps neither.
 
     Attributes:
         callback_metrics: every latest value (step and epoch), what callbacks monitor.
@@ -82,18 +83,24 @@ class MetricCollector:
         progress_bar_metrics: the ``prog_bar=True`` values.
     """
 
-    def __init__(self, strategy: Strategy) -> None:
+    def __init__(self, strategy: Strategy, state: TrainerState) -> None:
         self._strategy = strategy  # its collectives reduce sync_dist values (see reduce_by_name)
+        self._state = state
         self._stores: dict[str, dict[str, _Entry]] = {}  # per stage: "train", "validate", "test", "predict"
-        self.stage = "train"
         self._epoch_values: dict[str, dict[str, torch.Tensor]] = {}
-        self.hook: str | None = None  # the hook now running, which sets the on_step / on_epoch defaults
         self.batch: Any = None  # the batch now running, for inferring batch sizes
         self.dataloader_idx: int | None = None  # with several evaluation loaders: the one now running
         self._batch_size: int | None = None
         self.callback_metrics: dict[str, torch.Tensor] = {}
         self.logged_metrics: dict[str, float] = {}
         self.progress_bar_metrics: dict[str, torch.Tensor] = {}
+
+    @property
+    def stage(self) -> str:
+        """The store the current values belong to: the Trainer's stage ("validate" during the sanity check,
+        "train" outside any stage)."""
+        stage = self._state.stage
+        return _STORE.get(stage, stage) if stage is not None else "train"
 
     # ------------------------------------------------------------------ collecting
     def set_batch(self, batch: Any) -> None:
@@ -135,7 +142,7 @@ class MetricCollector:
         if rank_zero_only:  # logged on rank 0 alone: a collective would wait for the others forever
             sync_dist = False
         if on_step is None or on_epoch is None:
-            in_step_hook = self.hook in _STEP_HOOKS
+            in_step_hook = logs_per_step(current_hook())
             on_step = in_step_hook if on_step is None else on_step
             on_epoch = (not in_step_hook) if on_epoch is None else on_epoch
         if isinstance(value, torch.Tensor) and value.ndim == 0:  # the common case, kept cheap
@@ -144,9 +151,10 @@ class MetricCollector:
             metric = value if is_metric(value) else None
             if metric is None:
                 value = self._as_tensor(name, value)
-        entries = self._stores.get(self.stage)
+        stage = self.stage
+        entries = self._stores.get(stage)
         if entries is None:
-            entries = self._stores[self.stage] = {}
+            entries = self._stores[stage] = {}
         entry = entries.get(name)
         if entry is None:
             entry = entries[name] = _Entry(on_step, on_epoch, prog_bar, logger, sync_dist, reduce_fx, metric=metric)
@@ -160,7 +168,7 @@ class MetricCollector:
             # A synced step value is reduced when the step's values are published (step_metrics), paired
             # by name. Evaluation ranks run different numbers of batches (every sample exactly once), so
             # evaluation step values stay per rank; their epoch values are reduced.
-            entry.step_unsynced = sync_dist and on_step and self.stage == "train"
+            entry.step_unsynced = sync_dist and on_step and stage == "train"
             if on_epoch:
                 weight = batch_size if batch_size is not None else self._current_batch_size()
                 entry.accumulate(value, max(weight, 1) if reduce_fx == "mean" else 1)
@@ -204,22 +212,19 @@ class MetricCollector:
     def _distributed(self) -> bool:
         return self._strategy.world_size > 1
 
-    def step_metrics(self, note: Any = None) -> tuple[dict[str, torch.Tensor], list[Any]]:
+    def publish_step(self, loss_finite: bool = True) -> PublishedStep:
         """Publish the step values: reduce the ``sync_dist`` ones across processes (every process calls
         this at the same step), then return those logged with on_step since the last call, for the
-        loggers, and clear the 'updated' marks.
-
-        ``note``, a small picklable value, travels with the processes' agreement on names (no collective of
-        its own); every process's note comes back, in rank order (``[note]`` in one process).
-        """
+        loggers, and clear the 'updated' marks. ``loss_finite`` (this process's verdict on the step's loss)
+        comes back from every process, in rank order."""
         entries = self._stores.get(self.stage, {})
-        notes = self._sync(entries, epoch=False, note=note) if self._distributed else [note]
+        verdicts = self._sync(entries, epoch=False, loss_finite=loss_finite) if self._distributed else [loss_finite]
         out = {}
         for name, entry in entries.items():
             if entry.updated and entry.on_step and entry.logger and entry.step_value is not None:
                 out[f"{name}_step" if entry.on_epoch else name] = entry.step_value
             entry.updated = False
-        return out, notes
+        return PublishedStep(out, verdicts)
 
     def epoch_metrics(self) -> dict[str, torch.Tensor]:
         """Aggregate every on_epoch value of the stage (reducing across processes where asked; every
@@ -263,14 +268,14 @@ class MetricCollector:
             return None
         return entry.total / entry.count if entry.reduce_fx == "mean" else entry.total
 
-    def _sync(self, entries: dict[str, _Entry], epoch: bool, note: Any = None) -> list[Any]:
+    def _sync(self, entries: dict[str, _Entry], epoch: bool, loss_finite: bool = True) -> list[bool]:
         """Reduce across processes, by name, every value some process needs reduced now.
 
         Epoch ends (``epoch=True``): synced epoch aggregates and torchmetrics ``Metric`` objects logged
         since they were last computed on any process, plus synced step values not yet reduced. Publishing
         steps: the synced step values. A process that never logged a name contributes the identity and
-        receives the result (its entry is created with the options the other processes used). ``note`` is
-        gathered with the names; every process's note is returned, in rank order.
+        receives the result (its entry is created with the options the other processes used). ``loss_finite``
+        is gathered with the names; every process's is returned, in rank order.
         """
         mine: dict[str, tuple[str, bool, tuple[bool, bool, bool, bool]]] = {}
         for name, entry in entries.items():
@@ -283,8 +288,8 @@ class MetricCollector:
                 mine[f"metric/{name}"] = ("metric", entry.dirty, flags)
             elif entry.sync_dist and (entry.total is not None or entry.dirty):
                 mine[f"epoch/{name}"] = (entry.reduce_fx, entry.dirty, flags)
-        gathered = self._strategy.all_gather_object((mine, note))
-        everyone, notes = [g[0] for g in gathered], [g[1] for g in gathered]
+        gathered = self._strategy.all_gather_object((mine, loss_finite))
+        everyone, verdicts = [g[0] for g in gathered], [g[1] for g in gathered]
         wanted = _agree(everyone)
         for key in wanted:  # decided from what every process sent: all raise together, none hangs
             if key.startswith("metric/") and not all(key in theirs for theirs in everyone):
@@ -310,7 +315,7 @@ class MetricCollector:
                 entry.epoch_value, entry.dirty = reduced[key], False
             elif reduced[key] is not None:
                 self._publish_step(name, entry, reduced[key])
-        return notes
+        return verdicts
 
     def _publish_step(self, name: str, entry: _Entry, value: torch.Tensor) -> None:
         entry.step_value, entry.step_unsynced = value, False
@@ -337,6 +342,40 @@ class MetricCollector:
             for name, e in self._stores.get("train", {}).items()
             if e.metric is None
         }
+
+
+_STORE = {"sanity_check": "validate"}
+
+
+class LogSink:
+    """Where logged numbers go: every logger (on global rank 0) and ``trainer.logged_metrics``.
+
+    Args:
+        loggers: the Trainer's loggers.
+        collector: whose ``logged_metrics`` record what was sent.
+        strategy: says which process is global rank 0.
+        loop: the training loop's state, whose ``batches_stepped`` is the default step and ``epoch`` the epoch.
+    """
+
+    def __init__(self, loggers: list[Any], collector: MetricCollector, strategy: Strategy, loop: LoopState) -> None:
+        self.loggers = loggers
+        self._collector, self._strategy, self._loop = collector, strategy, loop
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        """See :meth:`tandem.Trainer.log_metrics`."""
+        if not metrics:
+            return
+        values = to_float(dict(metrics))
+        self._collector.logged_metrics.update(values)
+        if step is None:  # as Lightning: every row says its epoch (metrics.csv gets an epoch column)
+            values.setdefault("epoch", self._loop.epoch)
+        if self.loggers and self._strategy.is_global_zero:
+            for logger in self.loggers:
+                logger.log_metrics(values, step=self._loop.batches_stepped if step is None else step)
+
+    def save(self) -> None:
+        for logger in self.loggers:
+            logger.save()
 
 
 # ---------------------------------------------------------------------- reduction across processes, by name

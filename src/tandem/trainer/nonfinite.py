@@ -36,7 +36,8 @@ from tandem.utilities.exceptions import bad_choice, non_finite, non_finite_advic
 from tandem.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
-    from tandem.trainer.trainer import Trainer
+    from tandem.strategies.strategy import Strategy
+    from tandem.trainer.config import TrainerConfig
 
 ON_NONFINITE = ("raise", "warn")
 _SHOWN = 5  # names listed in a message
@@ -78,10 +79,13 @@ class NonFiniteGuard:
 
     Args:
         reaction: ``"raise"`` or ``"warn"`` (``Trainer(on_nonfinite=...)``).
+        strategy: the Trainer's (its process count and precision shape the messages and the float16 rule).
+        config: the Trainer's loop settings (``log_every_n_steps`` is named in messages).
     """
 
-    def __init__(self, reaction: str = "raise") -> None:
+    def __init__(self, reaction: str, strategy: Strategy, config: TrainerConfig) -> None:
         self.reaction = check_reaction(reaction)
+        self._strategy, self._config = strategy, config
         self.reset()
 
     def reset(self) -> None:
@@ -92,54 +96,55 @@ class NonFiniteGuard:
         self._save_warned = False  # "warn": a skipped save was reported (later ones are skipped quietly)
 
     # ------------------------------------------------------------------ the loss, at publishing steps
-    def check_loss(self, trainer: Trainer, finite: list[bool], published: Mapping[str, Any]) -> None:
-        """Act on the losses read at this publishing step (:func:`loss_is_finite` of every process, in rank
+    def check_loss(self, finite: list[bool], published: Mapping[str, Any], step: int) -> None:
+        """Act on the losses read at publishing step ``step`` (:func:`loss_is_finite` of every process, in rank
         order: the same list on every rank, so every rank decides alike). ``published``: the step's values."""
-        step = trainer.global_step
+        several = self._strategy.world_size > 1
         ranks = [rank for rank, ok in enumerate(finite) if not ok]
         if not ranks:
             self.last_finite_step, self._pending = step, None
             return
-        scaled = trainer.strategy.precision.scaler is not None
+        scaled = self._strategy.precision.scaler is not None
         if scaled and self._pending is None:  # the scaler skipped the step; act if the next check sees it too
             self._pending = (step, ranks)
             return
         first, first_ranks = self._pending or (step, ranks)
-        where = f" on rank(s) {sorted(set(first_ranks) | set(ranks))}" if trainer.world_size > 1 else ""
+        where = f" on rank(s) {sorted(set(first_ranks) | set(ranks))}" if several else ""
         found = f"the loss returned by training_step was NaN or inf at global step {first}{where}"
         if scaled:
             found += (
                 f" and again at step {step}, the next step checked: the GradScaler skips such steps, and these do "
                 "not recover"
             )
-        found += f"{self._since(trainer, first)}."
+        found += f"{self._since(first)}."
         others = sorted(name for name, value in published.items() if not math.isfinite(float(value)))
         if others:
-            here = " on this rank" if trainer.world_size > 1 else ""
+            here = " on this rank" if several else ""
             found += f" Logged values that were NaN or inf at step {step}{here}: {_names(others)}."
-        self._react(trainer, found)
+        self._react(found)
 
     # ------------------------------------------------------------------ the parameters
-    def check_epoch_end(self, trainer: Trainer, names: list[str], anywhere: bool) -> None:
-        """Act on the parameters checked at the end of a training epoch (``anywhere``: on any rank, agreed)."""
+    def check_epoch_end(self, names: list[str], anywhere: bool, epoch: int, step: int) -> None:
+        """Act on the parameters checked at the end of training epoch ``epoch`` (``anywhere``: on any rank,
+        agreed)."""
         if anywhere:
             found = (
-                f"parameters hold NaN or inf at the end of epoch {trainer.current_epoch} (global step "
-                f"{trainer.global_step}){self._since(trainer, trainer.global_step)}: {_names(names)}."
+                f"parameters hold NaN or inf at the end of epoch {epoch} (global step "
+                f"{step}){self._since(step)}: {_names(names)}."
             )
-            self._react(trainer, found)
+            self._react(found)
 
-    def refuse_save(self, trainer: Trainer, names: list[str], path: str | os.PathLike) -> None:
+    def refuse_save(self, names: list[str], path: str | os.PathLike, step: int) -> None:
         """The parameters hold NaN or inf (on some rank, agreed) where a checkpoint was to be written: raise, or
         warn that the save is skipped (the first time in a fit)."""
         found = (
-            f"parameters hold NaN or inf at global step {trainer.global_step}: {_names(names)}. Checkpoint "
+            f"parameters hold NaN or inf at global step {step}: {_names(names)}. Checkpoint "
             f"{os.fspath(path)!r} was not written (a file already there is left as it was)."
         )
         if self.reaction == "raise":
-            raise non_finite(found, trainer.precision)
+            raise non_finite(found, self._precision)
         if self.found is None:
-            self._react(trainer, found)
+            self._react(found)
         elif not self._save_warned:
             rank_zero_warn(
                 f"on_nonfinite='warn': {found} Later checkpoints are skipped without a warning while the parameters "
@@ -148,21 +153,25 @@ class NonFiniteGuard:
         self._save_warned = True
 
     # ------------------------------------------------------------------ reacting
-    def _react(self, trainer: Trainer, found: str) -> None:
+    @property
+    def _precision(self) -> str:
+        return self._strategy.precision.precision
+
+    def _react(self, found: str) -> None:
         if self.reaction == "raise":
-            raise non_finite(found, trainer.precision)
+            raise non_finite(found, self._precision)
         if self.found is None:  # warn once per fit; each skipped checkpoint warns on its own
             self.found = found
             rank_zero_warn(
                 f"NaN or inf in training: {found} Training goes on (Trainer(on_nonfinite='warn')); no checkpoint is "
-                f"written while the parameters hold NaN or inf. {non_finite_advice(trainer.precision)}"
+                f"written while the parameters hold NaN or inf. {non_finite_advice(self._precision)}"
             )
 
-    def _since(self, trainer: Trainer, step: int) -> str:
+    def _since(self, step: int) -> str:
         last = self.last_finite_step
         if last is None or last >= step:
             return ""
-        every = trainer.log_every_n_steps
+        every = self._config.log_every_n_steps
         return f" (the check before, at step {last}, found the loss finite; it is read every {every} steps)"
 
 

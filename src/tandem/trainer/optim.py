@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
-from tandem.module import is_overridden
-from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError, bad_choice, incompatible
+from tandem.utilities.exceptions import TandemUserCodeError, bad_choice, incompatible
 from tandem.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
@@ -20,7 +19,6 @@ if TYPE_CHECKING:
     from tandem.trainer.config import TrainerConfig
 
 INTERVALS = ("epoch", "step")
-CLIP_ALGORITHMS = ("norm", "value")
 _SCHEDULER_KEYS = ("scheduler", "interval", "frequency", "monitor", "strict", "name", "reduce_on_plateau")
 _SHAPES = (
     "an optimizer; a list of optimizers; {'optimizer': opt, 'lr_scheduler': scheduler, 'monitor': 'val_loss'} "
@@ -41,22 +39,6 @@ class LRSchedulerConfig:
     strict: bool = True
     name: str | None = None
     reduce_on_plateau: bool = False
-
-
-@dataclass
-class Optimization:
-    """How a fit optimizes: its optimizers and schedulers, automatic or manual, and the module's overrides
-    that the loops call (decided once per fit, so the per-step path asks nothing)."""
-
-    optimizers: list[Optimizer] = field(default_factory=list)
-    lr_scheduler_configs: list[LRSchedulerConfig] = field(default_factory=list)
-    automatic: bool = True
-    wrapped: list[TrainingOptimizer] = field(default_factory=list)  # what self.optimizers() returns
-    has_gradients: bool = False  # backward ran since the last optimizer step (automatic)
-    optimizer_step: Callable[..., Any] | None = None  # the module's optimizer_step override
-    zero_grad: Callable[..., Any] | None = None  # the module's optimizer_zero_grad override
-    clip: Callable[[Optimizer], None] | None = None  # clipping before each automatic step, if any
-    last_step_taken: bool = False  # the latest wrapped step() was not skipped by the float16 scaler
 
 
 def check_manual_optimization(module: TrainingModule, strategy: Strategy, config: TrainerConfig) -> None:
@@ -81,34 +63,6 @@ def check_manual_optimization(module: TrainingModule, strategy: Strategy, config
             "the step runs in replicas of the module, so manual_backward and opt.step() would run once per replica",
             "Use strategy='ddp' (one process per device).",
         )
-
-
-def configure_optimization(module: TrainingModule, strategy: Strategy, config: TrainerConfig) -> Optimization:
-    """The fit's :class:`Optimization`: ``configure_optimizers`` parsed, the optimizers set up by the strategy,
-    and the module's overrides the loops will call (None where the module keeps the default)."""
-    automatic = module.automatic_optimization
-    optimizers, schedulers = parse_optimizers(module.configure_optimizers(), automatic)
-    optimizers = strategy.setup_optimizers(optimizers)
-    clip = None
-    if automatic and is_overridden(module, "configure_gradient_clipping"):
-
-        def clip(optimizer: Optimizer) -> None:
-            module.configure_gradient_clipping(optimizer, config.gradient_clip_val, config.gradient_clip_algorithm)
-
-    elif automatic and config.gradient_clip_val is not None:
-        value, algorithm = config.gradient_clip_val, config.gradient_clip_algorithm or "norm"
-
-        def clip(optimizer: Optimizer) -> None:
-            strategy.clip_gradients(optimizer, value, algorithm)
-
-    return Optimization(
-        optimizers,
-        schedulers,
-        automatic,
-        optimizer_step=module.optimizer_step if automatic and is_overridden(module, "optimizer_step") else None,
-        zero_grad=module.optimizer_zero_grad if is_overridden(module, "optimizer_zero_grad") else None,
-        clip=clip,
-    )
 
 
 def _wrong(got: Any, why: str) -> TandemUserCodeError:
@@ -208,32 +162,6 @@ def _parse_scheduler(entry: Any, monitor: str | None, automatic: bool) -> LRSche
     return config
 
 
-def resolve_clipping(
-    value: float | None, algorithm: str | None, trainer_value: float | None, trainer_algorithm: str | None
-) -> tuple[float, str]:
-    """The clipping ``self.clip_gradients`` applies: its arguments, else the Trainer's; both set and
-    different is an error (as in Lightning)."""
-    if value is None:
-        value = trainer_value or 0.0
-    elif trainer_value is not None and trainer_value != value:
-        raise TandemConfigError(
-            f"Trainer(gradient_clip_val={trainer_value!r}) and clip_gradients(gradient_clip_val={value!r}) disagree; "
-            "set clipping in one place only."
-        )
-    if algorithm is None:
-        algorithm = trainer_algorithm or "norm"
-    elif trainer_algorithm is not None and trainer_algorithm != algorithm:
-        raise TandemConfigError(
-            f"Trainer(gradient_clip_algorithm={trainer_algorithm!r}) and clip_gradients(gradient_clip_algorithm="
-            f"{algorithm!r}) disagree; set clipping in one place only."
-        )
-    if algorithm not in CLIP_ALGORITHMS:
-        raise bad_choice("gradient_clip_algorithm", algorithm, CLIP_ALGORITHMS)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise TandemConfigError(f"gradient_clip_val={value!r} must be a number >= 0.")
-    return float(value), algorithm
-
-
 # ---------------------------------------------------------------------- the optimizers the module sees
 _SUBCLASSES: dict[type, type] = {}
 _OWN = frozenset({"_optimizer", "_step", "step"})
@@ -242,7 +170,7 @@ _OWN = frozenset({"_optimizer", "_step", "step"})
 class TrainingOptimizer:
     """A torch optimizer as ``self.optimizers()`` returns it (Lightning's ``LightningOptimizer``).
 
-    ``step()`` goes through the Trainer: the strategy's precision (a float16 step unscales and uses the
+    ``step()`` goes to the fit's optimization object, then the strategy: the strategy's precision (a float16 step unscales and uses the
     ``GradScaler``), the ``on_before_optimizer_step`` hook, and one more ``trainer.global_step``. Everything
     else (``zero_grad``, ``param_groups``, ``state_dict``, ...) is the wrapped optimizer's, and
     ``isinstance(opt, torch.optim.Adam)`` still holds. ``opt.optimizer`` is the torch optimizer.
@@ -265,7 +193,10 @@ class TrainingOptimizer:
 
     def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
         """Run ``closure`` (if given), then step through the strategy; counts toward ``global_step``."""
-        return self._step(self._optimizer, closure, **kwargs)
+        step = self._step()  # the optimization object's step, held weakly
+        if step is None:
+            raise RuntimeError("optimizer.step(): the fit whose Trainer wrapped this optimizer no longer exists.")
+        return step(self._optimizer, closure, **kwargs)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._optimizer.zero_grad(set_to_none=set_to_none)

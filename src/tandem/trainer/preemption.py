@@ -1,10 +1,10 @@
 """Stopping a fit for a pre-emption signal (SIGTERM, SIGUSR1): where, what is saved, and how the job ends.
 
-The loop asks :func:`stop_here` at each stop point (after a training batch with no gradients pending,
-and after each epoch's end) only when :data:`~tandem.utilities.preemption.PREEMPTION` holds a signal.
-The ranks agree on the position (see :meth:`Strategy.preemption_target`), then :func:`stop` writes an exact
-``last.ckpt``, asks SLURM to requeue the job (rank 0, on SIGUSR1) and raises
-:class:`~tandem.utilities.exceptions.Preempted`.
+The fit loop looks at each stop point (after a training batch with no gradients pending, and after each
+epoch's end) only when :data:`~tandem.utilities.preemption.PREEMPTION` holds a signal. The ranks agree on
+the position through the side channel's pre-emption vote
+(:func:`~tandem.strategies.side_channel.preemption_vote`), then :func:`stop` writes an exact ``last.ckpt``,
+asks SLURM to requeue the job (rank 0, on SIGUSR1) and raises :class:`~tandem.utilities.exceptions.Preempted`.
 """
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, NoReturn
 
 from tandem.strategies.environments import slurm_job_to_requeue
+from tandem.strategies.side_channel import preemption_vote
 from tandem.trainer import checkpointing
 from tandem.utilities.exceptions import Preempted
-from tandem.utilities.preemption import PREEMPTION
+from tandem.utilities.preemption import PREEMPTION, Progress
 from tandem.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
@@ -28,28 +29,18 @@ if TYPE_CHECKING:
 
 
 @contextlib.contextmanager
-def catching_signals(trainer: Trainer) -> Iterator[None]:
+def catching_signals(progress: Callable[[], Progress]) -> Iterator[None]:
     """Around the fit loop: SIGTERM / SIGUSR1 only set the flag the loop reads; before and after the fit
-    they keep their previous handlers."""
-    trainer.strategy.new_preemption_round()
+    they keep their previous handlers. ``progress`` says where the loop is (the side channel reads it)."""
+    preemption_vote().new_round()
     PREEMPTION.install()
-    PREEMPTION.progress = trainer._loop.progress
+    PREEMPTION.progress = progress
     try:
         yield
-        warn_if_pending(trainer)
+        warn_if_pending()
     finally:
         PREEMPTION.progress = None
         PREEMPTION.uninstall()
-
-
-def stop_here(trainer: Trainer, epoch_end: bool = False) -> bool:
-    """Whether every rank stops at this point. Within an epoch, only between optimizer steps: gradients
-    accumulated over micro-batches are not in a checkpoint, so a stop waits for the accumulation's step."""
-    loop = trainer._loop
-    if not epoch_end and trainer._optimization.has_gradients:
-        return False
-    here = (loop.epoch, loop.batches_done)
-    return here >= trainer.strategy.preemption_target(here)
 
 
 def stop(trainer: Trainer) -> NoReturn:
@@ -58,7 +49,7 @@ def stop(trainer: Trainer) -> NoReturn:
     path = checkpointing.last_checkpoint_path(trainer)
     trainer.save_checkpoint(path)  # the loop state says exactly where to continue
     PREEMPTION.done()
-    trainer.strategy.new_preemption_round()
+    preemption_vote().new_round()
     name = signal.Signals(signum).name
     where = f"epoch {trainer.current_epoch}, global step {trainer.global_step}"
     message = f"[tandem] {name} received: stopped at {where} and saved {path}."
@@ -72,7 +63,7 @@ def stop(trainer: Trainer) -> NoReturn:
     raise Preempted(signum, path, message)
 
 
-def warn_if_pending(trainer: Trainer) -> None:
+def warn_if_pending() -> None:
     """A signal came after the fit's last stop point: the fit ended normally. It stays pending, so a next
     fit in this process stops at its first step."""
     if PREEMPTION.signum is not None:

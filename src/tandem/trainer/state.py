@@ -27,12 +27,29 @@ class LoopState:
     # that several processes even gets its count once the ranks find its last batch (not saved).
     epoch_batches: int | float = 0
     uneven_warned: bool = False  # the ranks' uneven training batches were reported (once; not saved)
+    # The batch plan, decided once at the top of each training batch (plan_batch; not saved).
+    stepping: bool = False  # the batch ends in an optimizer step (manual optimization: every batch)
+    log_step: bool = False  # its logged values are published at its end (every log_every_n_steps stepping batch)
     # Restored from a checkpoint, applied when the loop reaches the point they belong to (not saved).
     resume_rng: dict[str, Any] | None = field(default=None, repr=False)
     resume_train_metrics: dict[str, Any] | None = field(default=None, repr=False)
 
     def state_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _SAVED}
+
+    def plan_batch(self, batch_idx: int, accumulate: int, log_every: int, automatic: bool) -> None:
+        """Decide, at the top of training batch ``batch_idx``, whether it steps (the last micro-batch of each
+        ``accumulate`` window and the epoch's last batch; under manual optimization every batch, whose steps are
+        the module's) and whether it publishes (every ``log_every``-th stepping batch). The one place for both
+        rules: the optimization, the publishing and ``trainer.is_stepping_batch`` / ``is_log_step`` read them."""
+        self.stepping = (
+            not automatic or accumulate == 1 or (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == self.epoch_batches
+        )
+        self.log_step = self.stepping and (self.batches_stepped + 1) % log_every == 0
+
+    def no_step(self) -> None:
+        """The planned step did not happen (no micro-batch of the window returned a loss)."""
+        self.stepping = self.log_step = False
 
     def progress(self) -> tuple[int, int, bool]:
         """(epoch, batches done, epoch end running), read in one expression (another thread may call this)."""
@@ -52,11 +69,13 @@ class LoopState:
 class TrainerState:
     """``fn``: the entry point running ("fit", "validate", "test", "predict"); ``stage``: "train",
     "sanity_check", "validate", "test" or "predict"; ``status``: "initializing", "running", "finished" or
-    "interrupted" (the last run ended with an exception, Ctrl-C included)."""
+    "interrupted" (the last run ended with an exception, Ctrl-C included). ``stage`` has one writer, the hook
+    dispatcher's ``running(stage)``."""
 
     fn: str | None = None
     stage: str | None = None
     status: str = "initializing"
+    should_stop: bool = False  # asked for by a callback or the module; the fit ends at the next agreed point
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import functools
 import inspect
 import math
 import os
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -15,17 +16,20 @@ import torch
 from tandem.callbacks.callback import Callback
 from tandem.module import DataModule, TrainingModule, is_overridden
 from tandem.strategies.registry import resolve_strategy
-from tandem.strategies.strategy import Strategy
-from tandem.trainer import checkpointing, data, loops, optim, preemption
+from tandem.strategies.side_channel import entry_point
+from tandem.strategies.strategy import Strategy, reduce_boolean_decision
+from tandem.trainer import checkpointing, data, optim, preemption
 from tandem.trainer.config import TrainerConfig, check_unknown_arguments
-from tandem.trainer.evaluation import format_results, run_evaluation
-from tandem.trainer.logging import MetricCollector
-from tandem.trainer.nonfinite import NonFiniteGuard, nonfinite_parameters
-from tandem.trainer.optim import LRSchedulerConfig, Optimization
-from tandem.trainer.state import EVAL_STAGES, TRAIN, LoopState, StageData, TrainerState
+from tandem.trainer.evaluation import EvaluationLoop, format_results
+from tandem.trainer.hooks import HookDispatcher
+from tandem.trainer.logging import LogSink, MetricCollector
+from tandem.trainer.loops import FitLoop, LoopContext
+from tandem.trainer.nonfinite import NonFiniteGuard, check_reaction, nonfinite_parameters
+from tandem.trainer.optim import LRSchedulerConfig
+from tandem.trainer.optimization import configure_optimization
+from tandem.trainer.state import LoopState, TrainerState
 from tandem.utilities.checkpoint import to_weights_only
 from tandem.utilities.exceptions import Preempted, TandemConfigError, TandemUserCodeError, incompatible
-from tandem.utilities.logged_values import to_float
 from tandem.utilities.rank_zero import rank_zero_warn
 
 
@@ -153,34 +157,43 @@ class Trainer:
             fast_dev_run=fast_dev_run,
             precision=precision,
         )
-        self._nonfinite = NonFiniteGuard(on_nonfinite)
-        self.strategy: Strategy = resolve_strategy(strategy, accelerator, devices, num_nodes, precision)
-        if not use_distributed_sampler:
-            self.strategy.use_distributed_sampler = False
-        if sync_batchnorm:
-            self.strategy.sync_batchnorm = True  # strategies with one process ignore it
+        check_reaction(on_nonfinite)
+        self.strategy: Strategy = resolve_strategy(
+            strategy,
+            accelerator,
+            devices,
+            num_nodes,
+            precision,
+            use_distributed_sampler=use_distributed_sampler,
+            sync_batchnorm=sync_batchnorm,
+        )
         self.default_root_dir: str = os.fspath(default_root_dir) if default_root_dir is not None else os.getcwd()
         self.deterministic = deterministic
         self.benchmark = benchmark
         self.inference_mode = inference_mode
         self.detect_anomaly = detect_anomaly
-        self.loggers: list[Any] = [] if self.fast_dev_run else _build_loggers(logger, self.default_root_dir)
+        loggers = [] if self.fast_dev_run else _build_loggers(logger, self.default_root_dir)
         self.callbacks: list[Callback] = _build_callbacks(
             callbacks, enable_checkpointing and not self.fast_dev_run, enable_progress_bar, enable_model_summary
         )
-        self.should_stop = False
         self.state = TrainerState()
         self.datamodule: DataModule | None = None
-        self._metrics = MetricCollector(self.strategy)
-        self._loop = LoopState()
-        self._optimization = Optimization()
-        self._train = StageData(TRAIN)
-        self._eval: dict[str, StageData] = {fn: StageData(names) for fn, names in EVAL_STAGES.items()}
-        self._hooks: dict[str, list[Any]] = {}
-        self._batch_transfer: Any = None  # the transfer hooks, when the module or DataModule overrides them
-        self._return_predictions = True
-        self._step_takes_batch_idx = True  # training_step(self, batch, batch_idx), not training_step(self, batch)
+        # The rooms: the loops own their state and see the Trainer only through this context.
+        loop_state = LoopState()
+        self._hooks = HookDispatcher(self.state)
+        self._metrics = MetricCollector(self.strategy, self.state)
+        self._sink = LogSink(loggers, self._metrics, self.strategy, loop_state)
+        self._nonfinite = NonFiniteGuard(on_nonfinite, self.strategy, self._config)
+        context = LoopContext(
+            self.strategy, self._hooks, self._metrics, self._config, self.state, self._sink, self._nonfinite
+        )
+        self._evaluation = EvaluationLoop(context)
+        self.fit_loop = FitLoop(context, self._evaluation, _preemption_stop(self), loop_state)
         self._module: TrainingModule | None = None  # the module of the latest run (validate() without a model)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:  # a ddp_spawn rank's copy: its loop stops this copy
+        self.__dict__.update(state)
+        self.fit_loop.bind_preemption_stop(_preemption_stop(self))
 
     # ================================================================== entry points
     def fit(
@@ -203,7 +216,14 @@ class Trainer:
         """
         if data.is_datamodule(train_dataloaders):
             datamodule, train_dataloaders = train_dataloaders, None
-        self._launch("fit", model, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
+        self._launch(
+            "fit",
+            model,
+            train_dataloaders=train_dataloaders,
+            eval_dataloaders=val_dataloaders,
+            datamodule=datamodule,
+            ckpt_path=ckpt_path,
+        )
 
     def validate(
         self,
@@ -247,10 +267,18 @@ class Trainer:
         """Run ``predict_step`` over the data; returns one output per batch, in dataset order (a list per
         loader when there are several), or None with ``return_predictions=False`` (e.g. when a
         ``BasePredictionWriter`` writes them)."""
-        self._return_predictions = return_predictions is not False
+        self._evaluation.return_predictions = return_predictions is not False
         return self._evaluate("predict", model, dataloaders, ckpt_path, False, datamodule)
 
-    def _evaluate(self, fn: str, model: Any, dataloaders: Any, ckpt_path: Any, verbose: bool, datamodule: Any) -> Any:
+    def _evaluate(
+        self,
+        fn: str,
+        model: TrainingModule | None,
+        dataloaders: Any,
+        ckpt_path: str | os.PathLike | None,
+        verbose: bool,
+        datamodule: DataModule | None,
+    ) -> Any:
         if data.is_datamodule(dataloaders):
             datamodule, dataloaders = dataloaders, None
         if model is None:
@@ -265,50 +293,81 @@ class Trainer:
                     f"trainer.{fn}() was called without a model: the best checkpoint of the previous fit is loaded "
                     f"first. Pass ckpt_path='best' or 'last' (or the model) to silence this warning."
                 )
-        result = self._launch(fn, model, None, dataloaders, datamodule, ckpt_path)
+        result = self._launch(fn, model, eval_dataloaders=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path)
         if verbose and result and self.is_global_zero:
             table = format_results(result, fn)
             if table:
                 print(table)
         return result
 
-    def _launch(self, fn: str, *args: Any) -> Any:
-        if not isinstance(args[0], TrainingModule):
+    def _launch(
+        self,
+        fn: str,
+        model: TrainingModule,
+        *,
+        train_dataloaders: Any = None,
+        eval_dataloaders: Any = None,
+        datamodule: DataModule | None = None,
+        ckpt_path: str | os.PathLike | None = None,
+    ) -> Any:
+        if not isinstance(model, TrainingModule):
             raise TandemUserCodeError(
-                f"Trainer.{fn} expects a tandem.TrainingModule, got {type(args[0]).__name__}. "
+                f"Trainer.{fn} expects a tandem.TrainingModule, got {type(model).__name__}. "
                 "Subclass tandem.TrainingModule instead of torch.nn.Module."
             )
-        self._module = args[0]
-        launcher = self.strategy.launcher
-        if launcher is None:
-            return self._run_stage(fn, *args)
-        return launcher.launch(self._run_stage, fn, *args, trainer=self)
+        self._module = model
+        run = (
+            self._run_stage
+            if self.strategy.launcher is None
+            else functools.partial(self.strategy.launcher.launch, self._run_stage, trainer=self)
+        )
+        return run(
+            fn,
+            model,
+            train_dataloaders=train_dataloaders,
+            eval_dataloaders=eval_dataloaders,
+            datamodule=datamodule,
+            ckpt_path=ckpt_path,
+        )
 
     def _run_stage(
-        self, fn: str, model: TrainingModule, train: Any, evaluation: Any, datamodule: Any, ckpt_path: Any
+        self,
+        fn: str,
+        model: TrainingModule,
+        *,
+        train_dataloaders: Any = None,
+        eval_dataloaders: Any = None,
+        datamodule: DataModule | None = None,
+        ckpt_path: str | os.PathLike | None = None,
     ) -> Any:
-        """Runs in every process: set up, restore, loop, tear down."""
-        self.state.fn, self.state.status, self.should_stop = fn, "running", False
-        try:
-            self._setup(fn, model, train, evaluation, datamodule)
-            if ckpt_path is not None:
-                checkpointing.restore(self, ckpt_path, fn)
-            if fn == "fit":
-                anomaly = torch.autograd.detect_anomaly() if self.detect_anomaly else contextlib.nullcontext()
-                with anomaly, preemption.catching_signals(self):
-                    self._call("on_fit_start")
-                    loops.run_fit(self)
-                    self._call("on_fit_end")
-                result = None
-            else:
-                result = run_evaluation(self, fn)
-        except BaseException as exception:
-            self.state.status = "interrupted"
-            self._call("on_exception", exception)
-            self._finish(fn, "interrupted" if isinstance(exception, (KeyboardInterrupt, Preempted)) else "failed")
-            raise
-        self.state.status = "finished"
-        self._finish(fn, "success")
+        """Runs in every process: set up, restore, loop, tear down. The side channel's collective check names
+        ``fn`` as the entry point of every collective inside."""
+        self.state.fn, self.state.status, self.state.should_stop = fn, "running", False
+        with entry_point(fn):
+            try:
+                self._setup(fn, model, train_dataloaders, eval_dataloaders, datamodule)
+                if ckpt_path is not None:
+                    checkpointing.restore(self, ckpt_path, fn)
+                if fn == "fit":
+                    anomaly = torch.autograd.detect_anomaly() if self.detect_anomaly else contextlib.nullcontext()
+                    with (
+                        anomaly,
+                        preemption.catching_signals(self.fit_loop.state.progress),
+                        self._hooks.running("train"),
+                    ):
+                        self._hooks.call("on_fit_start")
+                        self.fit_loop.run()
+                        self._hooks.call("on_fit_end")
+                    result = None
+                else:
+                    result = self._evaluation.run(fn)
+            except BaseException as exception:
+                self.state.status = "interrupted"
+                self._hooks.call("on_exception", exception)
+                self._finish(fn, "interrupted" if isinstance(exception, (KeyboardInterrupt, Preempted)) else "failed")
+                raise
+            self.state.status = "finished"
+            self._finish(fn, "success")
         return result
 
     def init_module(self, empty_init: bool | None = None) -> contextlib.AbstractContextManager:
@@ -363,14 +422,16 @@ class Trainer:
             fn, model, train, evaluation, datamodule, self.strategy, self._config
         )
         if train_data is not None:
-            self._train = train_data
-        self._eval[stage] = eval_data  # the other stages keep their records (num_val_batches after a test, ...)
-        self._batch_transfer = data.batch_transfer(self.strategy, model, datamodule)
-        self._step_takes_batch_idx = data.takes_batch_idx(model.training_step)
+            self.fit_loop.data = train_data
+        self._evaluation.records[stage] = eval_data  # the other stages keep theirs (num_val_batches after a test)
+        self.fit_loop.batch_transfer = self._evaluation.batch_transfer = data.batch_transfer(
+            self.strategy, model, datamodule
+        )
         if fn == "fit":
-            self._optimization = optim.configure_optimization(model, self.strategy, self._config)
-            self._optimization.wrapped = loops.wrap_optimizers(self)
-        self._hooks = _collect_hooks(model, self.callbacks)
+            self.fit_loop.optimization = configure_optimization(
+                model, self.fit_loop.context, self.fit_loop.state, data.takes_batch_idx(model.training_step)
+            )
+        self._hooks.collect(self, model, self.callbacks)
         if fn == "fit":
             hparams = dict(model.hparams) if getattr(model, "_log_hyperparams", True) else {}
             if datamodule is not None and getattr(datamodule, "_log_hyperparams", True):
@@ -389,16 +450,12 @@ class Trainer:
         for logger in self.loggers:
             logger.finalize(status)
         self.strategy.teardown()
-        self.state.stage = None
 
     # ================================================================== hooks
-    def _call(self, hook: str, *args: Any) -> None:
-        """Run ``hook`` on the module, then on each callback in the user's order."""
-        fns = self._hooks.get(hook)
-        if fns:
-            self._metrics.hook = hook
-            for fn in fns:
-                fn(self, *args)
+    def call_hook(self, hook: str, *args: Any) -> None:
+        """Run ``hook`` (a ``Callback`` hook name such as ``"on_before_backward"``) on the module, then on each
+        callback in the user's order, as the loops do; hooks nobody overrides cost nothing."""
+        self._hooks.call(hook, *args)
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         """Send ``metrics`` (name -> number or scalar tensor) to every logger, on global rank 0.
@@ -408,15 +465,7 @@ class Trainer:
         defaults to the number of training batches that stepped (``global_step`` with one optimizer; under
         manual optimization, the batches); the values also appear in ``logged_metrics``.
         """
-        if not metrics:
-            return
-        values = to_float(dict(metrics))
-        self._metrics.logged_metrics.update(values)
-        if step is None:  # as Lightning: every row says its epoch (metrics.csv gets an epoch column)
-            values.setdefault("epoch", self.current_epoch)
-        if self.loggers and self.is_global_zero:
-            for logger in self.loggers:
-                logger.log_metrics(values, step=self._loop.batches_stepped if step is None else step)
+        self._sink.log_metrics(metrics, step)
 
     # ================================================================== checkpoints
     def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool = False) -> bool:
@@ -433,12 +482,13 @@ class Trainer:
         Returns:
             True when the checkpoint was written.
         """
-        nonfinite = nonfinite_parameters(self.strategy.module)  # one fused pass over the parameters
-        if self.strategy.reduce_boolean_decision(bool(nonfinite), all=False):  # any rank's shard: all decide alike
-            self._nonfinite.refuse_save(self, nonfinite, filepath)
-            return False
-        self.strategy.save_checkpoint(to_weights_only(self._checkpoint_state(weights_only)), filepath)
-        return True
+        with entry_point("save_checkpoint"):
+            nonfinite = nonfinite_parameters(self.strategy.module)  # one fused pass over the parameters
+            if reduce_boolean_decision(self.strategy, bool(nonfinite), all=False):  # any rank's shard: all alike
+                self._nonfinite.refuse_save(nonfinite, filepath, self.global_step)
+                return False
+            self.strategy.save_checkpoint(to_weights_only(self._checkpoint_state(weights_only)), filepath)
+            return True
 
     def _checkpoint_state(self, weights_only: bool = False) -> dict[str, Any]:
         return checkpointing.checkpoint_state(self, weights_only)
@@ -446,12 +496,41 @@ class Trainer:
     # ================================================================== public state
     @property
     def current_epoch(self) -> int:
-        return self._loop.epoch
+        return self.fit_loop.state.epoch
 
     @property
     def global_step(self) -> int:
         """Optimizer steps taken: one per step of each optimizer (a GAN stepping two per batch counts two)."""
-        return self._loop.global_step
+        return self.fit_loop.state.global_step
+
+    @property
+    def is_stepping_batch(self) -> bool:
+        """The training batch now running ends in an optimizer step (the last micro-batch of an accumulation
+        window; under manual optimization every batch). Decided once at the top of each batch (accelerate's
+        ``sync_gradients``)."""
+        return self.fit_loop.state.stepping
+
+    @property
+    def is_log_step(self) -> bool:
+        """The training batch now running publishes its logged values to the loggers at its end (every
+        ``log_every_n_steps`` stepping batches). Decided once at the top of each batch; callbacks that log
+        per step (``LearningRateMonitor``, ``ThroughputMonitor``) follow it, so every value lands on the same
+        steps."""
+        return self.fit_loop.state.log_step
+
+    @property
+    def should_stop(self) -> bool:
+        """Set True (a callback, the module) to end the fit at the next point every rank agrees on."""
+        return self.state.should_stop
+
+    @should_stop.setter
+    def should_stop(self, value: bool) -> None:
+        self.state.should_stop = bool(value)
+
+    @property
+    def metric_collector(self) -> MetricCollector:
+        """What ``self.log`` writes into (the module's ``log`` calls its ``log``)."""
+        return self._metrics
 
     @property
     def callback_metrics(self) -> dict[str, torch.Tensor]:
@@ -479,69 +558,69 @@ class Trainer:
 
     @property
     def optimizers(self) -> list[torch.optim.Optimizer]:
-        return list(self._optimization.optimizers)
+        return list(self.fit_loop.optimization.optimizers)
 
     @property
     def lr_scheduler_configs(self) -> list[LRSchedulerConfig]:
-        return list(self._optimization.lr_scheduler_configs)
+        return list(self.fit_loop.optimization.lr_scheduler_configs)
 
     # ------------------------------------------------------------------ data, as Lightning names it
     @property
     def train_dataloader(self) -> Any:
         """The training loader as the loop reads it (sharded under DDP); None before a fit."""
-        return self._train.given
+        return self.fit_loop.data.given
 
     @property
     def val_dataloaders(self) -> Any:
         """The validation loader(s) in the shape given (one, a list or a dict); None when there are none."""
-        return self._eval["validate"].given
+        return self._evaluation.records["validate"].given
 
     @property
     def test_dataloaders(self) -> Any:
-        return self._eval["test"].given
+        return self._evaluation.records["test"].given
 
     @property
     def predict_dataloaders(self) -> Any:
-        return self._eval["predict"].given
+        return self._evaluation.records["predict"].given
 
     @property
     def num_training_batches(self) -> int | float:
         """Training batches per epoch (after ``limit_train_batches``; ``inf`` for an unsized loader)."""
-        return self._train.num_batches[0] if self._train.num_batches else 0
+        num_batches = self.fit_loop.data.num_batches
+        return num_batches[0] if num_batches else 0
 
     @property
     def num_val_batches(self) -> list[int | float]:
         """Validation batches of each validation loader (a list, as in Lightning)."""
-        return list(self._eval["validate"].num_batches)
+        return list(self._evaluation.records["validate"].num_batches)
 
     @property
     def num_test_batches(self) -> list[int | float]:
-        return list(self._eval["test"].num_batches)
+        return list(self._evaluation.records["test"].num_batches)
 
     @property
     def num_predict_batches(self) -> list[int | float]:
-        return list(self._eval["predict"].num_batches)
+        return list(self._evaluation.records["predict"].num_batches)
 
     @property
     def num_sanity_val_batches(self) -> list[int | float]:
         """The sanity check's batches of each validation loader."""
-        return [min(self._sanity_steps, n) for n in self._eval["validate"].num_batches]
+        return [min(self._config.sanity_steps, n) for n in self._evaluation.records["validate"].num_batches]
 
     @property
     def num_sanity_val_steps(self) -> int | float:
         """Validation batches the sanity check runs, over all loaders (0 without validation data)."""
         return sum(self.num_sanity_val_batches)
 
-    @property
-    def _sanity_steps(self) -> int | float:
-        steps = self._config.num_sanity_val_steps
-        return math.inf if steps == -1 else steps
-
-    @property
-    def _val(self) -> StageData:
-        return self._eval["validate"]
-
     # ------------------------------------------------------------------ loggers and callbacks
+    @property
+    def loggers(self) -> list[Any]:
+        return self._sink.loggers
+
+    @loggers.setter
+    def loggers(self, loggers: list[Any]) -> None:
+        self._sink.loggers = list(loggers)
+
     @property
     def logger(self) -> Any:
         return self.loggers[0] if self.loggers else None
@@ -627,7 +706,7 @@ class Trainer:
     def accumulate_grad_batches(self, value: int) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise TandemConfigError(f"accumulate_grad_batches={value!r} is out of range; expected an int >= 1.")
-        if value != 1 and not self._optimization.automatic:
+        if value != 1 and not self.fit_loop.optimization.automatic:
             raise incompatible(
                 f"accumulate_grad_batches={value} with manual optimization",
                 "the Trainer cannot accumulate gradients for optimizers the module steps itself",
@@ -804,32 +883,12 @@ def _with_module_callbacks(callbacks: list[Callback], module: TrainingModule) ->
     return [c for c in callbacks if type(c) not in replaced and c not in extra] + extra
 
 
-def _collect_hooks(module: TrainingModule, callbacks: list[Callback]) -> dict[str, list[Any]]:
-    """For each hook, what to call (``fn(trainer, *args)``): the module's override, then each callback's. The
-    Trainer is passed at each call, not held: the Trainer holds this table, and a table holding the Trainer
-    would be a reference cycle (freed only by Python's garbage collector, with the module's memory)."""
-    hooks: dict[str, list[Any]] = {}
-    names = {n for n in dir(Callback) if n.startswith("on_")}
-    for name in names:
-        fns = []
-        if getattr(type(module), name, None) is not getattr(TrainingModule, name, None) and hasattr(module, name):
-            fns.append(_module_hook(getattr(module, name)))
-        for callback in callbacks:
-            if getattr(type(callback), name) is not getattr(Callback, name):
-                fns.append(_callback_hook(getattr(callback, name), module))
-        hooks[name] = fns
-    return hooks
+def _preemption_stop(trainer: Trainer) -> Any:
+    """What the fit loop calls at the agreed pre-emption stop: save ``last.ckpt`` and end the job. Holds the
+    Trainer weakly (the Trainer holds the loop that holds this)."""
+    trainer_ref = weakref.ref(trainer)
 
+    def stop() -> None:
+        preemption.stop(trainer_ref())
 
-def _module_hook(method: Any) -> Any:
-    def call(trainer: Trainer, *args: Any) -> None:  # the module's hooks take no (trainer, module) arguments
-        method(*args)
-
-    return call
-
-
-def _callback_hook(method: Any, module: TrainingModule) -> Any:
-    def call(trainer: Trainer, *args: Any) -> None:
-        method(trainer, module, *args)
-
-    return call
+    return stop

@@ -39,8 +39,6 @@ def seed_everything(seed: int | None = None, workers: bool = False) -> int:
         model = MyModule()  # same initial weights on every run and every rank
     """
     if seed is None:
-        from tandem.strategies.environments import global_seed  # the one reader of the environment
-
         seed = global_seed()
     if not isinstance(seed, int) or not (0 <= seed < 2**32):
         raise ValueError(f"seed_everything(seed={seed!r}): expected an integer in [0, 2**32).")
@@ -104,3 +102,9 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         cuda_states = state["cuda"]
         if len(cuda_states) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda_states)
+
+
+def global_seed() -> int:
+    """The seed ``seed_everything`` exported (TANDEM_GLOBAL_SEED, which seed_everything sets), else 0."""
+    value = os.environ.get("TANDEM_GLOBAL_SEED", "")
+    return int(value) if value.isdigit() else 0

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from tandem.strategies import DDPStrategy
 from tandem.strategies.environments import TorchElasticEnvironment
+from tandem.strategies.strategy import reduce_boolean_decision
 
 
 class Regression(nn.Module):
@@ -83,8 +84,8 @@ def check_collectives(strategy: DDPStrategy) -> dict:
     assert strategy.all_gather(torch.tensor([rank, 10 * rank])).tolist() == [[r, 10 * r] for r in range(world)]
     assert strategy.broadcast({"from": rank}, src=0) == {"from": 0}
     strategy.barrier("check")
-    assert strategy.reduce_boolean_decision(rank == 0, all=True) is False
-    assert strategy.reduce_boolean_decision(rank == 0, all=False) is True
+    assert reduce_boolean_decision(strategy, rank == 0, all=True) is False
+    assert reduce_boolean_decision(strategy, rank == 0, all=False) is True
     return seen
 
 

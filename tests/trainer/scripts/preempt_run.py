@@ -59,7 +59,7 @@ class Record(tandem.Callback):
         self.exception = type(exception).__name__
 
     def teardown(self, trainer, module, stage):
-        loop = trainer._loop
+        loop = trainer.fit_loop.state
         record = {"exception": self.exception, "epoch": loop.epoch, "batches_done": loop.batches_done}
         record.update(global_step=trainer.global_step, pid=os.getpid())
         with open(os.path.join(FOLDER, f"record-{self.name}-{trainer.global_rank}.json"), "w") as fh:

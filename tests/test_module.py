@@ -99,4 +99,4 @@ def test_rank_zero_only_values_are_logged_without_a_collective():
     trainer = quiet_trainer(max_epochs=1)
     trainer.fit(RankZero(), loader())
     assert trainer.callback_metrics["only_here"].item() == 1.0
-    assert not trainer._metrics._stores["train"]["only_here"].sync_dist
+    assert not trainer.metric_collector._stores["train"]["only_here"].sync_dist

@@ -1,0 +1,136 @@
+"""The hook dispatcher: which module and callback hooks a run calls, in what order, and what is running now.
+
+One :class:`HookDispatcher` per Trainer. It collects the table once per run (the module's override first,
+then each callback's, in the user's order; hooks nobody overrides are not called at all), calls a hook with
+:meth:`HookDispatcher.call`, and keeps the two facts ``self.log`` needs: the hook now running (a context
+variable, read by :func:`current_hook`) and the stage now running (``TrainerState.stage``, set for a block
+with :meth:`HookDispatcher.running`). Whether a hook's ``self.log`` calls default to ``on_step=True`` is
+declared with the hook itself (``@logs_per_step`` on ``TrainingModule`` and ``Callback``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import weakref
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from tandem.callbacks.callback import Callback
+from tandem.module import TrainingModule
+
+if TYPE_CHECKING:
+    from tandem.trainer.state import TrainerState
+    from tandem.trainer.trainer import Trainer
+
+_CURRENT_HOOK: contextvars.ContextVar[str | None] = contextvars.ContextVar("tandem_current_hook", default=None)
+_HOOK_NAMES = tuple(sorted(n for n in dir(Callback) if n.startswith("on_")))
+
+
+def current_hook() -> str | None:
+    """The hook or step method running now (``"training_step"``, ``"on_validation_epoch_end"``, ...), or None."""
+    return _CURRENT_HOOK.get()
+
+
+@functools.cache
+def logs_per_step(hook: str | None) -> bool:
+    """Whether ``self.log`` in ``hook`` defaults to ``on_step=True, on_epoch=False`` (else the reverse), as
+    declared on ``TrainingModule`` with ``@logs_per_step``."""
+    return hook is not None and bool(getattr(getattr(TrainingModule, hook, None), "logs_per_step", False))
+
+
+class running_hook:  # noqa: N801 - used as a context manager, like contextlib's lower-case ones
+    """Mark ``name`` (a step method, or a module override the loop calls) as the hook running in the block.
+    A class, not a generator: it wraps every training step."""
+
+    __slots__ = ("_name", "_token")
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __enter__(self) -> None:
+        self._token = _CURRENT_HOOK.set(self._name)
+
+    def __exit__(self, *exc: object) -> None:
+        _CURRENT_HOOK.reset(self._token)
+
+
+class HookDispatcher:
+    """Calls the hooks of one Trainer's runs.
+
+    Args:
+        state: the Trainer's state, whose ``stage`` :meth:`running` sets.
+
+    The table holds plain functions ``fn(trainer, *args)``; the Trainer is held weakly (it holds this
+    dispatcher, and a reference back would be a cycle that only Python's garbage collector frees, keeping a
+    finished fit's module alive).
+    """
+
+    def __init__(self, state: TrainerState) -> None:
+        self._state = state
+        self._table: dict[str, list[Callable[..., None]]] = {}
+        self._trainer: Callable[[], Trainer | None] = _no_trainer
+
+    def __getstate__(self) -> dict[str, Any]:  # ddp_spawn pickles the Trainer; each run collects afresh
+        return {**self.__dict__, "_trainer": _no_trainer}
+
+    def collect(self, trainer: Trainer, module: TrainingModule, callbacks: list[Callback]) -> None:
+        """Build the table for a run: for each hook, the module's override, then each callback's."""
+        self._trainer = weakref.ref(trainer)
+        table: dict[str, list[Callable[..., None]]] = {}
+        for name in _HOOK_NAMES:
+            fns = []
+            if getattr(type(module), name, None) is not getattr(TrainingModule, name, None) and hasattr(module, name):
+                fns.append(_module_hook(getattr(module, name)))
+            for callback in callbacks:
+                if getattr(type(callback), name) is not getattr(Callback, name):
+                    fns.append(_callback_hook(getattr(callback, name), module))
+            table[name] = fns
+        self._table = table
+
+    def has(self, name: str) -> bool:
+        """Whether anyone overrides ``name`` (the per-step path skips hooks nobody registered)."""
+        return bool(self._table.get(name))
+
+    def call(self, name: str, *args: Any) -> None:
+        """Run ``name`` on the module, then on each callback in the user's order."""
+        fns = self._table.get(name)
+        if not fns:
+            return
+        trainer = self._trainer()
+        token = _CURRENT_HOOK.set(name)
+        try:
+            for fn in fns:
+                fn(trainer, *args)
+        finally:
+            _CURRENT_HOOK.reset(token)
+
+    @contextlib.contextmanager
+    def running(self, stage: str) -> Iterator[None]:
+        """``trainer.state.stage`` is ``stage`` inside the block ("train", "sanity_check", "validate", "test",
+        "predict"), and what it was before after it: the one writer of the stage."""
+        state = self._state
+        previous, state.stage = state.stage, stage
+        try:
+            yield
+        finally:
+            state.stage = previous
+
+
+def _no_trainer() -> None:
+    return None
+
+
+def _module_hook(method: Callable[..., None]) -> Callable[..., None]:
+    def call(trainer: Trainer, *args: Any) -> None:  # the module's hooks take no (trainer, module) arguments
+        method(*args)
+
+    return call
+
+
+def _callback_hook(method: Callable[..., None], module: TrainingModule) -> Callable[..., None]:
+    def call(trainer: Trainer, *args: Any) -> None:
+        method(trainer, module, *args)
+
+    return call

@@ -1,0 +1,331 @@
+"""How a training batch is optimized: :class:`AutomaticOptimization` (the Trainer calls backward and steps)
+or :class:`ManualOptimization` (``training_step`` does, through ``self.optimizers()``).
+
+Each owns the fit's optimizers and schedulers and has one :meth:`~Optimization.run` for the body of a batch;
+the fit loop's batch runner owns what comes before and after it (the batch on its device, the batch hooks,
+publishing the logged values). The optimizers ``self.optimizers()`` returns step through
+:meth:`~Optimization.step` of the object that wrapped them, then the strategy: never back through the loop.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.optim import Optimizer
+
+from tandem.module import is_overridden
+from tandem.trainer.hooks import running_hook
+from tandem.trainer.optim import LRSchedulerConfig, TrainingOptimizer, parse_optimizers
+from tandem.utilities.exceptions import TandemUserCodeError, missing_metric
+from tandem.utilities.rank_zero import rank_zero_warn
+
+if TYPE_CHECKING:
+    from tandem.module import TrainingModule
+    from tandem.trainer.loops import LoopContext
+    from tandem.trainer.state import LoopState
+
+_TRAINING_STEP = "training_step"
+
+
+class Optimization:
+    """The fit's optimizers and schedulers (none before a fit), and what a batch does with them.
+
+    Args:
+        context: what the loops work with (strategy, hooks, collector, config, ...).
+        loop: the fit loop's state, whose counters the steps advance.
+        optimizers: the optimizers, set up by the strategy.
+        lr_scheduler_configs: their schedulers.
+        takes_batch_idx: ``training_step`` takes ``batch_idx`` (else only the batch).
+    """
+
+    automatic = True
+
+    def __init__(
+        self,
+        context: LoopContext | None = None,
+        loop: LoopState | None = None,
+        optimizers: list[Optimizer] | None = None,
+        lr_scheduler_configs: list[LRSchedulerConfig] | None = None,
+        takes_batch_idx: bool = True,
+    ) -> None:
+        self.context, self.loop = context, loop
+        self.optimizers: list[Optimizer] = list(optimizers or [])
+        self.lr_scheduler_configs: list[LRSchedulerConfig] = list(lr_scheduler_configs or [])
+        self.takes_batch_idx = takes_batch_idx
+        # Held weakly: this object holds them, and a reference back would be a cycle keeping a finished fit alive.
+        step = weakref.WeakMethod(self.step)
+        self.training_optimizers = [TrainingOptimizer(o, step) for o in self.optimizers]  # self.optimizers()
+        self.has_gradients = False  # backward ran since the last optimizer step (automatic)
+
+    def run(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor | None]:
+        """The body of one training batch: returns what ``training_step`` returned and its loss (or None)."""
+        raise NotImplementedError
+
+    def step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any) -> None:
+        """``step()`` of an optimizer from ``self.optimizers()``."""
+        raise NotImplementedError
+
+    def hook_outputs(self, output: Any, loss: torch.Tensor | None) -> Any:
+        """What ``on_train_batch_end`` gets as ``outputs``."""
+        raise NotImplementedError
+
+    def step_schedulers(self, interval: str) -> None:
+        """Step the schedulers of ``interval`` ("step" or "epoch") that are due; manual optimization's module
+        steps its own."""
+
+    def _training_step(self, batch: Any, batch_idx: int) -> Any:
+        args = (batch, batch_idx) if self.takes_batch_idx else (batch,)
+        with running_hook(_TRAINING_STEP):
+            return self.context.strategy.run_step(_TRAINING_STEP, *args)
+
+
+class AutomaticOptimization(Optimization):
+    """The Trainer steps: forward and backward on each batch, an optimizer step on each stepping batch (see
+    ``LoopState.plan_batch``), through the module's ``optimizer_step`` override when there is one (the forward
+    and backward then run inside the closure it passes to ``optimizer.step``, as in Lightning).
+
+    Args (beside :class:`Optimization`'s):
+        optimizer_step: the module's ``optimizer_step`` override, or None.
+        zero_grad: the module's ``optimizer_zero_grad`` override, or None.
+        clip: clipping before each step, or None.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        optimizer_step: Callable[..., Any] | None = None,
+        zero_grad: Callable[..., Any] | None = None,
+        clip: Callable[[Optimizer], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._optimizer_step, self._zero_grad, self._clip = optimizer_step, zero_grad, clip
+        self._last_step_taken = False  # the latest step() was not skipped by the float16 scaler
+
+    def run(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor | None]:
+        """Forward and backward for one micro-batch; the optimizer step when the batch plan says so.
+
+        This is the per-step hot path: hooks nobody registered are not dispatched, and nothing here waits
+        for the device (no ``.item()``).
+        """
+        strategy, loop = self.context.strategy, self.loop
+        if not loop.stepping:  # an accumulation micro-step: gradients stay local (DDP skips its all-reduce)
+            with strategy.no_backward_sync(strategy.model, enabled=True):
+                output = self._training_step(batch, batch_idx)
+                return output, self._backward(output)
+        if self._optimizer_step is not None:
+            return self._run_in_closure(batch, batch_idx)
+        args = (batch, batch_idx) if self.takes_batch_idx else (batch,)
+        with running_hook(_TRAINING_STEP):
+            output = strategy.run_step(_TRAINING_STEP, *args)
+        loss = self._backward(output)
+        if self.has_gradients:
+            optimizer = self.optimizers[0]
+            self._prepare_step(optimizer)
+            self._finish_step(optimizer, batch_idx, strategy.optimizer_step(optimizer))
+        else:
+            loop.no_step()
+        return output, loss
+
+    def _run_in_closure(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor | None]:
+        result: list[tuple[Any, torch.Tensor | None]] = []
+
+        def closure() -> torch.Tensor | None:
+            output = self._training_step(batch, batch_idx)
+            result.append((output, self._backward(output)))
+            return result[-1][1]
+
+        optimizer = self.training_optimizers[0]
+        self._last_step_taken = False
+        with running_hook("optimizer_step"):
+            self._optimizer_step(self.loop.epoch, batch_idx, optimizer, closure)
+        if not result:
+            raise TandemUserCodeError(
+                f"{type(self.context.strategy.module).__name__}.optimizer_step did not run the closure, so "
+                "training_step and backward never ran. Call optimizer.step(closure=optimizer_closure) in your override."
+            )
+        self._finish_step(optimizer.optimizer, batch_idx, self._last_step_taken)
+        return result[-1]
+
+    def step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any) -> None:
+        """``optimizer.step(closure)`` inside the module's ``optimizer_step`` override (the step is counted when
+        the override returns)."""
+
+        def run_closure() -> Any:
+            result = closure() if closure is not None else None
+            self._prepare_step(optimizer)
+            return result
+
+        self._last_step_taken = self.context.strategy.optimizer_step(optimizer, run_closure, **kwargs)
+
+    def _backward(self, output: Any) -> torch.Tensor | None:
+        loss = _loss_from(output)
+        if loss is not None:
+            context = self.context
+            k = context.config.accumulate_grad_batches
+            context.hooks.call("on_before_backward", loss)
+            context.strategy.backward(loss / k if k > 1 else loss)
+            context.hooks.call("on_after_backward")
+            self.has_gradients = True
+        return loss
+
+    def _prepare_step(self, optimizer: Optimizer) -> None:
+        """Between backward and the step: unscale float16 gradients, the hook, clipping."""
+        self.context.strategy.precision.unscale_gradients(optimizer)
+        self.context.hooks.call("on_before_optimizer_step", optimizer)
+        if self._clip is not None:
+            with running_hook("configure_gradient_clipping"):
+                self._clip(optimizer)
+
+    def _finish_step(self, optimizer: Optimizer, batch_idx: int, stepped: bool) -> None:
+        """After a step: clear the gradients, count the step, step the per-step schedulers."""
+        loop = self.loop
+        self.context.hooks.call("on_before_zero_grad", optimizer)
+        if self._zero_grad is None:
+            optimizer.zero_grad(set_to_none=True)
+        else:
+            with running_hook("optimizer_zero_grad"):
+                self._zero_grad(loop.epoch, batch_idx, optimizer)
+        self.has_gradients = False
+        loop.global_step += 1  # after the module's optimizer_step returned, as in Lightning
+        loop.batches_stepped += 1
+        if stepped and self.lr_scheduler_configs:  # a step skipped by the float16 scaler does not count
+            self.step_schedulers("step")
+
+    def step_schedulers(self, interval: str) -> None:
+        """Through the module's ``lr_scheduler_step``; a ``reduce_on_plateau`` one gets rank 0's value of its
+        monitor."""
+        strategy, loop = self.context.strategy, self.loop
+        count = loop.global_step if interval == "step" else loop.epoch + 1
+        metrics = self.context.metrics.callback_metrics
+        for config in self.lr_scheduler_configs:
+            if config.interval != interval or count % config.frequency:
+                continue
+            metric = None
+            if config.reduce_on_plateau:
+                value = metrics.get(config.monitor)
+                if value is None:
+                    if config.strict:
+                        raise missing_metric("The lr_scheduler config", config.monitor, metrics)
+                    rank_zero_warn(
+                        f"lr_scheduler monitor {config.monitor!r} was not logged; the scheduler did not step."
+                    )
+                    continue
+                metric = strategy.broadcast(float(value))  # rank 0's value: equal LRs
+            strategy.module.lr_scheduler_step(config.scheduler, metric)
+
+    def hook_outputs(self, output: Any, loss: torch.Tensor | None) -> Any:
+        if loss is None:
+            return None
+        if isinstance(output, Mapping):
+            return {**output, "loss": loss.detach()}
+        return {"loss": loss.detach()}
+
+
+class ManualOptimization(Optimization):
+    """``training_step`` does the backward and the steps (``self.manual_backward``, ``opt.step()``); each step
+    counts toward ``global_step``, each batch toward the loggers' step (as in Lightning)."""
+
+    automatic = False
+
+    def run(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor | None]:
+        output = self._training_step(batch, batch_idx)
+        self.loop.batches_stepped += 1
+        loss = output.get("loss") if isinstance(output, Mapping) else output
+        return output, loss if isinstance(loss, torch.Tensor) else None
+
+    def step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any) -> None:
+        """``opt.step()`` in a manual ``training_step``: through the strategy's precision, then counted."""
+        strategy = self.context.strategy
+        if closure is None:
+            self._prepare(optimizer)
+            strategy.optimizer_step(optimizer, **kwargs)
+        else:
+
+            def run_closure() -> Any:  # a closure of the user's (e.g. LBFGS), which the optimizer may call again
+                with torch.enable_grad():
+                    result = closure()
+                self._prepare(optimizer)
+                return result
+
+            strategy.optimizer_step(optimizer, run_closure, **kwargs)
+        self.loop.global_step += 1
+
+    def _prepare(self, optimizer: Optimizer) -> None:
+        self.context.strategy.precision.unscale_gradients(optimizer)
+        self.context.hooks.call("on_before_optimizer_step", optimizer)
+
+    def hook_outputs(self, output: Any, loss: torch.Tensor | None) -> Any:
+        """Under manual optimization ``training_step`` may return nothing, a tensor or a dict (Lightning's rule)."""
+        if output is None:
+            return None
+        if isinstance(output, torch.Tensor):
+            return {"loss": output.detach()}
+        if isinstance(output, Mapping):
+            value = output.get("loss")
+            return {**output, "loss": value.detach()} if isinstance(value, torch.Tensor) else dict(output)
+        raise TandemUserCodeError(
+            f"training_step returned {type(output).__name__}; under manual optimization it returns nothing, a "
+            "tensor or a dict."
+        )
+
+
+def configure_optimization(
+    module: TrainingModule, context: LoopContext, loop: LoopState, takes_batch_idx: bool
+) -> Optimization:
+    """The fit's optimization object: ``configure_optimizers`` parsed, the optimizers set up by the strategy,
+    and the module's overrides the batches will call (None where the module keeps the default)."""
+    strategy, config = context.strategy, context.config
+    automatic = module.automatic_optimization
+    optimizers, schedulers = parse_optimizers(module.configure_optimizers(), automatic)
+    optimizers = strategy.setup_optimizers(optimizers)
+    if not automatic:
+        return ManualOptimization(context, loop, optimizers, schedulers, takes_batch_idx)
+    clip = None
+    if is_overridden(module, "configure_gradient_clipping"):
+
+        def clip(optimizer: Optimizer) -> None:
+            module.configure_gradient_clipping(optimizer, config.gradient_clip_val, config.gradient_clip_algorithm)
+
+    elif config.gradient_clip_val is not None:
+        value, algorithm = config.gradient_clip_val, config.gradient_clip_algorithm or "norm"
+
+        def clip(optimizer: Optimizer) -> None:
+            strategy.clip_gradients(optimizer, value, algorithm)
+
+    return AutomaticOptimization(
+        context,
+        loop,
+        optimizers,
+        schedulers,
+        takes_batch_idx,
+        optimizer_step=module.optimizer_step if is_overridden(module, "optimizer_step") else None,
+        zero_grad=module.optimizer_zero_grad if is_overridden(module, "optimizer_zero_grad") else None,
+        clip=clip,
+    )
+
+
+def _loss_from(output: Any) -> torch.Tensor | None:
+    if output is None:
+        return None
+    loss = output.get("loss") if isinstance(output, Mapping) else output
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        if not loss.requires_grad:
+            raise TandemUserCodeError(
+                "training_step returned a loss that does not require grad, so backward cannot run. Compute the "
+                "loss from the module's outputs (not under torch.no_grad() and without .detach() / .item())."
+            )
+        return loss
+    got = (
+        f"a dict without a scalar tensor under 'loss' (keys: {sorted(output)})"
+        if isinstance(output, Mapping)
+        else f"{type(output).__name__}"
+        + (f" of shape {tuple(output.shape)}" if isinstance(output, torch.Tensor) else "")
+    )
+    raise TandemUserCodeError(
+        f"training_step returned {got}; expected the loss as a scalar tensor, a dict with a 'loss' tensor, "
+        "or None to skip the batch."
+    )

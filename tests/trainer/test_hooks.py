@@ -1,0 +1,61 @@
+"""The hook dispatcher: one table, the hook running now (what self.log's defaults follow), one stage field."""
+
+from __future__ import annotations
+
+from helpers import TinyModule, loader, quiet_trainer
+from tandem.callbacks import Callback
+from tandem.trainer.hooks import HookDispatcher, current_hook, logs_per_step
+from tandem.trainer.state import TrainerState
+
+
+def test_per_step_logging_is_declared_with_the_hook():
+    assert logs_per_step("training_step") and logs_per_step("on_train_batch_end")
+    assert logs_per_step("on_before_optimizer_step") and logs_per_step("optimizer_step")
+    assert not logs_per_step("on_train_epoch_end") and not logs_per_step("validation_step")
+    assert not logs_per_step(None)
+
+
+def test_running_sets_and_restores_the_one_stage_field():
+    state = TrainerState()
+    hooks = HookDispatcher(state)
+    with hooks.running("train"):
+        assert state.stage == "train"
+        with hooks.running("sanity_check"):
+            assert state.stage == "sanity_check"
+        assert state.stage == "train"
+    assert state.stage is None
+
+
+def test_a_hook_sees_itself_as_current_and_the_previous_one_after():
+    seen = []
+
+    class Watch(Callback):
+        def on_train_epoch_start(self, trainer, module):
+            seen.append((current_hook(), trainer.state.stage))
+
+        def on_validation_epoch_end(self, trainer, module):
+            seen.append((current_hook(), trainer.state.stage, trainer.sanity_checking))
+
+        def on_train_start(self, trainer, module):
+            seen.append((current_hook(), trainer.state.stage, trainer.sanity_checking))
+
+    trainer = quiet_trainer(max_epochs=1, num_sanity_val_steps=1, callbacks=[Watch()])
+    trainer.fit(TinyModule(), loader(32), loader(16))
+    assert seen[0] == ("on_validation_epoch_end", "sanity_check", True)
+    assert seen[1] == ("on_train_start", "train", False)  # the sanity check's stage does not leak into training
+    assert seen[2] == ("on_train_epoch_start", "train")
+    assert seen[3] == ("on_validation_epoch_end", "validate", False)
+    assert current_hook() is None and trainer.state.stage is None
+
+
+def test_call_hook_is_public_and_dispatches_like_the_loop():
+    calls = []
+
+    class Watch(Callback):
+        def on_before_backward(self, trainer, module, loss):
+            calls.append(float(loss.detach()) if hasattr(loss, "detach") else float(loss))
+
+    trainer = quiet_trainer(max_steps=1, callbacks=[Watch()])
+    trainer.fit(TinyModule(), loader(16))
+    trainer.call_hook("on_before_backward", 2.5)
+    assert len(calls) == 2 and calls[-1] == 2.5
