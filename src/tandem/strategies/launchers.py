@@ -45,6 +45,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 
 from tandem.strategies.environments import LocalEnvironment
 from tandem.utilities.checkpoint import atomic_save
+from tandem.utilities.excepthook import on_uncaught_exception
 from tandem.utilities.exceptions import Preempted, RankFailedError, TandemConfigError, TandemUserCodeError
 from tandem.utilities.preemption import EXIT_CODES as PREEMPTED_EXIT_CODES
 from tandem.utilities.preemption import PREEMPTION
@@ -103,17 +104,13 @@ def _read_error_record(path: str | None) -> tuple[float, str] | None:
         return None
 
 
-@functools.cache  # once per process
 def _record_uncaught_errors(path: str) -> None:
     """A rank that tandem's launcher started: an exception that ends its script is also written to ``path``."""
-    previous = sys.excepthook
 
-    def excepthook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
-        with contextlib.suppress(Exception):
-            _write_error_record(path, "".join(traceback.format_exception(exc_type, exc, tb)))
-        previous(exc_type, exc, tb)
+    def record(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        _write_error_record(path, "".join(traceback.format_exception(exc_type, exc, tb)))
 
-    sys.excepthook = excepthook
+    on_uncaught_exception("launcher: error record", record)
 
 
 def _how_it_ended(returncode: int) -> str:
@@ -183,13 +180,7 @@ class _Watchdog:
         self._thread = threading.Thread(target=self._watch, name="tandem-ddp-watchdog", daemon=True)
         self._thread.start()
         atexit.register(self.wait)
-        previous_hook = sys.excepthook
-
-        def excepthook(*exc_info: Any) -> None:  # rank 0 failed after launch() returned
-            self.stop()
-            previous_hook(*exc_info)
-
-        sys.excepthook = excepthook
+        on_uncaught_exception("launcher: stop the ranks", lambda *exc_info: self.stop())  # rank 0 failed later
 
     # ------------------------------------------------------------------ the watching thread
     def failed_child(self) -> _Child | None:
