@@ -1,7 +1,7 @@
 """The cost of checked collectives (``DDPStrategy(collective_check_timeout=...)``) on 2 CPU processes.
 
 Before each of tandem's own collectives the ranks agree, through the process group's store, that they
-enter the same one (see ``tandem.strategies.collective_check``). This prices that agreement two ways, in
+enter the same one (the side channel's collective check, ``tandem.strategies.side_channel``). This prices that agreement two ways, in
 one 2-process ``ddp`` job (this script re-runs itself for rank 1), checks on and off alternating:
 
     per collective   500 ``strategy.all_gather_object`` calls: microseconds per call, and the difference
@@ -80,8 +80,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    from tandem.strategies import collective_check
-
     fits: dict[bool, list[float]] = {True: [], False: []}
     calls: dict[bool, list[float]] = {True: [], False: []}
     strategy = None
@@ -89,16 +87,14 @@ def main() -> None:
         for checked in (True, False) if i % 2 == 0 else (False, True):
             seconds, strategy = fit(CHECKED if checked else None)
             fits[checked].append(seconds)
-    guard = collective_check.current_guard()  # the group's guard (the first fit started it)
     for i in range(args.repeats):
         for checked in (True, False) if i % 2 == 0 else (False, True):
-            collective_check._GUARD = guard if checked else None
+            strategy.collective_check_timeout = CHECKED if checked else None  # None: the check is skipped
             strategy.barrier()
             started = time.perf_counter()
             for _ in range(500):
                 strategy.all_gather_object(0)
             calls[checked].append((time.perf_counter() - started) / 500 * 1e6)
-    collective_check._GUARD = guard
     if strategy.is_global_zero:
         on, off = statistics.median(calls[True]), statistics.median(calls[False])
         print(f"all_gather_object: {off:.0f} us unchecked, {on:.0f} us checked (+{on - off:.0f} us per collective)")

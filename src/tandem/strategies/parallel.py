@@ -31,14 +31,6 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from tandem.strategies import launchers
-from tandem.strategies.collective_check import (
-    CallSite,
-    CollectiveGuard,
-    current_guard,
-    forget_guard,
-    guard_for_group,
-    new_run_id,
-)
 from tandem.strategies.environments import (
     ClusterEnvironment,
     LocalEnvironment,
@@ -53,6 +45,7 @@ from tandem.strategies.samplers import (
     shard_evaluation,
     shard_training,
 )
+from tandem.strategies.side_channel import CallSite, close_channel, current_channel, new_run_id, open_channel
 from tandem.strategies.strategy import ReduceOp, Strategy
 from tandem.utilities.data import has_len, is_iterable_style, rebuild_dataloader
 from tandem.utilities.exceptions import TandemConfigError, bad_choice, incompatible, out_of_range
@@ -78,8 +71,10 @@ class ParallelStrategy(Strategy):
             saves, metric reduction; not the per-step gradient sync) are first agreed on through the
             process group's store: ranks entering different ones fail at once with both sides named, and
             a rank that sits this long in another collective (or whose script ended) is reported instead
-            of waiting for ``timeout`` (see :mod:`tandem.strategies.collective_check`). None turns the
+            of waiting for ``timeout`` (see :mod:`tandem.strategies.side_channel`). None turns the
             check off.
+        sync_batchnorm: convert BatchNorm layers to SyncBatchNorm, for the subclasses that can. None: the
+            Trainer's ``sync_batchnorm``.
     """
 
     max_devices = None
@@ -208,7 +203,7 @@ class ParallelStrategy(Strategy):
                 timeout=self.timeout,
             )
             atexit.register(_destroy_process_group)
-            self._start_collective_check()
+            self._open_side_channel()
         elif dist.get_world_size() != environment.world_size:
             raise TandemConfigError(
                 f"this process already joined a process group of {dist.get_world_size()} processes, but "
@@ -262,18 +257,18 @@ class ParallelStrategy(Strategy):
         self._model = self._module
 
     # ------------------------------------------------------------------ collectives
-    def _start_collective_check(self) -> None:
-        """Give the new process group its guard (every rank calls this right after joining it)."""
-        forget_guard()
+    def _open_side_channel(self) -> None:
+        """Give the new process group its side channel (every rank calls this right after joining it; an
+        earlier group's channel is closed)."""
         run_id = self._broadcast(new_run_id(), 0)  # one token per group: an earlier group's keys are never read
-        store = dist.distributed_c10d._get_default_store()
-        guard_for_group(lambda: CollectiveGuard(store, dist.get_rank(), dist.get_world_size(), run_id))
+        open_channel(dist.distributed_c10d._get_default_store(), dist.get_rank(), dist.get_world_size(), run_id)
 
     def _check(self, op: str) -> None:
-        """Agree with the other ranks that this collective is the one they enter next (see collective_check)."""
-        guard = current_guard()
-        if guard is not None and self.collective_check_timeout is not None:
-            guard.check(CallSite.here(op, depth=2), self.collective_check_timeout.total_seconds())
+        """Agree with the other ranks that this collective is the one they enter next (the side channel's
+        collective check)."""
+        channel = current_channel()
+        if channel is not None and self.collective_check_timeout is not None:
+            channel.collective_check.check(CallSite.here(op, depth=2), self.collective_check_timeout.total_seconds())
 
     def _to_collective_device(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(self.root_device) if self.process_group_backend == "nccl" else tensor
@@ -401,6 +396,6 @@ def _destroy_process_group() -> None:
     ("terminate called without an active exception", SIGABRT) after the script succeeded.
     """
     gc.collect()
-    forget_guard()
+    close_channel()
     if dist.is_initialized():
         dist.destroy_process_group()

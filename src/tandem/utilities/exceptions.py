@@ -34,6 +34,11 @@ class RankFailedError(RuntimeError):
     """Another process of the job failed; the message names its rank and carries its traceback."""
 
 
+class CollectiveMismatchError(RuntimeError):
+    """The ranks entered different collectives, or one rank will never enter the one the others wait in
+    (raised by the side channel's collective check, :mod:`tandem.strategies.side_channel`)."""
+
+
 class Preempted(SystemExit):  # noqa: N818 (Lightning's SIGTERMException is a SystemExit too)
     """The fit stopped for a pre-emption signal after saving ``last.ckpt``; the process exits with
     ``128 + signum`` (143 for SIGTERM, 138 for SIGUSR1). A ``SystemExit``: ``except Exception`` does not

@@ -3,8 +3,12 @@
 A cluster pre-empts a job with SIGTERM (SLURM sends SIGUSR1 ahead of it with ``--signal=USR1@90``). While
 ``trainer.fit`` runs, tandem's handler only records the signal here (and forwards it to the ranks this
 process started). The training loop reads :attr:`Preemption.signum` after each batch (a local attribute,
-no collective); the ranks agree on the step to stop at through the process group's store
-(:mod:`tandem.strategies.collective_check`), save ``last.ckpt`` there and raise :class:`Preempted`.
+no collective); the ranks agree on the step to stop at through the side channel's pre-emption vote
+(:mod:`tandem.strategies.side_channel`), save ``last.ckpt`` there and raise :class:`Preempted`.
+
+:data:`PREEMPTION` is one record per process, not per Trainer or process group: signal handlers belong to the
+process, and the process that started the ranks (which has no loop and no process group) forwards the
+signals it receives to them through the same record.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ Progress = tuple[int, int, bool]
 
 class Preemption:
     """This process's pre-emption state: the signal received (``signum``), the processes to forward it to,
-    and, during a fit, where the training loop is (``progress``, read by the collective guard's thread)."""
+    and, during a fit, where the training loop is (``progress``, read by the side channel's watcher thread)."""
 
     def __init__(self) -> None:
         self.signum: int | None = None  # a stop was asked for and has not happened yet

@@ -1,10 +1,10 @@
-"""Two ranks exercise CollectiveGuard directly (no Trainer). Run with RANK, WORLD_SIZE, MASTER_ADDR and
+"""Two ranks exercise the side channel's collective check directly (no Trainer). Run with RANK, WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT set; rank r saves what it saw to ``<out>/rank<r>.pt``.
 
     agree      both ranks check the same tags 200 times: no error; the time per check
     different  rank 0 checks "barrier", rank 1 "broadcast": both raise, naming both sides
     blocked    rank 1 sits in dist.all_reduce while rank 0 checks: rank 0 raises after the stall timeout
-    exited     rank 1's guard reports that its script ended: rank 0's check raises at once
+    exited     rank 1's side channel reports that its script ended: rank 0's check raises at once
 """
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from tandem.strategies.collective_check import CallSite, CollectiveGuard, CollectiveMismatchError
+from tandem.strategies.side_channel import CallSite, CollectiveMismatchError, SideChannel
 
 
-def guard(name: str) -> CollectiveGuard:
-    return CollectiveGuard(dist.distributed_c10d._get_default_store(), rank, 2, run_id=name)
+def guard(name: str) -> SideChannel:
+    return SideChannel(dist.distributed_c10d._get_default_store(), rank, 2, run_id=name)
 
 
-def attempt(g: CollectiveGuard, tag: str, user: str = "", stall: float = 60.0) -> tuple[str | None, float]:
+def attempt(g: SideChannel, tag: str, user: str = "", stall: float = 60.0) -> tuple[str | None, float]:
     started = time.perf_counter()
     try:
-        g.check(CallSite(tag, user), stall)
+        g.collective_check.check(CallSite(tag, user), stall)
     except CollectiveMismatchError as err:
         return str(err), time.perf_counter() - started
     return None, time.perf_counter() - started
