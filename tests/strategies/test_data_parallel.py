@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 from helpers import TinyModule, loader, make_data, quiet_trainer
 from tandem.strategies import DataParallelStrategy, SingleDeviceStrategy
 from tandem.strategies.data_parallel import combine_outputs, split_batch, split_sizes
+from tandem.strategies.registry import resolve_strategy
 from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError
 
 pytestmark = pytest.mark.filterwarnings("ignore:DataParallelStrategy on CPU devices")
@@ -33,7 +34,7 @@ def cpu_dp(n: int = 4, parallel: bool = True) -> DataParallelStrategy:
 
 
 def ready(strategy, module):
-    strategy.configure(strategy.parallel_devices, 1, "32-true")
+    resolve_strategy(strategy, "cpu", len(strategy.parallel_devices), 1, "32-true")  # its own devices
     strategy.setup(module)
     return strategy
 

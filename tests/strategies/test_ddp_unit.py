@@ -47,9 +47,7 @@ def _as_rank(monkeypatch, rank: int, world: int = 2) -> None:
 
 
 def _strategy(devices: int = 2, **kwargs: object) -> DDPStrategy:
-    strategy = DDPStrategy(**kwargs)
-    strategy.configure([torch.device("cpu")] * devices, 1, "32-true")
-    return strategy
+    return resolve_strategy(DDPStrategy(**kwargs), "cpu", devices, 1, "32-true")
 
 
 def _dataset(n: int) -> TensorDataset:

@@ -24,9 +24,7 @@ def _clean_environment(monkeypatch):
 
 
 def _strategy(**kwargs: object) -> FSDPStrategy:
-    strategy = FSDPStrategy(**kwargs)
-    strategy.configure([torch.device("cpu")], 1, "32-true")
-    return strategy
+    return resolve_strategy(FSDPStrategy(**kwargs), "cpu", 1, 1, "32-true")
 
 
 class Block(nn.Module):
@@ -71,18 +69,16 @@ def test_registry_and_policies():
 
 def test_dataparallel_style_devices_are_refused():
     with pytest.raises(TandemConfigError, match="several devices in one process is DataParallel's way"):
-        FSDPStrategy(devices=[torch.device("cuda", 0), torch.device("cuda", 0)]).configure([], 1, "32-true")
+        resolve_strategy(FSDPStrategy(devices=[torch.device("cuda", 0)] * 2), "cpu", 1, 1, "32-true")
 
 
 def test_precision_becomes_fsdps_mixed_precision_policy():
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-    bf16 = FSDPStrategy()
-    bf16.configure([torch.device("cpu")], 1, "bf16-mixed")
+    bf16 = resolve_strategy(FSDPStrategy(), "cpu", 1, 1, "bf16-mixed")
     policy = bf16.mixed_precision_policy
     assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
-    fp16 = FSDPStrategy(precision="16-mixed")
-    fp16.configure([torch.device("cpu")], 1, "32-true")
+    fp16 = resolve_strategy(FSDPStrategy(precision="16-mixed"), "cpu", 1, 1, "32-true")
     assert isinstance(fp16.precision.scaler, ShardedGradScaler)  # found-inf agreed across the shards
     assert _strategy().mixed_precision_policy.param_dtype is None
 

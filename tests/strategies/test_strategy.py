@@ -12,7 +12,6 @@ from torch.utils.data import DataLoader, TensorDataset
 from helpers import clear_launch_variables
 from tandem.strategies import DDPStrategy, Precision, SingleDeviceStrategy
 from tandem.strategies.registry import resolve_strategy
-from tandem.strategies.strategy import reduce_boolean_decision
 from tandem.utilities.exceptions import CheckpointError, TandemConfigError, TandemUserCodeError
 
 pytestmark = pytest.mark.timeout(30)
@@ -24,8 +23,7 @@ def _clean_environment(monkeypatch):
 
 
 def _configured(strategy, devices: int = 1):
-    strategy.configure([torch.device("cpu")] * devices, 1, "32-true")
-    return strategy
+    return resolve_strategy(strategy, "cpu", devices, 1, "32-true")
 
 
 STRATEGIES = {
@@ -53,9 +51,42 @@ def test_the_strategys_own_precision_wins_over_the_trainer_default_and_a_conflic
         resolve_strategy(DDPStrategy(precision="bf16-mixed"), "cpu", 2, 1, "64-true")
 
 
+def test_the_trainers_sampler_and_batchnorm_settings_fill_in_what_the_strategy_left_open():
+    assert resolve_strategy("ddp", "cpu", 2, 1, "32-true").use_distributed_sampler  # both defaults
+    by_trainer = resolve_strategy(DDPStrategy(), "cpu", 2, 1, "32-true", use_distributed_sampler=False)
+    assert by_trainer.use_distributed_sampler is False
+    by_name = resolve_strategy("ddp", "cpu", 2, 1, "32-true", use_distributed_sampler=False)
+    assert by_name.use_distributed_sampler is False
+    one_process = resolve_strategy(SingleDeviceStrategy("cpu"), "cpu", 1, 1, "32-true", sync_batchnorm=True)
+    assert one_process.sync_batchnorm  # set, and ignored with one process
+    # the instance's own value wins over a Trainer argument left at its default
+    mine = resolve_strategy(DDPStrategy(use_distributed_sampler=False), "cpu", 2, 1, "32-true")
+    assert mine.use_distributed_sampler is False
+    # the same value in both places agrees
+    both = DDPStrategy(use_distributed_sampler=False)
+    assert not resolve_strategy(both, "cpu", 2, 1, "32-true", use_distributed_sampler=False).use_distributed_sampler
+
+
+@pytest.mark.parametrize(
+    ("built_with", "trainer_argument"),
+    [
+        (dict(use_distributed_sampler=True), dict(use_distributed_sampler=False)),
+        (dict(sync_batchnorm=False), dict(sync_batchnorm=True)),
+    ],
+    ids=["use_distributed_sampler", "sync_batchnorm"],
+)
+def test_a_strategy_built_with_another_value_than_the_trainers_is_an_error(built_with, trainer_argument):
+    ((name, value),) = trainer_argument.items()
+    with pytest.raises(
+        TandemConfigError, match=rf"Trainer\({name}={value}\) with a strategy built with {name}="
+    ) as err:
+        resolve_strategy(DDPStrategy(**built_with), "cpu", 2, 1, "32-true", **trainer_argument)
+    assert f"Give the {name} in one place" in str(err.value)
+
+
 def test_one_process_per_device_refuses_dataparallel_style_devices():
     with pytest.raises(TandemConfigError, match="several devices in one process is DataParallel's way"):
-        DDPStrategy(devices=[torch.device("cpu"), torch.device("cuda", 0)]).configure([], 1, "32-true")
+        resolve_strategy(DDPStrategy(devices=[torch.device("cpu"), torch.device("cuda", 0)]), "cpu", 1, 1, "32-true")
 
 
 # ---------------------------------------------------------------------------------------------- public guards
@@ -85,7 +116,7 @@ def test_collectives_refuse_the_same_bad_arguments_on_every_strategy(name):
     assert strategy.reduce(value, "max") is value
     assert strategy.all_gather(value).shape == (1, 2)
     assert strategy.all_gather_object({"a": 1}) == [{"a": 1}]
-    assert strategy.broadcast("x") == "x" and reduce_boolean_decision(strategy, True, all=False)
+    assert strategy.broadcast("x") == "x" and strategy.reduce_boolean_decision(True, all=False)
     assert list(strategy.evaluation_batches(range(10), 3)) == [0, 1, 2]
     assert list(strategy.evaluation_batches(range(3), math.inf)) == [0, 1, 2]
 

@@ -111,7 +111,7 @@ class DataParallelStrategy(Strategy):
         if accelerator != "cuda":
             raise _needs_cuda()
 
-    def configure(
+    def _configure(
         self,
         devices: list[torch.device],
         num_nodes: int,
@@ -119,7 +119,7 @@ class DataParallelStrategy(Strategy):
         use_distributed_sampler: bool = True,
         sync_batchnorm: bool = False,
     ) -> None:
-        super().configure(devices, num_nodes, precision, use_distributed_sampler, sync_batchnorm)
+        super()._configure(devices, num_nodes, precision, use_distributed_sampler, sync_batchnorm)
         if num_nodes != 1:
             raise TandemConfigError(
                 f"strategy='dp' runs in one process on one machine; got num_nodes={num_nodes}. "

@@ -46,9 +46,11 @@ class DDPStrategy(ParallelStrategy):
         ddp_comm_hook: a DDP communication hook, e.g.
             ``torch.distributed.algorithms.ddp_comm_hooks.default_hooks.fp16_compress_hook``.
         ddp_comm_state: the state passed to ``ddp_comm_hook`` (None: the default process group).
-        sync_batchnorm: convert BatchNorm layers to SyncBatchNorm (CUDA only).
+        sync_batchnorm: convert BatchNorm layers to SyncBatchNorm (CUDA only). None: the Trainer's
+            ``sync_batchnorm`` (False by default).
         use_distributed_sampler: replace the samplers of the dataloaders as described in this module;
-            False leaves them alone (shard the data yourself).
+            False leaves them alone (shard the data yourself). None: the Trainer's
+            ``use_distributed_sampler`` (True by default).
         start_method: "popen" (re-run the script) or "spawn" (torch.multiprocessing).
 
     Example::
@@ -71,8 +73,8 @@ class DDPStrategy(ParallelStrategy):
         bucket_cap_mb: float | None = None,
         ddp_comm_hook: Callable[..., Any] | None = None,
         ddp_comm_state: Any = None,
-        sync_batchnorm: bool = False,
-        use_distributed_sampler: bool = True,
+        sync_batchnorm: bool | None = None,
+        use_distributed_sampler: bool | None = None,
         start_method: str = "popen",
         collective_check_timeout: datetime.timedelta | None = datetime.timedelta(seconds=60),
     ) -> None:
@@ -84,6 +86,7 @@ class DDPStrategy(ParallelStrategy):
             use_distributed_sampler=use_distributed_sampler,
             start_method=start_method,
             collective_check_timeout=collective_check_timeout,
+            sync_batchnorm=sync_batchnorm,
         )
         if bucket_cap_mb is not None and not bucket_cap_mb > 0:
             raise out_of_range("bucket_cap_mb", bucket_cap_mb, "a positive number of MB, or None")
@@ -96,10 +99,9 @@ class DDPStrategy(ParallelStrategy):
             self.ddp_kwargs["bucket_cap_mb"] = bucket_cap_mb
         self.ddp_comm_hook = ddp_comm_hook
         self.ddp_comm_state = ddp_comm_state
-        self.sync_batchnorm = sync_batchnorm
         self._manual = False  # the module uses manual optimization (set when the module is wrapped)
 
-    def configure(
+    def _configure(
         self,
         devices: list[torch.device],
         num_nodes: int,
@@ -107,7 +109,7 @@ class DDPStrategy(ParallelStrategy):
         use_distributed_sampler: bool = True,
         sync_batchnorm: bool = False,
     ) -> None:
-        super().configure(devices, num_nodes, precision, use_distributed_sampler, sync_batchnorm)
+        super()._configure(devices, num_nodes, precision, use_distributed_sampler, sync_batchnorm)
         self._check_sync_batchnorm()
 
     def _check_sync_batchnorm(self) -> None:
@@ -119,7 +121,7 @@ class DDPStrategy(ParallelStrategy):
 
     # ------------------------------------------------------------------ set-up
     def _wrap_module(self, module: nn.Module) -> nn.Module:
-        if self.sync_batchnorm:  # checked in configure()
+        if self.sync_batchnorm:  # checked in _configure()
             module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         step_forward = StepForward(module)

@@ -110,7 +110,7 @@ class FSDPStrategy(ParallelStrategy):
         state_dict_type: str = "full",
         process_group_backend: str | None = None,
         timeout: datetime.timedelta = datetime.timedelta(minutes=30),
-        use_distributed_sampler: bool = True,
+        use_distributed_sampler: bool | None = None,
         start_method: str = "popen",
         collective_check_timeout: datetime.timedelta | None = datetime.timedelta(seconds=60),
     ) -> None:
@@ -147,7 +147,7 @@ class FSDPStrategy(ParallelStrategy):
         self._recording: list[nn.Module] | None = None
         self._last_step: list[tuple[nn.Module, bool]] = []  # the gathers of the last evaluation step
 
-    def configure(
+    def _configure(
         self,
         devices: list[torch.device],
         num_nodes: int,
@@ -155,7 +155,7 @@ class FSDPStrategy(ParallelStrategy):
         use_distributed_sampler: bool = True,
         sync_batchnorm: bool = False,
     ) -> None:
-        super().configure(devices, num_nodes, precision, use_distributed_sampler, sync_batchnorm)
+        super()._configure(devices, num_nodes, precision, use_distributed_sampler, sync_batchnorm)
         if self.precision.scaler is not None:  # found-inf must agree across the shards: torch's sharded scaler
             from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 

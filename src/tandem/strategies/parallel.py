@@ -65,7 +65,7 @@ class ParallelStrategy(Strategy):
         process_group_backend: "gloo" (CPU default), "nccl" (CUDA default), or another torch backend.
         timeout: how long a collective may wait for the other ranks before failing.
         use_distributed_sampler: shard the dataloaders as described in this module; False leaves them
-            alone (shard the data yourself).
+            alone (shard the data yourself). None: the Trainer's ``use_distributed_sampler``.
         start_method: "popen" (re-run the script) or "spawn" (torch.multiprocessing, per stage).
         collective_check_timeout: tandem's own collectives (set-up, epoch and evaluation ends, checkpoint
             saves, metric reduction; not the per-step gradient sync) are first agreed on through the
@@ -85,11 +85,18 @@ class ParallelStrategy(Strategy):
         precision: str | Precision | None = None,
         process_group_backend: str | None = None,
         timeout: datetime.timedelta = datetime.timedelta(minutes=30),
-        use_distributed_sampler: bool = True,
+        use_distributed_sampler: bool | None = None,
         start_method: str = "popen",
         collective_check_timeout: datetime.timedelta | None = datetime.timedelta(seconds=60),
+        *,
+        sync_batchnorm: bool | None = None,
     ) -> None:
-        super().__init__(devices=devices, precision=precision)
+        super().__init__(
+            devices=devices,
+            precision=precision,
+            use_distributed_sampler=use_distributed_sampler,
+            sync_batchnorm=sync_batchnorm,
+        )
         if start_method not in START_METHODS:
             raise bad_choice("start_method", start_method, START_METHODS)
         if not isinstance(timeout, datetime.timedelta):
@@ -101,11 +108,10 @@ class ParallelStrategy(Strategy):
         self.collective_check_timeout = collective_check_timeout
         self.process_group_backend = process_group_backend
         self.timeout = timeout
-        self.use_distributed_sampler = use_distributed_sampler
         self.start_method = start_method
         self._environment: ClusterEnvironment | None = None
 
-    def configure(
+    def _configure(
         self,
         devices: list[torch.device],
         num_nodes: int,
@@ -113,7 +119,7 @@ class ParallelStrategy(Strategy):
         use_distributed_sampler: bool = True,
         sync_batchnorm: bool = False,
     ) -> None:
-        super().configure(devices, num_nodes, precision, use_distributed_sampler, sync_batchnorm)
+        super()._configure(devices, num_nodes, precision, use_distributed_sampler, sync_batchnorm)
         types = {d.type for d in self.parallel_devices}
         cuda = [d for d in self.parallel_devices if d.type == "cuda"]
         if len(types) > 1 or len(cuda) != len({(d.index or 0) for d in cuda}):

@@ -116,7 +116,19 @@ def resolve_strategy(
     sync_batchnorm: bool = False,
 ) -> Strategy:
     """Build (or complete) the Strategy the Trainer's arguments describe, in one phase: nothing is set on it
-    afterwards."""
+    afterwards.
+
+    Args:
+        strategy: a registered name ("auto" picks one from the devices) or an instance the user built.
+        accelerator, devices, num_nodes, precision: the Trainer's arguments of the same names.
+        use_distributed_sampler, sync_batchnorm: the Trainer's arguments. They fill in what an instance left
+            open (None); an instance built with another value than a Trainer argument that is not its
+            default is refused (say it in one place).
+
+    Example::
+
+        strategy = resolve_strategy("ddp", "cpu", 2, 1, "32-true", use_distributed_sampler=False)
+    """
     from tandem.strategies.strategy import Strategy  # the registry is imported by strategy modules
 
     if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes < 1:
@@ -140,5 +152,5 @@ def resolve_strategy(
     if device_list is None:  # the instance leaves the devices to the Trainer's arguments
         device_list = resolve_devices(accelerator, devices)
         type(instance)._check_devices(accelerator, len(device_list))
-    instance.configure(device_list, num_nodes, precision, use_distributed_sampler, sync_batchnorm)
+    instance._configure(device_list, num_nodes, precision, use_distributed_sampler, sync_batchnorm)
     return instance

@@ -64,9 +64,15 @@ class Strategy:
             DataParallel). ``None`` lets the Trainer choose from its ``accelerator`` and ``devices``.
         precision: a precision name (see :class:`~tandem.strategies.precision.Precision`) or instance.
             ``None`` means "32-true" until a Trainer gives its own ``precision``.
+        use_distributed_sampler: whether :meth:`process_dataloader` may replace samplers to shard the data.
+            ``None`` (not given) takes the Trainer's ``use_distributed_sampler`` (True by default).
+        sync_batchnorm: turn BatchNorm layers into SyncBatchNorm (strategies with one process ignore it).
+            ``None`` (not given) takes the Trainer's ``sync_batchnorm`` (False by default).
 
-    A strategy is complete when constructed: its precision, devices (when given) and options are set,
-    and the Trainer's ``configure`` only fills in what the instance left open. Subclasses set ``name``
+    A strategy is complete when constructed: its precision, devices (when given) and options are set, and
+    :func:`~tandem.strategies.registry.resolve_strategy` only fills in, from the Trainer's arguments, what
+    the instance left open (``None``); a Trainer argument that is not its default yet disagrees with the
+    instance is an error. Nothing is set on a strategy after that one phase. Subclasses set ``name``
     and override the private hooks (``_reduce``, ``_process_dataloader``, ...) and the properties below;
     the public methods validate their arguments first. Capabilities are data:
     ``distributed_sampler_kwargs`` says whether the data must be sharded, ``launcher`` whether other
@@ -82,17 +88,27 @@ class Strategy:
     supported_accelerators: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
     #: most devices this strategy can use on one node (None: any number)
     max_devices: ClassVar[int | None] = 1
-    #: whether process_dataloader may replace samplers to shard data (``Trainer(use_distributed_sampler=...)``)
-    use_distributed_sampler: bool = True
-    #: turn BatchNorm layers into SyncBatchNorm (``Trainer(sync_batchnorm=True)``); strategies with one process ignore it
-    sync_batchnorm: bool = False
     #: whether ``training_step`` may step the optimizers itself (manual optimization)
     supports_manual_optimization: ClassVar[bool] = True
 
-    def __init__(self, devices: list[torch.device] | None = None, precision: str | Precision | None = None) -> None:
+    def __init__(
+        self,
+        devices: list[torch.device] | None = None,
+        precision: str | Precision | None = None,
+        *,
+        use_distributed_sampler: bool | None = None,
+        sync_batchnorm: bool | None = None,
+    ) -> None:
         self.parallel_devices: list[torch.device] | None = devices
-        self._precision_given = precision is not None
         self.precision: Precision = precision if isinstance(precision, Precision) else Precision(precision or "32-true")
+        self.use_distributed_sampler: bool = True if use_distributed_sampler is None else use_distributed_sampler
+        self.sync_batchnorm: bool = False if sync_batchnorm is None else sync_batchnorm
+        # what the instance was built with (None: left open to the Trainer's arguments)
+        self._given: dict[str, Any] = {
+            "precision": None if precision is None else self.precision.precision,
+            "use_distributed_sampler": use_distributed_sampler,
+            "sync_batchnorm": sync_batchnorm,
+        }
         self.num_nodes = 1
         self._module: nn.Module | None = None  # the user's module, unwrapped
         self._model: nn.Module | None = None  # what steps run through (may be a wrapper)
@@ -110,7 +126,7 @@ class Strategy:
                 "Use strategy='ddp' to train on several devices."
             )
 
-    def configure(
+    def _configure(
         self,
         devices: list[torch.device],
         num_nodes: int,
@@ -118,29 +134,19 @@ class Strategy:
         use_distributed_sampler: bool = True,
         sync_batchnorm: bool = False,
     ) -> None:
-        """Fill in what the Trainer's arguments decide and the user's instance left open.
-
-        A precision given to the strategy wins over the Trainer's default; two different precisions are
-        an error. ``Trainer(use_distributed_sampler=False)`` and ``Trainer(sync_batchnorm=True)`` arrive here,
-        in the one construction phase (nothing is set on the strategy after it): either side turning sampler
-        injection off turns it off, either side asking for SyncBatchNorm asks for it (strategies with one
-        process ignore it).
-        """
-        self.use_distributed_sampler = self.use_distributed_sampler and use_distributed_sampler
-        self.sync_batchnorm = self.sync_batchnorm or sync_batchnorm
+        """Fill in what the Trainer's arguments decide and the instance left open (called once, by
+        ``resolve_strategy``). Subclasses extend it to check what the completed configuration can run."""
         if self.parallel_devices is None:
             self.parallel_devices = devices
         self.num_nodes = num_nodes
         trainer_precision = precision if isinstance(precision, Precision) else Precision(precision)
-        if not self._precision_given:
+        _settle("precision", self._given["precision"], trainer_precision.precision, "32-true")  # refuses a conflict
+        if self._given["precision"] is None:
             self.precision = trainer_precision
-        elif trainer_precision.precision not in ("32-true", self.precision.precision):
-            raise incompatible(
-                f"Trainer(precision={trainer_precision.precision!r}) with a strategy built with "
-                f"precision={self.precision.precision!r}",
-                "the two disagree",
-                "Give the precision in one place: Trainer(precision=...) or the strategy's precision argument.",
-            )
+        self.use_distributed_sampler = _settle(
+            "use_distributed_sampler", self._given["use_distributed_sampler"], use_distributed_sampler, True
+        )
+        self.sync_batchnorm = _settle("sync_batchnorm", self._given["sync_batchnorm"], sync_batchnorm, False)
         self.precision.set_device_type(self.root_device.type)
 
     # ------------------------------------------------------------------ capabilities and topology
@@ -377,6 +383,12 @@ class Strategy:
     def _barrier(self, name: str | None) -> None:
         pass
 
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        """Whether every rank (``all=True``) or any rank (``all=False``) decided ``True``; every process calls
+        this (one ``reduce`` of one number)."""
+        votes = int(self.reduce(torch.tensor(int(bool(decision))), "sum"))
+        return votes == self.world_size if all else votes > 0
+
     # ------------------------------------------------------------------ checkpoint state
     def module_state_dict(self) -> dict[str, Any]:
         """The module's state for a checkpoint, in the format :meth:`save_checkpoint` writes. Every rank
@@ -425,10 +437,23 @@ class Strategy:
 
 
 def reduce_boolean_decision(strategy: Strategy, decision: bool, all: bool = True) -> bool:
-    """Whether every rank (``all=True``) or any rank (``all=False``) decided ``True``; every process calls this
-    (one ``reduce`` of one number)."""
-    votes = int(strategy.reduce(torch.tensor(int(bool(decision))), "sum"))
-    return votes == strategy.world_size if all else votes > 0
+    """``strategy.reduce_boolean_decision(decision, all)``, for the callers that import it as a function
+    (trainer/trainer.py); remove it once they call the method."""
+    return strategy.reduce_boolean_decision(decision, all)
+
+
+def _settle(name: str, given: Any, trainer: Any, default: Any) -> Any:
+    """Option ``name`` of a strategy: what the instance was built with (``given``; None: left open, so the
+    Trainer's value), unless the Trainer asked for something else than its ``default`` that disagrees."""
+    if given is None:
+        return trainer
+    if trainer != default and trainer != given:
+        raise incompatible(
+            f"Trainer({name}={trainer!r}) with a strategy built with {name}={given!r}",
+            "the two disagree",
+            f"Give the {name} in one place: Trainer({name}=...) or the strategy's {name} argument.",
+        )
+    return given
 
 
 def sharded_checkpoint_error(path: str | Path, strategy: str) -> CheckpointError:

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from tandem.strategies import DDPStrategy
 from tandem.strategies.environments import TorchElasticEnvironment
-from tandem.strategies.strategy import reduce_boolean_decision
+from tandem.strategies.registry import resolve_strategy
 
 
 class Regression(nn.Module):
@@ -46,9 +46,7 @@ class Regression(nn.Module):
 
 
 def make_strategy(devices: int, **kwargs: object) -> DDPStrategy:
-    strategy = DDPStrategy(**kwargs)
-    strategy.configure([torch.device("cpu")] * devices, 1, "32-true")
-    return strategy
+    return resolve_strategy(DDPStrategy(**kwargs), "cpu", devices, 1, "32-true")
 
 
 def train_steps(
@@ -84,8 +82,8 @@ def check_collectives(strategy: DDPStrategy) -> dict:
     assert strategy.all_gather(torch.tensor([rank, 10 * rank])).tolist() == [[r, 10 * r] for r in range(world)]
     assert strategy.broadcast({"from": rank}, src=0) == {"from": 0}
     strategy.barrier("check")
-    assert reduce_boolean_decision(strategy, rank == 0, all=True) is False
-    assert reduce_boolean_decision(strategy, rank == 0, all=False) is True
+    assert strategy.reduce_boolean_decision(rank == 0, all=True) is False
+    assert strategy.reduce_boolean_decision(rank == 0, all=False) is True
     return seen
 
 
