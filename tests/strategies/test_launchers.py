@@ -186,6 +186,7 @@ def test_spawn_returns_rank_0_results(tmp_path):
         assert not torch.equal(received["before"][name], value)
     assert received["callback_metrics"] == {"stale": 1.0, "seen_by": torch.tensor(0.0)}  # rank 0's dict
     assert received["best_model_path"] == "best-from-rank0.ckpt"
+    assert received["progress"] == {"epoch": 10}  # rank 0's fit_loop.state_dict(), loaded into the caller's
 
 
 @pytest.mark.timeout(60)

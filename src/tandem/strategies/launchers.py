@@ -450,9 +450,7 @@ def collect(trainer: Any) -> dict[str, Any]:
         "callback_metrics": apply_to_collection(dict(trainer.callback_metrics), torch.Tensor, _to_cpu),
         "logged_metrics": dict(getattr(trainer, "logged_metrics", {})),
     }
-    loop = getattr(trainer, "fit_loop", None)  # a Trainer's fit loop (its state_dict: what checkpoints save)
-    if loop is not None:  # current_epoch and global_step read the fitted values afterwards
-        payload["progress"] = loop.state_dict()
+    payload["progress"] = trainer.fit_loop.state_dict()  # current_epoch and global_step read it afterwards
     checkpoint = getattr(trainer, "checkpoint_callback", None)
     if checkpoint is not None:
         payload["checkpoint"] = {
@@ -474,9 +472,7 @@ def apply(trainer: Any, payload: dict[str, Any], module: torch.nn.Module | None)
     if isinstance(logged, dict) and "logged_metrics" in payload:
         logged.clear()
         logged.update(payload["logged_metrics"])
-    loop = getattr(trainer, "fit_loop", None)
-    if loop is not None and "progress" in payload:
-        loop.load_state_dict(payload["progress"])
+    trainer.fit_loop.load_state_dict(payload["progress"])
     checkpoint = getattr(trainer, "checkpoint_callback", None)
     if checkpoint is not None:
         for name, value in payload.get("checkpoint", {}).items():

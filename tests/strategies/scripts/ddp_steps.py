@@ -195,6 +195,19 @@ def run_wait(args: argparse.Namespace) -> None:
     strategy.launcher.launch(work)
 
 
+class FitLoop:
+    """What the launcher reads and writes of a Trainer's fit loop: its state, sent back from rank 0."""
+
+    def __init__(self) -> None:
+        self.epoch, self.loaded = 0, None
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.loaded = state
+
+
 def spawned(strategy: DDPStrategy, module: nn.Module, trainer: types.SimpleNamespace, crash: bool) -> dict:
     strategy.setup_environment()
     strategy.setup(module)
@@ -204,6 +217,7 @@ def spawned(strategy: DDPStrategy, module: nn.Module, trainer: types.SimpleNames
     train_steps(strategy, strategy.module, steps=3)
     trainer.callback_metrics["seen_by"] = torch.tensor(float(strategy.global_rank))
     trainer.checkpoint_callback.best_model_path = f"best-from-rank{strategy.global_rank}.ckpt"
+    trainer.fit_loop.epoch = 10 + strategy.global_rank
     return {
         "rank": strategy.global_rank,
         "sum": strategy.reduce(torch.tensor(1.0), "sum").item(),
@@ -216,7 +230,9 @@ def run_spawn(args: argparse.Namespace, crash: bool = False) -> None:
     module = Regression()
     before = {k: v.clone() for k, v in module.state_dict().items()}
     trainer = types.SimpleNamespace(
-        callback_metrics={"stale": 1.0}, checkpoint_callback=types.SimpleNamespace(best_model_path="")
+        callback_metrics={"stale": 1.0},
+        checkpoint_callback=types.SimpleNamespace(best_model_path=""),
+        fit_loop=FitLoop(),
     )
     try:
         result = strategy.launcher.launch(spawned, strategy, module, trainer, crash, trainer=trainer)
@@ -230,6 +246,7 @@ def run_spawn(args: argparse.Namespace, crash: bool = False) -> None:
             "after": module.state_dict(),
             "callback_metrics": trainer.callback_metrics,
             "best_model_path": trainer.checkpoint_callback.best_model_path,
+            "progress": trainer.fit_loop.loaded,
         },
         Path(args.out) / "spawn.pt",
     )
