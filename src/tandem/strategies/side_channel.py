@@ -394,7 +394,7 @@ class PreemptionVote:
     def target(self, here: Position) -> Position:
         """Main thread, at a stop point with the flag set (``here``: epoch, batches done in it): the position
         every rank stops at, at or after ``here``. Posts ``here`` unless this rank's watcher posted first, and
-        waits up to 60 s for every rank to post."""
+        waits up to ``_PREEMPTION_WAIT_S`` (60 s) for every rank to post."""
         if self._target is not None:
             return self._target
         channel, store = self.channel, self.channel.store
