@@ -436,12 +436,6 @@ class Strategy:
                 path.unlink(missing_ok=True)
 
 
-def reduce_boolean_decision(strategy: Strategy, decision: bool, all: bool = True) -> bool:
-    """``strategy.reduce_boolean_decision(decision, all)``, for the callers that import it as a function
-    (trainer/trainer.py); remove it once they call the method."""
-    return strategy.reduce_boolean_decision(decision, all)
-
-
 def _settle(name: str, given: Any, trainer: Any, default: Any) -> Any:
     """Option ``name`` of a strategy: what the instance was built with (``given``; None: left open, so the
     Trainer's value), unless the Trainer asked for something else than its ``default`` that disagrees."""

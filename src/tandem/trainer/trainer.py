@@ -17,7 +17,7 @@ from tandem.callbacks.callback import Callback
 from tandem.module import DataModule, TrainingModule, is_overridden
 from tandem.strategies.registry import resolve_strategy
 from tandem.strategies.side_channel import entry_point
-from tandem.strategies.strategy import Strategy, reduce_boolean_decision
+from tandem.strategies.strategy import Strategy
 from tandem.trainer import checkpointing, data, optim, preemption
 from tandem.trainer.config import TrainerConfig, check_unknown_arguments
 from tandem.trainer.evaluation import EvaluationLoop, format_results
@@ -484,7 +484,7 @@ class Trainer:
         """
         with entry_point("save_checkpoint"):
             nonfinite = nonfinite_parameters(self.strategy.module)  # one fused pass over the parameters
-            if reduce_boolean_decision(self.strategy, bool(nonfinite), all=False):  # any rank's shard: all alike
+            if self.strategy.reduce_boolean_decision(bool(nonfinite), all=False):  # any rank's shard: all alike
                 self._nonfinite.refuse_save(nonfinite, filepath, self.global_step)
                 return False
             self.strategy.save_checkpoint(to_weights_only(self._checkpoint_state(weights_only)), filepath)
