@@ -111,18 +111,11 @@ class DataParallelStrategy(Strategy):
         if accelerator != "cuda":
             raise _needs_cuda()
 
-    def _configure(
-        self,
-        devices: list[torch.device],
-        num_nodes: int,
-        precision: str | Precision,
-        use_distributed_sampler: bool = True,
-        sync_batchnorm: bool = False,
-    ) -> None:
-        super()._configure(devices, num_nodes, precision, use_distributed_sampler, sync_batchnorm)
-        if num_nodes != 1:
+    def _check_configuration(self) -> None:
+        super()._check_configuration()
+        if self.num_nodes != 1:
             raise TandemConfigError(
-                f"strategy='dp' runs in one process on one machine; got num_nodes={num_nodes}. "
+                f"strategy='dp' runs in one process on one machine; got num_nodes={self.num_nodes}. "
                 "Use strategy='ddp' for several machines."
             )
         types = {d.type for d in self.parallel_devices}

@@ -101,15 +101,8 @@ class DDPStrategy(ParallelStrategy):
         self.ddp_comm_state = ddp_comm_state
         self._manual = False  # the module uses manual optimization (set when the module is wrapped)
 
-    def _configure(
-        self,
-        devices: list[torch.device],
-        num_nodes: int,
-        precision: str | Precision,
-        use_distributed_sampler: bool = True,
-        sync_batchnorm: bool = False,
-    ) -> None:
-        super()._configure(devices, num_nodes, precision, use_distributed_sampler, sync_batchnorm)
+    def _check_configuration(self) -> None:
+        super()._check_configuration()
         self._check_sync_batchnorm()
 
     def _check_sync_batchnorm(self) -> None:

@@ -147,15 +147,8 @@ class FSDPStrategy(ParallelStrategy):
         self._recording: list[nn.Module] | None = None
         self._last_step: list[tuple[nn.Module, bool]] = []  # the gathers of the last evaluation step
 
-    def _configure(
-        self,
-        devices: list[torch.device],
-        num_nodes: int,
-        precision: str | Precision,
-        use_distributed_sampler: bool = True,
-        sync_batchnorm: bool = False,
-    ) -> None:
-        super()._configure(devices, num_nodes, precision, use_distributed_sampler, sync_batchnorm)
+    def _check_configuration(self) -> None:
+        super()._check_configuration()
         if self.precision.scaler is not None:  # found-inf must agree across the shards: torch's sharded scaler
             from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 

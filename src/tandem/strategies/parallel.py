@@ -111,15 +111,8 @@ class ParallelStrategy(Strategy):
         self.start_method = start_method
         self._environment: ClusterEnvironment | None = None
 
-    def _configure(
-        self,
-        devices: list[torch.device],
-        num_nodes: int,
-        precision: str | Precision,
-        use_distributed_sampler: bool = True,
-        sync_batchnorm: bool = False,
-    ) -> None:
-        super()._configure(devices, num_nodes, precision, use_distributed_sampler, sync_batchnorm)
+    def _check_configuration(self) -> None:
+        super()._check_configuration()
         types = {d.type for d in self.parallel_devices}
         cuda = [d for d in self.parallel_devices if d.type == "cuda"]
         if len(types) > 1 or len(cuda) != len({(d.index or 0) for d in cuda}):

@@ -135,7 +135,7 @@ class Strategy:
         sync_batchnorm: bool = False,
     ) -> None:
         """Fill in what the Trainer's arguments decide and the instance left open (called once, by
-        ``resolve_strategy``). Subclasses extend it to check what the completed configuration can run."""
+        ``resolve_strategy``), then :meth:`_check_configuration`."""
         if self.parallel_devices is None:
             self.parallel_devices = devices
         self.num_nodes = num_nodes
@@ -148,6 +148,10 @@ class Strategy:
         )
         self.sync_batchnorm = _settle("sync_batchnorm", self._given["sync_batchnorm"], sync_batchnorm, False)
         self.precision.set_device_type(self.root_device.type)
+        self._check_configuration()
+
+    def _check_configuration(self) -> None:
+        """Refuse (or adapt to) what the completed configuration cannot run; subclasses extend it."""
 
     # ------------------------------------------------------------------ capabilities and topology
     @property

@@ -5,14 +5,13 @@ then each callback's, in the user's order; hooks nobody overrides are not called
 :meth:`HookDispatcher.call`, and keeps the two facts ``self.log`` needs: the hook now running (a context
 variable, read by :func:`current_hook`) and the stage now running (``TrainerState.stage``, set for a block
 with :meth:`HookDispatcher.running`). Whether a hook's ``self.log`` calls default to ``on_step=True`` is
-declared with the hook itself (``@logs_per_step`` on ``TrainingModule`` and ``Callback``).
+declared with the hook itself (``@logs_per_step`` on ``TrainingModule``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -28,16 +27,19 @@ _CURRENT_HOOK: contextvars.ContextVar[str | None] = contextvars.ContextVar("tand
 _HOOK_NAMES = tuple(sorted(n for n in dir(Callback) if n.startswith("on_")))
 
 
-def current_hook() -> str | None:
-    """The hook or step method running now (``"training_step"``, ``"on_validation_epoch_end"``, ...), or None."""
-    return _CURRENT_HOOK.get()
+#: mark a hook as running and take it back (``token = enter_hook(name)`` ... ``leave_hook(token)``): the
+#: context variable's own methods, for the per-step path, where :class:`running_hook` costs three times more
+enter_hook = _CURRENT_HOOK.set
+leave_hook = _CURRENT_HOOK.reset
 
 
-@functools.cache
-def logs_per_step(hook: str | None) -> bool:
-    """Whether ``self.log`` in ``hook`` defaults to ``on_step=True, on_epoch=False`` (else the reverse), as
-    declared on ``TrainingModule`` with ``@logs_per_step``."""
-    return hook is not None and bool(getattr(getattr(TrainingModule, hook, None), "logs_per_step", False))
+#: the hook or step method running now (``"training_step"``, ``"on_validation_epoch_end"``, ...), or None (the
+#: context variable's own ``get``: ``self.log`` asks it on every call)
+current_hook = _CURRENT_HOOK.get
+
+#: the hooks whose ``self.log`` calls default to ``on_step=True, on_epoch=False`` (the others: the reverse), as
+#: declared on ``TrainingModule`` with ``@logs_per_step``
+STEP_HOOKS = frozenset(n for n in dir(TrainingModule) if getattr(getattr(TrainingModule, n, None), "logs_per_step", 0))
 
 
 class running_hook:  # noqa: N801 - used as a context manager, like contextlib's lower-case ones
@@ -70,6 +72,7 @@ class HookDispatcher:
     def __init__(self, state: TrainerState) -> None:
         self._state = state
         self._table: dict[str, list[Callable[..., None]]] = {}
+        self.registered: frozenset[str] = frozenset()  # the hooks someone overrides in the current run
         self._trainer: Callable[[], Trainer | None] = _no_trainer
 
     def __getstate__(self) -> dict[str, Any]:  # ddp_spawn pickles the Trainer; each run collects afresh
@@ -88,10 +91,11 @@ class HookDispatcher:
                     fns.append(_callback_hook(getattr(callback, name), module))
             table[name] = fns
         self._table = table
+        self.registered = frozenset(name for name, fns in table.items() if fns)
 
     def has(self, name: str) -> bool:
-        """Whether anyone overrides ``name`` (the per-step path skips hooks nobody registered)."""
-        return bool(self._table.get(name))
+        """Whether anyone overrides ``name`` (the per-step path tests ``name in registered`` itself)."""
+        return name in self.registered
 
     def call(self, name: str, *args: Any) -> None:
         """Run ``name`` on the module, then on each callback in the user's order."""

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tandem.trainer.hooks import current_hook, logs_per_step
+from tandem.trainer.hooks import STEP_HOOKS, current_hook
 from tandem.utilities.exceptions import TandemUserCodeError, bad_choice
 from tandem.utilities.logged_values import is_metric, replica_logs, to_float
 
@@ -142,7 +142,7 @@ class MetricCollector:
         if rank_zero_only:  # logged on rank 0 alone: a collective would wait for the others forever
             sync_dist = False
         if on_step is None or on_epoch is None:
-            in_step_hook = logs_per_step(current_hook())
+            in_step_hook = current_hook() in STEP_HOOKS
             on_step = in_step_hook if on_step is None else on_step
             on_epoch = (not in_step_hook) if on_epoch is None else on_epoch
         if isinstance(value, torch.Tensor) and value.ndim == 0:  # the common case, kept cheap
@@ -151,7 +151,8 @@ class MetricCollector:
             metric = value if is_metric(value) else None
             if metric is None:
                 value = self._as_tensor(name, value)
-        stage = self.stage
+        stage = self._state.stage  # self.stage, inline: this runs for every logged value
+        stage = _STORE.get(stage, stage) if stage is not None else "train"
         entries = self._stores.get(stage)
         if entries is None:
             entries = self._stores[stage] = {}

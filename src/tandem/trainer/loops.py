@@ -202,12 +202,13 @@ class FitLoop:
         batch = strategy.batch_to_device(batch) if transfer is None else transfer(batch, 0)
         context.metrics.set_batch(batch)
         loop.plan_batch(batch_idx, config.accumulate_grad_batches, config.log_every_n_steps, optimization.automatic)
-        hooks.call("on_train_batch_start", batch, batch_idx)
+        if "on_train_batch_start" in hooks.registered:  # hooks nobody overrides are not even called
+            hooks.call("on_train_batch_start", batch, batch_idx)
         output, loss = optimization.run(batch, batch_idx)
         if loop.log_step and (context.sink.loggers or strategy.world_size > 1):
             self._publish_step(loss)
         loop.batches_done = batch_idx + 1
-        if hooks.has("on_train_batch_end"):
+        if "on_train_batch_end" in hooks.registered:
             hooks.call("on_train_batch_end", optimization.hook_outputs(output, loss), batch, batch_idx)
 
     def _publish_step(self, loss: torch.Tensor | None) -> None:

@@ -17,7 +17,7 @@ import torch
 from torch.optim import Optimizer
 
 from tandem.module import is_overridden
-from tandem.trainer.hooks import running_hook
+from tandem.trainer.hooks import enter_hook, leave_hook, running_hook
 from tandem.trainer.optim import LRSchedulerConfig, TrainingOptimizer, parse_optimizers
 from tandem.utilities.exceptions import TandemUserCodeError, missing_metric
 from tandem.utilities.rank_zero import rank_zero_warn
@@ -78,8 +78,11 @@ class Optimization:
 
     def _training_step(self, batch: Any, batch_idx: int) -> Any:
         args = (batch, batch_idx) if self.takes_batch_idx else (batch,)
-        with running_hook(_TRAINING_STEP):
+        token = enter_hook(_TRAINING_STEP)
+        try:
             return self.context.strategy.run_step(_TRAINING_STEP, *args)
+        finally:
+            leave_hook(token)
 
 
 class AutomaticOptimization(Optimization):
@@ -119,8 +122,11 @@ class AutomaticOptimization(Optimization):
         if self._optimizer_step is not None:
             return self._run_in_closure(batch, batch_idx)
         args = (batch, batch_idx) if self.takes_batch_idx else (batch,)
-        with running_hook(_TRAINING_STEP):
+        token = enter_hook(_TRAINING_STEP)  # inline, not _training_step: one frame fewer to the user's step
+        try:
             output = strategy.run_step(_TRAINING_STEP, *args)
+        finally:
+            leave_hook(token)
         loss = self._backward(output)
         if self.has_gradients:
             optimizer = self.optimizers[0]
@@ -165,17 +171,20 @@ class AutomaticOptimization(Optimization):
         loss = _loss_from(output)
         if loss is not None:
             context = self.context
-            k = context.config.accumulate_grad_batches
-            context.hooks.call("on_before_backward", loss)
+            hooks, k = context.hooks, context.config.accumulate_grad_batches
+            if "on_before_backward" in hooks.registered:  # hooks nobody overrides are not even called
+                hooks.call("on_before_backward", loss)
             context.strategy.backward(loss / k if k > 1 else loss)
-            context.hooks.call("on_after_backward")
+            if "on_after_backward" in hooks.registered:
+                hooks.call("on_after_backward")
             self.has_gradients = True
         return loss
 
     def _prepare_step(self, optimizer: Optimizer) -> None:
         """Between backward and the step: unscale float16 gradients, the hook, clipping."""
         self.context.strategy.precision.unscale_gradients(optimizer)
-        self.context.hooks.call("on_before_optimizer_step", optimizer)
+        if "on_before_optimizer_step" in self.context.hooks.registered:
+            self.context.hooks.call("on_before_optimizer_step", optimizer)
         if self._clip is not None:
             with running_hook("configure_gradient_clipping"):
                 self._clip(optimizer)
@@ -183,7 +192,8 @@ class AutomaticOptimization(Optimization):
     def _finish_step(self, optimizer: Optimizer, batch_idx: int, stepped: bool) -> None:
         """After a step: clear the gradients, count the step, step the per-step schedulers."""
         loop = self.loop
-        self.context.hooks.call("on_before_zero_grad", optimizer)
+        if "on_before_zero_grad" in self.context.hooks.registered:
+            self.context.hooks.call("on_before_zero_grad", optimizer)
         if self._zero_grad is None:
             optimizer.zero_grad(set_to_none=True)
         else:

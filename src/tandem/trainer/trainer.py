@@ -182,6 +182,8 @@ class Trainer:
         loop_state = LoopState()
         self._hooks = HookDispatcher(self.state)
         self._metrics = MetricCollector(self.strategy, self.state)
+        #: what ``self.log`` writes into (the module's ``log`` calls its ``log``)
+        self.metric_collector = self._metrics
         self._sink = LogSink(loggers, self._metrics, self.strategy, loop_state)
         self._nonfinite = NonFiniteGuard(on_nonfinite, self.strategy, self._config)
         context = LoopContext(
@@ -526,11 +528,6 @@ class Trainer:
     @should_stop.setter
     def should_stop(self, value: bool) -> None:
         self.state.should_stop = bool(value)
-
-    @property
-    def metric_collector(self) -> MetricCollector:
-        """What ``self.log`` writes into (the module's ``log`` calls its ``log``)."""
-        return self._metrics
 
     @property
     def callback_metrics(self) -> dict[str, torch.Tensor]:

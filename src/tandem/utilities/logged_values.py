@@ -41,9 +41,9 @@ def is_metric(value: Any) -> bool:
     return torchmetrics is not None and isinstance(value, torchmetrics.Metric)
 
 
-def replica_logs() -> list[tuple[str, Any, dict[str, Any]]] | None:
-    """The buffer of the :func:`replica_log_buffer` open in this thread, or None outside one."""
-    return _REPLICA_LOGS.get()
+#: the buffer of the :func:`replica_log_buffer` open in this thread, or None outside one (the context
+#: variable's own ``get``: ``self.log`` asks it on every call)
+replica_logs = _REPLICA_LOGS.get
 
 
 def to_float(metrics: dict[str, Any]) -> dict[str, float]:
