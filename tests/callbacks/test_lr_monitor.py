@@ -79,7 +79,8 @@ def test_step_interval_logs_every_log_every_n_steps_once_per_step():
         trainer.is_log_step = batch_idx in (3, 7)  # the loop's plan: steps 2 and 4 publish (batches 3 and 7)
         callback.on_train_batch_start(trainer, None, None, batch_idx)
         callback.on_train_batch_end(trainer, None, None, None, batch_idx)
-    assert [(step, round(m["lr-SGD"], 6)) for m, step in logger.calls] == [(0, 0.1), (2, 0.3), (4, 0.5)]
+    # as Lightning: at the start of each publishing batch (3 and 7), the rate that batch trains with
+    assert [(step, round(m["lr-SGD"], 6)) for m, step in logger.calls] == [(1, 0.2), (3, 0.4)]
 
 
 def test_epoch_interval_logs_at_epoch_start_only():
@@ -102,6 +103,7 @@ def test_default_interval_follows_each_scheduler():
     callback = LearningRateMonitor()
     _start(callback, trainer)
     callback.on_train_epoch_start(trainer, None)
+    trainer.is_log_step = True
     callback.on_train_batch_start(trainer, None, None, 0)
     (at_epoch, _), (at_step, _) = logger.calls
     assert set(at_epoch) == {"lr-Adam", "lr-RMSprop"}  # optimizers without a scheduler log per epoch

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
@@ -286,3 +287,24 @@ def test_module_properties_inside_a_run():
     trainer = quiet_trainer(max_epochs=1)
     trainer.fit(Props(), loader())
     assert seen == {"epoch": 0, "step": 4, "rank": 0, "device": torch.device("cpu"), "trainer": trainer}
+
+
+def test_the_sanity_check_does_not_change_the_training_order():
+    """As Lightning (isolate_rng): adding a validation loader leaves the first epoch's shuffled order alone."""
+
+    class Records(TinyModule):
+        def __init__(self):
+            super().__init__()
+            self.seen: list[list[float]] = []
+
+        def training_step(self, batch, batch_idx):
+            self.seen.append(batch[0][:, 0].tolist())
+            return super().training_step(batch, batch_idx)
+
+    def first_epoch(val: Any) -> list[list[float]]:
+        tandem.seed_everything(7)
+        model = Records()
+        quiet_trainer(max_epochs=1, num_sanity_val_steps=2).fit(model, loader(64, 16, shuffle=True), val)
+        return model.seen
+
+    assert first_epoch(None) == first_epoch(loader(32, 16))

@@ -53,17 +53,19 @@ def test_defaults_and_names_for_step_and_epoch_values():
     assert float(metrics["epoch_sum"]) == 4.0
     assert float(metrics["at_end"]) == 7.0
     steps = [(s, set(m)) for s, m in logger.records if "train_loss" in m]
-    assert [s for s, _ in steps] == [2, 4, 6, 8]
+    assert [s for s, _ in steps] == [1, 3, 5, 7]  # Lightning's: the stepped batches before the logging one
     assert all(keys == {"train_loss", "both_step", "epoch"} for _, keys in steps)
     assert [m["epoch"] for _, m in logger.records if "train_loss" in m] == [0, 0, 1, 1]  # every row names its epoch
     epoch_records = [m for _, m in logger.records if "both_epoch" in m]
     assert [m["epoch"] for m in epoch_records] == [0, 1]
+    assert [s for s, m in logger.records if "both_epoch" in m] == [4, 8]  # the epoch's values after its last step
+    assert [s for s, m in logger.records if "val_loss" in m] == [3, 7]  # validation at the last batch's step
     assert {"both_epoch", "epoch_sum", "at_end"} <= set(epoch_records[0])
     val_records = [m for _, m in logger.records if "val_loss" in m]
     assert len(val_records) == 2  # validation epoch values, once per epoch (not during the sanity check)
     assert logger.hparams == {"lr": 0.01, "optimizer": "sgd", "dropout": 0.0, "scheduler": False}
     assert logger.status == "success"
-    assert trainer.logged_metrics["epoch"] == 1
+    assert "epoch" not in trainer.logged_metrics  # as Lightning: the loggers' rows get it, logged_metrics does not
     assert "train_loss" in trainer.progress_bar_metrics
 
 
@@ -185,3 +187,39 @@ def test_reduce_by_name_sends_the_identity_for_missing_values():
     out = reduce_by_name(strategy, mine)
     assert float(out["a"]) == 3.0 and float(out["m"]) == 3.0 and float(out["s"]) == 7.0
     assert out["m"].dtype == torch.float32
+
+
+def test_validation_step_values_logged_on_step_reach_the_loggers_at_each_loaders_batch_count():
+    class StepLogs(TinyModule):
+        def validation_step(self, batch, batch_idx, dataloader_idx=0):
+            self.log("val_x", float(batch_idx), on_step=True, on_epoch=False)
+            self.log("val_both", 1.0, on_step=True, on_epoch=True)
+
+    logger = RecordingLogger()
+    trainer = quiet_trainer(max_epochs=2, logger=logger, log_every_n_steps=50, num_sanity_val_steps=1)
+    trainer.fit(StepLogs(), loader(32, 16), [loader(32, 16), loader(16, 16)])
+    first = [(s, m) for s, m in logger.records if "val_x/dataloader_idx_0" in m]
+    second = [(s, m) for s, m in logger.records if "val_x/dataloader_idx_1" in m]
+    # Lightning's steps: each loader's batches counted across the fit's validations, the sanity check not counted
+    assert [s for s, _ in first] == [0, 1, 2, 3] and [m["val_x/dataloader_idx_0"] for _, m in first] == [0, 1, 0, 1]
+    assert [s for s, _ in second] == [0, 1]
+    assert all("val_both_step/dataloader_idx_0" in m and "epoch" not in m for _, m in first)
+    trainer.validate(StepLogs(), loader(32, 16))  # a new entry point counts from 0 again
+    assert [s for s, m in logger.records if "val_x" in m] == [0, 1]
+
+
+def test_each_entry_point_starts_with_its_own_callback_metrics():
+    class Staged(TinyModule):
+        def test_step(self, batch, batch_idx):
+            self.log("test_only", 1.0)
+
+    trainer = quiet_trainer(max_epochs=1)
+    model = Staged()
+    trainer.fit(model, loader(32, 16), loader(32, 16))
+    assert {"train_loss", "val_loss"} <= set(trainer.callback_metrics)
+    trainer.test(model, loader(32, 16))
+    assert set(trainer.callback_metrics) == {"test_only"}  # as Lightning: fit's values are gone
+    trainer.validate(model, loader(32, 16))
+    assert "test_only" not in trainer.callback_metrics and "val_loss" in trainer.callback_metrics
+    trainer.predict(model, loader(32, 16))
+    assert trainer.callback_metrics == {} and trainer.logged_metrics == {} and trainer.progress_bar_metrics == {}

@@ -110,7 +110,7 @@ def test_max_steps_checkpoints_and_logging_follow_the_manual_steps(tmp_path):
     rows = (Path(logger.log_dir) / "metrics.csv").read_text().splitlines()
     header = rows[0].split(",")
     steps = [int(row.split(",")[header.index("step")]) for row in rows[1:] if row.split(",")[header.index("loss")]]
-    assert steps == [2, 4, 6]  # the loggers' step counts batches (Lightning's), every log_every_n_steps of them
+    assert steps == [1, 3, 5]  # Lightning's: the batches stepped before each logging one, every log_every_n_steps
 
 
 def test_exact_resume_with_two_optimizers_and_two_schedulers(tmp_path):

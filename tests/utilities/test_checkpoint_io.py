@@ -146,7 +146,11 @@ def test_files_get_the_mode_open_gives(tmp_path, umask):
     previous = os.umask(umask)
     try:
         trainer = quiet_trainer(
-            max_epochs=1, logger=CSVLogger(tmp_path), enable_checkpointing=True, default_root_dir=tmp_path
+            max_epochs=1,
+            logger=CSVLogger(tmp_path),
+            enable_checkpointing=True,
+            default_root_dir=tmp_path,
+            log_every_n_steps=1,  # rows for metrics.csv
         )
         trainer.fit(TinyModule(), loader())
         plain = tmp_path / "plain.pt"

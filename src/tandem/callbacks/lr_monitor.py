@@ -44,7 +44,6 @@ class LearningRateMonitor(Callback):
         self.log_momentum = log_momentum
         self.log_weight_decay = log_weight_decay
         self._names: list[str] = []
-        self._window_starts = True  # the next training batch opens a publishing window
 
     def setup(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
         if stage == "fit" and not trainer.loggers:
@@ -56,21 +55,12 @@ class LearningRateMonitor(Callback):
 
     def on_train_start(self, trainer: Trainer, module: TrainingModule) -> None:
         self._names = optimizer_names(trainer.optimizers)
-        # Step values are logged at the start of each publishing window: the fit's first batch (a resumed fit's
-        # when it starts a window), then the batch after each batch that published (trainer.is_log_step).
-        self._window_starts = trainer.global_step % trainer.log_every_n_steps == 0
 
     def on_train_batch_start(self, trainer: Trainer, module: TrainingModule, batch: Any, batch_idx: int) -> None:
-        if self.logging_interval == "epoch" or not self._window_starts:
-            return
-        self._window_starts = False
-        self._log(trainer, "step")
-
-    def on_train_batch_end(
-        self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        if trainer.is_log_step:  # the loop published this batch's values: the next batch opens a window
-            self._window_starts = True
+        # As Lightning: at the start of each batch that publishes, the rates that batch trains with, on the row of
+        # its logged values (the same step)
+        if self.logging_interval != "epoch" and trainer.is_log_step:
+            self._log(trainer, "step")
 
     def on_train_epoch_start(self, trainer: Trainer, module: TrainingModule) -> None:
         if self.logging_interval != "step":

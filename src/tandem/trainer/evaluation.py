@@ -16,14 +16,13 @@ import torch
 
 from tandem.trainer.data import check_dataloader_idx, takes_batch_idx
 from tandem.trainer.hooks import running_hook
+from tandem.trainer.logging import LOADER_SUFFIX
 from tandem.trainer.state import EVAL_STAGES, StageData
 from tandem.utilities.logged_values import to_float
 
 if TYPE_CHECKING:
     from tandem.trainer.loops import LoopContext
     from tandem.trainer.state import StageNames
-
-_SUFFIX = "/dataloader_idx_"
 
 
 class EvaluationLoop:
@@ -39,6 +38,9 @@ class EvaluationLoop:
         self.records: dict[str, StageData] = {fn: StageData(names) for fn, names in EVAL_STAGES.items()}
         self.batch_transfer: Any = None  # the batch-transfer hooks of the module or DataModule, when overridden
         self.return_predictions = True
+        # Batches run per (stage, loader) since the Trainer's entry point began, not counting the sanity check: the
+        # step of the ``on_step`` values an evaluation batch logs (Lightning's, counted across a fit's validations).
+        self.seen_batches: dict[tuple[str, int], int] = {}
 
     def run(self, stage: str, sanity: bool = False) -> Any:
         """One pass over ``stage``'s loaders. Returns one dict of epoch metrics per loader, or the predictions
@@ -61,7 +63,8 @@ class EvaluationLoop:
             with torch.no_grad():
                 for index, (loader, count) in enumerate(zip(data.loaders, counts)):
                     metrics.dataloader_idx = index if several else None
-                    outputs = self._run_loader(names, loader, count, (index,) if several else (), keep)
+                    step_logs = not sanity and stage != "predict" and bool(context.sink.loggers)
+                    outputs = self._run_loader(names, loader, count, (index,) if several else (), keep, step_logs)
                     if keep:  # every rank's predictions, in dataset order (a collective: all ranks run it)
                         predictions.append(strategy.gather_predictions(outputs, loader))
             metrics.dataloader_idx = None
@@ -80,10 +83,16 @@ class EvaluationLoop:
         return per_dataloader(to_float(values), len(data.loaders))
 
     def _run_loader(
-        self, names: StageNames, loader: Any, count: int | float, extra: tuple[int, ...], keep: bool
+        self, names: StageNames, loader: Any, count: int | float, extra: tuple[int, ...], keep: bool, step_logs: bool
     ) -> list[Any]:
-        """The batches of one loader; ``extra`` is ``(dataloader_idx,)`` when there are several loaders."""
-        strategy, metrics, hooks = self.context.strategy, self.context.metrics, self.context.hooks
+        """The batches of one loader; ``extra`` is ``(dataloader_idx,)`` when there are several loaders. With
+        ``step_logs``, each batch's ``on_step`` values go to the loggers at the loader's own batch count."""
+        strategy, metrics, hooks, sink = (
+            self.context.strategy,
+            self.context.metrics,
+            self.context.hooks,
+            self.context.sink,
+        )
         transfer = self.batch_transfer
         step, start, end = names.step, names.hook("batch_start"), names.hook("batch_end")
         index = extra[0] if extra else 0
@@ -101,6 +110,10 @@ class EvaluationLoop:
             if keep:
                 outputs.append(output)
             hooks.call(end, output, batch, batch_idx, *extra)
+            if step_logs:
+                seen = (names.name, index)
+                sink.log_metrics(metrics.evaluation_step_values(), step=self.seen_batches.get(seen, 0))
+                self.seen_batches[seen] = self.seen_batches.get(seen, 0) + 1
         return outputs
 
 
@@ -109,19 +122,22 @@ def per_dataloader(values: dict[str, float], count: int) -> list[dict[str, float
     every value without a suffix (logged in epoch-end hooks)."""
     if count <= 1:
         return [values]
-    return [{k: v for k, v in values.items() if _SUFFIX not in k or k.endswith(f"{_SUFFIX}{i}")} for i in range(count)]
+    return [
+        {k: v for k, v in values.items() if LOADER_SUFFIX not in k or k.endswith(f"{LOADER_SUFFIX}{i}")}
+        for i in range(count)
+    ]
 
 
 def format_results(results: list[dict[str, float]], stage: str) -> str:
     """The table ``validate`` / ``test`` print: one row per metric, one column per loader."""
-    rows = sorted({name.split(_SUFFIX)[0] for result in results for name in result})
+    rows = sorted({name.split(LOADER_SUFFIX)[0] for result in results for name in result})
     if not rows:
         return ""
     table = [[f"{stage.capitalize()} metric", *(f"DataLoader {i}" for i in range(len(results)))]]
     for row in rows:
         cells = [row]
         for i, result in enumerate(results):
-            value = result.get(row, result.get(f"{row}{_SUFFIX}{i}"))
+            value = result.get(row, result.get(f"{row}{LOADER_SUFFIX}{i}"))
             cells.append("" if value is None else f"{value:.6g}")
         table.append(cells)
     widths = [max(len(r[c]) for r in table) + 4 for c in range(len(table[0]))]

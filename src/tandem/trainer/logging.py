@@ -138,7 +138,7 @@ class MetricCollector:
             buffer.append((name, value if is_metric(value) else self._as_tensor(name, value), options))
             return
         if self.dataloader_idx is not None and add_dataloader_idx:  # several evaluation loaders (Lightning's names)
-            name = f"{name}/dataloader_idx_{self.dataloader_idx}"
+            name = f"{name}{LOADER_SUFFIX}{self.dataloader_idx}"
         if rank_zero_only:  # logged on rank 0 alone: a collective would wait for the others forever
             sync_dist = False
         if on_step is None or on_epoch is None:
@@ -177,7 +177,7 @@ class MetricCollector:
         entry.step_value = step_value
         entry.updated = True
         if step_value is not None:
-            key = f"{name}_step" if on_step and on_epoch else name
+            key = _forked(name, "step") if on_step and on_epoch else name
             self.callback_metrics[key] = step_value
             if on_step and on_epoch:
                 self.callback_metrics[name] = step_value
@@ -220,12 +220,22 @@ class MetricCollector:
         comes back from every process, in rank order."""
         entries = self._stores.get(self.stage, {})
         verdicts = self._sync(entries, epoch=False, loss_finite=loss_finite) if self._distributed else [loss_finite]
+        return PublishedStep(self._updated_step_values(entries), verdicts)
+
+    def evaluation_step_values(self) -> dict[str, torch.Tensor]:
+        """The ``on_step`` values the evaluation batch that just ran logged, for the loggers: this process's own
+        (never reduced: evaluation ranks run different numbers of batches, so a collective per batch would hang)."""
+        return self._updated_step_values(self._stores.get(self.stage, {}))
+
+    @staticmethod
+    def _updated_step_values(entries: dict[str, _Entry]) -> dict[str, torch.Tensor]:
+        """The logger-bound step values logged since the last call, by the name the loggers get; clears the marks."""
         out = {}
         for name, entry in entries.items():
             if entry.updated and entry.on_step and entry.logger and entry.step_value is not None:
-                out[f"{name}_step" if entry.on_epoch else name] = entry.step_value
+                out[_forked(name, "step") if entry.on_epoch else name] = entry.step_value
             entry.updated = False
-        return PublishedStep(out, verdicts)
+        return out
 
     def epoch_metrics(self) -> dict[str, torch.Tensor]:
         """Aggregate every on_epoch value of the stage (reducing across processes where asked; every
@@ -243,7 +253,7 @@ class MetricCollector:
             value = entry.epoch_value
             if value is None:
                 continue
-            key = f"{name}_epoch" if entry.on_step else name
+            key = _forked(name, "epoch") if entry.on_step else name
             values[key] = value
             self.callback_metrics[key] = value
             self.callback_metrics[name] = value
@@ -320,7 +330,7 @@ class MetricCollector:
 
     def _publish_step(self, name: str, entry: _Entry, value: torch.Tensor) -> None:
         entry.step_value, entry.step_unsynced = value, False
-        key = f"{name}_step" if entry.on_step and entry.on_epoch else name
+        key = _forked(name, "step") if entry.on_step and entry.on_epoch else name
         self.callback_metrics[key] = value
         if entry.on_epoch:
             self.callback_metrics[name] = value
@@ -346,6 +356,15 @@ class MetricCollector:
 
 
 _STORE = {"sanity_check": "validate"}
+#: what names logged from one of several evaluation loaders end with (then the loader's index; Lightning's)
+LOADER_SUFFIX = "/dataloader_idx_"
+
+
+def _forked(name: str, kind: str) -> str:
+    """The name of a value logged both per step and per epoch, Lightning's: ``loss_step``, and with several evaluation
+    loaders ``loss_step/dataloader_idx_1`` (the loader's suffix stays last)."""
+    base, suffix, index = name.partition(LOADER_SUFFIX)
+    return f"{base}_{kind}{suffix}{index}"
 
 
 class LogSink:
@@ -355,7 +374,7 @@ class LogSink:
         loggers: the Trainer's loggers.
         collector: whose ``logged_metrics`` record what was sent.
         strategy: says which process is global rank 0.
-        loop: the training loop's state, whose ``batches_stepped`` is the default step and ``epoch`` the epoch.
+        loop: the training loop's state, whose ``logger_step`` is the default step and ``epoch`` the epoch.
     """
 
     def __init__(self, loggers: list[Any], collector: MetricCollector, strategy: Strategy, loop: LoopState) -> None:
@@ -372,7 +391,7 @@ class LogSink:
             values.setdefault("epoch", self._loop.epoch)
         if self.loggers and self._strategy.is_global_zero:
             for logger in self.loggers:
-                logger.log_metrics(values, step=self._loop.batches_stepped if step is None else step)
+                logger.log_metrics(values, step=self._loop.logger_step if step is None else step)
 
     def save(self) -> None:
         for logger in self.loggers:

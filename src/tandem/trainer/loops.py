@@ -23,7 +23,7 @@ from tandem.trainer.state import TRAIN, LoopState, StageData
 from tandem.utilities.data import find_sampler, has_len
 from tandem.utilities.preemption import PREEMPTION
 from tandem.utilities.rank_zero import rank_zero_warn
-from tandem.utilities.seed import capture_rng_state, restore_rng_state
+from tandem.utilities.seed import capture_rng_state, isolate_rng, restore_rng_state
 
 if TYPE_CHECKING:
     from tandem.strategies.strategy import Strategy
@@ -102,7 +102,8 @@ class FitLoop:
     def run(self) -> None:
         context = self.context
         if self.evaluation.records["validate"].loaders and context.config.num_sanity_val_steps != 0:
-            self.evaluation.run("validate", sanity=True)
+            with isolate_rng():  # as Lightning: the check draws no training randomness (a loader's iter seeds)
+                self.evaluation.run("validate", sanity=True)
         context.hooks.call("on_train_start")
         while not self._done():
             self._run_epoch()
@@ -187,7 +188,8 @@ class FitLoop:
         context.state.should_stop = bool(stop > 0)
         context.nonfinite.check_epoch_end(nonfinite, bool(anywhere > 0), loop.epoch, loop.global_step)
         train_epoch_metrics.update(metrics.epoch_metrics())  # values logged in on_train_epoch_end hooks
-        context.sink.log_metrics({**train_epoch_metrics, "epoch": loop.epoch})
+        loop.logger_step = loop.batches_stepped  # the epoch's values, after its validation's (Lightning's steps)
+        context.sink.log_metrics(train_epoch_metrics)  # nothing logged for the epoch: no row (not an epoch-only one)
         context.sink.save()
         # one statement: the side channel's thread reads these (pre-emption) and must not see half of it
         loop.epoch, loop.batches_done, loop.epoch_finished, loop.epoch_start_rng = loop.epoch + 1, 0, False, None
@@ -201,6 +203,7 @@ class FitLoop:
         transfer = self.batch_transfer
         batch = strategy.batch_to_device(batch) if transfer is None else transfer(batch, 0)
         context.metrics.set_batch(batch)
+        loop.logger_step = loop.batches_stepped
         loop.plan_batch(batch_idx, config.accumulate_grad_batches, config.log_every_n_steps, optimization.automatic)
         if "on_train_batch_start" in hooks.registered:  # hooks nobody overrides are not even called
             hooks.call("on_train_batch_start", batch, batch_idx)

@@ -19,7 +19,7 @@ class LoopState:
 
     epoch: int = 0
     global_step: int = 0  # optimizer steps (each optimizer's; a float16 step skipped for inf/NaN counts too)
-    batches_stepped: int = 0  # training batches that ended in an optimizer step (manual: every batch): loggers' step
+    batches_stepped: int = 0  # training batches that ended in an optimizer step (manual: every batch)
     batches_done: int = 0  # training batches finished in the current epoch
     epoch_finished: bool = False  # the epoch's batches are done; its end (validation, hooks) is running
     epoch_start_rng: dict[str, Any] | None = field(default=None, repr=False)  # RNG at iter(train loader)
@@ -30,6 +30,10 @@ class LoopState:
     # The batch plan, decided once at the top of each training batch (plan_batch; not saved).
     stepping: bool = False  # the batch ends in an optimizer step (manual optimization: every batch)
     log_step: bool = False  # its logged values are published at its end (every log_every_n_steps stepping batch)
+    # The loggers' default step (Lightning's): the batches stepped before the current batch, so the first window is
+    # written at step log_every_n_steps - 1 and a validation inside the epoch at its batch's; set at each batch's
+    # top and, after the epoch-end validation, to ``batches_stepped`` for the epoch's values (not saved).
+    logger_step: int = 0
     # Restored from a checkpoint, applied when the loop reaches the point they belong to (not saved).
     resume_rng: dict[str, Any] | None = field(default=None, repr=False)
     resume_train_metrics: dict[str, Any] | None = field(default=None, repr=False)
@@ -61,6 +65,7 @@ class LoopState:
                 setattr(self, key, state[key])
         if "batches_stepped" not in state:  # a checkpoint of an earlier tandem: one step per stepping batch
             self.batches_stepped = self.global_step
+        self.logger_step = self.batches_stepped
         if self.epoch_finished:  # saved at the epoch's end: resume with the next epoch
             self.epoch, self.batches_done, self.epoch_finished, self.epoch_start_rng = self.epoch + 1, 0, False, None
 

@@ -419,6 +419,10 @@ class Trainer:
             self._nonfinite.reset()
         with self.strategy.tensor_init_context():
             model.configure_model()  # layers built (and sharded) late, on the device, once the processes exist
+        # As Lightning, each entry point starts with no published values (callback_metrics are this run's) and
+        # counts its evaluation batches (the loggers' step of evaluation step values) from 0.
+        self._metrics.clear_published()
+        self._evaluation.seen_batches.clear()
         self.strategy.setup(model)
         train_data, stage, eval_data = data.stage_records(
             fn, model, train, evaluation, datamodule, self.strategy, self._config

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -102,6 +104,24 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         cuda_states = state["cuda"]
         if len(cuda_states) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda_states)
+
+
+@contextmanager
+def isolate_rng() -> Iterator[None]:
+    """Run the block without moving any global RNG (python, numpy, torch, CUDA): the states are captured on
+    entry and restored on exit (Lightning's ``isolate_rng``). The sanity check runs inside one, so adding a
+    validation loader does not change the training order.
+
+    Example::
+
+        with isolate_rng():
+            torch.rand(1)  # drawn, then forgotten: the next draw outside is as if this never ran
+    """
+    state = capture_rng_state()
+    try:
+        yield
+    finally:
+        restore_rng_state(state)
 
 
 def global_seed() -> int:
