@@ -14,7 +14,15 @@ import torch
 from helpers import launch_free_env
 
 SCRIPTS = Path(__file__).parent / "scripts"
-SCENARIOS = ("manual", "loaders", "ports", "nonfinite", "memory", "unused")  # unused ends in an error on every rank
+SCENARIOS = (
+    "manual",
+    "loaders",
+    "ports",
+    "nonfinite",
+    "memory",
+    "stopping",
+    "unused",
+)  # unused ends in an error on every rank
 
 
 @pytest.fixture(scope="session")

@@ -308,3 +308,9 @@ def test_the_sanity_check_does_not_change_the_training_order():
         return model.seen
 
     assert first_epoch(None) == first_epoch(loader(32, 16))
+
+
+def test_a_stop_asked_on_one_rank_or_by_max_time_stops_every_rank_at_the_same_step(core_ddp):
+    for rank in core_ddp["stopping"]:  # before: each epoch's end (global_step 8), and only from there
+        assert rank["one_rank"] == (4, 1)  # the publishing step after rank 1 asked (batch 3 of 8)
+        assert rank["max_time"] == 2  # out of time after batch 0: the first publishing step, batch 1

@@ -28,8 +28,9 @@ class Timer(Callback):
     The limit is checked after every training batch (``interval="step"``) or at the end of every training
     epoch (``"epoch"``), and when a fit starts (a resumed run whose time is already used up stops at once).
     Training time is kept in checkpoints, so a resumed run counts the time of the runs before it. Each
-    process measures its own time; with several processes the Trainer stops them all together at the end
-    of the epoch in which one of them ran out of time.
+    process measures its own time; with several processes the Trainer stops them all at the same step: the
+    next publishing step (every ``log_every_n_steps``) after one of them ran out of time, or the epoch's end.
+    ``Trainer(max_time=...)`` adds one of these (``interval="step"``).
 
     Args:
         duration: the training time allowed: ``"DD:HH:MM:SS"``, a ``datetime.timedelta``, or a dict of

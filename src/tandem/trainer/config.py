@@ -50,6 +50,9 @@ class TrainerConfig:
     log_every_n_steps: int = 50
     fast_dev_run: bool | int = False
     precision: str | int = "32-true"
+    max_time: Any = None  # the Timer's duration (the Trainer adds the Timer); here it only decides max_epochs=None
+    overfit_batches: int | float = 0.0
+    reload_dataloaders_every_n_epochs: int = 0
 
     @property
     def sanity_steps(self) -> int | float:
@@ -77,7 +80,9 @@ class TrainerConfig:
         _check_int("check_val_every_n_epoch", self.check_val_every_n_epoch, 1, allow_none=True)
         _check_int("num_sanity_val_steps", self.num_sanity_val_steps, -1)
         _check_int("accumulate_grad_batches", self.accumulate_grad_batches, 1)
-        _check_int("log_every_n_steps", self.log_every_n_steps, 1)
+        _check_int("log_every_n_steps", self.log_every_n_steps, 0)
+        _check_int("reload_dataloaders_every_n_epochs", self.reload_dataloaders_every_n_epochs, 0)
+        _check_limit("overfit_batches", self.overfit_batches)
         if self.gradient_clip_algorithm is not None and self.gradient_clip_algorithm not in CLIP_ALGORITHMS:
             raise bad_choice("gradient_clip_algorithm", self.gradient_clip_algorithm, CLIP_ALGORITHMS)
         clip = self.gradient_clip_val
@@ -96,16 +101,11 @@ class TrainerConfig:
             self.limit_train_batches = self.limit_val_batches = n
             self.limit_test_batches = self.limit_predict_batches = n
             self.val_check_interval = 1.0
+        if self.overfit_batches > 0:  # as Lightning: the same batches (in order) for training and validation
+            self.limit_train_batches = self.limit_val_batches = self.overfit_batches
         Precision(self.precision)  # raises a clear error for an unknown name
-        if self.max_epochs is None:
-            self.max_epochs = 1000 if self.max_steps == -1 else -1
-        if self.max_epochs == -1 and self.max_steps == -1:
-            raise out_of_range(
-                "max_epochs",
-                -1,
-                "a positive int when max_steps is not set",
-                "Set max_epochs or max_steps so that training ends.",
-            )
+        if self.max_epochs is None:  # Lightning's default; max_epochs=-1 trains until something stops it
+            self.max_epochs = 1000 if self.max_steps == -1 and self.max_time is None else -1
 
     @property
     def epoch_limit(self) -> float:
@@ -162,14 +162,39 @@ LIGHTNING_1X_ARGUMENTS = {
 
 #: Lightning 2 Trainer arguments that tandem does not implement, and what to do instead
 UNSUPPORTED_ARGUMENTS = {
-    "max_time": "callbacks=[Timer(duration=...)]",
-    "overfit_batches": "limit_train_batches=N with a loader that is not shuffled",
     "profiler": "torch.profiler around trainer.fit(...)",
     "plugins": "strategy= and precision= (tandem has no plugins)",
-    "reload_dataloaders_every_n_epochs": "loaders that change themselves each epoch (tandem builds them once per run)",
-    "barebones": "enable_checkpointing=False, logger=False, enable_progress_bar=False, enable_model_summary=False",
     "model_registry": "ModelCheckpoint(dirpath=...) and your registry's own client",
 }
+
+#: the Trainer's opt-out arguments when not given (None), and under ``barebones=True`` (Lightning's)
+OPT_OUT_DEFAULTS = dict(
+    logger=True,
+    enable_checkpointing=True,
+    enable_progress_bar=True,
+    enable_model_summary=True,
+    log_every_n_steps=50,
+    num_sanity_val_steps=2,
+)
+BAREBONES = dict(
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+    log_every_n_steps=0,
+    num_sanity_val_steps=0,
+)
+
+
+def check_barebones(chosen: dict[str, Any]) -> None:
+    """``barebones=True`` with a feature it turns off asked for explicitly: an error naming it (as Lightning)."""
+    off = {**BAREBONES, "fast_dev_run": False, "detect_anomaly": False}
+    for name, value in chosen.items():
+        if value is not None and value != off[name] and not (name == "fast_dev_run" and value == 0):
+            raise TandemConfigError(
+                f"Trainer(barebones=True, {name}={value!r}): barebones mode turns {name} off to measure tandem's "
+                f"own overhead. Remove {name}=..., or drop barebones=True to use it."
+            )
 
 
 def check_unknown_arguments(arguments: dict[str, Any], known: list[str]) -> None:

@@ -14,7 +14,7 @@ from tandem.module import DataModule, TrainingModule, is_overridden
 from tandem.strategies.strategy import Strategy
 from tandem.trainer.config import TrainerConfig, limit_batches
 from tandem.trainer.state import EVAL_STAGES, TRAIN, StageData, StageNames
-from tandem.utilities.data import has_len, make_skippable
+from tandem.utilities.data import has_len, in_order, make_skippable
 from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError
 from tandem.utilities.rank_zero import rank_zero_warn
 
@@ -53,6 +53,8 @@ def stage_records(
                 "Trainer.fit needs training data: pass train_dataloaders=DataLoader(...), a datamodule whose "
                 "train_dataloader() returns one, or define train_dataloader() on the module."
             )
+        if config.overfit_batches > 0:
+            given = in_order(given, "training batches")
         train_data = training_data(given, strategy, config.limit_train_batches)
         if train_data.num_batches[0] == 0:
             rank_zero_warn("No training batches (limit_train_batches or an empty dataloader): fit trains nothing.")
@@ -72,6 +74,8 @@ def stage_records(
         given = None
     if given is None:
         return train_data, stage, StageData(names)
+    if fn == "fit" and config.overfit_batches > 0:
+        given = _map_loaders(given, lambda loader: in_order(loader, "validation batches"))
     return train_data, stage, evaluation_data(names, given, strategy, stage, getattr(config, names.limit))
 
 
@@ -110,6 +114,15 @@ def evaluation_data(names: StageNames, given: Any, strategy: Strategy, stage: st
     else:
         shaped = processed[0]
     return StageData(names, processed, counts, shaped)
+
+
+def _map_loaders(given: Any, fn: Callable[[Any], Any]) -> Any:
+    """``fn`` applied to each loader of one, a list / tuple or a dict of them, in the same shape."""
+    if isinstance(given, Mapping):
+        return {key: fn(loader) for key, loader in given.items()}
+    if isinstance(given, (list, tuple)):
+        return type(given)(fn(loader) for loader in given)
+    return fn(given)
 
 
 def _is_sequence(given: Any) -> bool:

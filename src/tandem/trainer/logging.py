@@ -24,6 +24,7 @@ import torch
 from tandem.trainer.hooks import STEP_HOOKS, current_hook
 from tandem.utilities.exceptions import TandemUserCodeError, bad_choice
 from tandem.utilities.logged_values import is_metric, replica_logs, to_float
+from tandem.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
     from tandem.strategies.strategy import Strategy
@@ -64,11 +65,13 @@ class _Entry:
 
 @dataclass
 class PublishedStep:
-    """One publishing round of step values: what goes to the loggers, and each process's verdict on its loss
-    (finite or not, in rank order), which travels in the same gathering as the names (no collective of its own)."""
+    """One publishing round of step values: what goes to the loggers, each process's verdict on its loss (finite or
+    not, in rank order), and whether any process asked to stop (``trainer.should_stop``, e.g. ``max_time``). The
+    verdicts travel in the same gathering as the names (no collective of their own)."""
 
     values: dict[str, torch.Tensor]
     loss_finite: list[bool]
+    stop_asked: bool = False
 
 
 class MetricCollector:
@@ -213,14 +216,17 @@ class MetricCollector:
     def _distributed(self) -> bool:
         return self._strategy.world_size > 1
 
-    def publish_step(self, loss_finite: bool = True) -> PublishedStep:
+    def publish_step(self, loss_finite: bool = True, stop: bool = False) -> PublishedStep:
         """Publish the step values: reduce the ``sync_dist`` ones across processes (every process calls
         this at the same step), then return those logged with on_step since the last call, for the
         loggers, and clear the 'updated' marks. ``loss_finite`` (this process's verdict on the step's loss)
-        comes back from every process, in rank order."""
+        comes back from every process, in rank order; ``stop`` (this process asks to stop) from any."""
         entries = self._stores.get(self.stage, {})
-        verdicts = self._sync(entries, epoch=False, loss_finite=loss_finite) if self._distributed else [loss_finite]
-        return PublishedStep(self._updated_step_values(entries), verdicts)
+        if not self._distributed:
+            return PublishedStep(self._updated_step_values(entries), [loss_finite], stop)
+        verdicts = self._sync(entries, epoch=False, verdict=(loss_finite, stop))
+        values = self._updated_step_values(entries)
+        return PublishedStep(values, [finite for finite, _ in verdicts], any(asked for _, asked in verdicts))
 
     def evaluation_step_values(self) -> dict[str, torch.Tensor]:
         """The ``on_step`` values the evaluation batch that just ran logged, for the loggers: this process's own
@@ -279,14 +285,14 @@ class MetricCollector:
             return None
         return entry.total / entry.count if entry.reduce_fx == "mean" else entry.total
 
-    def _sync(self, entries: dict[str, _Entry], epoch: bool, loss_finite: bool = True) -> list[bool]:
+    def _sync(self, entries: dict[str, _Entry], epoch: bool, verdict: Any = None) -> list[Any]:
         """Reduce across processes, by name, every value some process needs reduced now.
 
         Epoch ends (``epoch=True``): synced epoch aggregates and torchmetrics ``Metric`` objects logged
         since they were last computed on any process, plus synced step values not yet reduced. Publishing
         steps: the synced step values. A process that never logged a name contributes the identity and
-        receives the result (its entry is created with the options the other processes used). ``loss_finite``
-        is gathered with the names; every process's is returned, in rank order.
+        receives the result (its entry is created with the options the other processes used). ``verdict`` is
+        gathered with the names; every process's is returned, in rank order.
         """
         mine: dict[str, tuple[str, bool, tuple[bool, bool, bool, bool]]] = {}
         for name, entry in entries.items():
@@ -299,7 +305,7 @@ class MetricCollector:
                 mine[f"metric/{name}"] = ("metric", entry.dirty, flags)
             elif entry.sync_dist and (entry.total is not None or entry.dirty):
                 mine[f"epoch/{name}"] = (entry.reduce_fx, entry.dirty, flags)
-        gathered = self._strategy.all_gather_object((mine, loss_finite))
+        gathered = self._strategy.all_gather_object((mine, verdict))
         everyone, verdicts = [g[0] for g in gathered], [g[1] for g in gathered]
         wanted = _agree(everyone)
         for key in wanted:  # decided from what every process sent: all raise together, none hangs
@@ -353,6 +359,25 @@ class MetricCollector:
             for name, e in self._stores.get("train", {}).items()
             if e.metric is None
         }
+
+
+class BarebonesLog:
+    """What ``self.log`` writes into under ``Trainer(barebones=True)``: nothing (logging costs speed, and barebones
+    measures the Trainer without it); the first call warns, as Lightning's does."""
+
+    def __init__(self) -> None:
+        self._warned = False
+
+    def log(self, name: str, *args: Any, **kwargs: Any) -> None:
+        if not self._warned:
+            self._warned = True
+            rank_zero_warn(
+                f"self.log({name!r}, ...) does nothing under Trainer(barebones=True): logging can cost speed, so "
+                "barebones mode turns it off. Drop barebones=True to log. (Shown once.)"
+            )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # nothing collected
 
 
 _STORE = {"sanity_check": "validate"}

@@ -66,9 +66,13 @@ class FitLoop:
         self.data = StageData(TRAIN)
         self.optimization = Optimization()  # the fit's (set when a fit starts)
         self.batch_transfer: Any = None  # the batch-transfer hooks of the module or DataModule, when overridden
+        # reload_dataloaders_every_n_epochs: builds the fit's loaders again (the module's / DataModule's hooks)
+        self.reload_data: Callable[[], None] | None = None
+        self._loaded_at = 0  # the epoch the loaders were built for
+        self._stop_agreed = False  # every process knows that one asked to stop (several processes)
 
     def __getstate__(self) -> dict[str, Any]:  # ddp_spawn pickles the Trainer, which binds ``preempt`` again
-        return {**self.__dict__, "_preempt": None}
+        return {**self.__dict__, "_preempt": None, "reload_data": None}
 
     def bind_preemption_stop(self, preempt: Callable[[], None]) -> None:
         """What to call at the agreed pre-emption stop (the Trainer's save and exit)."""
@@ -101,6 +105,7 @@ class FitLoop:
     # ------------------------------------------------------------------ the fit
     def run(self) -> None:
         context = self.context
+        self._loaded_at, self._stop_agreed = self.state.epoch, False
         if self.evaluation.records["validate"].loaders and context.config.num_sanity_val_steps != 0:
             with isolate_rng():  # as Lightning: the check draws no training randomness (a loader's iter seeds)
                 self.evaluation.run("validate", sanity=True)
@@ -145,6 +150,10 @@ class FitLoop:
         context, loop = self.context, self.state
         strategy, metrics, hooks, config = context.strategy, context.metrics, context.hooks, context.config
         module = strategy.module
+        every = config.reload_dataloaders_every_n_epochs
+        if self.reload_data is not None and loop.epoch - self._loaded_at >= every and not loop.batches_done:
+            self.reload_data()  # Lightning's: train_dataloader() / val_dataloader() again every n epochs
+            self._loaded_at = loop.epoch
         metrics.reset(loop.resume_train_metrics)
         loop.resume_train_metrics = None
         loader = self.data.loaders[0]
@@ -173,8 +182,9 @@ class FitLoop:
                 self.evaluation.run("validate")
             if PREEMPTION.signum is not None:  # a signal: one read per batch
                 self._stop_if_preempted()
-            if 0 <= max_steps <= loop.global_step or context.state.should_stop and not several and self._min_reached():
-                break  # with several processes, should_stop is agreed on at the end of the epoch (below)
+            stop = context.state.should_stop and (not several or self._stop_agreed)
+            if 0 <= max_steps <= loop.global_step or stop and self._min_reached():
+                break  # with several processes, should_stop is agreed at publishing steps and the epoch's end (below)
         loop.epoch_finished = True
         train_epoch_metrics = metrics.epoch_metrics()
         if self._validates_this_epoch():
@@ -218,9 +228,11 @@ class FitLoop:
         """Loggers get the step values, sync_dist ones reduced first. The step's loss is read then too, and the
         processes' verdicts on it travel with that reduction."""
         context = self.context
-        published = context.metrics.publish_step(loss_is_finite(loss))
+        published = context.metrics.publish_step(loss_is_finite(loss), context.state.should_stop)
         context.sink.log_metrics(published.values)
         context.nonfinite.check_loss(published.loss_finite, published.values, self.state.global_step)
+        if published.stop_asked:  # every rank learnt it in the same gathering: all stop at this step (max_time)
+            context.state.should_stop = self._stop_agreed = True
 
     # ------------------------------------------------------------------ the epoch's batches
     def _epoch_batches(self) -> Iterator[Any]:

@@ -49,7 +49,7 @@ class LoopState:
         self.stepping = (
             not automatic or accumulate == 1 or (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == self.epoch_batches
         )
-        self.log_step = self.stepping and (self.batches_stepped + 1) % log_every == 0
+        self.log_step = self.stepping and log_every > 0 and (self.batches_stepped + 1) % log_every == 0
 
     def no_step(self) -> None:
         """The planned step did not happen (no micro-batch of the window returned a loss)."""

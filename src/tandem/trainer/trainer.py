@@ -9,6 +9,7 @@ import math
 import os
 import weakref
 from collections.abc import Iterable, Mapping
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -19,10 +20,10 @@ from tandem.strategies.registry import resolve_strategy
 from tandem.strategies.side_channel import entry_point
 from tandem.strategies.strategy import Strategy
 from tandem.trainer import checkpointing, data, optim, preemption
-from tandem.trainer.config import TrainerConfig, check_unknown_arguments
+from tandem.trainer.config import BAREBONES, OPT_OUT_DEFAULTS, TrainerConfig, check_barebones, check_unknown_arguments
 from tandem.trainer.evaluation import EvaluationLoop, format_results
 from tandem.trainer.hooks import HookDispatcher
-from tandem.trainer.logging import LogSink, MetricCollector
+from tandem.trainer.logging import BarebonesLog, LogSink, MetricCollector
 from tandem.trainer.loops import FitLoop, LoopContext
 from tandem.trainer.nonfinite import NonFiniteGuard, check_reaction, nonfinite_parameters
 from tandem.trainer.optim import LRSchedulerConfig
@@ -30,7 +31,7 @@ from tandem.trainer.optimization import configure_optimization
 from tandem.trainer.state import LoopState, TrainerState
 from tandem.utilities.checkpoint import to_weights_only
 from tandem.utilities.exceptions import Preempted, TandemConfigError, TandemUserCodeError, incompatible
-from tandem.utilities.rank_zero import rank_zero_warn
+from tandem.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 
 class Trainer:
@@ -43,26 +44,31 @@ class Trainer:
             ``"dp"``, ...) or a :class:`~tandem.strategies.Strategy` instance.
         num_nodes: machines in a multi-node DDP job.
         precision: ``"32-true"``, ``"64-true"``, ``"bf16-mixed"`` or ``"16-mixed"``.
-        max_epochs: stop after this many epochs (default 1000 when ``max_steps`` is not set; -1: no limit).
+        max_epochs: stop after this many epochs (default 1000 when neither ``max_steps`` nor ``max_time`` is
+            set; -1: no limit).
         min_epochs: train at least this many epochs, even when ``should_stop`` is set (e.g. early stopping).
         max_steps: stop after this many optimizer steps (-1: no limit).
+        max_time: stop after this much training time: ``"DD:HH:MM:SS"``, a ``datetime.timedelta`` or a dict such
+            as ``{"hours": 12}`` (a :class:`~tandem.callbacks.Timer` checked after every batch). With several
+            processes every rank stops at the same step: the next publishing step (``log_every_n_steps``).
         min_steps: take at least this many optimizer steps before ``should_stop`` may end the fit.
         limit_train_batches / limit_val_batches / limit_test_batches / limit_predict_batches: an int
             number of batches or a fraction of each epoch (per loader).
         val_check_interval: validate every this fraction of an epoch (float) or number of batches (int).
         check_val_every_n_epoch: validate every n epochs.
-        num_sanity_val_steps: validation batches (per loader) run before training to catch bugs early (-1: all).
+        num_sanity_val_steps: validation batches (per loader) run before training to catch bugs early (-1: all;
+            default 2). The check draws no randomness from the training run (it runs under ``isolate_rng``).
         accumulate_grad_batches: step the optimizer every k batches (gradients of k batches averaged);
             ``trainer.accumulate_grad_batches`` may be changed between batches (a callback at epoch start).
         gradient_clip_val: clip gradients at this value (None: no clipping).
         gradient_clip_algorithm: ``"norm"`` (total norm, the default) or ``"value"`` (elementwise).
         callbacks: callbacks, run in the order given.
-        logger: True (TensorBoard), False, a Logger or a list of loggers.
+        logger: True (TensorBoard, the default), False, a Logger or a list of loggers.
         default_root_dir: where logs and checkpoints go (default: the working directory).
-        enable_checkpointing: add a ModelCheckpoint writing ``last.ckpt`` every epoch when none is given.
-        enable_progress_bar: show a tqdm progress bar (rank zero only).
-        enable_model_summary: print parameter counts at fit start (rank zero only).
-        log_every_n_steps: send step metrics to the loggers every n optimizer steps.
+        enable_checkpointing: add a ModelCheckpoint writing ``last.ckpt`` every epoch when none is given (default).
+        enable_progress_bar: show a tqdm progress bar (rank zero only; default).
+        enable_model_summary: print parameter counts at fit start (rank zero only; default).
+        log_every_n_steps: send step metrics to the loggers every n optimizer steps (default 50; 0: never).
         deterministic: make torch use deterministic algorithms.
         benchmark: set ``torch.backends.cudnn.benchmark`` (None: leave it as it is).
         inference_mode: accepted for Lightning programs; tandem evaluates under ``torch.no_grad()`` either way.
@@ -76,6 +82,14 @@ class Trainer:
             (False: shard it yourself).
         fast_dev_run: run 1 (or n) batches of training, validation and test, without loggers or
             checkpoints, to smoke-test a module.
+        overfit_batches: train and validate on the first n batches (an int) or fraction of the training data, in
+            order (a shuffling loader is made sequential, with a warning): a module that cannot drive the loss of
+            a few batches to zero has a bug.
+        reload_dataloaders_every_n_epochs: call ``train_dataloader()`` / ``val_dataloader()`` again every n
+            epochs (0: build them once per run).
+        barebones: measure tandem's own overhead: no logger, checkpoints, progress bar, model summary, sanity
+            check or step logging (``self.log`` warns and does nothing); asking for one of them as well is an
+            error.
 
     Lightning 1.x arguments (``gpus=``, ``resume_from_checkpoint=``, ...) raise an error naming the
     argument to use instead.
@@ -112,23 +126,24 @@ class Trainer:
         min_epochs: int | None = None,
         max_steps: int = -1,
         min_steps: int | None = None,
+        max_time: str | timedelta | dict[str, int] | None = None,
         limit_train_batches: int | float = 1.0,
         limit_val_batches: int | float = 1.0,
         limit_test_batches: int | float = 1.0,
         limit_predict_batches: int | float = 1.0,
         val_check_interval: int | float = 1.0,
         check_val_every_n_epoch: int | None = 1,
-        num_sanity_val_steps: int = 2,
+        num_sanity_val_steps: int | None = None,
         accumulate_grad_batches: int = 1,
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
         callbacks: Callback | Iterable[Callback] | None = None,
-        logger: Any = True,
+        logger: Any = None,
         default_root_dir: str | os.PathLike | None = None,
-        enable_checkpointing: bool = True,
-        enable_progress_bar: bool = True,
-        enable_model_summary: bool = True,
-        log_every_n_steps: int = 50,
+        enable_checkpointing: bool | None = None,
+        enable_progress_bar: bool | None = None,
+        enable_model_summary: bool | None = None,
+        log_every_n_steps: int | None = None,
         deterministic: bool = False,
         benchmark: bool | None = None,
         inference_mode: bool = True,
@@ -137,7 +152,27 @@ class Trainer:
         sync_batchnorm: bool = False,
         fast_dev_run: bool | int = False,
         use_distributed_sampler: bool = True,
+        overfit_batches: int | float = 0.0,
+        reload_dataloaders_every_n_epochs: int = 0,
+        barebones: bool = False,
     ) -> None:
+        # Lightning's opt-outs: None is the default (on), which barebones turns off; asked for with it, an error
+        chosen = dict(
+            logger=logger,
+            enable_checkpointing=enable_checkpointing,
+            enable_progress_bar=enable_progress_bar,
+            enable_model_summary=enable_model_summary,
+            log_every_n_steps=log_every_n_steps,
+            num_sanity_val_steps=num_sanity_val_steps,
+        )
+        if barebones:
+            check_barebones({**chosen, "fast_dev_run": fast_dev_run, "detect_anomaly": detect_anomaly})
+        defaults = BAREBONES if barebones else OPT_OUT_DEFAULTS
+        chosen = {name: defaults[name] if value is None else value for name, value in chosen.items()}
+        logger, enable_checkpointing = chosen["logger"], chosen["enable_checkpointing"]
+        enable_progress_bar, enable_model_summary = chosen["enable_progress_bar"], chosen["enable_model_summary"]
+        log_every_n_steps, num_sanity_val_steps = chosen["log_every_n_steps"], chosen["num_sanity_val_steps"]
+        self.barebones = barebones
         self._config = TrainerConfig(
             max_epochs=max_epochs,
             max_steps=max_steps,
@@ -156,6 +191,9 @@ class Trainer:
             log_every_n_steps=log_every_n_steps,
             fast_dev_run=fast_dev_run,
             precision=precision,
+            max_time=max_time,
+            overfit_batches=overfit_batches,
+            reload_dataloaders_every_n_epochs=reload_dataloaders_every_n_epochs,
         )
         check_reaction(on_nonfinite)
         self.strategy: Strategy = resolve_strategy(
@@ -176,6 +214,7 @@ class Trainer:
         self.callbacks: list[Callback] = _build_callbacks(
             callbacks, enable_checkpointing and not self.fast_dev_run, enable_progress_bar, enable_model_summary
         )
+        _add_timer(self.callbacks, max_time)
         self.state = TrainerState()
         self.datamodule: DataModule | None = None
         # The rooms: the loops own their state and see the Trainer only through this context.
@@ -183,7 +222,7 @@ class Trainer:
         self._hooks = HookDispatcher(self.state)
         self._metrics = MetricCollector(self.strategy, self.state)
         #: what ``self.log`` writes into (the module's ``log`` calls its ``log``)
-        self.metric_collector = self._metrics
+        self.metric_collector: MetricCollector | BarebonesLog = BarebonesLog() if barebones else self._metrics
         self._sink = LogSink(loggers, self._metrics, self.strategy, loop_state)
         self._nonfinite = NonFiniteGuard(on_nonfinite, self.strategy, self._config)
         context = LoopContext(
@@ -424,12 +463,17 @@ class Trainer:
         self._metrics.clear_published()
         self._evaluation.seen_batches.clear()
         self.strategy.setup(model)
-        train_data, stage, eval_data = data.stage_records(
-            fn, model, train, evaluation, datamodule, self.strategy, self._config
-        )
-        if train_data is not None:
-            self.fit_loop.data = train_data
-        self._evaluation.records[stage] = eval_data  # the other stages keep theirs (num_val_batches after a test)
+
+        def load_data() -> None:
+            train_data, stage, eval_data = data.stage_records(
+                fn, model, train, evaluation, datamodule, self.strategy, self._config
+            )
+            if train_data is not None:
+                self.fit_loop.data = train_data
+            self._evaluation.records[stage] = eval_data  # the other stages keep theirs (num_val_batches after a test)
+
+        load_data()
+        self.fit_loop.reload_data = load_data if fn == "fit" and self.reload_dataloaders_every_n_epochs else None
         self.fit_loop.batch_transfer = self._evaluation.batch_transfer = data.batch_transfer(
             self.strategy, model, datamodule
         )
@@ -756,6 +800,14 @@ class Trainer:
         return self._config.fast_dev_run
 
     @property
+    def overfit_batches(self) -> int | float:
+        return self._config.overfit_batches
+
+    @property
+    def reload_dataloaders_every_n_epochs(self) -> int:
+        return self._config.reload_dataloaders_every_n_epochs
+
+    @property
     def precision(self) -> str:
         return self.strategy.precision.precision
 
@@ -832,6 +884,18 @@ def _build_loggers(logger: Any, root: str) -> list[Any]:
                 f"logger={item!r} is not a tandem Logger; pass True, False, a TensorBoardLogger / CSVLogger, or a list."
             )
     return loggers
+
+
+def _add_timer(callbacks: list[Callback], max_time: Any) -> None:
+    """``max_time`` is a :class:`Timer` checked every batch, unless the user gave a Timer (as Lightning)."""
+    if max_time is None:
+        return
+    from tandem.callbacks.timer import Timer
+
+    if any(isinstance(c, Timer) for c in callbacks):
+        rank_zero_info("Ignoring Trainer(max_time=...): the callbacks already contain a Timer, whose duration counts.")
+        return
+    callbacks.append(Timer(duration=max_time, interval="step", verbose=True))
 
 
 def _build_callbacks(callbacks: Any, checkpointing: bool, progress_bar: bool, model_summary: bool) -> list[Callback]:

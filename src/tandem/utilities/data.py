@@ -10,9 +10,10 @@ from dataclasses import fields, is_dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
 
 from tandem.utilities.processes import end_with_parent
+from tandem.utilities.rank_zero import rank_zero_warn
 from tandem.utilities.seed import seed_workers_requested, worker_init_function
 
 # DataLoader.__init__ arguments that are stored under the same attribute name.
@@ -99,6 +100,18 @@ def rebuild_dataloader(
     return type(loader)(
         loader.dataset, batch_size=loader.batch_size, drop_last=loader.drop_last, sampler=sampler, **kwargs
     )
+
+
+def in_order(loader: Any, name: str) -> Any:
+    """``loader`` drawing its samples in order (``overfit_batches``: the same batches every epoch): a shuffling
+    DataLoader is rebuilt with a SequentialSampler and a warning (Lightning's); anything else is returned as is."""
+    if not isinstance(loader, DataLoader) or not isinstance(loader.sampler, RandomSampler):
+        return loader
+    rank_zero_warn(
+        f"Trainer(overfit_batches=...) trains on the same batches every epoch, but the {name} shuffle; tandem turns "
+        "their shuffling off for this run. Pass shuffle=False to silence this warning."
+    )
+    return rebuild_dataloader(loader, sampler=SequentialSampler(loader.dataset))
 
 
 class SkippableSampler(Sampler):

@@ -13,6 +13,7 @@ those files against single-process references.
                weights is written
     memory     with Python's garbage collector off, a finished fit's module, Trainer and optimizer are freed
                as soon as the script drops them
+    stopping   should_stop asked on one rank mid-epoch, and max_time: every rank stops at the same step
     unused     (last) the GAN under plain ddp: a clear error naming ddp_find_unused_parameters_true
 """
 
@@ -179,6 +180,25 @@ def memory(out: Path) -> dict[str, Any]:
         gc.enable()
 
 
+class _StopOnRankOne(tandem.Callback):
+    """Asks to stop on rank 1 alone, after batch 2 (as a Timer whose rank ran out of time first)."""
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_rank == 1 and batch_idx == 2:
+            trainer.should_stop = True
+
+
+def stopping(out: Path) -> dict[str, Any]:
+    """One rank asks to stop mid-epoch: every rank stops at the next publishing step (batch 3 of 8, log_every 2);
+    and Trainer(max_time=...), out of time after the first batch, stops both ranks at the same step."""
+    data = manual_modules.loader(manual_modules.BATCH)
+    one = tandem.Trainer(strategy="ddp", max_epochs=3, log_every_n_steps=2, callbacks=[_StopOnRankOne()], **QUIET)
+    one.fit(Regression(), data)
+    timed = tandem.Trainer(strategy="ddp", max_time={"microseconds": 1}, log_every_n_steps=2, **QUIET)
+    timed.fit(Regression(), data)
+    return {"one_rank": (one.global_step, one.current_epoch), "max_time": timed.global_step}
+
+
 def _floats(trainer: tandem.Trainer) -> dict[str, float]:
     return {k: float(v) for k, v in trainer.callback_metrics.items()}
 
@@ -193,7 +213,7 @@ def unused(out: Path) -> dict[str, Any]:
     return {"error": None}
 
 
-SCENARIOS = {f.__name__: f for f in (manual, loaders, ports, nonfinite, memory, unused)}
+SCENARIOS = {f.__name__: f for f in (manual, loaders, ports, nonfinite, memory, stopping, unused)}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
