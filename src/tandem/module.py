@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
+import itertools
 import os
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -60,6 +62,7 @@ class HyperparametersMixin:
         if len(names) == 1 and not isinstance(names[0], str):
             given = names[0]
             self._hparams = AttributeDict(vars(given) if not isinstance(given, Mapping) else given)
+            self._hparams_initial = copy.deepcopy(self._hparams)
             return
         frame = inspect.currentframe().f_back
         init_args = _collect_init_args(frame, type(self))
@@ -67,12 +70,19 @@ class HyperparametersMixin:
         if names:
             init_args = {k: v for k, v in init_args.items() if k in names}
         self._hparams = AttributeDict({k: v for k, v in init_args.items() if k not in ignored})
+        self._hparams_initial = copy.deepcopy(self._hparams)
 
     @property
     def hparams(self) -> AttributeDict:
         if "_hparams" not in self.__dict__:  # a subclass that did not call super().__init__()
             self.__dict__["_hparams"] = AttributeDict()
         return self.__dict__["_hparams"]
+
+    @property
+    def hparams_initial(self) -> AttributeDict:
+        """The hyperparameters as ``save_hyperparameters`` stored them (a copy: later changes to ``hparams`` are
+        not in it), as Lightning's."""
+        return copy.deepcopy(self.__dict__.get("_hparams_initial", AttributeDict()))
 
 
 class DataHooks:
@@ -146,6 +156,28 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
 
     #: run ``prepare_data`` on local rank 0 of every node (False: on global rank 0 only)
     prepare_data_per_node: bool = True
+    #: ``ckpt_path`` restores demand that every saved key fit the module (False: missing / unexpected keys are skipped)
+    strict_loading: bool = True
+    #: an example input (a tensor, or a tuple of them) for ``to_torchscript`` / ``to_onnx`` and graph logging
+    example_input_array = None  # (not annotated: TorchScript reads class annotations)
+
+    #: properties TorchScript must not compile (they read the Trainer), as Lightning lists its own
+    __jit_unused_properties__ = [
+        "hparams",
+        "hparams_initial",
+        "_trainer",
+        "automatic_optimization",
+        "trainer",
+        "device",
+        "dtype",
+        "on_gpu",
+        "logger",
+        "loggers",
+        "global_rank",
+        "local_rank",
+        "current_epoch",
+        "global_step",
+    ]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -404,16 +436,18 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         """Gather tensors (or numbers, or collections of them) from every process: each tensor gets a new
         dim 0 of size ``world_size`` (with one process, the data comes back unchanged). Every process must
         call it with the same shapes."""
-        if group is not None or sync_grads:
+        if group is not None:
             raise TandemConfigError(
-                "self.all_gather(group=..., sync_grads=True) is not supported by tandem; gather over all "
-                "processes without gradients, or use torch.distributed.nn.functional.all_gather."
+                "self.all_gather(group=...) is not supported by tandem; gather over all processes, or call "
+                "torch.distributed.all_gather_into_tensor on your group."
             )
         trainer = self.trainer
         device = self.device
         data = apply_to_collection(data, (int, float), lambda v: torch.tensor(v, device=device))
         if trainer.world_size == 1:
             return data
+        if sync_grads:  # gradients flow back to every rank's input (torch.distributed.nn's differentiable gather)
+            return apply_to_collection(data, torch.Tensor, _gather_with_grads)
         return apply_to_collection(data, torch.Tensor, trainer.strategy.all_gather)
 
     def freeze(self) -> None:
@@ -427,6 +461,71 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         for param in self.parameters():
             param.requires_grad = True
         self.train()
+
+    # ------------------------------------------------------------------ export
+    @torch.no_grad()
+    def to_torchscript(
+        self,
+        file_path: str | os.PathLike | None = None,
+        method: str = "script",
+        example_inputs: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        """The module compiled to TorchScript (in eval mode; the module's mode is restored), saved to ``file_path``
+        when given, as Lightning's.
+
+        Args:
+            file_path: where to ``torch.jit.save`` it (None: do not save).
+            method: ``"script"`` (``torch.jit.script``) or ``"trace"`` (``torch.jit.trace`` over ``example_inputs``,
+                default ``self.example_input_array``).
+            example_inputs: the inputs to trace with.
+            kwargs: passed to ``torch.jit.script`` / ``torch.jit.trace``.
+        """
+        if method not in ("script", "trace"):
+            raise bad_choice("to_torchscript(method=...)", method, ("script", "trace"))
+        mode = self.training
+        self.eval()
+        self._jit_is_scripting = True
+        try:
+            if method == "script":
+                compiled = torch.jit.script(self, **kwargs)
+            else:
+                inputs = self.example_input_array if example_inputs is None else example_inputs
+                if inputs is None:
+                    raise TandemConfigError(
+                        "to_torchscript(method='trace') needs inputs to trace with: pass example_inputs=..., or set "
+                        "self.example_input_array in __init__."
+                    )
+                compiled = torch.jit.trace(self, example_inputs=_on_device(inputs, self.device), **kwargs)
+        finally:
+            self._jit_is_scripting = False
+            self.train(mode)
+        if file_path is not None:
+            torch.jit.save(compiled, os.fspath(file_path))
+        return compiled
+
+    @torch.no_grad()
+    def to_onnx(self, file_path: str | os.PathLike, input_sample: Any = None, **kwargs: Any) -> None:
+        """Export the module to ONNX at ``file_path`` with ``torch.onnx.export`` (eval mode; the module's mode is
+        restored), as Lightning's. Needs the ``onnx`` package (and ``onnxscript`` for torch's default exporter).
+
+        Args:
+            file_path: the ``.onnx`` file to write.
+            input_sample: the inputs to export with (default ``self.example_input_array``).
+            kwargs: passed to ``torch.onnx.export``.
+        """
+        inputs = self.example_input_array if input_sample is None else input_sample
+        if inputs is None:
+            raise TandemConfigError(
+                "to_onnx needs an input sample: pass input_sample=..., or set self.example_input_array in __init__."
+            )
+        mode = self.training
+        self.eval()
+        try:
+            inputs = _on_device(inputs, self.device)
+            torch.onnx.export(self, inputs if isinstance(inputs, tuple) else (inputs,), os.fspath(file_path), **kwargs)
+        finally:
+            self.train(mode)
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -471,7 +570,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         """The Trainer running this module, or the one of its latest run while that Trainer exists (the module
         refers to it weakly, so that a finished fit's memory is freed as soon as both go out of scope)."""
         trainer = self._trainer
-        if trainer is None:
+        if trainer is None and not self.__dict__.get("_jit_is_scripting", False):  # scripting reads every property
             raise RuntimeError(
                 f"{type(self).__name__} is not attached to a Trainer: call trainer.fit(model) first, and keep the "
                 "Trainer while you use model.trainer (the module does not keep it alive)."
@@ -488,6 +587,19 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         for tensor in self.buffers():
             return tensor.device
         return torch.device("cpu")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The floating-point type of the module's parameters (``torch.get_default_dtype()`` without any)."""
+        for tensor in itertools.chain(self.parameters(), self.buffers()):
+            if tensor.is_floating_point():
+                return tensor.dtype
+        return torch.get_default_dtype()
+
+    @property
+    def on_gpu(self) -> bool:
+        """The module's parameters are on a CUDA device."""
+        return self.device.type == "cuda"
 
     @property
     def logger(self) -> Any:
@@ -608,6 +720,18 @@ def is_overridden(obj: TrainingModule | DataModule, name: str) -> bool:
     """``obj``'s class defines its own ``name`` (tandem calls hooks only when they do something)."""
     base = DataModule if isinstance(obj, DataModule) else TrainingModule
     return getattr(type(obj), name, None) is not getattr(base, name, None)
+
+
+def _on_device(inputs: Any, device: torch.device) -> Any:
+    return apply_to_collection(inputs, torch.Tensor, lambda t: t.to(device))
+
+
+def _gather_with_grads(tensor: torch.Tensor) -> torch.Tensor:
+    """Every rank's ``tensor`` stacked on a new dim 0, differentiable: the gradient of each rank's slice flows back
+    to that rank (``self.all_gather(..., sync_grads=True)``)."""
+    from torch.distributed.nn.functional import all_gather
+
+    return torch.stack(all_gather(tensor))
 
 
 def _read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:

@@ -21,6 +21,7 @@ SCENARIOS = (
     "nonfinite",
     "memory",
     "stopping",
+    "gathers",
     "unused",
 )  # unused ends in an error on every rank
 

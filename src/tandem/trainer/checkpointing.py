@@ -55,7 +55,9 @@ def restore(trainer: Trainer, ckpt_path: str | os.PathLike, fn: str) -> None:
     module = trainer.strategy.module
     trainer.call_hook("on_load_checkpoint", checkpoint)
     try:
-        trainer.strategy.load_module_state_dict(checkpoint["state_dict"])
+        trainer.strategy.load_module_state_dict(
+            checkpoint["state_dict"], strict=getattr(module, "strict_loading", True)
+        )
     except RuntimeError as err:
         raise TandemUserCodeError(f"Checkpoint {str(path)!r} does not fit {type(module).__name__}: {err}") from None
     if fn != "fit":

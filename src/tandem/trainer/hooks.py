@@ -97,18 +97,23 @@ class HookDispatcher:
         """Whether anyone overrides ``name`` (the per-step path tests ``name in registered`` itself)."""
         return name in self.registered
 
-    def call(self, name: str, *args: Any) -> None:
-        """Run ``name`` on the module, then on each callback in the user's order."""
+    def call(self, name: str, *args: Any) -> Any:
+        """Run ``name`` on the module, then on each callback in the user's order. Returns what the module's
+        override returned (``on_train_batch_start`` may return -1); callbacks' returns are ignored."""
         fns = self._table.get(name)
         if not fns:
-            return
+            return None
         trainer = self._trainer()
         token = _CURRENT_HOOK.set(name)
+        result = None
         try:
             for fn in fns:
-                fn(trainer, *args)
+                value = fn(trainer, *args)
+                if result is None:
+                    result = value
         finally:
             _CURRENT_HOOK.reset(token)
+        return result
 
     @contextlib.contextmanager
     def running(self, stage: str) -> Iterator[None]:
@@ -126,9 +131,9 @@ def _no_trainer() -> None:
     return None
 
 
-def _module_hook(method: Callable[..., None]) -> Callable[..., None]:
-    def call(trainer: Trainer, *args: Any) -> None:  # the module's hooks take no (trainer, module) arguments
-        method(*args)
+def _module_hook(method: Callable[..., Any]) -> Callable[..., Any]:
+    def call(trainer: Trainer, *args: Any) -> Any:  # the module's hooks take no (trainer, module) arguments
+        return method(*args)
 
     return call
 

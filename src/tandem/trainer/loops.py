@@ -175,7 +175,8 @@ class FitLoop:
         for batch_idx, batch in enumerate(batches, start=loop.batches_done):
             if batch_idx >= n:
                 break
-            self._run_batch(batch, batch_idx)
+            if not self._run_batch(batch, batch_idx):
+                break
             # not after the epoch's last batch (known there in an evened epoch too): the epoch-end validation follows
             due = val_every and (batch_idx + 1) % val_every == 0 and batch_idx + 1 < loop.epoch_batches
             if due and self._validates_this_epoch():
@@ -205,9 +206,10 @@ class FitLoop:
         loop.epoch, loop.batches_done, loop.epoch_finished, loop.epoch_start_rng = loop.epoch + 1, 0, False, None
 
     # ------------------------------------------------------------------ one batch
-    def _run_batch(self, batch: Any, batch_idx: int) -> None:
+    def _run_batch(self, batch: Any, batch_idx: int) -> bool:
         """The batch runner: the batch on its device, the plan, the batch hooks and publishing around the
-        optimization's :meth:`~tandem.trainer.optimization.Optimization.run`."""
+        optimization's :meth:`~tandem.trainer.optimization.Optimization.run`. False: the module's
+        ``on_train_batch_start`` returned -1, which skips the rest of the epoch (every rank must return it)."""
         context, loop, optimization = self.context, self.state, self.optimization
         strategy, hooks, config = context.strategy, context.hooks, context.config
         transfer = self.batch_transfer
@@ -215,14 +217,19 @@ class FitLoop:
         context.metrics.set_batch(batch)
         loop.logger_step = loop.batches_stepped
         loop.plan_batch(batch_idx, config.accumulate_grad_batches, config.log_every_n_steps, optimization.automatic)
-        if "on_train_batch_start" in hooks.registered:  # hooks nobody overrides are not even called
+        # hooks nobody overrides are not even called; the module's returning -1 ends the epoch here (Lightning's)
+        if "on_train_batch_start" in hooks.registered and _ends_epoch(
             hooks.call("on_train_batch_start", batch, batch_idx)
+        ):
+            loop.no_step()
+            return False
         output, loss = optimization.run(batch, batch_idx)
         if loop.log_step and (context.sink.loggers or strategy.world_size > 1):
             self._publish_step(loss)
         loop.batches_done = batch_idx + 1
         if "on_train_batch_end" in hooks.registered:
             hooks.call("on_train_batch_end", optimization.hook_outputs(output, loss), batch, batch_idx)
+        return True
 
     def _publish_step(self, loss: torch.Tensor | None) -> None:
         """Loggers get the step values, sync_dist ones reduced first. The step's loss is read then too, and the
@@ -304,6 +311,11 @@ class FitLoop:
 
 
 _END = object()
+
+
+def _ends_epoch(returned: Any) -> bool:
+    """``on_train_batch_start`` returned -1 (an int: a tensor is not compared)."""
+    return type(returned) is int and returned == -1
 
 
 def validates_only_at_epoch_ends(

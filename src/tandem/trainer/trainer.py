@@ -31,7 +31,7 @@ from tandem.trainer.optimization import configure_optimization
 from tandem.trainer.state import LoopState, TrainerState
 from tandem.utilities.checkpoint import to_weights_only
 from tandem.utilities.exceptions import Preempted, TandemConfigError, TandemUserCodeError, incompatible
-from tandem.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from tandem.utilities.rank_zero import rank_zero_info, rank_zero_print, rank_zero_warn
 
 
 class Trainer:
@@ -410,6 +410,10 @@ class Trainer:
             self.state.status = "finished"
             self._finish(fn, "success")
         return result
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` once, on global rank 0 (as ``self.print`` in a module)."""
+        rank_zero_print(*args, **kwargs)
 
     def init_module(self, empty_init: bool | None = None) -> contextlib.AbstractContextManager:
         """Build the module where the strategy wants its tensors: directly on the device (in float64 under

@@ -14,6 +14,7 @@ those files against single-process references.
     memory     with Python's garbage collector off, a finished fit's module, Trainer and optimizer are freed
                as soon as the script drops them
     stopping   should_stop asked on one rank mid-epoch, and max_time: every rank stops at the same step
+    gathers    self.all_gather(sync_grads=True) carries gradients back to every rank
     unused     (last) the GAN under plain ddp: a clear error naming ddp_find_unused_parameters_true
 """
 
@@ -199,6 +200,19 @@ def stopping(out: Path) -> dict[str, Any]:
     return {"one_rank": (one.global_step, one.current_epoch), "max_time": timed.global_step}
 
 
+def gathers(out: Path) -> dict[str, Any]:
+    """self.all_gather(..., sync_grads=True): the gather is differentiable, each rank's input gets the gradient of
+    every rank's use of it."""
+    module = Regression()
+    trainer = tandem.Trainer(strategy="ddp", max_steps=1, **QUIET)  # kept: the module holds it weakly
+    trainer.fit(module, manual_modules.loader(manual_modules.BATCH))
+    rank = dist.get_rank()
+    x = torch.tensor([rank + 1.0], requires_grad=True)
+    gathered = module.all_gather(x, sync_grads=True)
+    (gathered.sum() * (rank + 1)).backward()  # rank r's loss uses every rank's x with weight r + 1
+    return {"gathered": gathered.detach(), "grad": x.grad.clone()}
+
+
 def _floats(trainer: tandem.Trainer) -> dict[str, float]:
     return {k: float(v) for k, v in trainer.callback_metrics.items()}
 
@@ -213,7 +227,7 @@ def unused(out: Path) -> dict[str, Any]:
     return {"error": None}
 
 
-SCENARIOS = {f.__name__: f for f in (manual, loaders, ports, nonfinite, memory, stopping, unused)}
+SCENARIOS = {f.__name__: f for f in (manual, loaders, ports, nonfinite, memory, stopping, gathers, unused)}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
