@@ -161,13 +161,15 @@ class FitLoop:
         if (several or config.accumulate_grad_batches > 1) and not has_len(loader):
             batches = self._agreed_batches(batches, n)
         val_every = self._val_check_batches()
+        # check_val_every_n_epoch=None: val_check_interval counts the batches of the whole fit (Lightning's rule)
+        offset = loop.batches_in_earlier_epochs if config.check_val_every_n_epoch is None else 0
         max_steps = config.max_steps
         for batch_idx, batch in enumerate(batches, start=loop.batches_done):
             if batch_idx >= n:
                 break
             self._run_batch(batch, batch_idx)
             # not after the epoch's last batch (known there in an evened epoch too): the epoch-end validation follows
-            due = val_every and (batch_idx + 1) % val_every == 0 and batch_idx + 1 < loop.epoch_batches
+            due = val_every and (offset + batch_idx + 1) % val_every == 0 and batch_idx + 1 < loop.epoch_batches
             if due and self._validates_this_epoch():
                 self.evaluation.run("validate")
             if PREEMPTION.signum is not None:  # a signal: one read per batch
@@ -176,7 +178,8 @@ class FitLoop:
                 break  # with several processes, should_stop is agreed on at the end of the epoch (below)
         loop.epoch_finished = True
         train_epoch_metrics = metrics.epoch_metrics()
-        if self._validates_this_epoch():
+        by_total = config.check_val_every_n_epoch is None and val_every  # then the epoch's end may not be due
+        if self._validates_this_epoch() and (not by_total or (offset + loop.batches_done) % val_every == 0):
             self.evaluation.run("validate")
         self.optimization.step_schedulers("epoch")  # under manual optimization the module steps its schedulers
         hooks.call("on_train_epoch_end")
@@ -189,8 +192,7 @@ class FitLoop:
         train_epoch_metrics.update(metrics.epoch_metrics())  # values logged in on_train_epoch_end hooks
         context.sink.log_metrics({**train_epoch_metrics, "epoch": loop.epoch})
         context.sink.save()
-        # one statement: the side channel's thread reads these (pre-emption) and must not see half of it
-        loop.epoch, loop.batches_done, loop.epoch_finished, loop.epoch_start_rng = loop.epoch + 1, 0, False, None
+        loop.finish_epoch()
 
     # ------------------------------------------------------------------ one batch
     def _run_batch(self, batch: Any, batch_idx: int) -> None:

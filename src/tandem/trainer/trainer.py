@@ -414,6 +414,7 @@ class Trainer:
         for callback in self.callbacks:
             callback.setup(self, model, fn)
         model.setup(fn)
+        data.check_steps(fn, model)
         if fn == "fit":
             optim.check_manual_optimization(model, self.strategy, self._config)
             self._nonfinite.reset()
