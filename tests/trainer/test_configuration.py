@@ -3,6 +3,7 @@ fix (Lightning's configuration validator and fit-loop messages), instead of pass
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 import pytest
@@ -150,3 +151,51 @@ def test_check_val_every_n_epoch_none_counts_on_after_a_resume(tmp_path):
     resumed = quiet_trainer(max_epochs=3, check_val_every_n_epoch=None, val_check_interval=6, callbacks=[seen])
     resumed.fit(TinyModule(), loader(64, 16), loader(16), ckpt_path=tmp_path / "epoch0.ckpt")
     assert seen.steps == [6, 12]
+
+
+# ====================================================================== why fit stopped
+@pytest.fixture
+def info_lines(caplog):
+    """The rank-zero info messages (the logger tandem's rank_zero_info writes to does not propagate)."""
+    logger = logging.getLogger("lightning_utilities.core.rank_zero")
+    logger.addHandler(caplog.handler)
+    caplog.set_level(logging.INFO, logger.name)
+    yield lambda: [r.getMessage() for r in caplog.records if r.name == logger.name]
+    logger.removeHandler(caplog.handler)
+
+
+class _StopAt(tandem.Callback):
+    def on_train_epoch_end(self, trainer, module):
+        trainer.should_stop = trainer.current_epoch >= 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        (dict(max_epochs=2), "`Trainer.fit` stopped: `max_epochs=2` reached."),
+        (dict(max_steps=3), "`Trainer.fit` stopped: `max_steps=3` reached."),
+        (dict(max_epochs=5, callbacks=[_StopAt()]), "`Trainer.fit` stopped: `trainer.should_stop` was set"),
+    ],
+)
+def test_every_fit_says_once_why_it_stopped(info_lines, kwargs, reason):
+    quiet_trainer(limit_val_batches=0, **kwargs).fit(TinyModule(), loader())
+    stopped = [line for line in info_lines() if "`Trainer.fit` stopped" in line]
+    assert len(stopped) == 1 and stopped[0].startswith(reason), stopped
+
+
+def test_fit_again_on_a_finished_trainer_says_so_and_the_fix(info_lines):
+    trainer = quiet_trainer(max_epochs=1, limit_val_batches=0)
+    trainer.fit(TinyModule(), loader())
+    module = TinyModule()
+    before = [p.clone() for p in module.parameters()]
+    with pytest.warns(
+        UserWarning, match=r"trained nothing: training is already at epoch 1, global step 4, so max_epochs=1 is reached"
+    ) as caught:
+        trainer.fit(module, loader())
+    assert "use a new Trainer" in str(caught[0].message) and "ckpt_path=" in str(caught[0].message)
+    assert all(torch.equal(a, b) for a, b in zip(before, module.parameters()))
+
+
+def test_max_epochs_zero_says_that_nothing_is_trained():
+    with pytest.warns(UserWarning, match=r"trained nothing: max_epochs=0 leaves nothing to train. Set max_epochs"):
+        quiet_trainer(max_epochs=0, limit_val_batches=0).fit(TinyModule(), loader())

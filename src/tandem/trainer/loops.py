@@ -22,7 +22,7 @@ from tandem.trainer.optimization import Optimization
 from tandem.trainer.state import TRAIN, LoopState, StageData
 from tandem.utilities.data import find_sampler, has_len
 from tandem.utilities.preemption import PREEMPTION
-from tandem.utilities.rank_zero import rank_zero_warn
+from tandem.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from tandem.utilities.seed import capture_rng_state, restore_rng_state
 
 if TYPE_CHECKING:
@@ -101,6 +101,9 @@ class FitLoop:
     # ------------------------------------------------------------------ the fit
     def run(self) -> None:
         context = self.context
+        if self._done():  # before any work: a finished Trainer fit again, or max_epochs / max_steps of 0
+            _warn_nothing_to_train(self.state, context.config)
+            return
         if self.evaluation.records["validate"].loaders and context.config.num_sanity_val_steps != 0:
             self.evaluation.run("validate", sanity=True)
         context.hooks.call("on_train_start")
@@ -109,6 +112,16 @@ class FitLoop:
             if PREEMPTION.signum is not None and not self._done():
                 self._stop_if_preempted(epoch_end=True)
         context.hooks.call("on_train_end")
+        rank_zero_info(f"`Trainer.fit` stopped: {self._stop_reason()}")
+
+    def _stop_reason(self) -> str:
+        """Why :meth:`_done` ended the fit, in Lightning's words and order."""
+        config, loop = self.context.config, self.state
+        if 0 <= config.max_steps <= loop.global_step:
+            return f"`max_steps={config.max_steps}` reached."
+        if loop.epoch >= config.epoch_limit:
+            return f"`max_epochs={config.max_epochs}` reached."
+        return "`trainer.should_stop` was set (by a callback such as EarlyStopping or Timer, or by the module)."
 
     def _done(self) -> bool:
         loop, context = self.state, self.context
@@ -300,6 +313,24 @@ def validates_only_at_epoch_ends(
     if check_val_every_n_epoch != 1:
         return False
     return val_batches == 0 or val_check_interval == 1.0
+
+
+def _warn_nothing_to_train(loop: LoopState, config: TrainerConfig) -> None:
+    """``fit`` found training already over before its first batch: say why, and how to train (more)."""
+    limits = [f"max_epochs={config.max_epochs}"] if config.max_epochs != -1 else []
+    limits += [f"max_steps={config.max_steps}"] if config.max_steps != -1 else []
+    if loop.epoch == 0 and loop.global_step == 0:
+        rank_zero_warn(
+            f"`Trainer.fit` trained nothing: {', '.join(limits)} leaves nothing to train. Set max_epochs (or max_steps) "
+            "to at least 1; to only evaluate, call trainer.validate(model, ...) instead."
+        )
+        return
+    rank_zero_warn(
+        f"`Trainer.fit` trained nothing: training is already at epoch {loop.epoch}, global step {loop.global_step}, "
+        f"so {', '.join(limits)} is reached already (this Trainer finished a fit before, or the checkpoint "
+        "resumed from was saved there). To train again from the start, use a new Trainer; to train further, use a "
+        "Trainer with a higher max_epochs (or max_steps) and pass ckpt_path=<the last checkpoint> to fit."
+    )
 
 
 def _warn_uneven(epoch: int, count: int, have: list[bool]) -> None:
