@@ -98,6 +98,14 @@ def quiet_trainer(**kwargs) -> tandem.Trainer:
     return tandem.Trainer(**defaults)
 
 
+def float16_mixed(accelerator: str = "cpu") -> dict:
+    """Trainer arguments for float16 autocast with loss scaling on ``accelerator``. On the CPU the Trainer's
+    ``precision="16-mixed"`` becomes bf16-mixed (as in Lightning); a strategy built with it keeps float16."""
+    if accelerator == "cpu":
+        return dict(strategy=tandem.strategies.SingleDeviceStrategy("cpu", precision="16-mixed"))
+    return dict(accelerator=accelerator, precision="16-mixed")
+
+
 def run_python(
     args: list[str], timeout: float = 120, cwd: str | Path | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:

@@ -98,6 +98,7 @@ def fake_trainer(
         accumulate_grad_batches=1,
         num_sanity_val_steps=2,
         fast_dev_run=False,
+        ckpt_path=None,
         training=True,
         validating=False,
         testing=False,

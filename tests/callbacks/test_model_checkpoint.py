@@ -422,3 +422,39 @@ def test_an_unwritable_checkpoint_folder_fails_at_setup_before_any_training(tmp_
     assert "Checked before training, so no work is lost" in str(err.value) and err.value.errno == errno.ENOTDIR
     assert counter.batches == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # the check leaves nothing behind
+
+
+# ---------------------------------------------------------------------- mistakes that would pass silently
+def test_a_folder_with_another_runs_checkpoints_warns(tmp_path):
+    folder = tmp_path / "ckpts"
+    folder.mkdir()
+    (folder / "epoch=3-step=40.ckpt").write_bytes(b"old")
+    callback = ModelCheckpoint(dirpath=folder)
+    with pytest.warns(UserWarning, match=r"Checkpoint directory .*ckpts exists and is not empty: .*epoch=3-step=40"):
+        quiet_trainer(max_epochs=1, callbacks=[callback], enable_checkpointing=True).fit(TinyModule(), loader(32))
+
+
+def test_no_folder_warning_for_a_fresh_folder_a_second_fit_or_a_resume_from_it(tmp_path, recwarn):
+    folder = tmp_path / "ckpts"
+    callback = ModelCheckpoint(dirpath=folder, save_last=True)
+    trainer = quiet_trainer(max_epochs=1, callbacks=[callback], enable_checkpointing=True, limit_val_batches=0)
+    trainer.fit(TinyModule(), loader(32))
+    trainer = quiet_trainer(max_epochs=2, callbacks=[callback], enable_checkpointing=True, limit_val_batches=0)
+    trainer.fit(TinyModule(), loader(32))  # the same callback: its files are its own
+    resumed = ModelCheckpoint(dirpath=folder, save_last=True)
+    trainer = quiet_trainer(max_epochs=3, callbacks=[resumed], enable_checkpointing=True, limit_val_batches=0)
+    trainer.fit(TinyModule(), loader(32), ckpt_path=folder / "last.ckpt")
+    assert trainer.ckpt_path == str(folder / "last.ckpt")
+    assert not [w for w in recwarn if "is not empty" in str(w.message)]
+
+
+def test_a_filename_naming_an_unlogged_metric_warns_once(tmp_path):
+    callback = ModelCheckpoint(dirpath=tmp_path, filename="{epoch}-{val_acc:.2f}", monitor="val_loss", save_top_k=-1)
+    trainer = _setup(callback, tmp_path)
+    with pytest.warns(UserWarning) as caught:
+        _epoch_end(callback, trainer, 0, val_loss=2.0)
+        _epoch_end(callback, trainer, 1, val_loss=1.0)
+    messages = [str(w.message) for w in caught if "filename=" in str(w.message)]
+    assert len(messages) == 1
+    assert "names 'val_acc', which was not logged (logged: ['val_loss'])" in messages[0]
+    assert _files(tmp_path) == ["epoch=0-val_acc=0.00.ckpt", "epoch=1-val_acc=0.00.ckpt"]  # Lightning's 0, as before

@@ -57,7 +57,13 @@ def test_other_ranks_draw_and_print_nothing(capsys):
     assert captured.err == "" and captured.out == ""
 
 
-def test_sanity_validation_test_and_predict_bars_open_and_close(capsys):
+@pytest.fixture
+def terminal(monkeypatch):
+    """stderr counts as a terminal: bars are drawn in place (under pytest it is a capture buffer)."""
+    monkeypatch.setattr(progress_bar_module, "_is_terminal", lambda file: True)
+
+
+def test_sanity_validation_test_and_predict_bars_open_and_close(capsys, terminal):
     bar = ProgressBar()
     trainer = fake_trainer(".")
     _whole_run(bar, trainer)
@@ -126,7 +132,7 @@ def _last_line(err: str) -> str:
 
 
 @pytest.mark.parametrize("columns", [80, 100, 140])
-def test_each_metric_shows_once_and_the_bar_stays_readable_in_a_narrow_terminal(monkeypatch, capsys, columns):
+def test_each_metric_shows_once_and_the_bar_stays_readable_in_a_narrow_terminal(monkeypatch, capsys, terminal, columns):
     import tqdm.std
 
     monkeypatch.setattr(tqdm.std, "_screen_shape_wrapper", lambda: lambda fp: (columns - 1, 24))  # a terminal
@@ -153,3 +159,49 @@ def test_the_loss_shows_when_no_progress_bar_metric_holds_it(capsys):
     _train_epoch(bar, trainer, loss=0.75)
     bar.on_train_end(trainer, None)
     assert "loss=0.75, val_acc=0.5" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- a file or a pipe; messages between frames
+def test_without_a_terminal_plain_lines_replace_the_frames(capsys):
+    bar = ProgressBar()
+    trainer = fake_trainer(".")
+    trainer.progress_bar_metrics = metrics(val_acc=0.75)
+    _whole_run(bar, trainer)
+    err = capsys.readouterr().err
+    assert "\r" not in err  # no frames
+    lines = err.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["Epoch 0", "Epoch 1", "Testing", "Predicting"]
+    assert lines[0].startswith("Epoch 0: 10/10 [") and lines[0].endswith("loss=0.5, val_acc=0.75]")
+    assert lines[2].startswith("Testing: 3/3 [") and lines[3].startswith("Predicting: 4/4 [")
+
+
+def test_without_a_terminal_a_long_epoch_prints_a_line_every_30_seconds(monkeypatch, capsys):
+    clock = types.SimpleNamespace(now=100.0)
+    monkeypatch.setattr(progress_bar_module, "time", types.SimpleNamespace(monotonic=lambda: clock.now))
+    bar = ProgressBar()
+    trainer = fake_trainer(".", num_training_batches=100)
+    bar.on_train_epoch_start(trainer, None)
+    for batch_idx in range(100):
+        clock.now += 1.0  # 100 s in all: lines at 30, 60 and 90 s, then the epoch's end
+        bar.on_train_batch_end(trainer, None, {"loss": torch.tensor(1.0)}, None, batch_idx)
+    bar.on_train_epoch_end(trainer, None)
+    bar.on_train_end(trainer, None)
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(" [")[0] for line in lines] == [f"Epoch 0: {n}/100" for n in (30, 60, 90, 100)]
+
+
+def test_info_messages_start_on_their_own_line_while_bars_are_drawn(capsys, terminal):
+    from tandem.utilities.rank_zero import rank_zero_info, rank_zero_print
+
+    bar = ProgressBar()
+    trainer = fake_trainer(".")
+    bar.on_train_epoch_start(trainer, None)
+    for batch_idx in range(5):
+        bar.on_train_batch_end(trainer, None, {"loss": torch.tensor(1.0)}, None, batch_idx)
+    rank_zero_info("EarlyStopping: val_loss did not improve")
+    rank_zero_print("printed by the module")
+    bar.on_train_end(trainer, None)
+    captured = capsys.readouterr()
+    before = captured.err.split("EarlyStopping:")[0]
+    assert "Epoch 0" in before and before[-1] in "\r\n"  # the frame was cleared first, not written after
+    assert "printed by the module\n" in captured.out

@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import tandem
-from helpers import TinyModule, loader, quiet_trainer
+from helpers import TinyModule, float16_mixed, loader, quiet_trainer
 from tandem.strategies import DataParallelStrategy, SingleDeviceStrategy
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -95,7 +95,7 @@ class InfAt(TinyModule):
 @pytest.mark.parametrize("accelerator", DEVICES)
 def test_16_mixed_skips_a_step_with_inf_gradients_and_does_not_step_the_scheduler(accelerator):
     module = InfAt(inf_batch=1)
-    trainer = quiet_trainer(accelerator=accelerator, precision="16-mixed", max_steps=3)
+    trainer = quiet_trainer(**float16_mixed(accelerator), max_steps=3)
     trainer.fit(module, loader(48, batch_size=16))
     scaler = trainer.strategy.precision.scaler
     assert scaler is not None and scaler.get_scale() == 2.0**15  # halved once, from 2**16
@@ -163,9 +163,13 @@ def test_clip_by_norm_and_value_after_unscaling(accelerator, precision):
     for algorithm, limit in (("norm", 0.05), ("value", 0.002)):
         torch.manual_seed(0)
         module = ClipProbe()
+        setting = (
+            float16_mixed(accelerator)
+            if precision == "16-mixed"
+            else dict(accelerator=accelerator, precision=precision)
+        )
         trainer = quiet_trainer(
-            accelerator=accelerator,
-            precision=precision,
+            **setting,
             max_steps=3,
             gradient_clip_val=limit,
             gradient_clip_algorithm=algorithm,
@@ -209,14 +213,14 @@ class ScalerProbe(tandem.Callback):
 
 @pytest.mark.parametrize("accelerator", DEVICES)
 def test_16_mixed_checkpoint_round_trip_restores_the_scaler(accelerator, tmp_path):
-    trainer = quiet_trainer(accelerator=accelerator, precision="16-mixed", max_steps=3)
+    trainer = quiet_trainer(**float16_mixed(accelerator), max_steps=3)
     trainer.fit(InfAt(inf_batch=0), loader(48, batch_size=16))
     saved = trainer.strategy.precision.state_dict()["scaler"]
     assert saved["scale"] == 2.0**15 and saved["_growth_tracker"] == 2
     trainer.save_checkpoint(tmp_path / "amp.ckpt")
 
     probe = ScalerProbe()
-    resumed = quiet_trainer(accelerator=accelerator, precision="16-mixed", max_steps=4, callbacks=[probe])
+    resumed = quiet_trainer(**float16_mixed(accelerator), max_steps=4, callbacks=[probe])
     assert resumed.strategy.precision.state_dict()["scaler"]["scale"] == 2.0**16  # a fresh scaler
     resumed.fit(InfAt(), loader(48, batch_size=16), ckpt_path=tmp_path / "amp.ckpt")
     assert probe.at_fit_start == saved

@@ -34,6 +34,20 @@ def test_user_instance_keeps_its_device_and_gets_the_trainer_precision():
     assert strategy.precision.precision == "bf16-mixed"
 
 
+@pytest.mark.parametrize(("strategy", "devices"), [("auto", 1), ("ddp", 2)])
+def test_trainer_float16_mixed_on_cpu_becomes_bf16_with_a_warning(strategy, devices):
+    # Lightning's rule: no float16 AMP on the CPU (several times slower than float32 there)
+    with pytest.warns(UserWarning, match=r"precision='16-mixed'\) but AMP with float16 is not supported on the CPU"):
+        resolved = resolve_strategy(strategy, "cpu", devices, 1, 16)
+    assert resolved.precision.precision == "bf16-mixed" and resolved.precision.scaler is None
+
+
+def test_a_strategy_built_with_float16_keeps_it_on_cpu(recwarn):
+    resolved = resolve_strategy(SingleDeviceStrategy("cpu", precision="16-mixed"), "cpu", "auto", 1, "32-true")
+    assert resolved.precision.precision == "16-mixed" and resolved.precision.scaler is not None
+    assert not [w for w in recwarn if "float16" in str(w.message)]
+
+
 def test_precision_aliases_and_forward_context():
     assert Precision(16).precision == "16-mixed" and Precision("bf16").precision == "bf16-mixed"
     with Precision("bf16-mixed").forward_context():

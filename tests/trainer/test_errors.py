@@ -116,7 +116,7 @@ def test_configure_optimizers_missing():
         def training_step(self, batch, batch_idx):
             return self.layer(batch[0]).sum()
 
-    with pytest.raises(NotImplementedError, match=r"NoOpt has no configure_optimizers.*torch.optim.Adam"):
+    with pytest.raises(TandemUserCodeError, match=r"NoOpt has no configure_optimizers\(\).*torch.optim.Adam"):
         quiet_trainer(max_steps=1).fit(NoOpt(), loader())
 
 

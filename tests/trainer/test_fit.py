@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 import tandem
-from helpers import TinyModule, loader, make_data, max_abs_diff, quiet_trainer
+from helpers import TinyModule, float16_mixed, loader, make_data, max_abs_diff, quiet_trainer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -252,13 +252,13 @@ def test_precisions_on_cpu():
 
 def test_float16_mixed_scaler_state_is_checkpointed(tmp_path):
     model = TinyModule()
-    trainer = quiet_trainer(max_steps=3, precision="16-mixed")
+    trainer = quiet_trainer(max_steps=3, **float16_mixed())
     trainer.fit(model, loader())
     path = tmp_path / "amp.ckpt"
     trainer.save_checkpoint(path)
     saved = torch.load(path, weights_only=False)
     assert saved["precision"]["scaler"]["scale"] == trainer.strategy.precision.scaler.get_scale()
-    resumed = quiet_trainer(max_steps=4, precision="16-mixed")
+    resumed = quiet_trainer(max_steps=4, **float16_mixed())
     resumed.fit(TinyModule(), loader(), ckpt_path=path)
     assert resumed.global_step == 4
 

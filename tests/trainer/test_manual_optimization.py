@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import tandem
-from helpers import TinyModule, loader, max_abs_diff, quiet_trainer
+from helpers import TinyModule, float16_mixed, loader, max_abs_diff, quiet_trainer
 from tandem.callbacks import ModelCheckpoint
 from tandem.loggers import CSVLogger
 from tandem.utilities.checkpoint import load_checkpoint_file
@@ -197,7 +197,7 @@ def test_float16_manual_steps_use_the_scaler_and_clip_unscaled_gradients():
             if optimizer is self.trainer.optimizers[0]:  # what the optimizer steps with: unscaled, clipped
                 norms.append(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.encoder.parameters()])))
 
-    trainer = quiet_trainer(max_steps=8, precision="16-mixed")
+    trainer = quiet_trainer(max_steps=8, **float16_mixed())
     trainer.fit(Clipped(), loader(64, 16))
     assert trainer.global_step == 8 and len(norms) == 4
     # clipped after unscaling (clipping the scaled gradients would leave 0.01 / 65536 after the scaler's step)

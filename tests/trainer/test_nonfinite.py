@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import tandem
-from helpers import TinyModule, loader, quiet_trainer
+from helpers import TinyModule, float16_mixed, loader, quiet_trainer
 from tandem.callbacks import ModelCheckpoint
 from tandem.loggers import CSVLogger
 from tandem.utilities.exceptions import NonFiniteError, TandemConfigError
@@ -119,7 +119,7 @@ def test_16_mixed_acts_only_on_a_non_finite_loss_that_persists(tmp_path, persist
     # The GradScaler skips the steps whose gradients hold inf / NaN, so the weights stay finite: one bad step is
     # the scaler's business; a loss still non-finite at the next check is the user's.
     module = NaNFrom(3, value=math.inf, stop=None if persistent else 4)
-    trainer = quiet_trainer(precision="16-mixed", max_steps=8, log_every_n_steps=1, logger=CSVLogger(tmp_path))
+    trainer = quiet_trainer(**float16_mixed(), max_steps=8, log_every_n_steps=1, logger=CSVLogger(tmp_path))
     if not persistent:
         trainer.fit(module, loader(64, batch_size=8))
         assert trainer.global_step == 8 and _finite(module.state_dict())

@@ -152,6 +152,7 @@ class ModelCheckpoint(Callback):
         self._last_time_checked: float | None = None
         self._validated = False  # a validation ran in this fit: a missing monitor is then an error
         self._warned_missing = False
+        self._warned_filename = False  # a filename placeholder naming an unlogged metric was reported
         self._pending_state: dict[str, Any] | None = None  # restored before setup resolved the dirpath
 
     @property
@@ -190,6 +191,33 @@ class ModelCheckpoint(Callback):
     def on_train_start(self, trainer: Trainer, module: TrainingModule) -> None:
         self._last_time_checked = time.monotonic()
         self._validated = False
+        if trainer.is_global_zero and not trainer.fast_dev_run:
+            self._warn_if_dir_not_empty(trainer)
+
+    def _warn_if_dir_not_empty(self, trainer: Trainer) -> None:
+        """Checkpoints of another run in ``dirpath`` mix with this run's (Lightning warns the same). Not when
+        this fit resumed from a checkpoint in that folder: continuing there is the point. Runs after the restore,
+        so the files the restored state names (this run's own) do not count."""
+        if (self.save_top_k == 0 and not self.save_last) or not os.path.isdir(self.dirpath):
+            return
+        folder = os.path.abspath(self.dirpath)
+        resumed = trainer.ckpt_path
+        if resumed is not None and os.path.dirname(os.path.abspath(resumed)) == folder:
+            return
+        own = {os.path.abspath(p) for p in (*self.best_k_models, self.last_model_path) if p}
+        foreign = sorted(
+            name
+            for name in os.listdir(folder)
+            if name.endswith(self.FILE_EXTENSION) and os.path.join(folder, name) not in own
+        )
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+            rank_zero_warn(
+                f"Checkpoint directory {self.dirpath} exists and is not empty: it holds {len(foreign)} checkpoint(s) "
+                f"of another run ({shown}). This run's checkpoints will mix with them (same names get a -v1 "
+                "suffix). Give this run its own ModelCheckpoint(dirpath=...), or a logger (a new version folder "
+                "per run); to continue that run instead, pass fit(..., ckpt_path=<its checkpoint>)."
+            )
 
     def on_train_batch_end(
         self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
@@ -247,6 +275,21 @@ class ModelCheckpoint(Callback):
             self._last_global_step_saved = trainer.global_step
             if isinstance(reason, NonFiniteError):
                 raise
+
+    def _warn_unlogged_filename_metrics(self, metrics: Mapping[str, Any]) -> None:
+        """A ``filename`` placeholder that names no logged metric is written as 0 (as in Lightning): say so,
+        once, with the names that were logged (a misspelt ``{val_acc}`` would otherwise go unnoticed)."""
+        missing = [name for name in _placeholders(self.filename) if name not in metrics]
+        if not missing:
+            return
+        self._warned_filename = True
+        logged = sorted(k for k in metrics if k not in ("epoch", "step"))
+        rank_zero_warn(
+            f"ModelCheckpoint(filename={self.filename!r}) names {', '.join(repr(m) for m in missing)}, which was "
+            f"not logged (logged: {logged}), so it is written as 0 in the checkpoint names. Log it with "
+            f"self.log({missing[0]!r}, value), or name a logged metric in the filename. If it is a validation "
+            "metric, it exists only once validation has run before the save. (Shown once.)"
+        )
 
     def _monitor_candidates(self, trainer: Trainer) -> dict[str, Any]:
         """Global rank 0's metrics, as numbers: every rank then names, ranks and deletes the same files."""
@@ -337,6 +380,8 @@ class ModelCheckpoint(Callback):
     def _free_path(self, trainer: Trainer, metrics: Mapping[str, Any], keep: str | None) -> str:
         """The formatted path; with the version counter, ``-v1``, ``-v2``... appended while that file
         exists (rank 0 looks)."""
+        if not self._warned_filename:
+            self._warn_unlogged_filename_metrics(metrics)
         path = self.format_checkpoint_name(metrics)
         version = self.STARTING_VERSION
         while (
@@ -423,6 +468,11 @@ class ModelCheckpoint(Callback):
 
 class _Skipped(Exception):
     """A save the Trainer skipped (the parameters hold NaN or inf)."""
+
+
+def _placeholders(template: str | None) -> list[str]:
+    """The metric names a ``filename`` template fills in (``"{epoch}-{val_loss:.2f}"``: epoch, val_loss)."""
+    return sorted({group[1:] for group in re.findall(r"(\{.*?)[:}]", template or "")})
 
 
 def _format_name(template: str | None, metrics: Mapping[str, Any], auto_insert_metric_name: bool) -> str:

@@ -13,12 +13,14 @@ import torch
 from tandem.callbacks.callback import Callback
 from tandem.utilities.exceptions import out_of_range
 from tandem.utilities.logged_values import to_float
+from tandem.utilities.rank_zero import set_bar_writer
 
 if TYPE_CHECKING:
     from tandem.module import TrainingModule
     from tandem.trainer.trainer import Trainer
 
 _POSTFIX_EVERY_S = 0.5  # reading metrics syncs the device, so the numbers are refreshed at most this often
+_LINE_EVERY_S = 30.0  # not a terminal: a progress line at most this often during a bar, besides the epoch's end
 _MIN_BAR = 10  # columns the bar keeps: on a narrow terminal the times and counts give way, not the bar or metrics
 _LAYOUTS = (  # widest first; the first that leaves the bar _MIN_BAR columns is used. {metrics}: ", a=1, b=2"
     "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{metrics}]",  # tqdm's own
@@ -35,6 +37,12 @@ class ProgressBar(Callback):
     The training bar shows every value logged with ``prog_bar=True`` and the step ``loss`` (unless one of
     those values already is the loss); these numbers are refreshed at most every half second and at the end
     of each epoch. On a narrow terminal (80 columns) the bar drops its times rather than the metrics.
+
+    When stderr is not a terminal (output redirected to a file or a pipe, e.g. a cluster job's log), no
+    frames are drawn: one plain line per training epoch (at its end, with the metrics), one after each
+    validation within an epoch, one when testing or predicting ends, and during a long stage a line at most
+    every 30 seconds. While bars are drawn on a terminal, ``rank_zero_info`` messages (``EarlyStopping``,
+    ``ModelCheckpoint(verbose=True)``, ...) and ``self.print`` start on their own line above the bars.
 
     Args:
         refresh_rate: advance the bars every this many batches; 0 disables the bars.
@@ -62,8 +70,11 @@ class ProgressBar(Callback):
 
         self._close(kind)
         self.__dict__.setdefault("_seen", {})[kind] = 0
-        position = 1 if kind == "eval" and "train" in self._bars else 0
         total = None if total is None or math.isinf(total) else int(total)
+        if not _is_terminal(sys.stderr):  # a file or a pipe: plain lines, no frames
+            self._bars[kind] = _LineBar(desc, total, leave, sys.stderr)
+            return
+        position = 1 if kind == "eval" and "train" in self._bars else 0
         self._bars[kind] = tqdm(
             desc=desc,
             total=total,
@@ -73,11 +84,14 @@ class ProgressBar(Callback):
             file=sys.stderr,
             smoothing=0,
         )
+        set_bar_writer(_write_above_bars)  # messages printed meanwhile start on their own line
 
     def _close(self, kind: str) -> None:
         bar = self._bars.pop(kind, None)
         if bar is not None:
             bar.close()
+        if not self._bars:
+            set_bar_writer(None)
 
     def _advance(self, kind: str, batch_idx: int) -> None:
         bar = self._bars.get(kind)
@@ -108,7 +122,7 @@ class ProgressBar(Callback):
     def _draw_metrics(self, bar: Any, values: dict[str, float], refresh: bool) -> None:
         """Show ``values`` on the training bar (subclasses drawing another kind of bar override this)."""
         text = ", ".join(f"{k}={bar.format_num(v)}" for k, v in values.items())
-        if bar.total is None:  # no bar to fit: tqdm's counter layout
+        if bar.total is None or isinstance(bar, _LineBar):  # no bar to fit: tqdm's counter layout
             bar.set_postfix_str(text, refresh=False)
         else:
             _fit_layout(bar, text)
@@ -143,6 +157,7 @@ class ProgressBar(Callback):
 
     def on_train_epoch_end(self, trainer: Trainer, module: TrainingModule) -> None:
         self._show_metrics(trainer, refresh=True)
+        self._print_line()
         if self.leave:
             self._close("train")
 
@@ -173,6 +188,15 @@ class ProgressBar(Callback):
         self._close("eval")
         if not trainer.sanity_checking:
             self._show_metrics(trainer, refresh=True)
+            bar = self._bars.get("train")
+            if bar is not None and bar.n != bar.total:  # within the epoch (its end prints a line anyway)
+                self._print_line()
+
+    def _print_line(self) -> None:
+        """Not a terminal: the training bar's state as one line (a terminal's bar shows it in place)."""
+        bar = self._bars.get("train")
+        if isinstance(bar, _LineBar):
+            bar.print_line()
 
     def on_sanity_check_end(self, trainer: Trainer, module: TrainingModule) -> None:
         self._close("eval")
@@ -222,6 +246,78 @@ class ProgressBar(Callback):
         state = self.__dict__.copy()
         state["_bars"], state["_loss"] = {}, None  # tqdm objects cannot be pickled (spawned processes)
         return state
+
+
+def _is_terminal(file: Any) -> bool:
+    """Whether bars can redraw in place: a terminal, or a Jupyter notebook (its output renders ``\r``)."""
+    isatty = getattr(file, "isatty", None)
+    return bool(isatty is not None and isatty()) or "ipykernel" in sys.modules
+
+
+def _write_above_bars(text: str, file: Any) -> None:
+    from tqdm import tqdm
+
+    tqdm.write(text, file=file, end="")  # clears the bars, writes, draws them again below
+
+
+class _LineBar:
+    """A bar for a file or a pipe: plain lines instead of ``\r`` frames. Implements the part of tqdm's interface
+    :class:`ProgressBar` uses; a line is printed on request (:meth:`print_line`), at most every ``_LINE_EVERY_S``
+    seconds while it advances, and when a bar that stays (``leave``) closes."""
+
+    def __init__(self, desc: str, total: int | None, leave: bool, file: Any) -> None:
+        self.desc, self.total, self.leave, self.file = desc, total, leave, file
+        self.n, self.postfix = 0, ""
+        self._start = self._last_line = time.monotonic()
+        self._printed: tuple[str, int] | None = None  # (desc, n) of the last line, so that none repeats
+
+    @staticmethod
+    def format_num(value: float) -> str:
+        from tqdm import tqdm
+
+        return tqdm.format_num(value)
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if time.monotonic() - self._last_line >= _LINE_EVERY_S:
+            self.print_line()
+
+    def set_description(self, desc: str, refresh: bool = True) -> None:
+        self.desc = desc
+
+    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
+        self.postfix = text
+
+    def reset(self, total: int | None = None) -> None:
+        self.n, self.total, self.postfix = 0, total, ""
+        self._start = self._last_line = time.monotonic()
+
+    def refresh(self) -> None:
+        """Frames are not drawn: nothing to redraw."""
+
+    def print_line(self) -> None:
+        from tqdm import tqdm
+
+        if self._printed == (self.desc, self.n):
+            return
+        now = time.monotonic()
+        line = tqdm.format_meter(
+            self.n,
+            self.total,
+            now - self._start,
+            prefix=self.desc,
+            bar_format="{desc}: {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
+            if self.total
+            else "{desc}: {n_fmt} [{elapsed}, {rate_fmt}{postfix}]",
+            postfix=self.postfix or None,
+        )
+        self.file.write(line + "\n")
+        self.file.flush()
+        self._printed, self._last_line = (self.desc, self.n), now
+
+    def close(self) -> None:
+        if self.leave and self.n:
+            self.print_line()
 
 
 def _total(batches: Any) -> int | float:

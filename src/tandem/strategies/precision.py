@@ -14,6 +14,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from torch.optim import Optimizer
 
 from tandem.utilities.exceptions import bad_choice
+from tandem.utilities.rank_zero import rank_zero_warn
 
 _NO_CONTEXT = contextlib.nullcontext()
 _AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
@@ -121,3 +122,18 @@ class Precision:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
+
+
+def for_device(precision: Precision, device_type: str) -> Precision:
+    """The Trainer's ``precision`` for a device of ``device_type``. ``"16-mixed"`` on the CPU becomes
+    ``"bf16-mixed"`` with a warning, as in Lightning: CPUs have no fast float16 arithmetic (autocast to float16
+    there runs several times slower than float32), and bfloat16 needs no loss scaling. A strategy built with
+    ``precision="16-mixed"`` (or a ``Precision`` instance) keeps it: that is asked for explicitly."""
+    if precision.precision != "16-mixed" or device_type != "cpu":
+        return precision
+    rank_zero_warn(
+        "You passed Trainer(accelerator='cpu', precision='16-mixed') but AMP with float16 is not supported on "
+        "the CPU (it runs slower than float32 there). Using precision='bf16-mixed' instead. To keep float16 on the "
+        "CPU anyway, build the strategy with it, e.g. strategy=SingleDeviceStrategy('cpu', precision='16-mixed')."
+    )
+    return Precision("bf16-mixed", device_type)

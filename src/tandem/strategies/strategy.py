@@ -23,7 +23,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
-from tandem.strategies.precision import Precision
+from tandem.strategies.precision import Precision, for_device
 from tandem.utilities.checkpoint import atomic_save, is_sharded_checkpoint, load_checkpoint_file
 from tandem.utilities.data import end_workers_with_process
 from tandem.utilities.exceptions import (
@@ -142,7 +142,7 @@ class Strategy:
         trainer_precision = precision if isinstance(precision, Precision) else Precision(precision)
         _settle("precision", self._given["precision"], trainer_precision.precision, "32-true")  # refuses a conflict
         if self._given["precision"] is None:
-            self.precision = trainer_precision
+            self.precision = for_device(trainer_precision, self.root_device.type)
         self.use_distributed_sampler = _settle(
             "use_distributed_sampler", self._given["use_distributed_sampler"], use_distributed_sampler, True
         )

@@ -46,11 +46,12 @@ def checkpoint_state(trainer: Trainer, weights_only: bool = False) -> dict[str, 
     return checkpoint
 
 
-def restore(trainer: Trainer, ckpt_path: str | os.PathLike, fn: str) -> None:
-    """Load the weights; for ``fit``, everything the run needs to continue exactly."""
+def restore(trainer: Trainer, ckpt_path: str | os.PathLike, fn: str) -> str | None:
+    """Load the weights; for ``fit``, everything the run needs to continue exactly. Returns the file loaded
+    (None when ``ckpt_path="last"`` found none)."""
     path = resolve_ckpt_path(trainer, ckpt_path, fn)
     if path is None:
-        return
+        return None
     checkpoint = trainer.strategy.load_checkpoint(path)
     module = trainer.strategy.module
     trainer.call_hook("on_load_checkpoint", checkpoint)
@@ -61,7 +62,7 @@ def restore(trainer: Trainer, ckpt_path: str | os.PathLike, fn: str) -> None:
     except RuntimeError as err:
         raise TandemUserCodeError(f"Checkpoint {str(path)!r} does not fit {type(module).__name__}: {err}") from None
     if fn != "fit":
-        return
+        return path
     if "loops" not in checkpoint:
         raise TandemConfigError(
             f"Checkpoint {str(path)!r} holds weights only (saved with weights_only=True), so training cannot "
@@ -89,6 +90,7 @@ def restore(trainer: Trainer, ckpt_path: str | os.PathLike, fn: str) -> None:
             callback.load_state_dict(saved_callbacks[callback.state_key])
     if trainer.datamodule is not None and "datamodule" in checkpoint:
         trainer.datamodule.load_state_dict(checkpoint["datamodule"])
+    return path
 
 
 def best_checkpoint(trainer: Trainer) -> str | None:

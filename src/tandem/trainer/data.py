@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader
 
 from tandem.module import DataModule, TrainingModule, is_overridden
@@ -15,7 +16,7 @@ from tandem.strategies.strategy import Strategy
 from tandem.trainer.config import TrainerConfig, limit_batches
 from tandem.trainer.state import EVAL_STAGES, TRAIN, StageData, StageNames
 from tandem.utilities.data import has_len, in_order, make_skippable
-from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError
+from tandem.utilities.exceptions import PossibleUserWarning, TandemConfigError, TandemUserCodeError
 from tandem.utilities.rank_zero import rank_zero_warn
 
 _TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
@@ -66,17 +67,101 @@ def stage_records(
             f"Trainer.{fn} needs data: pass dataloaders=DataLoader(...), a datamodule whose "
             f"{names.loader_hook}() returns one, or define {names.loader_hook}() on the module."
         )
-    if given is not None and stage != "predict" and not is_overridden(module, names.step):
+    has_step = is_overridden(module, names.step)
+    if given is not None and stage != "predict" and not has_step:
         if fn != "fit":
-            raise TandemUserCodeError(f"Trainer.{fn} needs {type(module).__name__}.{names.step} to be defined.")
-        if evaluation is not None or datamodule is not None:
-            rank_zero_warn(f"{type(module).__name__} defines no validation_step: validation data is ignored.")
+            raise TandemUserCodeError(
+                f"Trainer.{fn} needs {type(module).__name__}.{names.step}() to be defined: define "
+                f"{names.step}(self, batch, batch_idx) and self.log the metrics there."
+            )
+        rank_zero_warn(
+            f"You passed validation data (val_dataloaders, or val_dataloader() of the datamodule or module) but "
+            f"{type(module).__name__} has no validation_step: the validation loop is skipped. Define "
+            "validation_step(self, batch, batch_idx), or drop the validation data."
+        )
         given = None
+    if given is None and fn == "fit" and has_step and config.limit_val_batches != 0:
+        rank_zero_warn(
+            f"{type(module).__name__} defines validation_step but the fit got no validation data: the validation "
+            "loop is skipped (no val_* metrics for callbacks to monitor). Pass val_dataloaders=DataLoader(...), or "
+            "a datamodule / module whose val_dataloader() returns one; set limit_val_batches=0 to turn validation "
+            "off knowingly.",
+            category=PossibleUserWarning,
+        )
     if given is None:
         return train_data, stage, StageData(names)
     if fn == "fit" and config.overfit_batches > 0:
         given = _map_loaders(given, lambda loader: in_order(loader, "validation batches"))
-    return train_data, stage, evaluation_data(names, given, strategy, stage, getattr(config, names.limit))
+    eval_data = evaluation_data(names, given, strategy, stage, getattr(config, names.limit))
+    if train_data is not None and eval_data.total_batches:
+        check_val_check_interval(config, train_data.num_batches[0])
+    return train_data, stage, eval_data
+
+
+def check_val_check_interval(config: TrainerConfig, train_batches: int | float) -> None:
+    """An int ``val_check_interval`` counts the batches of one epoch, so it must fit in one (Lightning's rule);
+    with ``check_val_every_n_epoch=None`` it counts the batches of the whole fit and may be larger."""
+    interval = config.val_check_interval
+    if isinstance(interval, int) and config.check_val_every_n_epoch is not None and interval > train_batches:
+        raise TandemConfigError(
+            f"val_check_interval ({interval}) must be less than or equal to the number of the training batches "
+            f"({train_batches}): validation would never run. If you want to disable validation set "
+            "limit_val_batches=0 instead. If you want to validate based on the total training batches, set "
+            "check_val_every_n_epoch=None."
+        )
+
+
+#: Lightning 1.x hooks that Lightning 2 removed: a module defining one would see it silently never called
+_REMOVED_HOOKS = {
+    "training_epoch_end": "on_train_epoch_end",
+    "validation_epoch_end": "on_validation_epoch_end",
+    "test_epoch_end": "on_test_epoch_end",
+    "training_step_end": "the end of training_step (or on_train_batch_end)",
+    "validation_step_end": "the end of validation_step (or on_validation_batch_end)",
+    "test_step_end": "the end of test_step (or on_test_batch_end)",
+}
+_REMOVED_BY_FN = {
+    "fit": ("training_epoch_end", "validation_epoch_end", "training_step_end", "validation_step_end"),
+    "validate": ("validation_epoch_end", "validation_step_end"),
+    "test": ("test_epoch_end", "test_step_end"),
+    "predict": (),
+}
+
+
+def check_steps(fn: str, module: TrainingModule) -> None:
+    """What ``fn`` needs of the module, checked before any work (Lightning's configuration validator):
+    ``training_step`` and ``configure_optimizers`` to fit, ``predict_step`` or ``forward`` to predict, and no
+    Lightning 1.x hook that would silently never run."""
+    name = type(module).__name__
+    if fn == "fit":
+        for method, example in (
+            ("training_step", "training_step(self, batch, batch_idx) returning the loss"),
+            (
+                "configure_optimizers",
+                "configure_optimizers(self) returning an optimizer, e.g. torch.optim.Adam(self.parameters(), lr=1e-3)",
+            ),
+        ):
+            if not is_overridden(module, method):
+                raise TandemUserCodeError(
+                    f"{name} has no {method}(). Trainer.fit needs at least training_step(), configure_optimizers() "
+                    f"and training data; define {example}."
+                )
+    if fn == "predict" and not is_overridden(module, "predict_step") and not _has_forward(module):
+        raise TandemUserCodeError(
+            f"Trainer.predict needs {name}.predict_step() or {name}.forward() (the default predict_step calls "
+            "self(batch)); define one of them."
+        )
+    for hook in _REMOVED_BY_FN[fn]:
+        if callable(getattr(module, hook, None)):
+            raise TandemUserCodeError(
+                f"{name} defines {hook}(), a Lightning 1.x hook that Lightning 2 removed; tandem never calls it. "
+                f"Move its work to {_REMOVED_HOOKS[hook]}; to use the step outputs at the epoch end, append them "
+                "to a list attribute in the step and read (and clear) it there."
+            )
+
+
+def _has_forward(module: TrainingModule) -> bool:
+    return type(module).forward is not torch.nn.Module.forward
 
 
 def request(names: StageNames, module: TrainingModule, datamodule: DataModule | None) -> Any:

@@ -22,7 +22,7 @@ from tandem.trainer.optimization import Optimization
 from tandem.trainer.state import TRAIN, LoopState, StageData
 from tandem.utilities.data import find_sampler, has_len
 from tandem.utilities.preemption import PREEMPTION
-from tandem.utilities.rank_zero import rank_zero_warn
+from tandem.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from tandem.utilities.seed import capture_rng_state, isolate_rng, restore_rng_state
 
 if TYPE_CHECKING:
@@ -106,6 +106,9 @@ class FitLoop:
     def run(self) -> None:
         context = self.context
         self._loaded_at, self._stop_agreed = self.state.epoch, False
+        if self._done():  # before any work: a finished Trainer fit again, or max_epochs / max_steps of 0
+            _warn_nothing_to_train(self.state, context.config)
+            return
         if self.evaluation.records["validate"].loaders and context.config.num_sanity_val_steps != 0:
             with isolate_rng():  # as Lightning: the check draws no training randomness (a loader's iter seeds)
                 self.evaluation.run("validate", sanity=True)
@@ -115,6 +118,16 @@ class FitLoop:
             if PREEMPTION.signum is not None and not self._done():
                 self._stop_if_preempted(epoch_end=True)
         context.hooks.call("on_train_end")
+        rank_zero_info(f"`Trainer.fit` stopped: {self._stop_reason()}")
+
+    def _stop_reason(self) -> str:
+        """Why :meth:`_done` ended the fit, in Lightning's words and order."""
+        config, loop = self.context.config, self.state
+        if 0 <= config.max_steps <= loop.global_step:
+            return f"`max_steps={config.max_steps}` reached."
+        if loop.epoch >= config.epoch_limit:
+            return f"`max_epochs={config.max_epochs}` reached."
+        return "`trainer.should_stop` was set (by a callback such as EarlyStopping or Timer, or by the module)."
 
     def _done(self) -> bool:
         loop, context = self.state, self.context
@@ -171,6 +184,8 @@ class FitLoop:
         if (several or config.accumulate_grad_batches > 1) and not has_len(loader):
             batches = self._agreed_batches(batches, n)
         val_every = self._val_check_batches()
+        # check_val_every_n_epoch=None: val_check_interval counts the batches of the whole fit (Lightning's rule)
+        offset = loop.batches_in_earlier_epochs if config.check_val_every_n_epoch is None else 0
         max_steps = config.max_steps
         for batch_idx, batch in enumerate(batches, start=loop.batches_done):
             if batch_idx >= n:
@@ -178,7 +193,7 @@ class FitLoop:
             if not self._run_batch(batch, batch_idx):
                 break
             # not after the epoch's last batch (known there in an evened epoch too): the epoch-end validation follows
-            due = val_every and (batch_idx + 1) % val_every == 0 and batch_idx + 1 < loop.epoch_batches
+            due = val_every and (offset + batch_idx + 1) % val_every == 0 and batch_idx + 1 < loop.epoch_batches
             if due and self._validates_this_epoch():
                 self.evaluation.run("validate")
             if PREEMPTION.signum is not None:  # a signal: one read per batch
@@ -188,7 +203,8 @@ class FitLoop:
                 break  # with several processes, should_stop is agreed at publishing steps and the epoch's end (below)
         loop.epoch_finished = True
         train_epoch_metrics = metrics.epoch_metrics()
-        if self._validates_this_epoch():
+        by_total = config.check_val_every_n_epoch is None and val_every  # then the epoch's end may not be due
+        if self._validates_this_epoch() and (not by_total or (offset + loop.batches_done) % val_every == 0):
             self.evaluation.run("validate")
         self.optimization.step_schedulers("epoch")  # under manual optimization the module steps its schedulers
         hooks.call("on_train_epoch_end")
@@ -202,8 +218,7 @@ class FitLoop:
         loop.logger_step = loop.batches_stepped  # the epoch's values, after its validation's (Lightning's steps)
         context.sink.log_metrics(train_epoch_metrics)  # nothing logged for the epoch: no row (not an epoch-only one)
         context.sink.save()
-        # one statement: the side channel's thread reads these (pre-emption) and must not see half of it
-        loop.epoch, loop.batches_done, loop.epoch_finished, loop.epoch_start_rng = loop.epoch + 1, 0, False, None
+        loop.finish_epoch()
 
     # ------------------------------------------------------------------ one batch
     def _run_batch(self, batch: Any, batch_idx: int) -> bool:
@@ -325,6 +340,24 @@ def validates_only_at_epoch_ends(
     if check_val_every_n_epoch != 1:
         return False
     return val_batches == 0 or val_check_interval == 1.0
+
+
+def _warn_nothing_to_train(loop: LoopState, config: TrainerConfig) -> None:
+    """``fit`` found training already over before its first batch: say why, and how to train (more)."""
+    limits = [f"max_epochs={config.max_epochs}"] if config.max_epochs != -1 else []
+    limits += [f"max_steps={config.max_steps}"] if config.max_steps != -1 else []
+    if loop.epoch == 0 and loop.global_step == 0:
+        rank_zero_warn(
+            f"`Trainer.fit` trained nothing: {', '.join(limits)} leaves nothing to train. Set max_epochs (or max_steps) "
+            "to at least 1; to only evaluate, call trainer.validate(model, ...) instead."
+        )
+        return
+    rank_zero_warn(
+        f"`Trainer.fit` trained nothing: training is already at epoch {loop.epoch}, global step {loop.global_step}, "
+        f"so {', '.join(limits)} is reached already (this Trainer finished a fit before, or the checkpoint "
+        "resumed from was saved there). To train again from the start, use a new Trainer; to train further, use a "
+        "Trainer with a higher max_epochs (or max_steps) and pass ckpt_path=<the last checkpoint> to fit."
+    )
 
 
 def _warn_uneven(epoch: int, count: int, have: list[bool]) -> None:

@@ -7,7 +7,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: the LoopState fields a checkpoint holds (the others are restored state waiting to be applied)
-_SAVED = ("epoch", "global_step", "batches_stepped", "batches_done", "epoch_finished", "epoch_start_rng")
+_SAVED = (
+    "epoch",
+    "global_step",
+    "batches_stepped",
+    "batches_done",
+    "batches_in_earlier_epochs",
+    "epoch_finished",
+    "epoch_start_rng",
+)
 
 
 @dataclass
@@ -21,6 +29,8 @@ class LoopState:
     global_step: int = 0  # optimizer steps (each optimizer's; a float16 step skipped for inf/NaN counts too)
     batches_stepped: int = 0  # training batches that ended in an optimizer step (manual: every batch)
     batches_done: int = 0  # training batches finished in the current epoch
+    # training batches of the finished epochs: with check_val_every_n_epoch=None, val_check_interval counts them too
+    batches_in_earlier_epochs: int = 0
     epoch_finished: bool = False  # the epoch's batches are done; its end (validation, hooks) is running
     epoch_start_rng: dict[str, Any] | None = field(default=None, repr=False)  # RNG at iter(train loader)
     # The current epoch's batch count: the training loader's (math.inf when unknown); an epoch of unknown length
@@ -67,7 +77,18 @@ class LoopState:
             self.batches_stepped = self.global_step
         self.logger_step = self.batches_stepped
         if self.epoch_finished:  # saved at the epoch's end: resume with the next epoch
-            self.epoch, self.batches_done, self.epoch_finished, self.epoch_start_rng = self.epoch + 1, 0, False, None
+            self.finish_epoch()
+
+    def finish_epoch(self) -> None:
+        """Move to the next epoch, in one statement: the side channel's thread reads these (pre-emption) and
+        must not see half of it."""
+        self.epoch, self.batches_in_earlier_epochs, self.batches_done, self.epoch_finished, self.epoch_start_rng = (
+            self.epoch + 1,
+            self.batches_in_earlier_epochs + self.batches_done,
+            0,
+            False,
+            None,
+        )
 
 
 @dataclass

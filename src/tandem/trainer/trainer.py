@@ -231,6 +231,7 @@ class Trainer:
         self._evaluation = EvaluationLoop(context)
         self.fit_loop = FitLoop(context, self._evaluation, _preemption_stop(self), loop_state)
         self._module: TrainingModule | None = None  # the module of the latest run (validate() without a model)
+        self._ckpt_path: str | None = None
 
     def __setstate__(self, state: dict[str, Any]) -> None:  # a ddp_spawn rank's copy: its loop stops this copy
         self.__dict__.update(state)
@@ -386,9 +387,10 @@ class Trainer:
         self.state.fn, self.state.status, self.state.should_stop = fn, "running", False
         with entry_point(fn):
             try:
+                self._ckpt_path = None
                 self._setup(fn, model, train_dataloaders, eval_dataloaders, datamodule)
                 if ckpt_path is not None:
-                    checkpointing.restore(self, ckpt_path, fn)
+                    self._ckpt_path = checkpointing.restore(self, ckpt_path, fn)
                 if fn == "fit":
                     anomaly = torch.autograd.detect_anomaly() if self.detect_anomaly else contextlib.nullcontext()
                     with (
@@ -457,6 +459,7 @@ class Trainer:
         for callback in self.callbacks:
             callback.setup(self, model, fn)
         model.setup(fn)
+        data.check_steps(fn, model)
         if fn == "fit":
             optim.check_manual_optimization(model, self.strategy, self._config)
             self._nonfinite.reset()
@@ -548,6 +551,12 @@ class Trainer:
         return checkpointing.checkpoint_state(self, weights_only)
 
     # ================================================================== public state
+    @property
+    def ckpt_path(self) -> str | None:
+        """The checkpoint file the latest ``fit`` / ``validate`` / ``test`` / ``predict`` loaded (``ckpt_path=``
+        resolved: ``"best"`` and ``"last"`` name the file); None when it loaded none."""
+        return self._ckpt_path
+
     @property
     def current_epoch(self) -> int:
         return self.fit_loop.state.epoch

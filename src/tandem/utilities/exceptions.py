@@ -62,6 +62,11 @@ class NonFiniteError(FloatingPointError):
     """Training produced NaN or inf: in the loss, or in the parameters (``Trainer(on_nonfinite="raise")``)."""
 
 
+class PossibleUserWarning(UserWarning):
+    """A warning about something that may be intended (Lightning's ``PossibleUserWarning``); silence it with
+    ``warnings.filterwarnings("ignore", category=PossibleUserWarning)``."""
+
+
 class MissingMetricError(KeyError):
     """A callback monitors a metric that was never logged."""
 

@@ -12,19 +12,50 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TextIO
 
 from lightning_utilities.core.rank_zero import WarningCache, rank_zero_info, rank_zero_only, rank_zero_warn
 
 if getattr(rank_zero_only, "rank", None) is None:
     rank_zero_only.rank = 0
 
+#: set by a progress bar while it draws frames in place on the terminal: ``write(text, file)`` puts ``text`` on
+#: its own line(s) above the bars (tqdm.write); None: text goes straight to the file
+_bar_writer: Callable[[str, TextIO], None] | None = None
+
+
+def set_bar_writer(writer: Callable[[str, TextIO], None] | None) -> None:
+    """Route rank-zero console text (``rank_zero_info`` and ``rank_zero_print``) through ``writer`` while progress
+    bars are drawn in place, so that a message starts on its own line instead of after a bar frame; None ends it."""
+    global _bar_writer
+    _bar_writer = writer
+
+
+def _write(text: str, file: TextIO) -> None:
+    if _bar_writer is not None and file in (sys.stdout, sys.stderr):
+        _bar_writer(text, file)
+    else:
+        file.write(text)
+
+
+class _Stderr:
+    """The stream of rank_zero_info's handler: this moment's ``sys.stderr``, through the bar writer when set."""
+
+    def write(self, text: str) -> None:
+        _write(text, sys.stderr)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 # rank_zero_info writes to this logger; without a handler its messages (why training stopped, the seed)
 # would be invisible. Add one unless the application configured logging for it already.
 _info_logger = logging.getLogger("lightning_utilities.core.rank_zero")
 if not _info_logger.handlers:
-    _handler = logging.StreamHandler()
+    _handler = logging.StreamHandler(_Stderr())
     _handler.setFormatter(logging.Formatter("%(message)s"))
     _info_logger.addHandler(_handler)
     _info_logger.setLevel(logging.INFO)
@@ -43,7 +74,15 @@ if getattr(warnings.formatwarning, "__module__", None) != __name__:  # once, how
     _python_format_warning = warnings.formatwarning
     warnings.formatwarning = _format_warning
 
-__all__ = ["WarningCache", "rank_zero_info", "rank_zero_only", "rank_zero_print", "rank_zero_warn", "set_rank"]
+__all__ = [
+    "WarningCache",
+    "rank_zero_info",
+    "rank_zero_only",
+    "rank_zero_print",
+    "rank_zero_warn",
+    "set_bar_writer",
+    "set_rank",
+]
 
 
 def set_rank(rank: int) -> None:
@@ -52,6 +91,11 @@ def set_rank(rank: int) -> None:
 
 
 @rank_zero_only
-def rank_zero_print(*args: Any, **kwargs: Any) -> None:
-    """``print`` on global rank 0 only."""
-    print(*args, **kwargs)
+def rank_zero_print(
+    *args: Any, sep: str = " ", end: str = "\n", file: TextIO | None = None, flush: bool = False
+) -> None:
+    """``print`` on global rank 0 only (on its own line when progress bars are drawn)."""
+    file = sys.stdout if file is None else file
+    _write(sep.join(str(a) for a in args) + end, file)
+    if flush:
+        file.flush()

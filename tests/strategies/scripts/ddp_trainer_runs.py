@@ -470,7 +470,7 @@ def uneven(out: Path) -> dict[str, Any]:
             "val": {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val_")},
             "warnings": [str(w.message) for w in caught if "different numbers" in str(w.message)],
         }
-    limited = tandem.Trainer(strategy="ddp", max_epochs=1, limit_train_batches=4, **QUIET)
+    limited = tandem.Trainer(strategy="ddp", max_epochs=1, limit_train_batches=4, limit_val_batches=0, **QUIET)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         limited.fit(Net(), DataLoader(RankSamples(UNEVEN_TRAIN, seed=4), batch_size=BATCH))
