@@ -23,7 +23,16 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import tandem
-from helpers import clear_launch_variables, launch_free_env, max_abs_diff, quiet_trainer
+from helpers import (
+    TinyModule,
+    clear_launch_variables,
+    killed_mid_save,
+    launch_free_env,
+    loader,
+    max_abs_diff,
+    quiet_trainer,
+)
+from tandem.callbacks import ModelCheckpoint
 from tandem.strategies import FSDPStrategy
 from tandem.strategies.environments import find_free_port
 from tandem.utilities.checkpoint import load_checkpoint_file
@@ -244,6 +253,27 @@ def test_checkpoints_written_by_two_ranks_resume_in_one_process(runs, scripts, m
         if dist.is_initialized():
             dist.destroy_process_group()
     assert rank0["restored_step"] == 24
+
+
+def test_a_killed_sharded_save_is_removed_by_the_next_save_in_its_folder(tmp_path, monkeypatch):
+    """A job SIGKILLed while writing a sharded last.ckpt leaves a full-size temporary directory; the next run's
+    save into that folder (last-v1.ckpt: last.ckpt exists) removes it. (A resume's sweep: test_resume.py and
+    test_checkpoint_io.py.)"""
+    folder = killed_mid_save(tmp_path, "sharded")
+    (stale,) = [p for p in folder.iterdir() if p.name.endswith(".tmp")]
+    assert stale.name.startswith(".last.ckpt.") and (stale / "__0_0.distcp").is_file()  # every shard, not renamed
+    clear_launch_variables(monkeypatch)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(find_free_port()))
+    strategy = FSDPStrategy(state_dict_type="sharded")
+    callbacks = [ModelCheckpoint(dirpath=folder, save_last=True, save_top_k=0)]
+    try:
+        quiet_trainer(strategy=strategy, devices=1, max_epochs=1, callbacks=callbacks).fit(TinyModule(), loader())
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert not stale.exists()
+    assert sorted(p.name for p in folder.iterdir()) == ["last-v1.ckpt", "last.ckpt"]
 
 
 def _equal_optimizer_states(a: dict[str, Any], b: dict[str, Any]) -> None:

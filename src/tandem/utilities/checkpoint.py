@@ -5,9 +5,11 @@ killed while writing leaves the previous file intact. The temporary is named
 ``.<target>.<host>-<pid>-<random>.tmp``, created with the mode a new file gets from ``open()``
 (``0o666`` less the umask) and locked (``flock``) while it is written; a later write to the same target
 removes the temporaries that a killed writer left behind (the writer's process is gone and nobody holds
-the lock), and never one that a live writer is still writing. A sharded checkpoint's temporary directory
-(:func:`temporary_directory`) is named and locked the same way, and a resumed run clears its checkpoint's
-folder of them (:func:`remove_stale_temporaries_in`): the run that died may never write there again.
+the lock), and never one that a live writer is still writing. A later write into the same folder removes
+them, whatever file they were for (a new run saves ``last-v1.ckpt``, never ``last.ckpt`` again). A sharded
+checkpoint's temporary directory (:func:`temporary_directory`) is named and locked the same way, and a
+resumed run clears its checkpoint's folder of them (:func:`remove_stale_temporaries_in`): the run that died
+may never write there again.
 
 A tandem checkpoint (a dict with the ``tandem_version`` key) also stores ``tandem_checksum``, a CRC32 of each
 of its entries (every tensor's bytes, dtype and shape, and the plain values and keys around them), checked
@@ -68,8 +70,8 @@ _SAFE_MAPPINGS = (dict, OrderedDict)
 def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None], what: str = "") -> None:
     """Call ``write`` on a temporary file in the same folder, then ``os.replace`` it onto ``path``.
 
-    A process killed while writing leaves the previous file at ``path`` intact; the next write to ``path``
-    removes the temporary it left. The new file gets the mode ``open()`` would give it (``0o666`` less the
+    A process killed while writing leaves the previous file at ``path`` intact; the next write into that
+    folder removes the temporary it left. The new file gets the mode ``open()`` would give it (``0o666`` less the
     umask). An operating-system error (disk full, no permission) becomes a :class:`FileWriteError` that
     names ``path`` and the cause.
 
@@ -82,7 +84,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None], wh
     existed = path.exists()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(path)
+        remove_stale_temporaries_in(path.parent)
         tmp, fd = _create_temporary(path)
     except OSError as err:
         raise write_failed(path, err, what, kept=existed) from None
@@ -142,19 +144,19 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[str]:
 
 
 def remove_stale_temporaries_in(folder: str | os.PathLike) -> list[str]:
-    """:func:`remove_stale_temporaries` for every target in ``folder``: what killed saves of any checkpoint
-    there left (a resumed run calls it on its checkpoint's folder, which it may never write to again).
-    Files and directories that are not tandem's temporaries are never touched."""
+    """:func:`remove_stale_temporaries` for every target in ``folder``: what killed saves of any file there
+    left (every write calls it on its folder, and a resumed run on its checkpoint's folder, which it may never
+    write to again). Files and directories that are not tandem's temporaries are never touched."""
     return _remove_stale(Path(folder), None)
 
 
 @contextlib.contextmanager
 def temporary_directory(path: str | os.PathLike) -> Iterator[Path]:
     """A new directory next to ``path``, named and locked like :func:`atomic_write`'s temporaries, for a
-    sharded checkpoint that is renamed onto ``path`` when complete; stale ones of ``path`` are removed first.
+    sharded checkpoint that is renamed onto ``path`` when complete; the folder's stale ones are removed first.
     The lock is held until the block ends, so no other process takes the directory for a killed writer's."""
     path = Path(path)
-    remove_stale_temporaries(path)
+    remove_stale_temporaries_in(path.parent)
     while True:
         tmp = _temporary_name(path)
         try:
