@@ -39,7 +39,15 @@ from tandem.utilities.checkpoint import load_checkpoint_file
 from tandem.utilities.exceptions import CheckpointError
 
 SCRIPTS = Path(__file__).parent / "scripts"
-SCENARIOS = ("equivalence", "evaluation", "init", "resume_full", "resume_sharded", "crash")  # crash ends the job
+SCENARIOS = (
+    "equivalence",
+    "evaluation",
+    "init",
+    "resume_full",
+    "resume_sharded",
+    "export",
+    "crash",
+)  # crash ends the job
 pytestmark = pytest.mark.timeout(150)
 
 
@@ -218,6 +226,34 @@ def test_sharded_checkpoints_are_directories_written_by_every_rank(runs):
     for name in names:
         files = sorted(p.name for p in (folder / name).iterdir())
         assert files == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"], (name, files)
+
+
+def test_after_fit_the_whole_weights_leave_the_sharded_module_by_one_documented_way(runs, scripts):
+    """save_checkpoint(path, weights_only=True) under state_dict_type="sharded" writes one file of plain tensors
+    that a plain module loads; rank 0 alone calling the sharded module or its state_dict() (the ddp idiom) is an
+    error naming that and full_module_state_dict() instead of DTensor errors, a hang or shards."""
+    common, fsdp_runs = scripts
+    rank0, rank1 = runs["export"]
+    saved = torch.load(rank0["path"])  # weights_only=True: torch's default
+    assert not any(isinstance(v, torch.distributed.tensor.DTensor) for v in saved["state_dict"].values())
+    plain = common.Net("sgd")
+    plain.load_state_dict(saved["state_dict"])
+    assert max_abs_diff(common.weights(plain), rank0["full"]) == 0.0
+    torch.manual_seed(0)
+    reference = common.Net("sgd")
+    data = common.dataset(fsdp_runs.EXPORT_SAMPLES)
+    quiet_trainer(max_epochs=1).fit(reference, DataLoader(data, batch_size=2 * common.BATCH))
+    assert max_abs_diff(common.weights(plain), common.weights(reference)) <= 1e-6
+    assert set(rank0["errors"]) == {"state_dict", "forward", "layer"}
+    for what, message in rank0["errors"].items():
+        assert message is not None and "Net is still sharded by FSDP" in message, what
+        assert "save_checkpoint('model.ckpt', weights_only=True)" in message
+        assert "trainer.strategy.full_module_state_dict()" in message
+    assert "calling Net.net.3(...)" in rank0["errors"]["layer"] and "Net.state_dict()" in rank0["errors"]["state_dict"]
+    evaluation = DataLoader(common.dataset(fsdp_runs.EXPORT_SAMPLES, seed=2), batch_size=common.EVAL_BATCH)
+    (expected_validation,) = quiet_trainer().validate(plain, evaluation)
+    for result in (rank0, rank1):
+        _close(result["validate"][0], expected_validation)
 
 
 def test_a_sharded_checkpoint_needs_fsdp(runs, scripts):
