@@ -17,7 +17,11 @@ and sharded checkpoints. What tandem adds:
 - **Checkpoints.** ``state_dict_type="full"`` gathers one file on rank 0 in tandem's normal format
   (loadable on one device and by ``ddp``); ``"sharded"`` writes a directory with
   torch.distributed.checkpoint, each rank its shard, into a temporary directory renamed when every rank has
-  finished. A sharded checkpoint loads on any number of ranks.
+  finished. A sharded checkpoint loads on any number of ranks. ``weights_only`` checkpoints are always one
+  full file.
+- **After a stage** the module stays sharded (as in Lightning: gathering it whole on every rank would need
+  the memory FSDP saves). Calling it or its ``state_dict()`` outside the Trainer is an error naming
+  ``trainer.save_checkpoint(path, weights_only=True)`` and :meth:`FSDPStrategy.full_module_state_dict`.
 """
 
 from __future__ import annotations
@@ -80,7 +84,8 @@ class FSDPStrategy(ParallelStrategy):
         devices: this node's devices, one process each (the Trainer's ``devices`` when None).
         precision: see :class:`~tandem.strategies.precision.Precision`. "bf16-mixed" keeps bfloat16 copies of
             the parameters for compute and reduces gradients in float32 (FSDP's ``MixedPrecisionPolicy``),
-            under autocast; "16-mixed" the same with float16 and a sharded gradient scaler.
+            under autocast; "16-mixed" the same with float16 and a sharded gradient scaler. BatchNorm layers
+            keep float32 weights (each its own group), as under autocast on one device.
         auto_wrap_policy: which submodules become FSDP groups (all-gathered and freed one by one, the key to
             saving memory): a set of layer classes (e.g. ``{TransformerBlock}``) or ``callable(module) -> bool``.
             None: only the groups ``configure_model()`` made, plus the root.
