@@ -116,6 +116,27 @@ def run_python(
     )
 
 
+def killed_mid_save(root: Path, kind: str) -> Path:
+    """Run ``trainer/scripts/killed_save.py`` (``kind``: "file" or "sharded") under ``root`` and SIGKILL it in
+    the middle of its second checkpoint save; returns the checkpoints folder it was writing to."""
+    env = {**launch_free_env(), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    script = Path(__file__).parent / "trainer" / "scripts" / "killed_save.py"
+    child = subprocess.Popen(
+        [sys.executable, str(script), str(root), kind],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        line = child.stdout.readline().strip()
+    finally:
+        child.kill()
+        _, err = child.communicate(timeout=30)
+    assert line == "writing", err[-3000:]
+    return root / "tandem_logs" / "version_0" / "checkpoints"
+
+
 def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)

@@ -92,3 +92,45 @@ def test_bf16_fsdp_trains_and_resumes_from_a_sharded_checkpoint(tmp_path, monkey
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+class Normed(tandem.TrainingModule):
+    """A BatchNorm between two Linear layers: its running statistics are float32 buffers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 4))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_batchnorm_trains_under_fsdp_mixed_precision_as_on_one_device(monkeypatch, precision):
+    """FSDP's 16-bit parameters would meet BatchNorm's float32 statistics (a dtype error deep in torch): the
+    BatchNorm layers keep float32 weights, as autocast does on one device, and train to the same weights."""
+    clear_launch_variables(monkeypatch)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(find_free_port()))
+    options = dict(accelerator="cpu", devices=1, precision=precision, max_epochs=1, logger=False)
+    options.update(enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    reference = Normed()
+    tandem.Trainer(strategy="single_device", **options).fit(reference, _data())
+    try:
+        strategy = FSDPStrategy(auto_wrap_policy={nn.Linear})
+        tandem.Trainer(strategy=strategy, **options).fit(Normed(), _data())
+        trained = strategy.full_module_state_dict()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    expected = reference.state_dict()
+    assert trained.keys() == expected.keys()
+    for name, value in expected.items():
+        assert trained[name].dtype == value.dtype, name  # float32 weights and statistics, as on one device
+        torch.testing.assert_close(trained[name], value, atol=1e-3, rtol=1e-3, msg=name)
+    assert not torch.equal(trained["net.1.running_mean"], torch.zeros(32))  # the statistics were updated

@@ -23,14 +23,31 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import tandem
-from helpers import clear_launch_variables, launch_free_env, max_abs_diff, quiet_trainer
+from helpers import (
+    TinyModule,
+    clear_launch_variables,
+    killed_mid_save,
+    launch_free_env,
+    loader,
+    max_abs_diff,
+    quiet_trainer,
+)
+from tandem.callbacks import ModelCheckpoint
 from tandem.strategies import FSDPStrategy
 from tandem.strategies.environments import find_free_port
 from tandem.utilities.checkpoint import load_checkpoint_file
 from tandem.utilities.exceptions import CheckpointError
 
 SCRIPTS = Path(__file__).parent / "scripts"
-SCENARIOS = ("equivalence", "evaluation", "init", "resume_full", "resume_sharded", "crash")  # crash ends the job
+SCENARIOS = (
+    "equivalence",
+    "evaluation",
+    "init",
+    "resume_full",
+    "resume_sharded",
+    "export",
+    "crash",
+)  # crash ends the job
 pytestmark = pytest.mark.timeout(150)
 
 
@@ -211,6 +228,34 @@ def test_sharded_checkpoints_are_directories_written_by_every_rank(runs):
         assert files == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"], (name, files)
 
 
+def test_after_fit_the_whole_weights_leave_the_sharded_module_by_one_documented_way(runs, scripts):
+    """save_checkpoint(path, weights_only=True) under state_dict_type="sharded" writes one file of plain tensors
+    that a plain module loads; rank 0 alone calling the sharded module or its state_dict() (the ddp idiom) is an
+    error naming that and full_module_state_dict() instead of DTensor errors, a hang or shards."""
+    common, fsdp_runs = scripts
+    rank0, rank1 = runs["export"]
+    saved = torch.load(rank0["path"])  # weights_only=True: torch's default
+    assert not any(isinstance(v, torch.distributed.tensor.DTensor) for v in saved["state_dict"].values())
+    plain = common.Net("sgd")
+    plain.load_state_dict(saved["state_dict"])
+    assert max_abs_diff(common.weights(plain), rank0["full"]) == 0.0
+    torch.manual_seed(0)
+    reference = common.Net("sgd")
+    data = common.dataset(fsdp_runs.EXPORT_SAMPLES)
+    quiet_trainer(max_epochs=1).fit(reference, DataLoader(data, batch_size=2 * common.BATCH))
+    assert max_abs_diff(common.weights(plain), common.weights(reference)) <= 1e-6
+    assert set(rank0["errors"]) == {"state_dict", "forward", "layer"}
+    for what, message in rank0["errors"].items():
+        assert message is not None and "Net is still sharded by FSDP" in message, what
+        assert "save_checkpoint('model.ckpt', weights_only=True)" in message
+        assert "trainer.strategy.full_module_state_dict()" in message
+    assert "calling Net.net.3(...)" in rank0["errors"]["layer"] and "Net.state_dict()" in rank0["errors"]["state_dict"]
+    evaluation = DataLoader(common.dataset(fsdp_runs.EXPORT_SAMPLES, seed=2), batch_size=common.EVAL_BATCH)
+    (expected_validation,) = quiet_trainer().validate(plain, evaluation)
+    for result in (rank0, rank1):
+        _close(result["validate"][0], expected_validation)
+
+
 def test_a_sharded_checkpoint_needs_fsdp(runs, scripts):
     path = runs["out"] / "sharded-halves" / "checkpoints" / "epoch=1-step=24.ckpt"
     trainer = quiet_trainer(max_epochs=3)
@@ -244,6 +289,27 @@ def test_checkpoints_written_by_two_ranks_resume_in_one_process(runs, scripts, m
         if dist.is_initialized():
             dist.destroy_process_group()
     assert rank0["restored_step"] == 24
+
+
+def test_a_killed_sharded_save_is_removed_by_the_next_save_in_its_folder(tmp_path, monkeypatch):
+    """A job SIGKILLed while writing a sharded last.ckpt leaves a full-size temporary directory; the next run's
+    save into that folder (last-v1.ckpt: last.ckpt exists) removes it. (A resume's sweep: test_resume.py and
+    test_checkpoint_io.py.)"""
+    folder = killed_mid_save(tmp_path, "sharded")
+    (stale,) = [p for p in folder.iterdir() if p.name.endswith(".tmp")]
+    assert stale.name.startswith(".last.ckpt.") and (stale / "__0_0.distcp").is_file()  # every shard, not renamed
+    clear_launch_variables(monkeypatch)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(find_free_port()))
+    strategy = FSDPStrategy(state_dict_type="sharded")
+    callbacks = [ModelCheckpoint(dirpath=folder, save_last=True, save_top_k=0)]
+    try:
+        quiet_trainer(strategy=strategy, devices=1, max_epochs=1, callbacks=callbacks).fit(TinyModule(), loader())
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert not stale.exists()
+    assert sorted(p.name for p in folder.iterdir()) == ["last-v1.ckpt", "last.ckpt"]
 
 
 def _equal_optimizer_states(a: dict[str, Any], b: dict[str, Any]) -> None:

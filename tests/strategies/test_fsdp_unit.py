@@ -197,8 +197,19 @@ def test_optimizer_state_formats_round_trip():
 def test_a_directory_without_meta_is_not_a_checkpoint(tmp_path):
     folder = tmp_path / "last.ckpt"
     folder.mkdir()
+    (folder / "__0_0.distcp").write_bytes(b"a shard")
     with pytest.raises(CheckpointError, match="without meta.pt: not a tandem sharded checkpoint"):
         _strategy().load_checkpoint(folder)
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "single_device"])
+def test_an_empty_ckpt_folder_is_called_empty_not_a_sharded_checkpoint(tmp_path, strategy):
+    folder = tmp_path / "last.ckpt"
+    folder.mkdir()
+    loader = _strategy() if strategy == "fsdp" else resolve_strategy("single_device", "cpu", 1, 1, "32-true")
+    with pytest.raises(CheckpointError, match=r"last.ckpt' is an empty folder, not a checkpoint") as caught:
+        loader.load_checkpoint(folder)
+    assert "written by FSDPStrategy" not in str(caught.value) and "remove the empty folder" in str(caught.value)
 
 
 def test_replace_directory_swaps_in_the_finished_one(tmp_path):

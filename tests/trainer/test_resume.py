@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import TinyModule, loader, max_abs_diff, quiet_trainer, run_python
+from helpers import TinyModule, killed_mid_save, loader, max_abs_diff, quiet_trainer, run_python
 from tandem.utilities.checkpoint import load_checkpoint_file
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "resume_run.py")
@@ -134,3 +134,20 @@ def test_the_weights_only_recipe_in_the_error_works(tmp_path):
     model = OddHparams()
     model.load_state_dict(torch.load(tmp_path / "w.ckpt")["state_dict"])  # the recipe the message gives
     assert max_abs_diff(model.state_dict(), trainer.training_module.state_dict()) == 0.0
+
+
+@pytest.mark.timeout(120)
+def test_a_save_killed_in_version_0_is_removed_when_the_run_resumes_into_version_1(tmp_path):
+    """The resumed run writes into version_1, so no later save to version_0 would remove what the killed save
+    left there: the resume does (only tandem's temporaries whose writer is gone, never the user's files)."""
+    folder = killed_mid_save(tmp_path, "file")
+    (stale,) = [p for p in folder.iterdir() if p.name.endswith(".tmp")]
+    assert stale.name.startswith(".last.ckpt.") and stale.stat().st_size == (folder / "last.ckpt").stat().st_size
+    mine = [folder / "notes.tmp", folder / ".draft.tmp", folder / ".last.ckpt.backup.tmp"]  # not tandem's names
+    for path in mine:
+        path.write_text("the user's")
+    trainer = quiet_trainer(default_root_dir=tmp_path, logger=True, enable_checkpointing=True, max_epochs=3)
+    trainer.fit(TinyModule(), loader(), ckpt_path="last")
+    assert trainer.global_step == 12 and Path(trainer.log_dir).name == "version_1"
+    assert not stale.exists()
+    assert all(path.read_text() == "the user's" for path in mine)

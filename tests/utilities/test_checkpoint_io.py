@@ -10,6 +10,7 @@ import errno
 import fcntl
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +33,8 @@ from tandem.utilities.checkpoint import (
     check_writable_folder,
     load_checkpoint_file,
     remove_stale_temporaries,
+    remove_stale_temporaries_in,
+    temporary_directory,
     to_weights_only,
 )
 from tandem.utilities.exceptions import CheckpointError, FileWriteError
@@ -99,7 +102,7 @@ atomic_write(sys.argv[1], write)
 
 def test_a_killed_writers_temporary_is_removed_by_the_next_save_and_a_live_writers_is_not(tmp_path):
     """The next save to the same target removes what a SIGKILLed save left; a temporary that a live process is
-    still writing, other targets' temporaries and files that are not tandem's stay."""
+    still writing, other hosts' recent temporaries and files that are not tandem's stay."""
     path = tmp_path / "last.ckpt"
     atomic_save({CHECKPOINT_MARKER: "x", "value": 1}, path)
     unrelated = [".last.ckpt.k2j4h5g6.tmp", ".other.ckpt.host-1-0123abcd.tmp", ".last-v1.ckpt.host-1-0123abcd.tmp"]
@@ -122,6 +125,59 @@ def test_a_killed_writers_temporary_is_removed_by_the_next_save_and_a_live_write
         writer.stdout.close()
     assert _temporaries(tmp_path) == sorted(unrelated)
     assert load_checkpoint_file(path)["value"] == 3
+
+
+_DIRECTORY_BEING_WRITTEN = """
+import sys, time
+from tandem.utilities.checkpoint import temporary_directory
+
+with temporary_directory(sys.argv[1]) as folder:
+    (folder / "__0_0.distcp").write_bytes(b"x" * 1_000_000)
+    print(folder.name, flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_killed_sharded_writers_directory_is_removed_by_the_next_save_or_a_resume_and_a_live_ones_is_not(tmp_path):
+    """A sharded checkpoint's temporary directory is named and locked like a file's. While its writer lives, no
+    save into the folder and no resume's sweep touches it; after a SIGKILL, each of them removes it: the next
+    sharded save of last.ckpt, a save of another file in the folder (a new run writes last-v1.ckpt), and a
+    resume from that folder. The folder's other files, tandem's or not, stay."""
+    path = tmp_path / "last.ckpt"
+    kept = [tmp_path / "notes.tmp", tmp_path / ".last.ckpt.k2j4h5g6.tmp", tmp_path / "epoch=0-step=4.ckpt"]
+    for name in kept:
+        name.write_text("not a temporary of a killed tandem save")
+
+    def next_sharded_save() -> None:
+        with temporary_directory(path) as folder:
+            folder.rmdir()
+
+    removers = {
+        "next sharded save": next_sharded_save,
+        "a save of another file": lambda: atomic_save({CHECKPOINT_MARKER: "x"}, tmp_path / "last-v1.ckpt"),
+        "resume": lambda: remove_stale_temporaries_in(tmp_path),
+    }
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _DIRECTORY_BEING_WRITTEN, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        stale = tmp_path / writer.stdout.readline().strip()
+        assert stale.name.startswith(".last.ckpt.") and f"-{writer.pid}-" in stale.name and stale.is_dir()
+        for remove in removers.values():
+            remove()
+        assert (stale / "__0_0.distcp").is_file()  # its writer is alive: kept
+        spare = shutil.copytree(stale, tmp_path.parent / f"{tmp_path.name}-spare")
+        writer.kill()
+        writer.wait(timeout=10)
+    finally:
+        writer.kill()
+        writer.stdout.close()
+    for what, remove in removers.items():
+        if not stale.exists():
+            shutil.copytree(spare, stale)  # the same leftover again: its writer's process is gone
+        remove()
+        assert not stale.exists(), what
+    assert all(p.read_text().startswith("not a temporary") for p in kept)
 
 
 def test_temporaries_of_another_host_are_removed_only_when_unlocked_and_idle(tmp_path):

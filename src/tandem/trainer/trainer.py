@@ -534,7 +534,16 @@ class Trainer:
 
         Args:
             filepath: where to write (``.ckpt``).
-            weights_only: only the weights and hyperparameters (such a file cannot resume training).
+            weights_only: only the weights and hyperparameters (such a file cannot resume training). The
+                weights are whole even under ``strategy="fsdp"`` (gathered from the shards, whatever its
+                ``state_dict_type``): after an FSDP fit, this is how they leave the sharded module.
+
+        Example::
+
+            trainer.fit(model, loader)
+            trainer.save_checkpoint("model.ckpt", weights_only=True)  # every rank; rank 0 writes
+            plain = MyModule()
+            plain.load_state_dict(torch.load("model.ckpt")["state_dict"])
 
         Returns:
             True when the checkpoint was written.

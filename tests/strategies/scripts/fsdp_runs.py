@@ -14,6 +14,8 @@ group; each rank saves what it saw to ``<out>/<scenario>-rank<r>.pt`` for the te
     resume_full     2 epochs + resume from last.ckpt to 4 == 4 epochs (shuffle, dropout, Adam), full
                     checkpoints; DDP resumes from FSDP's file
     resume_sharded  the same with sharded checkpoint directories
+    export          after a sharded fit: save_checkpoint(weights_only=True) writes the whole weights; rank 0
+                    alone calling the sharded module or its state_dict() gets an error naming the ways out
     crash           (last: it ends the job) rank 1 raises at its third step
 """
 
@@ -52,6 +54,7 @@ QUIET = dict(
 )
 FIT = dict(max_epochs=2, accumulate_grad_batches=2, gradient_clip_val=0.5, val_check_interval=0.5)
 RESUME_SAMPLES = 96  # per rank: 12 batches of 4 an epoch
+EXPORT_SAMPLES = 16
 
 
 def launched_rank() -> int:
@@ -281,6 +284,41 @@ def resume_sharded(out: Path) -> dict[str, Any]:
     return resume(out, "sharded")
 
 
+# ---------------------------------------------------------------------------------------------- export
+
+
+def export(out: Path) -> dict[str, Any]:
+    """After a sharded fit: the whole weights by trainer.save_checkpoint(weights_only=True), and what rank 0
+    alone is told when it reads or calls the still sharded module (the README's ddp idiom)."""
+    from tandem.utilities.exceptions import TandemUserCodeError
+
+    torch.manual_seed(0)
+    model = Net("sgd")
+    trainer = tandem.Trainer(
+        strategy=FSDPStrategy(auto_wrap_policy={nn.Linear}, state_dict_type="sharded"), max_epochs=1, **QUIET
+    )
+    trainer.fit(model, DataLoader(dataset(EXPORT_SAMPLES), batch_size=BATCH))
+    path = out / "export-weights.ckpt"
+    trainer.save_checkpoint(path, weights_only=True)  # every rank: one file with the whole weights
+    result: dict[str, Any] = {"path": str(path), "full": full_weights(trainer), "errors": {}}
+    if trainer.is_global_zero:
+        x = torch.randn(2, 8)
+        for what, call in {
+            "state_dict": model.state_dict,
+            "forward": lambda: model(x),
+            "layer": lambda: model.net[3](torch.randn(2, 16)),  # a group of its own: would wait for rank 1
+        }.items():
+            try:
+                call()
+                result["errors"][what] = None
+            except TandemUserCodeError as err:
+                result["errors"][what] = str(err)
+    trainer.strategy.barrier()
+    # the Trainer runs the sharded module as before
+    result["validate"] = trainer.validate(model, DataLoader(dataset(EXPORT_SAMPLES, seed=2), batch_size=EVAL_BATCH))
+    return result
+
+
 # ---------------------------------------------------------------------------------------------- crash
 
 
@@ -298,7 +336,7 @@ def crash(out: Path) -> dict[str, Any]:
     return {}
 
 
-SCENARIOS = {f.__name__: f for f in (equivalence, evaluation, init, resume_full, resume_sharded, crash)}
+SCENARIOS = {f.__name__: f for f in (equivalence, evaluation, init, resume_full, resume_sharded, export, crash)}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
