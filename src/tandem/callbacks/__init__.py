@@ -17,10 +17,12 @@ from tandem.callbacks.rich_progress import RichProgressBar
 from tandem.callbacks.stochastic_weight_avg import StochasticWeightAveraging
 from tandem.callbacks.throughput_monitor import ThroughputMonitor
 from tandem.callbacks.timer import Timer
+from tandem.callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
 __all__ = [
     "BasePredictionWriter",
     "Callback",
+    "EMAWeightAveraging",
     "EarlyStopping",
     "GradientAccumulationScheduler",
     "LearningRateMonitor",
@@ -32,4 +34,5 @@ __all__ = [
     "StochasticWeightAveraging",
     "ThroughputMonitor",
     "Timer",
+    "WeightAveraging",
 ]
