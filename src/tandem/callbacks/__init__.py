@@ -6,6 +6,7 @@ The names and arguments are Lightning's (``lightning.pytorch.callbacks``). ``Ric
 
 from tandem.callbacks.callback import Callback
 from tandem.callbacks.early_stopping import EarlyStopping
+from tandem.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from tandem.callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
 from tandem.callbacks.lr_monitor import LearningRateMonitor
 from tandem.callbacks.model_checkpoint import ModelCheckpoint
@@ -20,6 +21,8 @@ from tandem.callbacks.timer import Timer
 from tandem.callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
 __all__ = [
+    "BackboneFinetuning",
+    "BaseFinetuning",
     "BasePredictionWriter",
     "Callback",
     "EMAWeightAveraging",
