@@ -8,6 +8,7 @@ from tandem.callbacks.callback import Callback
 from tandem.callbacks.early_stopping import EarlyStopping
 from tandem.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from tandem.callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
+from tandem.callbacks.lambda_function import LambdaCallback
 from tandem.callbacks.lr_monitor import LearningRateMonitor
 from tandem.callbacks.model_checkpoint import ModelCheckpoint
 from tandem.callbacks.model_summary import ModelSummary
@@ -28,6 +29,7 @@ __all__ = [
     "EMAWeightAveraging",
     "EarlyStopping",
     "GradientAccumulationScheduler",
+    "LambdaCallback",
     "LearningRateMonitor",
     "ModelCheckpoint",
     "ModelSummary",
