@@ -12,6 +12,7 @@ from tandem.callbacks.lambda_function import LambdaCallback
 from tandem.callbacks.lr_monitor import LearningRateMonitor
 from tandem.callbacks.model_checkpoint import ModelCheckpoint
 from tandem.callbacks.model_summary import ModelSummary
+from tandem.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
 from tandem.callbacks.prediction_writer import BasePredictionWriter
 from tandem.callbacks.progress_bar import ProgressBar
 from tandem.callbacks.rich_model_summary import RichModelSummary
@@ -33,6 +34,7 @@ __all__ = [
     "LearningRateMonitor",
     "ModelCheckpoint",
     "ModelSummary",
+    "OnExceptionCheckpoint",
     "ProgressBar",
     "RichModelSummary",
     "RichProgressBar",
