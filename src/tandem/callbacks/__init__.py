@@ -5,6 +5,7 @@ The names and arguments are Lightning's (``lightning.pytorch.callbacks``). ``Ric
 """
 
 from tandem.callbacks.callback import Callback
+from tandem.callbacks.device_stats_monitor import DeviceStatsMonitor
 from tandem.callbacks.early_stopping import EarlyStopping
 from tandem.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from tandem.callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
@@ -27,6 +28,7 @@ __all__ = [
     "BaseFinetuning",
     "BasePredictionWriter",
     "Callback",
+    "DeviceStatsMonitor",
     "EMAWeightAveraging",
     "EarlyStopping",
     "GradientAccumulationScheduler",
