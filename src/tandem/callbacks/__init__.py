@@ -21,6 +21,7 @@ from tandem.callbacks.rich_progress import RichProgressBar
 from tandem.callbacks.stochastic_weight_avg import StochasticWeightAveraging
 from tandem.callbacks.throughput_monitor import ThroughputMonitor
 from tandem.callbacks.timer import Timer
+from tandem.callbacks.tqdm_progress import TQDMProgressBar
 from tandem.callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "RichModelSummary",
     "RichProgressBar",
     "StochasticWeightAveraging",
+    "TQDMProgressBar",
     "ThroughputMonitor",
     "Timer",
     "WeightAveraging",

@@ -50,6 +50,7 @@ class ProgressBar(Callback):
             raise out_of_range("ProgressBar: refresh_rate", refresh_rate, "an int >= 0 (0: no bars)")
         self.refresh_rate = refresh_rate
         self.leave = leave
+        self.process_position = 0  # terminal lines above the bars (TQDMProgressBar's argument)
         self._bars: dict[str, Any] = {}  # "train" | "eval" | "test" | "predict" -> tqdm
         self._loss: torch.Tensor | None = None
         self._postfix_time = 0.0
@@ -62,7 +63,7 @@ class ProgressBar(Callback):
 
         self._close(kind)
         self.__dict__.setdefault("_seen", {})[kind] = 0
-        position = 1 if kind == "eval" and "train" in self._bars else 0
+        position = self.process_position + (1 if kind == "eval" and "train" in self._bars else 0)
         total = None if total is None or math.isinf(total) else int(total)
         self._bars[kind] = tqdm(
             desc=desc,
