@@ -107,42 +107,21 @@ class DeviceStatsMonitor(Callback):
             prefix = f"{type(self).__qualname__}.{hook}{_SEPARATOR}"
             trainer.log_metrics({prefix + k: v for k, v in stats.items()})
 
-    def on_train_batch_start(self, trainer: Trainer, module: TrainingModule, batch: Any, batch_idx: int) -> None:
+    # the batch hooks' other arguments (batch, outputs, batch_idx, dataloader_idx) are not needed
+    def on_train_batch_start(self, trainer: Trainer, module: TrainingModule, *_: Any) -> None:
         self._log(trainer, "on_train_batch_start")
 
-    def on_train_batch_end(
-        self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
+    def on_train_batch_end(self, trainer: Trainer, module: TrainingModule, *_: Any) -> None:
         self._log(trainer, "on_train_batch_end")
 
-    def on_validation_batch_start(
-        self, trainer: Trainer, module: TrainingModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
+    def on_validation_batch_start(self, trainer: Trainer, module: TrainingModule, *_: Any) -> None:
         self._log(trainer, "on_validation_batch_start")
 
-    def on_validation_batch_end(
-        self,
-        trainer: Trainer,
-        module: TrainingModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
+    def on_validation_batch_end(self, trainer: Trainer, module: TrainingModule, *_: Any) -> None:
         self._log(trainer, "on_validation_batch_end")
 
-    def on_test_batch_start(
-        self, trainer: Trainer, module: TrainingModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
+    def on_test_batch_start(self, trainer: Trainer, module: TrainingModule, *_: Any) -> None:
         self._log(trainer, "on_test_batch_start")
 
-    def on_test_batch_end(
-        self,
-        trainer: Trainer,
-        module: TrainingModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
+    def on_test_batch_end(self, trainer: Trainer, module: TrainingModule, *_: Any) -> None:
         self._log(trainer, "on_test_batch_end")
