@@ -18,10 +18,12 @@ from tandem.trainer import Trainer as TrainerFromTrainer
 from tandem.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from tandem.utilities.seed import seed_everything as seed_from_utilities
 from tandem.callbacks import (
-    BasePredictionWriter, Callback as CallbackFromCallbacks, EarlyStopping, GradientAccumulationScheduler,
-    LearningRateMonitor, ModelCheckpoint, ModelSummary, ProgressBar, RichModelSummary, RichProgressBar,
-    StochasticWeightAveraging, ThroughputMonitor, Timer,
+    BackboneFinetuning, BaseFinetuning, BasePredictionWriter, Callback as CallbackFromCallbacks, DeviceStatsMonitor,
+    EarlyStopping, EMAWeightAveraging, GradientAccumulationScheduler, LambdaCallback, LearningRateMonitor,
+    ModelCheckpoint, ModelSummary, OnExceptionCheckpoint, ProgressBar, RichModelSummary, RichProgressBar,
+    StochasticWeightAveraging, ThroughputMonitor, Timer, TQDMProgressBar, WeightAveraging,
 )
+assert "psutil" not in sys.modules  # imported only when CPU statistics are read
 from tandem.loggers import CSVLogger, Logger, TensorBoardLogger
 from tandem.strategies import DDPStrategy, DataParallelStrategy, SingleDeviceStrategy, Strategy
 assert "rich" not in sys.modules

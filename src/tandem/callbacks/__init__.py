@@ -5,11 +5,15 @@ The names and arguments are Lightning's (``lightning.pytorch.callbacks``). ``Ric
 """
 
 from tandem.callbacks.callback import Callback
+from tandem.callbacks.device_stats_monitor import DeviceStatsMonitor
 from tandem.callbacks.early_stopping import EarlyStopping
+from tandem.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from tandem.callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
+from tandem.callbacks.lambda_function import LambdaCallback
 from tandem.callbacks.lr_monitor import LearningRateMonitor
 from tandem.callbacks.model_checkpoint import ModelCheckpoint
 from tandem.callbacks.model_summary import ModelSummary
+from tandem.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
 from tandem.callbacks.prediction_writer import BasePredictionWriter
 from tandem.callbacks.progress_bar import ProgressBar
 from tandem.callbacks.rich_model_summary import RichModelSummary
@@ -17,19 +21,29 @@ from tandem.callbacks.rich_progress import RichProgressBar
 from tandem.callbacks.stochastic_weight_avg import StochasticWeightAveraging
 from tandem.callbacks.throughput_monitor import ThroughputMonitor
 from tandem.callbacks.timer import Timer
+from tandem.callbacks.tqdm_progress import TQDMProgressBar
+from tandem.callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
 __all__ = [
+    "BackboneFinetuning",
+    "BaseFinetuning",
     "BasePredictionWriter",
     "Callback",
+    "DeviceStatsMonitor",
+    "EMAWeightAveraging",
     "EarlyStopping",
     "GradientAccumulationScheduler",
+    "LambdaCallback",
     "LearningRateMonitor",
     "ModelCheckpoint",
     "ModelSummary",
+    "OnExceptionCheckpoint",
     "ProgressBar",
     "RichModelSummary",
     "RichProgressBar",
     "StochasticWeightAveraging",
+    "TQDMProgressBar",
     "ThroughputMonitor",
     "Timer",
+    "WeightAveraging",
 ]

@@ -58,6 +58,7 @@ class ProgressBar(Callback):
             raise out_of_range("ProgressBar: refresh_rate", refresh_rate, "an int >= 0 (0: no bars)")
         self.refresh_rate = refresh_rate
         self.leave = leave
+        self.process_position = 0  # terminal lines above the bars (TQDMProgressBar's argument)
         self._bars: dict[str, Any] = {}  # "train" | "eval" | "test" | "predict" -> tqdm
         self._loss: torch.Tensor | None = None
         self._postfix_time = 0.0
@@ -74,7 +75,7 @@ class ProgressBar(Callback):
         if not _is_terminal(sys.stderr):  # a file or a pipe: plain lines, no frames
             self._bars[kind] = _LineBar(desc, total, leave, sys.stderr)
             return
-        position = 1 if kind == "eval" and "train" in self._bars else 0
+        position = self.process_position + (1 if kind == "eval" and "train" in self._bars else 0)
         self._bars[kind] = tqdm(
             desc=desc,
             total=total,

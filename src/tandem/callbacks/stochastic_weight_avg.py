@@ -12,6 +12,7 @@ from torch import nn
 from torch.optim.swa_utils import SWALR, AveragedModel, update_bn
 
 from tandem.callbacks.callback import Callback
+from tandem.callbacks.weight_averaging import copy_average_into
 from tandem.utilities.exceptions import TandemConfigError, bad_choice, incompatible
 from tandem.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
@@ -156,9 +157,7 @@ class StochasticWeightAveraging(Callback):
                 f"{self.swa_start}); the module keeps its trained weights."
             )
             return
-        with torch.no_grad():
-            for averaged, param in zip(self._averaged.module.parameters(), module.parameters()):
-                param.copy_(averaged.to(param.device))
+        copy_average_into(self._averaged, module, buffers=False)
         if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules()):
             self._update_batch_norm(trainer, module)
 

@@ -87,7 +87,8 @@ class HookDispatcher:
             if getattr(type(module), name, None) is not getattr(TrainingModule, name, None) and hasattr(module, name):
                 fns.append(_module_hook(getattr(module, name)))
             for callback in callbacks:
-                if getattr(type(callback), name) is not getattr(Callback, name):
+                # overridden by its class, or a function set on the instance (LambdaCallback), as Lightning reads it
+                if getattr(type(callback), name) is not getattr(Callback, name) or name in vars(callback):
                     fns.append(_callback_hook(getattr(callback, name), module))
             table[name] = fns
         self._table = table

@@ -936,9 +936,10 @@ def _build_callbacks(callbacks: Any, checkpointing: bool, progress_bar: bool, mo
             callbacks.append(ModelCheckpoint(save_last=True, save_top_k=0))
     if progress_bar:
         from tandem.callbacks.progress_bar import ProgressBar
+        from tandem.callbacks.tqdm_progress import TQDMProgressBar
 
         if not any(isinstance(c, ProgressBar) for c in callbacks):
-            callbacks.append(ProgressBar())
+            callbacks.append(TQDMProgressBar())
     if model_summary:
         from tandem.callbacks.model_summary import ModelSummary
 
