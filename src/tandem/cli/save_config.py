@@ -48,6 +48,21 @@ class SaveConfigCallback(Callback):
         self.already_saved = True
 
 
+def input_conflict(path: str, inputs: list[str]) -> str | None:
+    """Why the run's config must not be written to ``path``: it is a config file the run reads, or None. With
+    ``trainer.logger: false`` the run's folder is ``trainer.default_root_dir`` (the working directory by
+    default), where the user's own ``config.yaml`` often is; it is never replaced, ``--overwrite`` or not."""
+    target = os.path.realpath(path)
+    if not any(os.path.realpath(p) == target for p in inputs):
+        return None
+    return (
+        f"{path} is a config file this run reads, and the run's resolved config would be saved over it (the run's "
+        "folder is trainer.default_root_dir when trainer.logger is false). Not replacing it, even with "
+        "--overwrite: give the run another folder (--trainer.default_root_dir DIR, or a logger), or save the "
+        "config under another name (save_config_kwargs={'config_filename': ...})."
+    )
+
+
 def config_conflict(path: str, config: str, overwrite: bool) -> str | None:
     """Why ``config`` must not be written to ``path`` (a different config is there), or None."""
     if overwrite or not os.path.isfile(path):
