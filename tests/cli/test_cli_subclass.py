@@ -175,3 +175,27 @@ def test_the_run_never_saves_its_config_over_a_config_file_it_reads(tmp_path):
     assert mine.read_text().startswith("# my own settings") and not (tmp_path / "checkpoints").exists()
     CLI(TinyModule, ClassData, args=[*args, f"--trainer.default_root_dir={tmp_path / 'run'}"])
     assert Path(tmp_path / "run" / "config.yaml").is_file()
+
+
+def test_parser_kwargs_default_config_files_and_a_mapping_of_args(tmp_path):
+    (tmp_path / "defaults.yaml").write_text("trainer:\n  max_epochs: 4\nmodel:\n  lr: 0.5\n")
+    options = {"default_config_files": [str(tmp_path / "*.yaml")]}
+    cli = CLI(TinyModule, run=False, parser_kwargs=options, args={"model": {"lr": 0.25}})
+    assert cli.trainer.max_epochs == 4 and cli.model.hparams.lr == 0.25  # the file, under the given mapping
+    with pytest.raises(TypeError, match="default_env=True is not supported"):
+        CLI(TinyModule, run=False, parser_kwargs={"default_env": True}, args=[])
+
+
+def test_a_save_config_subclass_saves_elsewhere_on_rank_0(tmp_path):
+    from tandem.cli import SaveConfigCallback
+
+    class ToLogger(SaveConfigCallback):
+        def save_config(self, trainer, module, stage):
+            CALLS.append(self.config)
+
+    CALLS.clear()
+    args = ["fit", "--trainer.max_epochs=1", "--trainer.limit_train_batches=1", *QUIET, "--seed_everything=3"]
+    CLI(TinyModule, ClassData, save_config_callback=ToLogger, save_config_kwargs={"save_to_log_dir": False}, args=args)
+    assert len(CALLS) == 1 and "seed_everything: 3" in CALLS[0] and not list(tmp_path.rglob("config.yaml"))
+    with pytest.raises(ValueError, match="save_to_log_dir=False saves nothing"):
+        SaveConfigCallback("a: 1\n", save_to_log_dir=False)

@@ -629,10 +629,6 @@ class CLI:
             lines += _option(f"--{name} {_metavar(parameter.hint)}", _describe(parameter, default))
         for key, section in self.schema.sections.items():
             lines += [""] + self._section_help(section, defaults.get(key))
-        if self.parser.links:
-            lines += ["", "linked (computed by the program, not configurable):"]
-            for link in self.parser.links:
-                lines += _option(f"  {link.target}", f"from {', '.join(link.sources)} (on {link.apply_on})")
         return "\n".join(lines)
 
     def _section_help(self, section: Section, defaults: Any) -> list[str]:
@@ -653,7 +649,12 @@ class CLI:
         if not parameters:
             lines.append("  (no arguments)")
         defaults = defaults if isinstance(defaults, dict) and not is_spec(defaults) else {}
+        linked = {link.target.replace(".init_args.", "."): link for link in self.parser.links}
         for name, parameter in parameters:
+            if f"{key}.{name}" in linked:
+                sources = ", ".join(linked[f"{key}.{name}"].sources)
+                lines += _option(f"--{key}.{name}", f"set from {sources} by the program (not configurable)")
+                continue
             default = section.defaults.get(name, parameter.default) if name != "callbacks" else parameter.default
             default = defaults.get(name, default)
             lines += _option(f"--{key}.{name} {_metavar(parameter.hint)}", _describe(parameter, default))
