@@ -1,7 +1,8 @@
 """A command line and YAML configs for tandem programs, on omegaconf: ``CLI(MyModel, MyData)`` in a script gives
 ``python train.py fit --config config.yaml --trainer.max_epochs 5 model.lr=0.01``.
 
-- ``cli.py``: ``CLI`` (also ``LightningCLI``), the subcommands, ``--help``, ``--print_config``;
+- ``cli.py``: ``CLI`` (also ``LightningCLI``), the subcommands, its hooks, ``--help``, ``--print_config``;
+- ``parser.py``: ``LightningArgumentParser``, what a subclass's ``add_arguments_to_parser`` adds;
 - ``config.py``: layering, interpolation, checking values, building objects (pure: no processes, no files);
 - ``arguments.py``: signatures, type hints, docstring help, ``class_path`` names, errors;
 - ``save_config.py``: ``SaveConfigCallback``, the run's ``config.yaml``.
@@ -9,6 +10,15 @@
 
 from tandem.cli.arguments import CLIError
 from tandem.cli.cli import CLI, LightningCLI, LRSchedulerCallable, OptimizerCallable
+from tandem.cli.parser import LightningArgumentParser
 from tandem.cli.save_config import SaveConfigCallback
 
-__all__ = ["CLI", "CLIError", "LRSchedulerCallable", "LightningCLI", "OptimizerCallable", "SaveConfigCallback"]
+__all__ = [
+    "CLI",
+    "CLIError",
+    "LRSchedulerCallable",
+    "LightningArgumentParser",
+    "LightningCLI",
+    "OptimizerCallable",
+    "SaveConfigCallback",
+]

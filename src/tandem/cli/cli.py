@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import copy
 import difflib
+import functools
+import glob
 import os
 import secrets
 import sys
 import textwrap
+import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 
 from tandem.cli.arguments import (
     MISSING,
@@ -26,21 +31,27 @@ from tandem.cli.arguments import (
     type_name,
 )
 from tandem.cli.config import (
-    Request,
     Schema,
     Section,
     build_section,
     build_value,
     check,
     complete,
+    drop_path,
+    get_path,
+    is_spec,
     layer,
     parse_argv,
     plain_default,
+    put_path,
     resolve,
+    resolve_class,
+    set_path,
     to_yaml,
 )
-from tandem.cli.save_config import SaveConfigCallback, config_conflict
-from tandem.module import DataModule, TrainingModule
+from tandem.cli.parser import LightningArgumentParser, Link, Namespace
+from tandem.cli.save_config import SaveConfigCallback, config_conflict, input_conflict
+from tandem.module import DataModule, TrainingModule, is_overridden
 from tandem.trainer.trainer import Trainer
 from tandem.utilities.exceptions import TandemConfigError
 from tandem.utilities.rank_zero import rank_zero_only, rank_zero_warn
@@ -79,23 +90,34 @@ class CLI:
       docstring ``Args``) as the config sections ``trainer``, ``model`` and ``data``, plus ``seed_everything``
       and the Trainer method's own arguments (``ckpt_path``);
     - ``--config FILE.yaml`` (several are merged in order) and overrides ``--trainer.max_epochs 5``,
-      ``--model.lr=0.01`` or ``model.lr=0.01``, later ones winning; omegaconf interpolation
-      (``${model.hidden}``, ``${oc.env:DATA_DIR}``);
+      ``--model.lr=0.01`` or ``model.lr=0.01``, later ones winning; ``--trainer.callbacks+=EarlyStopping
+      --trainer.callbacks.patience=3`` appends to a list; omegaconf interpolation (``${model.hidden}``,
+      ``${oc.env:DATA_DIR}``);
     - ``class_path`` / ``init_args`` wherever a class fits (a subclass of the model or datamodule, callbacks,
       loggers, a strategy, an optimizer for an ``OptimizerCallable`` argument); tandem's classes and
       torch.optim's have short names (``class_path: EarlyStopping``);
-    - ``--print_config`` (print the resolved YAML and exit; feed it back with ``--config`` for the same run),
-      and ``config.yaml`` saved in the run's log folder (``--overwrite`` to replace a different one);
+    - ``--print_config`` (print the resolved YAML and exit; feed it back with ``--config`` for the same run;
+      required values not given yet are printed ``???`` and named on stderr), and ``config.yaml`` saved in the
+      run's log folder (``--overwrite`` to replace a different one; never a config file the run reads);
     - ``--help`` listing every option with its type, default and help text.
 
     Every mistake (an unknown key, a wrong type, a missing value, a bad class_path or config file) is reported
     before any process or file is created. Under ``ddp``, torchrun or srun each rank parses the same command.
 
+    Subclass it as Lightning's ``LightningCLI`` (also importable under that name), overriding the hooks:
+    ``add_arguments_to_parser(parser)`` (a :class:`LightningArgumentParser`: ``add_lightning_class_args``,
+    ``add_argument``, ``set_defaults``, ``link_arguments``, ``add_optimizer_args``), ``before_instantiate_classes``,
+    ``instantiate_classes``, ``after_instantiate_classes``, ``instantiate_trainer(**kwargs)``,
+    ``before_fit`` / ``after_fit`` (and for validate, test, predict), or a method named after the subcommand
+    to run instead of the Trainer's. Unlike Lightning, ``config`` and ``config_init`` are flat in every mode
+    (``cli.config.model``, not ``cli.config.fit.model``).
+
     Args:
         model_class: the TrainingModule to build; None: the config names one with ``model.class_path``.
         datamodule_class: the DataModule to build; None: no datamodule unless the config names one.
         trainer_class: the Trainer (or a subclass) to build.
-        args: the command line without the program name (default: ``sys.argv[1:]``).
+        args: the command line without the program name (default: ``sys.argv[1:]``), or a mapping of config
+            values (``{"trainer": {"max_epochs": 1}}``; with ``run``, ``{"fit": {...}}``).
         run: run the subcommand; False: no subcommand, just parse and build (``cli.model``, ``cli.datamodule``,
             ``cli.trainer``, ``cli.config``).
         save_config_callback: the callback that writes ``config.yaml`` (None: do not write it).
@@ -103,6 +125,9 @@ class CLI:
         trainer_defaults: defaults for Trainer arguments above the signature's (``{"max_epochs": 10}``);
             ``callbacks`` given here are added to the configured ones.
         seed_everything_default: the default of ``seed_everything`` (True: a random seed, recorded).
+        parser_kwargs: the parser's options, for every subcommand or per subcommand (``{"fit": {...}}``):
+            ``default_config_files`` (glob patterns of config files read before ``--config``), ``description``,
+            ``exit_on_error``, ``prog``, ``parser_mode`` ("omegaconf" or "yaml": tandem always interpolates).
         subclass_mode_model: ``model`` must name a subclass of ``model_class`` with ``class_path``.
         subclass_mode_data: ``data`` must name a subclass of ``datamodule_class`` with ``class_path``.
         description: the text at the top of ``--help`` (default: the model's docstring's first line).
@@ -111,7 +136,10 @@ class CLI:
 
     Attributes:
         subcommand: "fit", "validate", "test", "predict", or None with ``run=False``.
+        parser: the :class:`LightningArgumentParser` that ``add_arguments_to_parser`` filled.
         config: the resolved config (an omegaconf ``DictConfig``), as saved in ``config.yaml``.
+        config_init: the config with its classes built (``config_init.model``; ``config_init.trainer`` holds the
+            Trainer's arguments).
         model / datamodule / trainer: the built objects.
         result: what the subcommand returned (``trainer.test``'s metrics, ``trainer.predict``'s outputs).
     """
@@ -122,12 +150,13 @@ class CLI:
         datamodule_class: type[DataModule] | None = None,
         *,
         trainer_class: type[Trainer] = Trainer,
-        args: list[str] | None = None,
+        args: list[str] | dict[str, Any] | None = None,
         run: bool = True,
         save_config_callback: type[SaveConfigCallback] | None = SaveConfigCallback,
         save_config_kwargs: dict[str, Any] | None = None,
         trainer_defaults: dict[str, Any] | None = None,
         seed_everything_default: bool | int = True,
+        parser_kwargs: dict[str, Any] | None = None,
         subclass_mode_model: bool = False,
         subclass_mode_data: bool = False,
         description: str | None = None,
@@ -140,26 +169,88 @@ class CLI:
         self.save_config_kwargs = dict(save_config_kwargs or {})
         self.trainer_defaults = dict(trainer_defaults or {})
         self.seed_everything_default = seed_everything_default
+        self.parser_kwargs = dict(parser_kwargs or {})
         self.subclass_mode_model = subclass_mode_model
         self.subclass_mode_data = subclass_mode_data
         self.description = description
         self.subcommand: str | None = None
         self.result: Any = None
-        self._prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
-        self._exit_on_error = args is None if exit_on_error is None else exit_on_error
-        argv = list(sys.argv[1:] if args is None else args)
+        self.model: TrainingModule | None = None
+        self.datamodule: DataModule | None = None
+        self.trainer: Trainer | None = None
+        main_options = _parser_options(self.parser_kwargs, None)
+        self._prog = main_options.get("prog") or (
+            os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+        )
+        if exit_on_error is None:
+            exit_on_error = main_options.get("exit_on_error", args is None)
+        self._exit_on_error = exit_on_error
+        argv: list[str] | dict[str, Any] = sys.argv[1:] if args is None else args
         try:
-            request = self._parse(argv, run)
-            self._instantiate(request)
+            self._parse(argv if isinstance(argv, dict) else list(argv), run)
+            self._set_seed()
+            self.before_instantiate_classes()
+            self.instantiate_classes()
+            self.after_instantiate_classes()
             if run:
-                self._refuse_overwrite(request)
+                self._refuse_overwrite()
         except CLIError as err:
             self._fail(err)
-        if run:
-            self.result = self._run_subcommand()
+        if self.subcommand is not None:
+            self._run_subcommand(self.subcommand)
+
+    # ------------------------------------------------------------------ hooks (Lightning's names)
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        """Override to add arguments, classes, defaults and links to the parser."""
+
+    def before_instantiate_classes(self) -> None:
+        """Override to run code after parsing (``self.config`` may be changed here), before anything is built."""
+
+    def after_instantiate_classes(self) -> None:
+        """Override to run code once the model, datamodule and Trainer are built."""
+
+    def instantiate_classes(self) -> None:
+        """Builds the classes of the config in link order (the datamodule, the model, the classes added with
+        ``add_lightning_class_args``), then the Trainer: ``config_init``, ``model``, ``datamodule``, ``trainer``."""
+        config = self._plain_config()
+        self.config_init = Namespace(config)
+        for key in self._instantiation_order():
+            self.config_init[key] = self._build(key, config[key])
+        self.config_init["trainer"] = self._trainer_arguments(config["trainer"])
+        self.datamodule = self.config_init.get("data")
+        self.model = self.config_init.get("model")
+        self._add_configure_optimizers_method_to_model()
+        self.trainer = self.instantiate_trainer()
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        """The Trainer from ``config_init.trainer`` and ``kwargs``, with the callbacks of
+        ``add_lightning_class_args``, ``trainer_defaults``' callbacks and the config-saving callback."""
+        extra = [self.config_init[key] for key in self.parser.callback_keys if self.config_init.get(key) is not None]
+        return self._instantiate_trainer({**self.config_init["trainer"], **kwargs}, extra)
+
+    @staticmethod
+    def configure_optimizers(
+        lightning_module: TrainingModule, optimizer: torch.optim.Optimizer, lr_scheduler: Any = None
+    ) -> Any:
+        """What the model's ``configure_optimizers`` returns with ``add_optimizer_args(link_to="AUTOMATIC")``;
+        override to change it."""
+        if lr_scheduler is None:
+            return optimizer
+        if isinstance(lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            monitor = getattr(lr_scheduler, "monitor", "val_loss")
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": lr_scheduler, "monitor": monitor}}
+        return [optimizer], [lr_scheduler]
 
     # ------------------------------------------------------------------ parse
-    def _parse(self, argv: list[str], run: bool) -> Request:
+    def _parse(self, argv: list[str] | dict[str, Any], run: bool) -> None:
+        given: dict[str, Any] | None = None
+        if isinstance(argv, dict):
+            argv, given = [], dict(argv)
+            if run:
+                subcommand = given.pop("subcommand", None) or next((k for k in SUBCOMMANDS if k in given), None)
+                if subcommand is None:
+                    raise bad_command_line(f"args: name the subcommand, e.g. {{'fit': {{...}}}} ({SUBCOMMANDS}).")
+                argv, given = [subcommand], given.get(subcommand) or {}
         if run:
             if argv and argv[0] in ("-h", "--help"):
                 self._print(self._top_help())
@@ -176,21 +267,49 @@ class CLI:
                     f"Unknown subcommand {argv[0]!r}.{hint} Choose one of: {', '.join(SUBCOMMANDS)}."
                 )
             self.subcommand, argv = argv[0], argv[1:]
+        options = _parser_options(self.parser_kwargs, self.subcommand)
+        if options.get("description") and self.description is None:
+            self.description = options["description"]
+        self._method_args = self._subcommand_arguments()
+        reserved = ("seed_everything", "trainer", "model", "data", "config", "subcommand", *self._method_args)
+        self.parser = LightningArgumentParser(self.description, reserved=reserved)
+        self.add_arguments_to_parser(self.parser)
         request = parse_argv(argv)
         self.schema = self._schema()
         if request.help:
             self._print(self._help())
             raise SystemExit(0)
-        config = check(self.schema, resolve(complete(self.schema, layer(request))), request.print_config)
+        default_files = _default_config_files(options.get("default_config_files") or [])
+        self._input_files = [*default_files, *request.configs]  # never overwritten by the run's config.yaml
+        base = self._parser_defaults()
+        user = layer(request, base, self._default_of, default_files, given)
+        self._refuse_given_link_targets(user, base)
+        config = resolve(complete(self.schema, user))
+        self._apply_parse_links(config)
+        for link in self._links("instantiate"):
+            drop_path(config, link.target)  # set from the built objects
+        config = check(self.schema, config, request.print_config)
         config["seed_everything"] = _resolve_seed(config["seed_everything"])
-        from omegaconf import OmegaConf
-
         self.config = OmegaConf.create(config)
-        self._config_text = to_yaml(config)
+        self._overwrite = request.overwrite
         if request.print_config:
-            self._print(self._config_text, end="")
+            self._print(self._config_text(config), end="")
+            missing = sorted(_missing_keys(config))
+            if missing and rank_zero_only.rank == 0:
+                print(
+                    f"{self._prog}: note: still to be given (printed ???): {', '.join(missing)}. Set them in the "
+                    "file before running it.",
+                    file=sys.stderr,
+                )
             raise SystemExit(0)
-        return request
+
+    def _subcommand_arguments(self) -> dict[str, Parameter]:
+        if self.subcommand is None:
+            return {}
+        method = getattr(self.trainer_class, self.subcommand)
+        docs = {**_METHOD_HELP, **docstring_args(method.__doc__)}
+        parameters = function_parameters(method, docs, skip_first=True)
+        return {name: p for name, p in parameters.items() if name not in _METHOD_DATA_ARGS}
 
     def _schema(self) -> Schema:
         seed = Parameter("seed_everything", bool | int, self.seed_everything_default, _SEED_HELP)
@@ -215,41 +334,147 @@ class CLI:
                 required=self.subclass_mode_data,
             ),
         }
-        method_args: dict[str, Parameter] = {}
-        if self.subcommand is not None:
-            method = getattr(self.trainer_class, self.subcommand)
-            docs = {**_METHOD_HELP, **docstring_args(method.__doc__)}
-            for name, parameter in function_parameters(method, docs, skip_first=True).items():
-                if name not in _METHOD_DATA_ARGS:
-                    method_args[name] = parameter
-        values.update(method_args)
-        order = ("seed_everything", "trainer", "model", "data", *method_args)
-        return Schema(values, sections, order)
+        for key, added in self.parser.class_args.items():
+            base = _common_base(added.cls, key)
+            default = None if added.subclass_mode else base
+            sections[key] = Section(key, base, default, required=added.required, skip=added.skip)
+        values.update(self.parser.arguments)
+        values.update(self._method_args)
+        order = ("seed_everything", "trainer", "model", "data", *self.parser.class_args, *self.parser.arguments)
+        schema = Schema(values, sections, (*order, *self._method_args))
+        self._check_links(schema)
+        return schema
+
+    def _parser_defaults(self) -> dict[str, Any]:
+        """``parser.set_defaults``: the lowest config layer."""
+        base: dict[str, Any] = {}
+        for key, value in self.parser.defaults.items():
+            set_path(base, key, class_path_of(value) if isinstance(value, type) else value)
+        return base
+
+    def _default_of(self, key: str) -> Any:
+        """The default a ``--key+=VALUE`` appends to when no layer set ``key`` (``trainer.callbacks``: [])."""
+        root, _, name = key.partition(".")
+        if not name and root in self.schema.values:
+            return plain_default(self.schema.values[root].default, self.schema.values[root].hint)
+        section = self.schema.sections.get(root)
+        if section is None or section.default is None or "." in name:
+            return None
+        parameter = signature(section.default).parameters.get(name)
+        if parameter is None:
+            return None
+        default = section.defaults.get(name, parameter.default)
+        return plain_default(default, parameter.hint) if name != "callbacks" else None
+
+    # ------------------------------------------------------------------ links
+    def _links(self, apply_on: str) -> list[Link]:
+        return [link for link in self.parser.links if link.apply_on == apply_on]
+
+    def _check_links(self, schema: Schema) -> None:
+        keys = set(schema.values) | set(schema.sections)
+        for link in self.parser.links:
+            for key in (*link.sources, link.target):
+                if key.split(".")[0] not in keys:
+                    raise ValueError(f"link_arguments: {key!r} is not a key of the config; keys: {sorted(keys)}.")
+            if link.apply_on == "instantiate":
+                path = [p for p in link.target.split(".") if p != "init_args"]
+                roots = {s.split(".")[0] for s in link.sources}
+                if len(path) != 2 or path[0] not in schema.sections or roots & {"trainer", path[0]}:
+                    raise ValueError(
+                        f"link_arguments({link.sources}, {link.target!r}, apply_on='instantiate'): the sources are "
+                        "built classes other than the trainer and the target (data, model, an added class or their "
+                        "attributes: 'data.num_classes'), the target an argument of one: 'model.num_classes'."
+                    )
+
+    def _refuse_given_link_targets(self, user: dict[str, Any], base: dict[str, Any]) -> None:
+        for link in self.parser.links:
+            if get_path(user, link.target, None) is not None and get_path(base, link.target, None) is None:
+                raise CLIError(
+                    f"{link.target} is set from {', '.join(link.sources)} (a link the program makes); remove it "
+                    f"from the config and the command line, and set {' / '.join(link.sources)} instead."
+                )
+
+    def _apply_parse_links(self, config: dict[str, Any]) -> None:
+        for link in self._links("parse"):
+            values = [get_path(config, source) for source in link.sources]
+            if any(_holds_missing(v) for v in values):
+                continue  # a required value not given: reported as such
+            try:
+                value = link.value(values)
+            except ValueError as err:
+                raise CLIError(str(err)) from None
+            put_path(config, link.target, value)
+
+    def _instantiation_order(self) -> list[str]:
+        """The class keys to build (all but the trainer): data, model, then added classes, each after the keys
+        its instantiation links read from."""
+        keys = [k for k in self.schema.sections if k != "trainer"]
+        after = {
+            k: {
+                s.split(".")[0] for lk in self._links("instantiate") if lk.target.split(".")[0] == k for s in lk.sources
+            }
+            for k in keys
+        }
+        ordered: list[str] = []
+
+        def visit(key: str, path: tuple[str, ...]) -> None:
+            if key in path:
+                raise CLIError(f"link_arguments: the instantiation links make a cycle: {' -> '.join((*path, key))}.")
+            if key not in ordered:
+                for source in sorted(after[key]):
+                    visit(source, (*path, key))
+                ordered.append(key)
+
+        for key in ["data", "model", *[k for k in keys if k not in ("data", "model")]]:
+            visit(key, ())
+        return ordered
+
+    def _linked_arguments(self, key: str) -> dict[str, Any]:
+        """The arguments of ``key`` that instantiation links set from objects built already."""
+        out = {}
+        for link in self._links("instantiate"):
+            path = [p for p in link.target.split(".") if p != "init_args"]
+            if path[0] != key:
+                continue
+            values = [self._attribute(source) for source in link.sources]
+            try:
+                out[path[1]] = link.value(values)
+            except ValueError as err:
+                raise CLIError(str(err)) from None
+        return out
+
+    def _attribute(self, source: str) -> Any:
+        root, *names = [p for p in source.split(".") if p != "init_args"]
+        value = self.config_init.get(root)
+        for depth, name in enumerate(names):
+            if not hasattr(value, name):
+                where = ".".join([root, *names[:depth]])
+                raise CLIError(f"link {source}: the built {where} ({type(value).__name__}) has no attribute {name!r}.")
+            value = getattr(value, name)
+        return value
 
     # ------------------------------------------------------------------ build
-    def _instantiate(self, request: Request) -> None:
+    def _set_seed(self) -> None:
         from tandem.utilities.seed import seed_everything
 
-        config = self._plain_config()
+        if self.config.seed_everything is not False:
+            seed_everything(self.config.seed_everything)
+
+    def _build(self, key: str, value: Any) -> Any:
+        if value is None:
+            return None
+        added = self.parser.class_args.get(key)
+        if added is not None and not added.instantiate:  # an optimizer: built on the model's parameters later
+            cls = self.schema.section_class(key, value)
+            return Namespace(class_path=class_path_of(cls), init_args=value["init_args"] if is_spec(value) else value)
         try:
-            # The Trainer first: it checks its own arguments (strategy='bogus', devices=0) and uses no randomness.
-            self.trainer = self._instantiate_trainer(config["trainer"], request)
-        except CLIError:
-            raise
-        except TandemConfigError as err:
-            name = str(err).split("=", 1)[0]
-            raise CLIError(f"trainer.{err}" if name in config["trainer"] else f"trainer: {err}") from None
-        if config["seed_everything"] is not False:
-            seed_everything(config["seed_everything"])
-        try:
-            self.datamodule = build_section(self.schema, "data", config["data"])
-            self.model = build_section(self.schema, "model", config["model"])
+            return build_section(self.schema, key, value, self._linked_arguments(key))
         except CLIError:
             raise
         except TandemConfigError as err:  # a value the class checks itself
             raise CLIError(str(err)) from None
 
-    def _instantiate_trainer(self, trainer_config: dict[str, Any], request: Request) -> Trainer:
+    def _trainer_arguments(self, trainer_config: dict[str, Any]) -> dict[str, Any]:
         sig = signature(self.trainer_class)
         kwargs = {
             name: build_value(value, sig.parameters[name].hint if name in sig.parameters else Any, f"trainer.{name}")
@@ -258,47 +483,90 @@ class CLI:
         for name, value in self.trainer_defaults.items():  # objects a config cannot hold
             if name != "callbacks" and name not in trainer_config:
                 kwargs[name] = value
-        callbacks = kwargs.get("callbacks")
-        callbacks = (
-            [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+        return kwargs
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Trainer:
+        configured = config.get("callbacks")
+        configured = (
+            [] if configured is None else list(configured) if isinstance(configured, (list, tuple)) else [configured]
         )
-        default_callbacks = self.trainer_defaults.get("callbacks") or []
-        callbacks += list(default_callbacks) if isinstance(default_callbacks, (list, tuple)) else [default_callbacks]
+        defaults = self.trainer_defaults.get("callbacks") or []
+        configured += callbacks + (list(defaults) if isinstance(defaults, (list, tuple)) else [defaults])
         self._save_config = None
-        if self.save_config_callback is not None and not trainer_config.get("fast_dev_run"):
+        if self.save_config_callback is not None and not config.get("fast_dev_run"):
             options = {**self.save_config_kwargs}
-            options["overwrite"] = options.get("overwrite", False) or request.overwrite
-            self._save_config = self.save_config_callback(self._config_text, **options)
-            callbacks.append(self._save_config)
-        kwargs["callbacks"] = callbacks
-        return self.trainer_class(**kwargs)
+            options["overwrite"] = options.get("overwrite", False) or self._overwrite
+            self._save_config = self.save_config_callback(self._config_text(self._plain_config()), **options)
+            configured.append(self._save_config)
+        try:
+            return self.trainer_class(**{**config, "callbacks": configured})
+        except TandemConfigError as err:
+            if isinstance(err, CLIError):
+                raise
+            name = str(err).split("=", 1)[0]
+            raise CLIError(f"trainer.{err}" if name in config else f"trainer: {err}") from None
+
+    def _add_configure_optimizers_method_to_model(self) -> None:
+        """``add_optimizer_args(link_to="AUTOMATIC")``: the model's ``configure_optimizers`` returns the configured
+        optimizer (and scheduler), as Lightning's CLI does."""
+        optimizers = [k for k, (_, link_to) in self.parser._optimizers.items() if link_to == "AUTOMATIC"]
+        schedulers = [k for k, (_, link_to) in self.parser._lr_schedulers.items() if link_to == "AUTOMATIC"]
+        if not optimizers or self.model is None:
+            return
+        if len(optimizers) > 1 or len(schedulers) > 1:
+            raise CLIError(
+                f"At most one optimizer and one lr_scheduler can be AUTOMATIC; found {optimizers + schedulers}. "
+                "Override configure_optimizers in the module to combine several."
+            )
+        optimizer_init = self.config_init.get(optimizers[0])
+        if optimizer_init is None:
+            return  # not configured: the module's own configure_optimizers
+        scheduler_init = self.config_init.get(schedulers[0]) if schedulers else None
+        if is_overridden(self.model, "configure_optimizers"):
+            rank_zero_warn(
+                f"{type(self.model).__name__}.configure_optimizers is replaced by {type(self).__name__}."
+                f"configure_optimizers: the optimizer comes from --{optimizers[0]}."
+            )
+        optimizer = _instantiate_spec(optimizer_init, self.model.parameters())
+        scheduler = _instantiate_spec(scheduler_init, optimizer) if scheduler_init is not None else None
+        fn = functools.partial(self.configure_optimizers, optimizer=optimizer, lr_scheduler=scheduler)
+        self.model.configure_optimizers = types.MethodType(fn, self.model)
 
     def _plain_config(self) -> dict[str, Any]:
-        from omegaconf import OmegaConf
-
         return OmegaConf.to_container(self.config)
 
-    def _refuse_overwrite(self, request: Request) -> None:
-        """Before anything runs: a different config.yaml in the run's folder (the callback checks again)."""
+    def _config_text(self, config: dict[str, Any]) -> str:
+        """The YAML ``--print_config`` prints and ``config.yaml`` holds: link targets left out (they are computed)."""
+        config = copy.deepcopy(config)
+        for link in self.parser.links:
+            drop_path(config, link.target)
+        return to_yaml(config)
+
+    def _refuse_overwrite(self) -> None:
+        """Before anything runs: a config file this run reads, or a different config.yaml, where the run's
+        config.yaml goes (the callback checks again)."""
         callback = self._save_config
-        if callback is None or self.trainer is None:
+        if callback is None or self.trainer is None or not getattr(callback, "save_to_log_dir", True):
             return
         path = os.path.join(self.trainer.log_dir, callback.config_filename)
-        problem = config_conflict(path, callback.config, callback.overwrite)
+        problem = input_conflict(path, self._input_files) or config_conflict(path, callback.config, callback.overwrite)
         if problem is not None:
             raise CLIError(problem)
 
     # ------------------------------------------------------------------ run
-    def _run_subcommand(self) -> Any:
+    def _run_subcommand(self, subcommand: str) -> None:
+        before = getattr(self, f"before_{subcommand}", None)
+        if callable(before):
+            before()
         config = self._plain_config()
-        kwargs = {
-            name: build_value(config[name], parameter.hint, name)
-            for name, parameter in self.schema.values.items()
-            if name != "seed_everything"
-        }
+        kwargs = {name: build_value(config[name], p.hint, name) for name, p in self._method_args.items()}
         if self.datamodule is not None:
             kwargs["datamodule"] = self.datamodule
-        return getattr(self.trainer, self.subcommand)(self.model, **kwargs)  # validate / test print their table
+        fn = getattr(self, subcommand, None) or getattr(self.trainer, subcommand)
+        self.result = fn(model=self.model, **kwargs)  # validate / test print their table
+        after = getattr(self, f"after_{subcommand}", None)
+        if callable(after):
+            after()
 
     # ------------------------------------------------------------------ output
     def _fail(self, err: CLIError) -> None:
@@ -315,7 +583,10 @@ class CLI:
 
     def _usage(self) -> str:
         command = f"{self._prog} {self.subcommand}" if self.subcommand else self._prog
-        return f"usage: {command} [-h] [-c FILE] [--print_config] [--overwrite] [--KEY VALUE | --KEY=VALUE | KEY=VALUE ...]"
+        return (
+            f"usage: {command} [-h] [-c FILE] [--print_config] [--overwrite] "
+            "[--KEY VALUE | --KEY=VALUE | KEY=VALUE | --KEY+=VALUE ...]"
+        )
 
     def _top_help(self) -> str:
         lines = [f"usage: {self._prog} [-h] {{{','.join(SUBCOMMANDS)}}} [options]", ""]
@@ -341,8 +612,10 @@ class CLI:
         lines += textwrap.wrap(
             "Settings, lowest priority first: the defaults below < each --config FILE (YAML; several are merged in "
             "order) < options on the command line, written --trainer.max_epochs 5, --trainer.max_epochs=5 or "
-            "trainer.max_epochs=5. Values are YAML; ${model.hidden} and ${oc.env:VAR} interpolate. Where a class "
-            "fits, give {class_path: NAME, init_args: {...}} (short names for tandem's and torch.optim's classes).",
+            "trainer.max_epochs=5; --trainer.callbacks+=EarlyStopping appends to a list, and the options after it "
+            "(--trainer.callbacks.patience=3) set the appended item. Values are YAML; ${model.hidden} and "
+            "${oc.env:VAR} interpolate. Where a class fits, give {class_path: NAME, init_args: {...}} (short names "
+            "for tandem's and torch.optim's classes).",
             _HELP_WIDTH,
         )
         lines += ["", "options:"]
@@ -350,13 +623,15 @@ class CLI:
         lines += _option("-c, --config FILE", "a YAML config file; give several to merge them in order")
         lines += _option("--print_config", "print the resolved config as YAML and exit")
         lines += _option("--overwrite", "replace a different config.yaml already in the run's log folder")
+        defaults = self._parser_defaults()
         for name, parameter in self.schema.values.items():
-            lines += _option(f"--{name} {_metavar(parameter.hint)}", _describe(parameter))
-        for key in ("trainer", "model", "data"):
-            lines += [""] + self._section_help(self.schema.sections[key])
+            default = defaults.get(name, NO_DEFAULT)
+            lines += _option(f"--{name} {_metavar(parameter.hint)}", _describe(parameter, default))
+        for key, section in self.schema.sections.items():
+            lines += [""] + self._section_help(section, defaults.get(key))
         return "\n".join(lines)
 
-    def _section_help(self, section: Section) -> list[str]:
+    def _section_help(self, section: Section, defaults: Any) -> list[str]:
         key = section.key
         if section.default is None:
             choices = sorted(name for name in known_classes(section.base) if name != section.base.__name__)
@@ -370,16 +645,91 @@ class CLI:
         if section.class_path_allowed:
             title += f", or --{key}.class_path naming a subclass"
         lines = [f"{title}:"]
-        parameters = signature(section.default).parameters
+        parameters = list(signature(section.default).parameters.items())[section.skip :]
         if not parameters:
             lines.append("  (no arguments)")
-        for name, parameter in parameters.items():
+        defaults = defaults if isinstance(defaults, dict) and not is_spec(defaults) else {}
+        linked = {link.target.replace(".init_args.", "."): link for link in self.parser.links}
+        for name, parameter in parameters:
+            if f"{key}.{name}" in linked:
+                sources = ", ".join(linked[f"{key}.{name}"].sources)
+                lines += _option(f"--{key}.{name}", f"set from {sources} by the program (not configurable)")
+                continue
             default = section.defaults.get(name, parameter.default) if name != "callbacks" else parameter.default
+            default = defaults.get(name, default)
             lines += _option(f"--{key}.{name} {_metavar(parameter.hint)}", _describe(parameter, default))
         return lines
 
 
 LightningCLI = CLI  # the name ported Lightning programs use
+
+
+_PARSER_OPTIONS = ("default_config_files", "description", "exit_on_error", "prog", "parser_mode", "env_prefix")
+
+
+def _parser_options(parser_kwargs: dict[str, Any], subcommand: str | None) -> dict[str, Any]:
+    """``parser_kwargs`` for every subcommand, with those of ``subcommand`` over them; options tandem's parser
+    does not have are refused rather than ignored."""
+    options = {k: v for k, v in parser_kwargs.items() if k not in SUBCOMMANDS}
+    if subcommand is not None:
+        options.update(parser_kwargs.get(subcommand) or {})
+    for name, value in options.items():
+        if name == "default_env" and not value:
+            continue
+        if name not in _PARSER_OPTIONS:
+            raise TypeError(
+                f"parser_kwargs: {name}={value!r} is not supported by tandem's CLI (it reads no environment "
+                f"variables); supported: {', '.join(_PARSER_OPTIONS)}."
+            )
+        if name == "parser_mode" and value not in ("yaml", "omegaconf", "omegaconf+"):
+            raise ValueError(f"parser_kwargs: parser_mode={value!r}: tandem reads YAML with omegaconf interpolation.")
+    return options
+
+
+def _default_config_files(patterns: list[str]) -> list[str]:
+    if isinstance(patterns, (str, os.PathLike)):
+        patterns = [patterns]
+    return [path for pattern in patterns for path in sorted(glob.glob(os.path.expanduser(str(pattern))))]
+
+
+def _common_base(classes: type | tuple[type, ...], key: str) -> type:
+    """The class a key accepts subclasses of: the one given, or the member of a tuple the others derive from."""
+    if isinstance(classes, type):
+        return classes
+    for candidate in classes:
+        if all(issubclass(c, candidate) for c in classes):
+            return candidate
+    raise ValueError(f"{key}: {classes!r} have no common base class among them; give one base class.")
+
+
+def _instantiate_spec(spec: dict[str, Any], first: Any) -> Any:
+    """``{class_path, init_args}`` built with a leading argument (an optimizer's parameters)."""
+    cls = resolve_class(spec["class_path"], object, "class_path")
+    sig = signature(cls)
+    kwargs = {
+        name: build_value(value, sig.parameters[name].hint if name in sig.parameters else Any, name)
+        for name, value in (spec.get("init_args") or {}).items()
+    }
+    return cls(first, **kwargs)
+
+
+def _holds_missing(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(_holds_missing(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_holds_missing(v) for v in value)
+    return isinstance(value, str) and value == MISSING
+
+
+def _missing_keys(config: Any, prefix: str = "") -> list[str]:
+    """The dotted keys still ``???``."""
+    if isinstance(config, dict):
+        items = config.items()
+    elif isinstance(config, list):
+        items = ((str(i), v) for i, v in enumerate(config))
+    else:
+        return [prefix] if isinstance(config, str) and config == MISSING else []
+    return [key for name, value in items for key in _missing_keys(value, f"{prefix}.{name}" if prefix else name)]
 
 
 def _resolve_seed(value: bool | int) -> bool | int:

@@ -63,6 +63,7 @@ class Section:
     defaults: dict[str, Any] = field(default_factory=dict)  # overrides of the signature's defaults
     required: bool = False
     class_path_allowed: bool = True
+    skip: int = 0  # leading arguments the caller passes (an optimizer's params)
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ def parse_argv(tokens: list[str]) -> Request:
             else:
                 raise bad_command_line("--config needs a file: --config path/to/config.yaml")
         elif token.startswith("--") and len(token) > 2:
-            key, eq, value = token[2:].partition("=")
+            key, eq, value = token[2:].partition("=")  # --trainer.callbacks+=EarlyStopping keeps its "+"
             if not eq:
                 if i + 1 >= len(tokens) or tokens[i + 1].startswith("--"):
                     raise bad_command_line(
@@ -190,40 +191,133 @@ def merge(base: Any, update: Any) -> Any:
 
 
 def set_path(config: dict[str, Any], key: str, value: Any) -> None:
-    """``config[a][b][c] = value`` for ``key="a.b.c"``, creating mappings on the way; a number indexes an existing
-    list (``trainer.callbacks.0.init_args.patience``), and a class name becomes the class_path of the mapping
-    (``--model.optimizer SGD --model.optimizer.lr 0.1``)."""
-    parts = key.split(".")
-    if any(not p for p in parts):
-        raise bad_command_line(f"{key!r} is not a valid key: use dotted names such as trainer.max_epochs.")
+    """``config[a][b][c] = value`` for ``key="a.b.c"``, creating mappings on the way. In a list a number picks an
+    item (``trainer.callbacks.0.init_args.patience``) and a name goes to the last item, as jsonargparse reads
+    ``--trainer.callbacks+=EarlyStopping --trainer.callbacks.patience=3``; a class name becomes the class_path
+    of the mapping (``--model.optimizer SGD --model.optimizer.lr 0.1``)."""
+    parts = _split_key(key)
     node: Any = config
     for depth, part in enumerate(parts):
         last = depth == len(parts) - 1
         if isinstance(node, list):
-            if not part.isdigit() or int(part) >= len(node):
-                where = ".".join(parts[:depth])
+            where = ".".join(parts[:depth])
+            if not node:
+                raise bad_command_line(f"{key}: {where} is an empty list; append an item first with --{where}+=VALUE.")
+            if not part.isdigit():  # the arguments of the item appended last
+                node, part = _as_spec(node, len(node) - 1), None
+                if node is None:
+                    raise bad_command_line(f"{key}: the last item of {where} is not a class; index it with a number.")
+            elif int(part) >= len(node):
                 raise bad_command_line(f"{key}: {where} is a list of {len(node)}; index it with 0..{len(node) - 1}.")
-            part = int(part)
-            current = node[part]
-        else:
-            current = node.get(part)
+            else:
+                part = int(part)
+        if part is None:  # node is now the last item's mapping: carry on with this part
+            part = parts[depth]
+        current = node.get(part) if isinstance(node, dict) else node[part]
         if last:
             node[part] = merge(current, value) if isinstance(current, dict) and isinstance(value, dict) else value
             return
-        if isinstance(current, str) and current:  # --model.optimizer SGD --model.optimizer.lr 0.1
-            current = node[part] = {"class_path": current}
-        elif not isinstance(current, dict) and not (isinstance(current, list) and parts[depth + 1].isdigit()):
+        if isinstance(current, str) and current:
+            current = node[part] = {"class_path": current}  # --model.optimizer SGD --model.optimizer.lr 0.1
+        elif not isinstance(current, (dict, list)):
             current = node[part] = {}
         node = current
 
 
-def layer(request: Request) -> dict[str, Any]:
-    """The user's layers merged: each config file in order, then each override in order."""
-    config: dict[str, Any] = {}
-    for path in request.configs:
+def append_path(config: dict[str, Any], key: str, value: Any, default: Any = None) -> None:
+    """``--key+=VALUE``: VALUE appended to the list at ``key`` (a list VALUE extends it), as jsonargparse does.
+    The list is the one the layers so far hold, else ``default`` (the key's default, e.g. []).
+
+    ``--trainer.callbacks+=EarlyStopping`` appends the class name; the options after it
+    (``--trainer.callbacks.patience=3``) set that item's arguments (see ``set_path``)."""
+    parts = _split_key(key)
+    node: Any = config
+    for part in parts[:-1]:
+        nxt = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(nxt, dict):
+            nxt = node[part] = {"class_path": nxt} if isinstance(nxt, str) and nxt else {}
+        node = nxt
+    name = parts[-1]
+    current = node[name] if name in node else copy.deepcopy(default)
+    items = [] if current is None else list(current) if isinstance(current, list) else [current]
+    node[name] = items + (value if isinstance(value, list) else [value])
+
+
+def _split_key(key: str) -> list[str]:
+    parts = key.split(".")
+    if any(not p for p in parts):
+        raise bad_command_line(f"{key!r} is not a valid key: use dotted names such as trainer.max_epochs.")
+    return parts
+
+
+def _as_spec(items: list[Any], index: int) -> dict[str, Any] | None:
+    """The mapping of a list item that names a class (a bare name becomes ``{class_path: name}``)."""
+    item = items[index]
+    if isinstance(item, str) and item:
+        item = items[index] = {"class_path": item}
+    return item if isinstance(item, dict) else None
+
+
+def get_path(config: Any, key: str, default: Any = NO_DEFAULT) -> Any:
+    """The value at a dotted key of a completed config; a class spec's arguments are read through its init_args
+    (``model.hidden`` and ``model.init_args.hidden`` alike)."""
+    node = config
+    for part in key.split("."):
+        if is_spec(node) and part not in _SPEC_KEYS and part not in node:
+            node = node.get("init_args") or {}
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            if default is NO_DEFAULT:
+                raise KeyError(key)
+            return default
+    return node
+
+
+def put_path(config: dict[str, Any], key: str, value: Any) -> None:
+    """Set the value at a dotted key of a completed config, through a class spec's init_args."""
+    *parents, name = key.split(".")
+    node: Any = config
+    for part in parents:
+        if is_spec(node) and part not in _SPEC_KEYS:
+            node = node.setdefault("init_args", {})
+        node = node.setdefault(part, {}) if isinstance(node, dict) else node[int(part)]
+    if is_spec(node) and name not in _SPEC_KEYS:
+        node = node.setdefault("init_args", {})
+    if value is _OMIT:
+        node.pop(name, None)
+    else:
+        node[name] = value
+
+
+def drop_path(config: dict[str, Any], key: str) -> None:
+    """Remove the value at a dotted key of a completed config (a link target, computed rather than given)."""
+    put_path(config, key, _OMIT)
+
+
+def layer(
+    request: Request,
+    base: dict[str, Any] | None = None,
+    default_of: collections.abc.Callable[[str], Any] | None = None,
+    files: collections.abc.Sequence[str] = (),
+    given: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The user's layers merged, lowest first: ``base`` (a parser's ``set_defaults``), the ``files`` found by
+    default, a ``given`` mapping (``CLI(args={...})``), each config file in order, then each override in order.
+    ``default_of(key)``: the default a ``--key+=VALUE`` appends to when no layer set the key."""
+    config: dict[str, Any] = copy.deepcopy(base or {})
+    for path in [*files, *request.configs]:
         config = merge(config, load_config_file(path))
+    if given:
+        config = merge(config, given)
     for key, raw in request.overrides:
-        set_path(config, key, parse_value(raw))
+        if key.endswith("+"):
+            key = key[:-1]
+            append_path(config, key, parse_value(raw), default_of(key) if default_of else None)
+        else:
+            set_path(config, key, parse_value(raw))
     return config
 
 
@@ -269,10 +363,10 @@ def _complete_section(section: Section, given: Any) -> Any:
             raise bad_command_line(f"{key}.init_args was given without {key}.class_path; add the class_path.")
         if section.default is None:
             raise missing_required(f"{key}.class_path", section.base)
-        return complete_args(signature(section.default), given, key, defaults=section.defaults)
+        return complete_args(signature(section.default), given, key, section.skip, section.defaults)
     if not section.class_path_allowed:
         raise unknown_key(f"{key}.class_path", signature(section.default).parameters)
-    spec = complete_spec(given, section.base, 0, key)
+    spec = complete_spec(given, section.base, section.skip, key)
     if resolve_class(spec["class_path"], section.base, key) is section.default:
         return spec["init_args"]  # the section's own class: written as its arguments
     return spec
@@ -291,7 +385,11 @@ def complete_args(
     for parameter in parameters:
         name = parameter.name
         if name in given:
-            out[name] = complete_value(given[name], parameter.hint, f"{key}.{name}")
+            value = given[name]
+            if isinstance(value, dict) and not is_spec(value) and not _is_mapping_hint(parameter.hint):
+                default = defaults[name] if defaults and name in defaults else parameter.default
+                value = _onto_default_class(value, plain_default(default, parameter.hint), f"{key}.{name}")
+            out[name] = complete_value(value, parameter.hint, f"{key}.{name}")
         elif defaults and name in defaults:  # an object YAML cannot hold is left out: the caller passes it
             default = plain_default(defaults[name], parameter.hint)
             if default is not _OMIT:
@@ -305,6 +403,20 @@ def complete_args(
     for name in unknown:  # kept by a **kwargs of the class
         out[name] = given[name]
     return out
+
+
+def _onto_default_class(value: dict[str, Any], default: Any, key: str) -> dict[str, Any]:
+    """Arguments without a class_path (``--model.optimizer.lr 0.01``) for a slot whose default is a class: that
+    class with them, over its default arguments, as jsonargparse reads them."""
+    if not is_spec(default):
+        if "init_args" in value:
+            raise bad_command_line(
+                f"{key}.init_args was given without {key}.class_path, and {key} has no default class; add the "
+                f"class_path (--{key} CLASS)."
+            )
+        return value
+    given = {**(value.get("init_args") or {}), **{k: v for k, v in value.items() if k != "init_args"}}
+    return {"class_path": default["class_path"], "init_args": merge(default.get("init_args") or {}, given)}
 
 
 def complete_spec(value: dict[str, Any], base: type, skip: int, key: str) -> dict[str, Any]:
@@ -607,13 +719,14 @@ class ClassCallable:
         return f"{class_path_of(self.cls)}({args})"
 
 
-def build_section(schema: Schema, key: str, value: Any) -> Any:
-    """The object a checked section describes (None for an absent optional section)."""
+def build_section(schema: Schema, key: str, value: Any, extra: dict[str, Any] | None = None) -> Any:
+    """The object a checked section describes (None for an absent optional section); ``extra``: arguments given
+    as objects (set by links from other built objects)."""
     if value is None:
         return None
     cls = schema.section_class(key, value)
     args = value["init_args"] if is_spec(value) else value
-    return _instantiate(cls, args, key)
+    return _instantiate(cls, args, key, extra)
 
 
 def build_value(value: Any, hint: Any, key: str = "") -> Any:
@@ -659,13 +772,13 @@ def build_value(value: Any, hint: Any, key: str = "") -> Any:
     return value
 
 
-def _instantiate(cls: type, args: dict[str, Any], key: str) -> Any:
+def _instantiate(cls: type, args: dict[str, Any], key: str, extra: dict[str, Any] | None = None) -> Any:
     sig = signature(cls)
     kwargs = {
         name: build_value(value, sig.parameters[name].hint if name in sig.parameters else Any, f"{key}.{name}")
         for name, value in args.items()
     }
-    return cls(**kwargs)
+    return cls(**{**kwargs, **(extra or {})})
 
 
 # ---------------------------------------------------------------------------------------------- output

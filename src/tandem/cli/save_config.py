@@ -22,20 +22,41 @@ class SaveConfigCallback(Callback):
     run: every rank stops with an error unless ``overwrite=True`` (``--overwrite``). Nothing is written
     under ``fast_dev_run``.
 
+    Override ``save_config(trainer, module, stage)`` to save the config somewhere else too (a logger's
+    hyperparameters, as Lightning's docs show); ``save_to_log_dir=False`` then skips the file.
+
     Args:
         config: the resolved config as YAML text.
         config_filename: the file's name in the log folder.
         overwrite: replace a different config file that is already there.
+        save_to_log_dir: write the file (False: only ``save_config``, which a subclass then implements).
     """
 
-    def __init__(self, config: str, config_filename: str = "config.yaml", overwrite: bool = False) -> None:
+    def __init__(
+        self, config: str, config_filename: str = "config.yaml", overwrite: bool = False, save_to_log_dir: bool = True
+    ) -> None:
+        if not save_to_log_dir and type(self).save_config is SaveConfigCallback.save_config:
+            raise ValueError(
+                "save_to_log_dir=False saves nothing: subclass SaveConfigCallback and implement save_config, or "
+                "pass save_config_callback=None to the CLI."
+            )
         self.config = config
         self.config_filename = config_filename
         self.overwrite = overwrite
+        self.save_to_log_dir = save_to_log_dir
         self.already_saved = False
+
+    def save_config(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
+        """Override to save ``self.config`` (YAML text) elsewhere too; runs on global rank 0 only, so it must
+        not call collectives."""
 
     def setup(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
         if self.already_saved or trainer.fast_dev_run:
+            return
+        if not self.save_to_log_dir:
+            if trainer.is_global_zero:
+                self.save_config(trainer, module, stage)
+            self.already_saved = True
             return
         path = os.path.join(trainer.log_dir, self.config_filename)  # every rank agrees on the log folder
         problem = config_conflict(path, self.config, self.overwrite) if trainer.is_global_zero else None
@@ -45,7 +66,23 @@ class SaveConfigCallback(Callback):
         if trainer.is_global_zero:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             atomic_write_text(path, self.config)
+            self.save_config(trainer, module, stage)
         self.already_saved = True
+
+
+def input_conflict(path: str, inputs: list[str]) -> str | None:
+    """Why the run's config must not be written to ``path``: it is a config file the run reads, or None. With
+    ``trainer.logger: false`` the run's folder is ``trainer.default_root_dir`` (the working directory by
+    default), where the user's own ``config.yaml`` often is; it is never replaced, ``--overwrite`` or not."""
+    target = os.path.realpath(path)
+    if not any(os.path.realpath(p) == target for p in inputs):
+        return None
+    return (
+        f"{path} is a config file this run reads, and the run's resolved config would be saved over it (the run's "
+        "folder is trainer.default_root_dir when trainer.logger is false). Not replacing it, even with "
+        "--overwrite: give the run another folder (--trainer.default_root_dir DIR, or a logger), or save the "
+        "config under another name (save_config_kwargs={'config_filename': ...})."
+    )
 
 
 def config_conflict(path: str, config: str, overwrite: bool) -> str | None:
