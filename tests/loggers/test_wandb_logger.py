@@ -136,3 +136,20 @@ def test_the_cli_takes_it_by_its_short_name(offline):
         TinyModule, run=False, args=[*args, "--trainer.logger.project=cli", f"--trainer.logger.save_dir={offline}"]
     )
     assert isinstance(cli.trainer.logger, WandbLogger) and cli.trainer.logger.name == "cli"
+
+
+def test_tables_text_and_images_are_logged_at_the_step_given(offline):
+    logger = WandbLogger(project="proj", save_dir=offline)
+    logger.log_text("samples", columns=["input", "label"], data=[["cheese", "english"]], step=3)
+    logger.log_image("pictures", [torch.zeros(3, 4, 4), torch.ones(3, 4, 4)], step=5, caption=["dark", "light"])
+    with pytest.raises(ValueError, match="2 images but 1 values of 'caption'"):
+        logger.log_image("pictures", [torch.zeros(3, 4, 4)] * 2, caption=["one"])
+    finish(logger)
+
+    rows = history(run_records(offline))
+    table = next(row for row in rows if "samples" in row)
+    assert table["trainer/global_step"] == 3 and table["samples"]["_type"] == "table-file"
+    assert table["samples"]["ncols"] == 2 and table["samples"]["nrows"] == 1
+    images = next(row for row in rows if "pictures" in row)
+    assert images["trainer/global_step"] == 5
+    assert images["pictures"]["count"] == 2 and images["pictures"]["captions"] == ["dark", "light"]

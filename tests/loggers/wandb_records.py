@@ -44,7 +44,18 @@ def run_records(save_dir) -> dict[str, list]:
 
 
 def history(records) -> list[dict]:
-    return [{item.nested_key[0]: json.loads(item.value_json) for item in r.history.item} for r in records["history"]]
+    """One dict per logged row; a media value (table, images) is a dict of its fields."""
+    rows = []
+    for record in records["history"]:
+        row: dict = {}
+        for item in record.history.item:
+            *outer, last = item.nested_key or [item.key]
+            place = row
+            for name in outer:
+                place = place.setdefault(name, {})
+            place[last] = json.loads(item.value_json)
+        rows.append(row)
+    return rows
 
 
 def config(records) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -107,7 +108,9 @@ class TensorBoardLogger(Logger):
                 "positional arguments."
             )
             return
-        self.experiment.add_graph(model, _on_device(model, input_array))
+        with warnings.catch_warnings():  # add_graph traces with torch.jit, which torch now calls deprecated
+            warnings.filterwarnings("ignore", message=r"`torch\.jit\.trace", category=DeprecationWarning)
+            self.experiment.add_graph(model, _on_device(model, input_array))
 
     @rank_zero_only
     def save(self) -> None:

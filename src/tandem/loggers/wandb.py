@@ -184,6 +184,51 @@ class WandbLogger(Logger):
         self.experiment.log(dict(metrics) if step is None else {**metrics, "trainer/global_step": step})
 
     @rank_zero_only
+    def log_table(
+        self,
+        key: str,
+        columns: list[str] | None = None,
+        data: list[list[Any]] | None = None,
+        dataframe: Any = None,
+        step: int | None = None,
+    ) -> None:
+        """Log a ``wandb.Table`` from ``columns`` and ``data`` (rows), or from a pandas ``dataframe``."""
+        import wandb
+
+        self.log_metrics({key: wandb.Table(columns=columns, data=data, dataframe=dataframe)}, step)
+
+    @rank_zero_only
+    def log_text(
+        self,
+        key: str,
+        columns: list[str] | None = None,
+        data: list[list[str]] | None = None,
+        dataframe: Any = None,
+        step: int | None = None,
+    ) -> None:
+        """Log text as a table (see :meth:`log_table`)."""
+        self.log_table(key, columns, data, dataframe, step)
+
+    @rank_zero_only
+    def log_image(self, key: str, images: list[Any], step: int | None = None, **kwargs: list[Any]) -> None:
+        """Log images (tensors, numpy arrays, PIL images or file paths); each keyword (``caption``, ``masks``,
+        ``boxes``) is a list with one entry per image."""
+        import wandb
+
+        if not isinstance(images, list):
+            raise TypeError(
+                f"WandbLogger.log_image takes a list of images, got a {type(images).__name__}; wrap it: [image]."
+            )
+        for name, values in kwargs.items():
+            if len(values) != len(images):
+                raise ValueError(
+                    f"WandbLogger.log_image got {len(images)} images but {len(values)} values of {name!r}; give one "
+                    "value per image."
+                )
+        per_image = [{name: values[i] for name, values in kwargs.items()} for i in range(len(images))]
+        self.log_metrics({key: [wandb.Image(image, **extra) for image, extra in zip(images, per_image)]}, step)
+
+    @rank_zero_only
     def finalize(self, status: str) -> None:
         # as Lightning: checkpoints are logged after a successful run only, and the run stays open
         if status == "success" and self._checkpoint_callback is not None and self._experiment is not None:
