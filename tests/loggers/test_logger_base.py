@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import TinyModule, loader, quiet_trainer
+from tandem.callbacks import ModelCheckpoint
 from tandem.loggers import CSVLogger, Logger, TensorBoardLogger
 from tandem.loggers.logger import load_hparams_yaml, save_hparams_yaml
 from tandem.utilities.rank_zero import rank_zero_only
@@ -114,12 +116,41 @@ def test_a_custom_logger_needs_only_the_two_log_methods(tmp_path):
         Logger(tmp_path)  # abstract
 
 
-def test_importing_the_loggers_imports_neither_tensorboard_nor_omegaconf():
+def test_importing_tandem_and_the_loggers_imports_no_logging_backend():
     code = (
-        "import sys, tandem.loggers; "
-        "bad = [m for m in sys.modules if m.split('.')[0] in ('tensorboard', 'omegaconf') "
+        "import sys, tandem, tandem.loggers; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('tensorboard', 'omegaconf', 'mlflow', 'wandb') "
         "or m.startswith('torch.utils.tensorboard')]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_logger_without_a_local_folder_leaves_the_folders_to_default_root_dir(tmp_path):
+    class RemoteLogger(Logger):  # as MLFlowLogger with a tracking server: no local folder at all
+        save_dir = root_dir = log_dir = None
+
+        def log_metrics(self, metrics, step):
+            pass
+
+        def log_hyperparams(self, params):
+            pass
+
+    def fit(**kwargs):
+        checkpoint = ModelCheckpoint(save_last=True)
+        trainer = quiet_trainer(
+            logger=RemoteLogger(tmp_path / "unused"),
+            default_root_dir=tmp_path,
+            enable_checkpointing=True,
+            callbacks=[checkpoint],
+            max_epochs=kwargs.pop("max_epochs", 1),
+        )
+        trainer.fit(TinyModule(), loader(), **kwargs)
+        return trainer, checkpoint
+
+    trainer, checkpoint = fit()
+    assert trainer.log_dir == str(tmp_path)
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["epoch=0-step=4.ckpt", "last.ckpt"]
+    trainer, _ = fit(max_epochs=2, ckpt_path="last")  # found under default_root_dir
+    assert trainer.global_step == 8

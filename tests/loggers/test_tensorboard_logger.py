@@ -4,9 +4,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
+from helpers import TinyModule, loader, quiet_trainer
 from tandem.loggers import TensorBoardLogger
 
 
@@ -110,3 +112,29 @@ def test_tensorboards_hparams_tab_compares_runs_by_their_metrics(tmp_path):
     assert final["exp/version_1"] == {"train_loss": 3.0, "val_loss": 2.25}
     assert groups["exp/version_0"]["hparams"]["lr"] == 0.1
     assert groups["exp/version_1"]["sessions"][0]["status"] == "STATUS_FAILURE"
+
+
+def test_log_graph_adds_the_graph_traced_with_the_modules_example_input(tmp_path):
+    module = TinyModule()
+    module.example_input_array = torch.zeros(2, 8)
+    logger = TensorBoardLogger(tmp_path, log_graph=True)
+    quiet_trainer(logger=logger, max_epochs=1).fit(module, loader())
+    graph = _events(logger.log_dir).Graph()
+    scopes = {node.name.rsplit("/", 1)[0] for node in graph.node}  # the layers, without tracer numbering
+    net = "TinyModule/Sequential[net]"
+    assert {"input", "output", f"{net}/Linear[0]", f"{net}/ReLU[2]", f"{net}/Linear[3]/weight"} <= scopes
+
+
+def test_log_graph_is_off_by_default_and_warns_without_an_example_input(tmp_path):
+    module = TinyModule()
+    module.example_input_array = torch.zeros(2, 8)
+    logger = TensorBoardLogger(tmp_path)
+    quiet_trainer(logger=logger, max_epochs=1).fit(module, loader())
+    assert not _events(logger.log_dir).Tags()["graph"]
+
+    logger = TensorBoardLogger(tmp_path, log_graph=True)
+    with pytest.warns(UserWarning, match="the module has no example_input_array"):
+        logger.log_graph(TinyModule())
+    with pytest.warns(UserWarning, match="example_input_array is a list"):
+        logger.log_graph(module, [torch.zeros(2, 8)])
+    assert not tmp_path.joinpath("tandem_logs", "version_1").exists()

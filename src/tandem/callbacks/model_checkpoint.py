@@ -360,6 +360,9 @@ class ModelCheckpoint(Callback):
         if trainer.save_checkpoint(path, weights_only=self.save_weights_only) is False:
             raise _Skipped  # Trainer(on_nonfinite="warn") refused to write non-finite parameters
         self._last_global_step_saved = trainer.global_step
+        if trainer.is_global_zero:  # e.g. MLFlowLogger(log_model="all") logs the new file
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(self)
 
     def _remove(self, trainer: Trainer, path: str) -> None:
         """Delete a checkpoint this callback no longer keeps, unless it lives outside ``dirpath`` (a file of

@@ -1,7 +1,11 @@
-"""Loggers: where metrics and hyperparameters go. Each writes into ``<save_dir>/<name>/version_<n>``."""
+"""Loggers: where metrics and hyperparameters go. TensorBoard and CSV write into
+``<save_dir>/<name>/version_<n>``; MLflow and W&B log to a run of their service (their packages are
+imported only when such a logger is made)."""
 
 from tandem.loggers.csv import CSVLogger
 from tandem.loggers.logger import Logger
+from tandem.loggers.mlflow import MLFlowLogger
 from tandem.loggers.tensorboard import TensorBoardLogger
+from tandem.loggers.wandb import WandbLogger
 
-__all__ = ["CSVLogger", "Logger", "TensorBoardLogger"]
+__all__ = ["CSVLogger", "Logger", "MLFlowLogger", "TensorBoardLogger", "WandbLogger"]

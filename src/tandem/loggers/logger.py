@@ -1,20 +1,27 @@
 """The Logger base: a versioned run folder ``<save_dir>/<name>/version_<n>``, and the shared hparams.yaml.
 
 Loggers write on global rank 0 only and create nothing on disk before their first write. The Trainer
-makes every rank agree on the version with ``logger.version = strategy.broadcast(logger.version)``.
+makes every rank agree on the version with ``logger.version = strategy.broadcast(logger.version)``: a
+logger whose version is a run id from a tracking service (MLflow, W&B) makes the run on rank 0 only, and
+the other ranks learn its id from that broadcast.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tandem.utilities.checkpoint import atomic_write
+from tandem.utilities.exceptions import TandemConfigError
 from tandem.utilities.rank_zero import rank_zero_only
+
+if TYPE_CHECKING:
+    from torch import nn
 
 HPARAMS_FILE = "hparams.yaml"
 _VERSION_DIR = re.compile(r"^version_(\d+)$")
@@ -30,7 +37,7 @@ class Logger(ABC):
             free ``version_<n>`` the first time the version is read.
 
     Subclasses implement :meth:`log_metrics` and :meth:`log_hyperparams` (decorated ``@rank_zero_only``)
-    and may override :meth:`save` and :meth:`finalize`.
+    and may override :meth:`save`, :meth:`finalize`, :meth:`log_graph` and :meth:`after_save_checkpoint`.
 
     Example::
 
@@ -113,6 +120,19 @@ class Logger(ABC):
         save_hparams_yaml(os.path.join(self.log_dir, HPARAMS_FILE), self._hparams)
         return self._hparams
 
+    def log_graph(self, model: nn.Module, input_array: Any = None) -> None:  # noqa: B027 (optional override)
+        """Record the model's computational graph; the Trainer calls it once at the start of ``fit``.
+
+        Args:
+            model: the module.
+            input_array: an input for ``model`` (a tensor or a tuple of ``forward``'s positional arguments);
+                ``None`` uses ``model.example_input_array``.
+        """
+
+    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:  # noqa: B027 (optional override)
+        """Called by :class:`~tandem.callbacks.ModelCheckpoint` on global rank 0 after each checkpoint file it
+        writes (its ``best_model_path``, ``last_model_path`` and ``best_k_models`` already name the new file)."""
+
     @rank_zero_only  # noqa: B027 (an optional override: loggers that write at once need none)
     def save(self) -> None:
         """Flush what was logged so far to disk."""
@@ -128,6 +148,87 @@ class Logger(ABC):
 
 
 # ---------------------------------------------------------------------- helpers shared by the loggers
+class NoOpExperiment:
+    """What a logger's ``experiment`` is on ranks other than 0: every attribute, call and item is this object
+    again and does nothing (``experiment.add_scalar(...)``, ``experiment.config["lr"] = 0.1``)."""
+
+    def __getattr__(self, name: str) -> NoOpExperiment:
+        return self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> NoOpExperiment:
+        return self
+
+    def __getitem__(self, key: Any) -> NoOpExperiment:
+        return self
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        pass
+
+
+def require_package(module: str, owner: str, install: str) -> None:
+    """Raise a clear error naming the install command when ``module`` is absent (without importing it)."""
+    if importlib.util.find_spec(module) is None:
+        raise TandemConfigError(f"{owner} needs the {module} package, which is not installed: pip install {install}")
+
+
+def add_prefix(metrics: Mapping[str, Any], prefix: str, separator: str) -> Mapping[str, Any]:
+    """``{"loss": 1}`` -> ``{"<prefix><separator>loss": 1}``; unchanged without a prefix (Lightning's rule)."""
+    return {f"{prefix}{separator}{k}": v for k, v in metrics.items()} if prefix else metrics
+
+
+def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"optim": {"lr": 0.1}}`` -> ``{"optim/lr": 0.1}``, for services whose hyperparameters are flat."""
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, argparse.Namespace):
+            value = vars(value)
+        if isinstance(value, Mapping) and value:
+            out.update(flatten_params(value, f"{name}/"))
+        else:
+            out[name] = value
+    return out
+
+
+def plain_value(value: Any) -> bool | int | float | str | None:
+    """A hyperparameter as a tracking service stores it: numbers, bools, str and None stay; callables are named
+    by their ``__name__``; anything else is written as its ``str()``."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if callable(value) and hasattr(value, "__name__"):
+        return value.__name__
+    return str(value)
+
+
+def new_checkpoints(checkpoint_callback: Any, logged: dict[str, float]) -> list[tuple[float, str, Any, str]]:
+    """The files ``checkpoint_callback`` keeps that are not yet in ``logged`` (path -> modification time) or
+    changed since (``last.ckpt`` is rewritten under one name): ``(mtime, path, score, tag)`` sorted oldest
+    first, ``tag`` being "latest", "best" or "best_k" (Lightning's ``_scan_checkpoints``)."""
+    found: dict[str, tuple[Any, str]] = {}
+    if getattr(checkpoint_callback, "last_model_path", ""):
+        found[checkpoint_callback.last_model_path] = (getattr(checkpoint_callback, "current_score", None), "latest")
+    if getattr(checkpoint_callback, "best_model_path", ""):
+        found[checkpoint_callback.best_model_path] = (checkpoint_callback.best_model_score, "best")
+    for path, score in getattr(checkpoint_callback, "best_k_models", {}).items():
+        found[path] = (score, "best_k")
+    files = sorted(
+        (os.path.getmtime(path), path, score, tag) for path, (score, tag) in found.items() if os.path.isfile(path)
+    )
+    return [f for f in files if f[1] not in logged or logged[f[1]] < f[0]]
+
+
+def checkpoint_metadata(checkpoint_callback: Any, path: str, score: Any) -> dict[str, Any]:
+    """What MLflow and W&B store with a logged checkpoint: its score, file name and the callback's settings."""
+    settings = ("monitor", "mode", "save_last", "save_top_k", "save_weights_only", "every_n_train_steps")
+    return {
+        "score": score.item() if hasattr(score, "item") else score,
+        "original_filename": os.path.basename(path),
+        type(checkpoint_callback).__name__: {
+            k: getattr(checkpoint_callback, k) for k in settings if hasattr(checkpoint_callback, k)
+        },
+    }
+
+
 def params_to_dict(params: Mapping[str, Any] | argparse.Namespace) -> dict[str, Any]:
     """A plain dict of hyperparameters from a mapping or an ``argparse.Namespace``."""
     return dict(vars(params) if isinstance(params, argparse.Namespace) else params)

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tandem.loggers.logger import Logger
-from tandem.utilities.rank_zero import rank_zero_only
+import torch
 
+from tandem.loggers.logger import Logger, NoOpExperiment, flatten_params
+from tandem.utilities.rank_zero import rank_zero_only, rank_zero_warn
 
-class _NoOpExperiment:
-    """What ``experiment`` returns on ranks other than 0: every method call does nothing."""
-
-    def __getattr__(self, name: str) -> Any:
-        return lambda *args, **kwargs: None
+if TYPE_CHECKING:
+    from torch import nn
 
 
 class TensorBoardLogger(Logger):
@@ -32,6 +31,10 @@ class TensorBoardLogger(Logger):
         save_dir: the folder that holds every experiment.
         name: the experiment's folder under ``save_dir``.
         version: an int (``version_<n>``), a folder name, or ``None`` for the next free ``version_<n>``.
+        log_graph: add the model's graph (TensorBoard's GRAPHS tab) at the start of ``fit``, traced with
+            ``model.example_input_array``, which the module sets (e.g. ``self.example_input_array =
+            torch.zeros(1, 28 * 28)`` in ``__init__``). The trace runs ``forward`` on global rank 0 alone, so
+            it suits modules that are whole on every rank (not sharded ones).
         **summary_writer_kwargs: passed to ``SummaryWriter`` (e.g. ``flush_secs=30``, ``max_queue=100``).
 
     Example::
@@ -46,9 +49,11 @@ class TensorBoardLogger(Logger):
         save_dir: str | os.PathLike,
         name: str = "tandem_logs",
         version: int | str | None = None,
+        log_graph: bool = False,
         **summary_writer_kwargs: Any,
     ) -> None:
         super().__init__(save_dir, name, version)
+        self._log_graph = log_graph
         self._summary_writer_kwargs = summary_writer_kwargs
         self._experiment: Any = None
         self._session_started = False
@@ -57,7 +62,7 @@ class TensorBoardLogger(Logger):
     def experiment(self) -> Any:
         """The ``SummaryWriter`` (created with the run folder on first use); a no-op object on other ranks."""
         if rank_zero_only.rank != 0:
-            return _NoOpExperiment()
+            return NoOpExperiment()
         if self._experiment is None:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -75,13 +80,37 @@ class TensorBoardLogger(Logger):
         from torch.utils.tensorboard.summary import hparams
 
         merged = self._save_hparams_yaml(params)
-        flat = {k: _tb_value(v) for k, v in _flatten(merged).items()}
+        flat = {k: _tb_value(v) for k, v in flatten_params(merged).items()}
         # Only the session start. An experiment summary would fix the metric list (empty here: metrics come
         # later) and TensorBoard would take one run's summary for all of them; without one it lists every
         # run's hyperparameters and every scalar as a metric. (add_hparams would write to a sub-folder.)
         _, session_start, _ = hparams(flat, {})
         self.experiment.file_writer.add_summary(session_start)
         self._session_started = True
+
+    @rank_zero_only
+    def log_graph(self, model: nn.Module, input_array: Any = None) -> None:
+        if not self._log_graph:
+            return
+        if input_array is None:
+            input_array = getattr(model, "example_input_array", None)
+        if input_array is None:
+            rank_zero_warn(
+                "TensorBoardLogger(log_graph=True) could not add the model's graph: the module has no "
+                "example_input_array. Set one in its __init__ (e.g. self.example_input_array = torch.zeros(1, 8)), "
+                "or call logger.log_graph(model, input_array)."
+            )
+            return
+        if not isinstance(input_array, (torch.Tensor, tuple)):
+            rank_zero_warn(
+                f"TensorBoardLogger(log_graph=True) could not add the model's graph: example_input_array is a "
+                f"{type(input_array).__name__}, which cannot be traced. Give a tensor, or a tuple of forward's "
+                "positional arguments."
+            )
+            return
+        with warnings.catch_warnings():  # add_graph traces with torch.jit, which torch now calls deprecated
+            warnings.filterwarnings("ignore", message=r"`torch\.jit\.trace", category=DeprecationWarning)
+            self.experiment.add_graph(model, _on_device(model, input_array))
 
     @rank_zero_only
     def save(self) -> None:
@@ -117,18 +146,13 @@ def _session_end(status: str) -> Any:
     return Summary(value=[value])
 
 
-def _flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"optim": {"lr": 0.1}}`` -> ``{"optim/lr": 0.1}``: TensorBoard's hparams are flat."""
-    out: dict[str, Any] = {}
-    for key, value in params.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, argparse.Namespace):
-            value = vars(value)
-        if isinstance(value, Mapping) and value:
-            out.update(_flatten(value, f"{name}/"))
-        else:
-            out[name] = value
-    return out
+def _on_device(model: nn.Module, batch: Any) -> Any:
+    """``batch`` through the module's transfer hooks onto its device, as a batch of dataloader 0 would go."""
+    device = getattr(model, "device", None)
+    if device is None or not hasattr(model, "transfer_batch_to_device"):  # a plain nn.Module
+        return batch
+    batch = model.on_before_batch_transfer(batch, 0)
+    return model.on_after_batch_transfer(model.transfer_batch_to_device(batch, device, 0), 0)
 
 
 def _tb_value(value: Any) -> bool | int | float | str:

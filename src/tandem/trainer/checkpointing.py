@@ -151,7 +151,7 @@ def find_last_checkpoint(trainer: Trainer) -> str | None:
         if callback.dirpath:
             candidates += glob.glob(os.path.join(callback.dirpath, "last*.ckpt"))
     # The run folder's version changes with each launch; "last" means the newest last.ckpt of any version.
-    roots = [os.path.join(lg.save_dir, lg.name) for lg in trainer.loggers] or [trainer.default_root_dir]
+    roots = [lg.root_dir for lg in trainer.loggers if lg.root_dir is not None] or [trainer.default_root_dir]
     for root in roots:
         candidates += glob.glob(os.path.join(root, "*", "checkpoints", "last*.ckpt"))
         candidates += glob.glob(os.path.join(root, "checkpoints", "last*.ckpt"))

@@ -495,6 +495,7 @@ class Trainer:
                 hparams.update(datamodule.hparams)
             for logger in self.loggers:
                 logger.log_hyperparams(hparams)
+                logger.log_graph(model)  # TensorBoardLogger(log_graph=True) traces model.example_input_array
 
     def _finish(self, fn: str, status: str) -> None:
         module = self.strategy.module
@@ -694,7 +695,8 @@ class Trainer:
 
     @property
     def log_dir(self) -> str:
-        return self.loggers[0].log_dir if self.loggers else self.default_root_dir
+        log_dir = self.loggers[0].log_dir if self.loggers else None  # None: a logger without a local folder
+        return log_dir if log_dir is not None else self.default_root_dir
 
     @property
     def checkpoint_callbacks(self) -> list[Any]:
@@ -903,7 +905,8 @@ def _build_loggers(logger: Any, root: str) -> list[Any]:
     for item in loggers:
         if not isinstance(item, Logger):
             raise TandemConfigError(
-                f"logger={item!r} is not a tandem Logger; pass True, False, a TensorBoardLogger / CSVLogger, or a list."
+                f"logger={item!r} is not a tandem Logger; pass True, False, a Logger (TensorBoardLogger, CSVLogger, "
+                "MLFlowLogger, WandbLogger, a subclass of tandem.loggers.Logger) or a list of them."
             )
     return loggers
 
