@@ -19,6 +19,7 @@ import torch
 from tandem.strategies.side_channel import preemption_vote
 from tandem.trainer.nonfinite import loss_is_finite, nonfinite_parameters
 from tandem.trainer.optimization import Optimization
+from tandem.trainer.replicas import ReplicaCheck
 from tandem.trainer.state import TRAIN, LoopState, StageData
 from tandem.utilities.data import find_sampler, has_len
 from tandem.utilities.preemption import PREEMPTION
@@ -66,6 +67,7 @@ class FitLoop:
         self.data = StageData(TRAIN)
         self.optimization = Optimization()  # the fit's (set when a fit starts)
         self.batch_transfer: Any = None  # the batch-transfer hooks of the module or DataModule, when overridden
+        self.replicas = ReplicaCheck()  # DDP: the ranks' parameters alike, their data not
 
     def __getstate__(self) -> dict[str, Any]:  # ddp_spawn pickles the Trainer, which binds ``preempt`` again
         return {**self.__dict__, "_preempt": None}
@@ -162,6 +164,7 @@ class FitLoop:
             batches = self._agreed_batches(batches, n)
         val_every = self._val_check_batches()
         max_steps = config.max_steps
+        batches = self.replicas.watch_first_batch(strategy, sampler, batches)
         for batch_idx, batch in enumerate(batches, start=loop.batches_done):
             if batch_idx >= n:
                 break
@@ -186,6 +189,7 @@ class FitLoop:
         stop, anywhere = strategy.reduce(torch.tensor([int(context.state.should_stop), int(bool(nonfinite))]), "sum")
         context.state.should_stop = bool(stop > 0)
         context.nonfinite.check_epoch_end(nonfinite, bool(anywhere > 0), loop.epoch, loop.global_step)
+        self.replicas.check_epoch_end(strategy, loop.epoch)
         train_epoch_metrics.update(metrics.epoch_metrics())  # values logged in on_train_epoch_end hooks
         context.sink.log_metrics({**train_epoch_metrics, "epoch": loop.epoch})
         context.sink.save()
