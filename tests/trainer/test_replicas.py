@@ -74,10 +74,11 @@ def _index(module: nn.Module, name: str) -> int:
 
 # ---------------------------------------------------------------------- checksums
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64])
-def test_a_checksum_changes_with_one_bit_and_not_with_the_order(dtype):
+def test_a_checksum_changes_with_one_bit_and_not_with_the_memory_layout(dtype):
     t = torch.randn(64, 16, generator=torch.Generator().manual_seed(0)).to(dtype)
     assert torch.equal(tensor_checksum(t), tensor_checksum(t.clone()))
-    assert torch.equal(tensor_checksum(t), tensor_checksum(t.flip(0).t()))  # any order, a non-contiguous view too
+    assert torch.equal(tensor_checksum(t), tensor_checksum(t.t().contiguous().t()))  # a non-contiguous copy
+    assert torch.equal(tensor_checksum(t[1:]), tensor_checksum(t[1:].clone()))  # a view at an offset
     real = torch.view_as_real(t)[..., 0] if t.is_complex() else t
     nudged = t.clone()
     nudged_real = torch.view_as_real(nudged)[..., 0] if t.is_complex() else nudged
@@ -90,9 +91,19 @@ def test_integer_and_bool_tensors_have_checksums(dtype):
     t = torch.arange(10).to(dtype)
     changed = t.clone()
     changed[0] = True if dtype == torch.bool else 7
-    assert tensor_checksum(t).dtype == torch.int64
+    assert not tensor_checksum(t).is_floating_point()
     assert not torch.equal(tensor_checksum(t), tensor_checksum(changed))
     assert torch.equal(tensor_checksum(torch.tensor(2**62)), tensor_checksum(torch.tensor(2**62)))  # 0-d int64
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.uint8])
+def test_short_elements_at_any_offset_and_count_have_checksums(dtype):
+    t = (torch.arange(11) * 3).to(dtype)
+    for view in (t[1:], t[1:9], t[:9], t[2:]):  # offsets inside a 4-byte word, odd byte counts
+        assert torch.equal(tensor_checksum(view), tensor_checksum(view.clone()))
+        changed = view.clone()
+        changed[-1] += 1
+        assert not torch.equal(tensor_checksum(view), tensor_checksum(changed))
 
 
 def test_a_large_tensor_checksum_reads_evenly_spaced_elements():

@@ -7,9 +7,9 @@ Where tandem looks, only for a strategy whose processes hold identical replicas
 processes; one process does no work at all:
 
 - **Parameters and buffers, at each training epoch's end and before each checkpoint is built.** One checksum a
-  tensor (the sum of its elements' bit patterns: equal for bitwise-equal tensors, whatever the order of the
-  reduction, so no tolerance is needed and none can hide a divergence), one small all-gather of those numbers,
-  one read. A difference is a :class:`ReplicasDivergedError` on every rank (every rank sees the same gathered
+  tensor (the wrapping integer sum of its bits read as 32-bit words: equal for bitwise-equal tensors whatever the
+  order of the reduction, so no tolerance is needed and none can hide a divergence; as fast as a float sum), one
+  small all-gather of those numbers, one read. A difference is a :class:`ReplicasDivergedError` on every rank (every rank sees the same gathered
   numbers and takes the same decision) naming the first tensor that differs and the ranks whose copy differs.
   DDP reduces gradients only inside its backward, so the ranks' parameters stay bitwise equal; the usual causes
   of a difference are named in the error.
@@ -45,8 +45,7 @@ if TYPE_CHECKING:
 _RUNNING_STATS = ("running_mean", "running_var")
 #: elements of one batch tensor read for its checksum (evenly spaced; more are skipped)
 _BATCH_ELEMENTS = 1 << 20
-_INTEGER_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32}
-_SUMMED_AS_THEY_ARE = (torch.uint8, torch.int8, torch.int16, torch.int32)
+_INTEGER_OF_SIZE = {1: torch.int8, 2: torch.int16}
 _NO_BATCH = torch.zeros(3, dtype=torch.int64)  # the batch slot of a rank that did not fingerprint its batch
 _SHOWN = 5  # further differing names listed in a message
 
@@ -57,32 +56,36 @@ def checks_replicas(strategy: Strategy) -> bool:
 
 
 # ---------------------------------------------------------------------- checksums (no processes)
-def _bits(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor``'s elements as integers of at most 4 bytes holding the same bits (a view when possible)."""
-    tensor = tensor.detach()
-    if tensor.is_complex():
-        tensor = torch.view_as_real(tensor)
-    if tensor.dtype == torch.bool:
-        return tensor.view(torch.uint8)
-    if tensor.dtype in _SUMMED_AS_THEY_ARE:
-        return tensor
-    if tensor.element_size() > 4:  # float64, int64: two int32 halves (summing int64 could overflow)
-        return tensor.reshape(-1).view(torch.int32)
-    return tensor.view(_INTEGER_OF_SIZE[tensor.element_size()])
-
-
 def tensor_checksum(tensor: torch.Tensor, max_elements: int | None = None) -> torch.Tensor:
-    """The sum of ``tensor``'s elements' bit patterns, as an int64 tensor on its device: equal for bitwise-equal
-    tensors, whatever order the reduction runs in; one changed bit changes it. One pass over the tensor.
+    """The wrapping integer sum of ``tensor``'s bytes read as 32-bit words (64-bit ones for 8-byte dtypes), a
+    0-d integer tensor on its device: equal for bitwise-equal tensors whatever order the reduction runs in (integer
+    addition is exact), different after any one-bit change. One pass over the tensor, in its own integer type
+    (as fast as a float sum).
 
     Args:
         tensor: any dtype (floating point, complex, integer or bool).
         max_elements: read only this many evenly spaced elements of a larger tensor (None: all).
     """
-    bits = _bits(tensor)
-    if max_elements is not None and bits.numel() > max_elements:
-        bits = bits.reshape(-1)[:: -(-bits.numel() // max_elements)]
-    return bits.sum(dtype=torch.int64)
+    flat = tensor.detach()
+    if flat.is_complex():
+        flat = torch.view_as_real(flat)
+    if max_elements is not None and flat.numel() > max_elements:
+        flat = flat.reshape(-1)[:: -(-flat.numel() // max_elements)]
+    if flat.dtype == torch.bool:
+        flat = flat.view(torch.uint8)
+    size = flat.element_size()
+    if size == 4:  # float32, int32: a view of any layout
+        return flat.view(torch.int32).sum(dtype=torch.int32)
+    if size == 8:
+        return flat.view(torch.int64).sum()
+    flat = flat.reshape(-1)  # a view, unless it is not contiguous
+    if flat.numel() * size % 4:  # an odd number of 2-byte or of 1-byte elements: one by one
+        return flat.view(_INTEGER_OF_SIZE[size]).sum(dtype=torch.int32)
+    flat = flat.contiguous()
+    try:  # four bytes at a time
+        return flat.view(torch.int32).sum(dtype=torch.int32)
+    except RuntimeError:  # it starts inside a word of its storage: a copy that starts at a word
+        return flat.clone().view(torch.int32).sum(dtype=torch.int32)
 
 
 def replicated_tensors(module: nn.Module) -> list[tuple[str, str, torch.Tensor]]:
@@ -101,12 +104,15 @@ def replicated_tensors(module: nn.Module) -> list[tuple[str, str, torch.Tensor]]
 
 
 def module_checksums(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """One int64 checksum per tensor, in one vector on the first tensor's device (empty: a CPU vector)."""
+    """One checksum per tensor (:func:`tensor_checksum`), in one int64 vector on the first tensor's device (no
+    tensors: an empty CPU vector)."""
     if not tensors:
         return torch.zeros(0, dtype=torch.int64)
     sums = [tensor_checksum(t) for t in tensors]
     device = sums[0].device
-    return torch.stack([s.to(device) for s in sums])
+    if any(s.device != device for s in sums):  # a module spread over devices (rare)
+        sums = [s.to(device) for s in sums]
+    return torch.stack(sums).long()
 
 
 def batch_fingerprint(batch: Any) -> torch.Tensor:
@@ -116,7 +122,7 @@ def batch_fingerprint(batch: Any) -> torch.Tensor:
     apply_to_collection(batch, torch.Tensor, tensors.append)
     if not tensors:
         return _NO_BATCH
-    sums = torch.stack([tensor_checksum(t, _BATCH_ELEMENTS).cpu() for t in tensors])
+    sums = torch.stack([tensor_checksum(t, _BATCH_ELEMENTS).cpu().long() for t in tensors])
     sizes = torch.tensor([t.numel() for t in tensors], dtype=torch.int64)
     weights = torch.arange(1, 2 * len(tensors), 2, dtype=torch.int64)  # odd: a tensor's place counts
     return torch.stack([torch.tensor(1), sizes.sum(), (sums * weights + sizes).sum()])
