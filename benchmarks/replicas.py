@@ -9,6 +9,7 @@ for two models of about 1M parameters: ``wide`` (4 x Linear(512, 512) and a clas
 of ``--calls`` calls each:
 
     checksums     the local pass alone (every rank's share of the work)
+    all_gather    the collective alone: ``strategy.all_gather`` of as many numbers (with tandem's collective check)
     epoch end     ``ReplicaCheck.check_epoch_end``: checksums, the all-gather, the comparison
     before save   ``check_replicas``: the same, without the batch slot
     first batch   the checksum of one batch of 64 x 512 float32 inputs and 64 labels
@@ -118,6 +119,7 @@ def measure(
     batch = (torch.randn(64, FEATURES), torch.randint(0, 10, (64,)))
     calls_by_name = {
         "checksums": lambda: module_checksums(tensors),
+        "all_gather": lambda: strategy.all_gather(torch.zeros(len(tensors) + 3, dtype=torch.int64)),
         "epoch end": lambda: check.check_epoch_end(strategy, 0),
         "before save": lambda: check_replicas(strategy, "now"),
         "first batch": lambda: batch_fingerprint(batch),
