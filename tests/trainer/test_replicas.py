@@ -122,11 +122,13 @@ def test_a_batch_fingerprint_covers_every_tensor_of_the_batch():
     assert batch_fingerprint(["no", "tensors"]).tolist() == [0, 0, 0]
 
 
-def test_normalization_running_statistics_are_not_compared_unless_synced():
+def test_normalization_and_quantization_statistics_are_not_compared_unless_synced():
     names = [n for _, n, _ in replicated_tensors(WithBuffers())]
     assert names == ["linear.weight", "linear.bias", "norm.weight", "norm.bias", "seen", "norm.num_batches_tracked"]
     names = [n for _, n, _ in replicated_tensors(WithBuffers(nn.SyncBatchNorm))]
     assert "norm.running_mean" in names and "norm.running_var" in names
+    quantized = nn.Sequential(nn.Linear(4, 4), torch.ao.quantization.FakeQuantize())  # quantization-aware training
+    assert [n for _, n, _ in replicated_tensors(quantized)] == ["0.weight", "0.bias"]
     kinds = {n: k for k, n, _ in replicated_tensors(WithBuffers())}
     assert kinds["linear.weight"] == "parameter" and kinds["seen"] == "buffer"
 

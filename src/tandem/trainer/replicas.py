@@ -9,19 +9,21 @@ processes; one process does no work at all:
 - **Parameters and buffers, at each training epoch's end and before each checkpoint is built.** One checksum a
   tensor (the wrapping integer sum of its bits read as 32-bit words: equal for bitwise-equal tensors whatever the
   order of the reduction, so no tolerance is needed and none can hide a divergence; as fast as a float sum), one
-  small all-gather of those numbers, one read. A difference is a :class:`ReplicasDivergedError` on every rank (every rank sees the same gathered
-  numbers and takes the same decision) naming the first tensor that differs and the ranks whose copy differs.
-  DDP reduces gradients only inside its backward, so the ranks' parameters stay bitwise equal; the usual causes
-  of a difference are named in the error.
+  small all-gather of those numbers, one read. A difference is a :class:`ReplicasDivergedError` on every rank
+  (every rank sees the same gathered numbers and takes the same decision) naming the first tensor that differs
+  and the ranks whose copy differs. DDP averages the gradients in backward, so the ranks' parameters stay
+  bitwise equal; the usual causes of a difference are named in the error.
 - **The first training batch of each epoch,** when no DistributedSampler splits the training data (an
   ``IterableDataset``, or ``use_distributed_sampler=False`` with a sampler of the user's): a checksum of every
   tensor in the batch travels with the epoch end's all-gather. Equal on every rank means the ranks train on the
   same data; that is a one-time warning (rank 0), since a user may mean it.
 
-Not compared: the running statistics of BatchNorm and InstanceNorm layers (``running_mean``, ``running_var``).
-Each rank updates them from its own batches in each training forward; DDP copies rank 0's buffers to every rank
-at the start of the next training forward (``broadcast_buffers``), so they differ at an epoch's end by design,
-and the checkpoint holds rank 0's. ``SyncBatchNorm`` computes them from every rank's batch: those are compared.
+Not compared: statistics that each rank updates from its own batches in every training forward, by design. The
+running statistics of BatchNorm and InstanceNorm layers (``running_mean``, ``running_var``) and the buffers of
+quantization observers and fake-quantize modules (quantization-aware training): DDP copies rank 0's buffers to
+every rank at the start of the next training forward (``broadcast_buffers``), so they differ at an epoch's end
+and the checkpoint holds rank 0's. ``SyncBatchNorm`` computes its statistics from every rank's batch: those are
+compared.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
+from torch.ao.quantization import FakeQuantizeBase, ObserverBase
 from torch.utils.data import DistributedSampler
 
 from tandem.utilities.exceptions import ReplicasDivergedError
@@ -90,14 +93,17 @@ def tensor_checksum(tensor: torch.Tensor, max_elements: int | None = None) -> to
 
 def replicated_tensors(module: nn.Module) -> list[tuple[str, str, torch.Tensor]]:
     """``(kind, name, tensor)`` of every parameter and buffer that must be identical on every rank, kind being
-    "parameter" or "buffer", in the module's order (the same on every rank). Leaves out the running statistics
-    of normalization layers that each rank updates from its own batches (see the module docstring)."""
-    local = {
-        f"{prefix}.{name}" if prefix else name
-        for prefix, layer in module.named_modules()
-        if isinstance(layer, nn.modules.batchnorm._NormBase) and not isinstance(layer, nn.SyncBatchNorm)
-        for name in _RUNNING_STATS
-    }
+    "parameter" or "buffer", in the module's order (the same on every rank). Leaves out the statistics that each
+    rank updates from its own batches in every training forward (see the module docstring)."""
+    local = set()
+    for prefix, layer in module.named_modules():
+        if isinstance(layer, nn.modules.batchnorm._NormBase) and not isinstance(layer, nn.SyncBatchNorm):
+            owned: Sequence[str] = _RUNNING_STATS
+        elif isinstance(layer, (ObserverBase, FakeQuantizeBase)):
+            owned = [name for name, _ in layer.named_buffers(recurse=False)]
+        else:
+            continue
+        local.update(f"{prefix}.{name}" if prefix else name for name in owned)
     found = [("parameter", name, p) for name, p in module.named_parameters()]
     found += [("buffer", name, b) for name, b in module.named_buffers() if name not in local]
     return [(kind, name, t) for kind, name, t in found if not t.is_meta]
