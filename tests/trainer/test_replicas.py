@@ -212,13 +212,16 @@ def test_one_process_and_sharded_replicas_cost_nothing(monkeypatch, tmp_path):
     class Sharded(TwoRanks):
         identical_replicas = False
 
-    strategy = Sharded(WithBuffers())
-    check = ReplicaCheck()
-    batches = iter(loader())
-    assert check.watch_first_batch(strategy, None, batches) is batches
-    check.check_epoch_end(strategy, 0)
-    check_replicas(strategy, "before saving a checkpoint")
-    assert strategy.gathers == 0
+    class OneRank(TwoRanks):
+        world_size = 1
+
+    for strategy in (Sharded(WithBuffers()), OneRank(WithBuffers())):
+        check = ReplicaCheck()
+        batches = iter(loader())
+        assert check.watch_first_batch(strategy, None, batches) is batches
+        check.check_epoch_end(strategy, 0)
+        check_replicas(strategy, "before saving a checkpoint")
+        assert strategy.gathers == 0
 
 
 def test_only_ddp_declares_identical_replicas():
