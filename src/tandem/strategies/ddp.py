@@ -60,6 +60,7 @@ class DDPStrategy(ParallelStrategy):
     """
 
     name = "ddp"
+    identical_replicas = True
 
     def __init__(
         self,

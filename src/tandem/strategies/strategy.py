@@ -90,6 +90,9 @@ class Strategy:
     max_devices: ClassVar[int | None] = 1
     #: whether ``training_step`` may step the optimizers itself (manual optimization)
     supports_manual_optimization: ClassVar[bool] = True
+    #: whether every process holds the whole module and all must stay identical (DDP; not FSDP's shards): with
+    #: several processes the Trainer then compares them at epoch ends and saves (:mod:`tandem.trainer.replicas`)
+    identical_replicas: ClassVar[bool] = False
 
     def __init__(
         self,

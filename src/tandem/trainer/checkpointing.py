@@ -7,6 +7,7 @@ import glob
 import os
 from typing import TYPE_CHECKING, Any
 
+from tandem.trainer.replicas import check_replicas
 from tandem.utilities.checkpoint import CHECKPOINT_MARKER, remove_stale_temporaries_in
 from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError
 from tandem.utilities.rank_zero import rank_zero_warn
@@ -21,7 +22,8 @@ def checkpoint_state(trainer: Trainer, weights_only: bool = False) -> dict[str, 
     """What a checkpoint holds, built on every rank: the weights and hparams, and unless ``weights_only`` the
     loop state, every optimizer and scheduler, the precision's scaler, callbacks, RNG states, DataModule.
     ``weights_only`` weights are always whole (gathered under FSDP, whatever its ``state_dict_type``): a file
-    to load into a plain module."""
+    to load into a plain module. DDP's ranks are first checked to hold the same weights (rank 0's are saved)."""
+    check_replicas(trainer.strategy, "before saving a checkpoint")
     module, strategy = trainer.strategy.module, trainer.strategy
     checkpoint: dict[str, Any] = {
         CHECKPOINT_MARKER: __version__,

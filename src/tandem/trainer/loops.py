@@ -19,6 +19,7 @@ import torch
 from tandem.strategies.side_channel import preemption_vote
 from tandem.trainer.nonfinite import loss_is_finite, nonfinite_parameters
 from tandem.trainer.optimization import Optimization
+from tandem.trainer.replicas import ReplicaCheck
 from tandem.trainer.state import TRAIN, LoopState, StageData
 from tandem.utilities.data import find_sampler, has_len
 from tandem.utilities.preemption import PREEMPTION
@@ -66,6 +67,7 @@ class FitLoop:
         self.data = StageData(TRAIN)
         self.optimization = Optimization()  # the fit's (set when a fit starts)
         self.batch_transfer: Any = None  # the batch-transfer hooks of the module or DataModule, when overridden
+        self.replicas = ReplicaCheck()  # DDP: the ranks' parameters alike, their data not
         # reload_dataloaders_every_n_epochs: builds the fit's loaders again (the module's / DataModule's hooks)
         self.reload_data: Callable[[], None] | None = None
         self._loaded_at = 0  # the epoch the loaders were built for
@@ -187,6 +189,7 @@ class FitLoop:
         # check_val_every_n_epoch=None: val_check_interval counts the batches of the whole fit (Lightning's rule)
         offset = loop.batches_in_earlier_epochs if config.check_val_every_n_epoch is None else 0
         max_steps = config.max_steps
+        batches = self.replicas.watch_first_batch(strategy, sampler, batches)
         for batch_idx, batch in enumerate(batches, start=loop.batches_done):
             if batch_idx >= n:
                 break
@@ -214,6 +217,7 @@ class FitLoop:
         stop, anywhere = strategy.reduce(torch.tensor([int(context.state.should_stop), int(bool(nonfinite))]), "sum")
         context.state.should_stop = bool(stop > 0)
         context.nonfinite.check_epoch_end(nonfinite, bool(anywhere > 0), loop.epoch, loop.global_step)
+        self.replicas.check_epoch_end(strategy, loop.epoch)
         train_epoch_metrics.update(metrics.epoch_metrics())  # values logged in on_train_epoch_end hooks
         loop.logger_step = loop.batches_stepped  # the epoch's values, after its validation's (Lightning's steps)
         context.sink.log_metrics(train_epoch_metrics)  # nothing logged for the epoch: no row (not an epoch-only one)

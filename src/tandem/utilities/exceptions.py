@@ -58,6 +58,11 @@ class Preempted(SystemExit):  # noqa: N818 (Lightning's SIGTERMException is a Sy
         return self.message
 
 
+class ReplicasDivergedError(RuntimeError):
+    """The DDP ranks hold different parameters or buffers, which must be identical on every rank (raised on every
+    rank, naming the first tensor that differs; see :mod:`tandem.trainer.replicas`)."""
+
+
 class NonFiniteError(FloatingPointError):
     """Training produced NaN or inf: in the loss, or in the parameters (``Trainer(on_nonfinite="raise")``)."""
 
