@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+import tandem.callbacks.progress_bar as progress_bar_module
 from callbacks._fake import fake_trainer
 from helpers import quiet_trainer
 from tandem.callbacks import ProgressBar, RichProgressBar, TQDMProgressBar
@@ -25,7 +26,8 @@ def test_the_trainers_default_bar_is_a_tqdm_progress_bar_and_a_given_one_is_kept
     ] == [old]
 
 
-def test_process_position_moves_the_bars_down(capsys):
+def test_process_position_moves_the_bars_down(capsys, monkeypatch):
+    monkeypatch.setattr(progress_bar_module, "_is_terminal", lambda file: True)  # bars drawn in place
     bar = TQDMProgressBar(process_position=2)
     trainer = fake_trainer(".")
     bar.on_train_epoch_start(trainer, None)

@@ -140,9 +140,9 @@ def test_sharding_follows_distributed_sampler_kwargs(monkeypatch):
 def test_a_sharded_checkpoint_directory_is_refused_by_a_strategy_that_does_not_shard(tmp_path):
     folder = tmp_path / "last.ckpt"
     folder.mkdir()
+    (folder / "shard").write_text("x")  # not empty (an empty folder is called empty)
     with pytest.raises(CheckpointError, match="strategy='single_device' cannot load. Load it with strategy='fsdp'"):
         SingleDeviceStrategy("cpu").load_checkpoint(folder)
-    (folder / "shard").write_text("x")
     SingleDeviceStrategy("cpu").remove_checkpoint(folder)
     assert not folder.exists()
 
