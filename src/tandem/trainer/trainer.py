@@ -8,7 +8,7 @@ import inspect
 import math
 import os
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -29,8 +29,9 @@ from tandem.trainer.nonfinite import NonFiniteGuard, check_reaction, nonfinite_p
 from tandem.trainer.optim import LRSchedulerConfig
 from tandem.trainer.optimization import configure_optimization
 from tandem.trainer.state import LoopState, TrainerState
+from tandem.trainer.trial import Trial, TrialParts, open_trial
 from tandem.utilities.checkpoint import to_weights_only
-from tandem.utilities.exceptions import Preempted, TandemConfigError, TandemUserCodeError, incompatible
+from tandem.utilities.exceptions import Preempted, TandemConfigError, TandemUserCodeError, TunerExit, incompatible
 from tandem.utilities.rank_zero import rank_zero_info, rank_zero_print, rank_zero_warn
 
 
@@ -232,6 +233,8 @@ class Trainer:
         self.fit_loop = FitLoop(context, self._evaluation, _preemption_stop(self), loop_state)
         self._module: TrainingModule | None = None  # the module of the latest run (validate() without a model)
         self._ckpt_path: str | None = None
+        # the fit's loader builder, and whether its training loaders come from the module's / DataModule's hooks
+        self._fit_data: tuple[Any, bool] = (None, False)
 
     def __setstate__(self, state: dict[str, Any]) -> None:  # a ddp_spawn rank's copy: its loop stops this copy
         self.__dict__.update(state)
@@ -404,6 +407,10 @@ class Trainer:
                     result = None
                 else:
                     result = self._evaluation.run(fn)
+            except TunerExit:  # a Tuner's search is done (it put the state back): the fit ends there, finished
+                self.state.status = "finished"
+                self._finish(fn, "success")
+                return None
             except BaseException as exception:
                 self.state.status = "interrupted"
                 self._hooks.call("on_exception", exception)
@@ -433,6 +440,36 @@ class Trainer:
                 model = LargeModel()
         """
         return self.strategy.tensor_init_context(empty_init)
+
+    def trial(
+        self, callbacks: Sequence[Callback] = (), max_steps: int = 100
+    ) -> contextlib.AbstractContextManager[Trial]:
+        """Short training runs inside the running fit that leave no trace: the tuner's searches
+        (``LearningRateFinder``, ``BatchSizeFinder``) run in one. Call it from a callback hook of a fit
+        (``on_fit_start``, ``on_train_epoch_start``), on every rank.
+
+        On entry the fit's state is saved to a temporary checkpoint in ``default_root_dir``. In the block,
+        ``trial.run()`` trains from that point, at most ``max_steps`` optimizer steps (``max_epochs`` does not cut
+        it short), calling only ``callbacks`` (and the module's hooks): no loggers, progress bar or other callbacks,
+        no sanity check or validation, no lr scheduler of the module, and NaN or inf is not acted on (a range test
+        drives the loss to diverge). ``trial.reload_data()`` builds the training loaders again from the module's
+        or DataModule's hooks (``trial.reloadable`` says whether they come from there). On exit, error or not,
+        everything comes back: settings, callbacks, loggers, and from the checkpoint the weights, optimizers,
+        schedulers, callbacks' state and loop counters; the RNG states are as on entry. Loaders rebuilt in the
+        block are built again with the hyperparameters the block left (e.g. the batch size found).
+
+        Example::
+
+            class Search(Callback):
+                def on_fit_start(self, trainer, module):
+                    with trainer.trial([recorder], max_steps=20) as trial:
+                        trial.run()
+        """
+        load_data, from_hooks = self._fit_data if self.state.fn == "fit" else (None, False)
+        parts = TrialParts(
+            self._config, self._hooks, self._nonfinite, self._evaluation, self._metrics, load_data, from_hooks
+        )
+        return open_trial(self, parts, callbacks, max_steps)
 
     # ================================================================== set-up
     def _setup(self, fn: str, model: TrainingModule, train: Any, evaluation: Any, datamodule: Any) -> None:
@@ -481,6 +518,8 @@ class Trainer:
 
         load_data()
         self.fit_loop.reload_data = load_data if fn == "fit" and self.reload_dataloaders_every_n_epochs else None
+        if fn == "fit":  # a trial (the tuner's batch size search) builds the loaders again
+            self._fit_data = (load_data, train is None)
         self.fit_loop.batch_transfer = self._evaluation.batch_transfer = data.batch_transfer(
             self.strategy, model, datamodule
         )
