@@ -73,7 +73,7 @@ def test_linear_mode_spaces_rates_evenly_and_a_diverging_loss_stops_the_search(t
     torch.manual_seed(0)
     model = Regression()
     trainer = quiet_trainer(max_epochs=1, default_root_dir=tmp_path)
-    finder = Tuner(trainer).lr_find(model, min_lr=0.01, max_lr=10.0, num_training=50, mode="linear")
+    finder = Tuner(trainer).lr_find(model, min_lr=0.01, max_lr=10.0, num_training=50, mode="linear", update_attr=False)
     lrs = finder.results["lr"]
     gaps = [b - a for a, b in zip(lrs, lrs[1:])]
     assert lrs[0] == 0.01 and all(math.isclose(g, 9.99 / 49) for g in gaps)

@@ -31,7 +31,6 @@ class _Search:
     def fits(self, size: int) -> bool:
         """Train a trial at ``size``: False when it ran out of memory (any other error is raised)."""
         self.set(size)
-        garbage_collection_cuda()
         try:
             self.trial.run()
         except RuntimeError as exception:
