@@ -233,8 +233,8 @@ class Trainer:
         self.fit_loop = FitLoop(context, self._evaluation, _preemption_stop(self), loop_state)
         self._module: TrainingModule | None = None  # the module of the latest run (validate() without a model)
         self._ckpt_path: str | None = None
-        # the fit's loader builder, and whether its training loaders come from the module's / DataModule's hooks
-        self._fit_data: tuple[Any, bool] = (None, False)
+        # what the latest fit's loaders were built from (train, evaluation, datamodule): a trial builds them again
+        self._fit_sources: tuple[Any, Any, Any] | None = None
 
     def __setstate__(self, state: dict[str, Any]) -> None:  # a ddp_spawn rank's copy: its loop stops this copy
         self.__dict__.update(state)
@@ -465,7 +465,10 @@ class Trainer:
                     with trainer.trial([recorder], max_steps=20) as trial:
                         trial.run()
         """
-        load_data, from_hooks = self._fit_data if self.state.fn == "fit" else (None, False)
+        load_data, from_hooks = None, False
+        if self.state.fn == "fit" and self._fit_sources is not None and self._module is not None:
+            load_data = functools.partial(self._load_data, "fit", self._module, *self._fit_sources)
+            from_hooks = self._fit_sources[0] is None
         parts = TrialParts(
             self._config, self._hooks, self._nonfinite, self._evaluation, self._metrics, load_data, from_hooks
         )
@@ -508,18 +511,11 @@ class Trainer:
         self._evaluation.seen_batches.clear()
         self.strategy.setup(model)
 
-        def load_data() -> None:
-            train_data, stage, eval_data = data.stage_records(
-                fn, model, train, evaluation, datamodule, self.strategy, self._config
-            )
-            if train_data is not None:
-                self.fit_loop.data = train_data
-            self._evaluation.records[stage] = eval_data  # the other stages keep theirs (num_val_batches after a test)
-
+        load_data = functools.partial(self._load_data, fn, model, train, evaluation, datamodule)
         load_data()
         self.fit_loop.reload_data = load_data if fn == "fit" and self.reload_dataloaders_every_n_epochs else None
         if fn == "fit":  # a trial (the tuner's batch size search) builds the loaders again
-            self._fit_data = (load_data, train is None)
+            self._fit_sources = (train, evaluation, datamodule)
         self.fit_loop.batch_transfer = self._evaluation.batch_transfer = data.batch_transfer(
             self.strategy, model, datamodule
         )
@@ -534,6 +530,15 @@ class Trainer:
                 hparams.update(datamodule.hparams)
             for logger in self.loggers:
                 logger.log_hyperparams(hparams)
+
+    def _load_data(self, fn: str, model: TrainingModule, train: Any, evaluation: Any, datamodule: Any) -> None:
+        """Build the stage's loaders (again): given ones processed for the strategy, else from the hooks."""
+        train_data, stage, eval_data = data.stage_records(
+            fn, model, train, evaluation, datamodule, self.strategy, self._config
+        )
+        if train_data is not None:
+            self.fit_loop.data = train_data
+        self._evaluation.records[stage] = eval_data  # the other stages keep theirs (num_val_batches after a test)
 
     def _finish(self, fn: str, status: str) -> None:
         module = self.strategy.module
