@@ -140,3 +140,42 @@ def killed_mid_save(root: Path, kind: str) -> Path:
 def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+
+
+def regression_data(n: int = 1024, seed: int = 0) -> TensorDataset:
+    """A noisy linear target of 4 features: the learning-rate range test's problem."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 4, generator=g)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.1 * torch.randn(n, 1, generator=g)
+    return TensorDataset(x, y)
+
+
+class Regression(tandem.TrainingModule):
+    """A linear regression whose ``lr`` and ``batch_size`` are hyperparameters its hooks read (what the tuner
+    sets). With ``fits_up_to``, a training batch larger than that raises an out-of-memory error (``oom``: "torch",
+    a ``torch.OutOfMemoryError``; "message", a RuntimeError with CUDA's message), as a device of that size would."""
+
+    def __init__(
+        self, lr: float = 0.01, batch_size: int = 64, n: int = 1024, fits_up_to: int | None = None, oom="torch"
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = nn.Linear(4, 1)
+        self.tried: list[int] = []  # the batch sizes training_step saw, in order
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        self.tried.append(len(x))
+        limit = self.hparams.fits_up_to
+        if limit is not None and len(x) > limit:
+            message = f"CUDA out of memory. Tried to allocate {len(x)} MiB (simulated: batches above {limit})"
+            raise torch.OutOfMemoryError(message) if self.hparams.oom == "torch" else RuntimeError(message)
+        loss = F.mse_loss(self.net(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+    def train_dataloader(self):
+        return DataLoader(regression_data(self.hparams.n), batch_size=self.hparams.batch_size, shuffle=True)

@@ -17,14 +17,17 @@ from tandem.core import DataModule as CoreDataModule, TrainingModule as CoreTrai
 from tandem.trainer import Trainer as TrainerFromTrainer
 from tandem.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from tandem.utilities.seed import seed_everything as seed_from_utilities
+assert "tandem.tuner" not in sys.modules  # imported only when used
 from tandem.callbacks import (
-    BackboneFinetuning, BaseFinetuning, BasePredictionWriter, Callback as CallbackFromCallbacks, DeviceStatsMonitor,
-    EarlyStopping, EMAWeightAveraging, GradientAccumulationScheduler, LambdaCallback, LearningRateMonitor,
+    BackboneFinetuning, BaseFinetuning, BasePredictionWriter, BatchSizeFinder, Callback as CallbackFromCallbacks,
+    DeviceStatsMonitor, EarlyStopping, EMAWeightAveraging, GradientAccumulationScheduler, LambdaCallback,
+    LearningRateFinder, LearningRateMonitor,
     ModelCheckpoint, ModelSummary, OnExceptionCheckpoint, ProgressBar, RichModelSummary, RichProgressBar,
     StochasticWeightAveraging, ThroughputMonitor, Timer, TQDMProgressBar, WeightAveraging,
 )
 assert "psutil" not in sys.modules  # imported only when CPU statistics are read
 from tandem.loggers import CSVLogger, Logger, TensorBoardLogger
+from tandem.tuner import Tuner
 from tandem.strategies import DDPStrategy, DataParallelStrategy, SingleDeviceStrategy, Strategy
 assert "rich" not in sys.modules
 assert CoreTrainingModule is TrainingModule and CoreDataModule is DataModule and TrainerFromTrainer is Trainer

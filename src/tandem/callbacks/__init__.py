@@ -4,12 +4,14 @@ The names and arguments are Lightning's (``lightning.pytorch.callbacks``). ``Ric
 ``RichModelSummary`` need the ``rich`` package, imported only when they are used.
 """
 
+from tandem.callbacks.batch_size_finder import BatchSizeFinder
 from tandem.callbacks.callback import Callback
 from tandem.callbacks.device_stats_monitor import DeviceStatsMonitor
 from tandem.callbacks.early_stopping import EarlyStopping
 from tandem.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from tandem.callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
 from tandem.callbacks.lambda_function import LambdaCallback
+from tandem.callbacks.lr_finder import LearningRateFinder
 from tandem.callbacks.lr_monitor import LearningRateMonitor
 from tandem.callbacks.model_checkpoint import ModelCheckpoint
 from tandem.callbacks.model_summary import ModelSummary
@@ -28,12 +30,14 @@ __all__ = [
     "BackboneFinetuning",
     "BaseFinetuning",
     "BasePredictionWriter",
+    "BatchSizeFinder",
     "Callback",
     "DeviceStatsMonitor",
     "EMAWeightAveraging",
     "EarlyStopping",
     "GradientAccumulationScheduler",
     "LambdaCallback",
+    "LearningRateFinder",
     "LearningRateMonitor",
     "ModelCheckpoint",
     "ModelSummary",

@@ -50,10 +50,11 @@ def checkpoint_state(trainer: Trainer, weights_only: bool = False) -> dict[str, 
     return checkpoint
 
 
-def restore(trainer: Trainer, ckpt_path: str | os.PathLike, fn: str) -> str | None:
+def restore(trainer: Trainer, ckpt_path: str | os.PathLike, fn: str, rng: bool = True) -> str | None:
     """Load the weights; for ``fit``, everything the run needs to continue exactly. Returns the file loaded
     (None when ``ckpt_path="last"`` found none). Rank 0 first removes the temporaries that killed saves left in
-    the checkpoint's folder (only those whose writer is gone)."""
+    the checkpoint's folder (only those whose writer is gone). ``rng=False``: the RNG states saved are not
+    brought back (a tuner's search keeps the RNG as it was itself)."""
     path = resolve_ckpt_path(trainer, ckpt_path, fn)
     if path is None:
         return None
@@ -85,7 +86,8 @@ def restore(trainer: Trainer, ckpt_path: str | os.PathLike, fn: str) -> str | No
             "with the configure_optimizers the checkpoint was trained with."
         )
     # mid-epoch: the epoch's partial metric sums come back too; the RNG states where the loop reaches their point
-    trainer.fit_loop.load_state_dict(checkpoint["loops"], checkpoint.get("train_metrics"), checkpoint.get("rng_states"))
+    rng_states = checkpoint.get("rng_states") if rng else None
+    trainer.fit_loop.load_state_dict(checkpoint["loops"], checkpoint.get("train_metrics"), rng_states)
     for optimizer, state in zip(optimizers, saved):
         trainer.strategy.load_optimizer_state(optimizer, state)
     for config, state in zip(schedulers, checkpoint["lr_schedulers"]):

@@ -105,7 +105,8 @@ class FitLoop:
         )
 
     # ------------------------------------------------------------------ the fit
-    def run(self) -> None:
+    def run(self, announce: bool = True) -> None:
+        """The fit from where :attr:`state` is; ``announce``: say why it stopped (a search's trials do not)."""
         context = self.context
         self._loaded_at, self._stop_agreed = self.state.epoch, False
         if self._done():  # before any work: a finished Trainer fit again, or max_epochs / max_steps of 0
@@ -120,7 +121,8 @@ class FitLoop:
             if PREEMPTION.signum is not None and not self._done():
                 self._stop_if_preempted(epoch_end=True)
         context.hooks.call("on_train_end")
-        rank_zero_info(f"`Trainer.fit` stopped: {self._stop_reason()}")
+        if announce:
+            rank_zero_info(f"`Trainer.fit` stopped: {self._stop_reason()}")
 
     def _stop_reason(self) -> str:
         """Why :meth:`_done` ended the fit, in Lightning's words and order."""

@@ -24,9 +24,10 @@ writes a checkpoint whose parameters are not finite: such a save is skipped with
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -86,7 +87,19 @@ class NonFiniteGuard:
     def __init__(self, reaction: str, strategy: Strategy, config: TrainerConfig) -> None:
         self.reaction = check_reaction(reaction)
         self._strategy, self._config = strategy, config
+        self._paused = False
         self.reset()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Act on nothing found in the block, and forget it after: a search that drives the loss to diverge on
+        purpose (the tuner's learning-rate range test) runs inside."""
+        saved = dict(self.__dict__)
+        self._paused = True
+        try:
+            yield
+        finally:
+            self.__dict__.update(saved)
 
     def reset(self) -> None:
         """A new fit: nothing found yet."""
@@ -158,6 +171,8 @@ class NonFiniteGuard:
         return self._strategy.precision.precision
 
     def _react(self, found: str) -> None:
+        if self._paused:
+            return
         if self.reaction == "raise":
             raise non_finite(found, self._precision)
         if self.found is None:  # warn once per fit; each skipped checkpoint warns on its own

@@ -8,7 +8,7 @@ import inspect
 import math
 import os
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -29,8 +29,9 @@ from tandem.trainer.nonfinite import NonFiniteGuard, check_reaction, nonfinite_p
 from tandem.trainer.optim import LRSchedulerConfig
 from tandem.trainer.optimization import configure_optimization
 from tandem.trainer.state import LoopState, TrainerState
+from tandem.trainer.trial import Trial, TrialParts, open_trial
 from tandem.utilities.checkpoint import to_weights_only
-from tandem.utilities.exceptions import Preempted, TandemConfigError, TandemUserCodeError, incompatible
+from tandem.utilities.exceptions import Preempted, TandemConfigError, TandemUserCodeError, TunerExit, incompatible
 from tandem.utilities.rank_zero import rank_zero_info, rank_zero_print, rank_zero_warn
 
 
@@ -232,6 +233,8 @@ class Trainer:
         self.fit_loop = FitLoop(context, self._evaluation, _preemption_stop(self), loop_state)
         self._module: TrainingModule | None = None  # the module of the latest run (validate() without a model)
         self._ckpt_path: str | None = None
+        # what the latest fit's loaders were built from (train, evaluation, datamodule): a trial builds them again
+        self._fit_sources: tuple[Any, Any, Any] | None = None
 
     def __setstate__(self, state: dict[str, Any]) -> None:  # a ddp_spawn rank's copy: its loop stops this copy
         self.__dict__.update(state)
@@ -404,6 +407,10 @@ class Trainer:
                     result = None
                 else:
                     result = self._evaluation.run(fn)
+            except TunerExit:  # a Tuner's search is done (it put the state back): the fit ends there, finished
+                self.state.status = "finished"
+                self._finish(fn, "success")
+                return None
             except BaseException as exception:
                 self.state.status = "interrupted"
                 self._hooks.call("on_exception", exception)
@@ -433,6 +440,39 @@ class Trainer:
                 model = LargeModel()
         """
         return self.strategy.tensor_init_context(empty_init)
+
+    def trial(
+        self, callbacks: Sequence[Callback] = (), max_steps: int = 100
+    ) -> contextlib.AbstractContextManager[Trial]:
+        """Short training runs inside the running fit that leave no trace: the tuner's searches
+        (``LearningRateFinder``, ``BatchSizeFinder``) run in one. Call it from a callback hook of a fit
+        (``on_fit_start``, ``on_train_epoch_start``), on every rank.
+
+        On entry the fit's state is saved to a temporary checkpoint in ``default_root_dir``. In the block,
+        ``trial.run()`` trains from that point, at most ``max_steps`` optimizer steps (``max_epochs`` does not cut
+        it short), calling only ``callbacks`` (and the module's hooks): no loggers, progress bar or other callbacks,
+        no sanity check or validation, no lr scheduler of the module, and NaN or inf is not acted on (a range test
+        drives the loss to diverge). ``trial.reload_data()`` builds the training loaders again from the module's
+        or DataModule's hooks (``trial.reloadable`` says whether they come from there). On exit, error or not,
+        everything comes back: settings, callbacks, loggers, and from the checkpoint the weights, optimizers,
+        schedulers, callbacks' state and loop counters; the RNG states are as on entry. Loaders rebuilt in the
+        block are built again with the hyperparameters the block left (e.g. the batch size found).
+
+        Example::
+
+            class Search(Callback):
+                def on_fit_start(self, trainer, module):
+                    with trainer.trial([recorder], max_steps=20) as trial:
+                        trial.run()
+        """
+        load_data, from_hooks = None, False
+        if self.state.fn == "fit" and self._fit_sources is not None and self._module is not None:
+            load_data = functools.partial(self._load_data, "fit", self._module, *self._fit_sources)
+            from_hooks = self._fit_sources[0] is None
+        parts = TrialParts(
+            self._config, self._hooks, self._nonfinite, self._evaluation, self._metrics, load_data, from_hooks
+        )
+        return open_trial(self, parts, callbacks, max_steps)
 
     # ================================================================== set-up
     def _setup(self, fn: str, model: TrainingModule, train: Any, evaluation: Any, datamodule: Any) -> None:
@@ -471,16 +511,11 @@ class Trainer:
         self._evaluation.seen_batches.clear()
         self.strategy.setup(model)
 
-        def load_data() -> None:
-            train_data, stage, eval_data = data.stage_records(
-                fn, model, train, evaluation, datamodule, self.strategy, self._config
-            )
-            if train_data is not None:
-                self.fit_loop.data = train_data
-            self._evaluation.records[stage] = eval_data  # the other stages keep theirs (num_val_batches after a test)
-
+        load_data = functools.partial(self._load_data, fn, model, train, evaluation, datamodule)
         load_data()
         self.fit_loop.reload_data = load_data if fn == "fit" and self.reload_dataloaders_every_n_epochs else None
+        if fn == "fit":  # a trial (the tuner's batch size search) builds the loaders again
+            self._fit_sources = (train, evaluation, datamodule)
         self.fit_loop.batch_transfer = self._evaluation.batch_transfer = data.batch_transfer(
             self.strategy, model, datamodule
         )
@@ -496,6 +531,15 @@ class Trainer:
             for logger in self.loggers:
                 logger.log_hyperparams(hparams)
                 logger.log_graph(model)  # TensorBoardLogger(log_graph=True) traces model.example_input_array
+
+    def _load_data(self, fn: str, model: TrainingModule, train: Any, evaluation: Any, datamodule: Any) -> None:
+        """Build the stage's loaders (again): given ones processed for the strategy, else from the hooks."""
+        train_data, stage, eval_data = data.stage_records(
+            fn, model, train, evaluation, datamodule, self.strategy, self._config
+        )
+        if train_data is not None:
+            self.fit_loop.data = train_data
+        self._evaluation.records[stage] = eval_data  # the other stages keep theirs (num_val_batches after a test)
 
     def _finish(self, fn: str, status: str) -> None:
         module = self.strategy.module

@@ -67,6 +67,11 @@ class NonFiniteError(FloatingPointError):
     """Training produced NaN or inf: in the loss, or in the parameters (``Trainer(on_nonfinite="raise")``)."""
 
 
+class TunerExit(Exception):  # noqa: N818 (Lightning's _TunerExitException)
+    """Raised by a tuner callback (``LearningRateFinder``, ``BatchSizeFinder``) that ``Tuner`` added, after its
+    search: the Trainer ends that fit there, as finished (the search already put the state back)."""
+
+
 class PossibleUserWarning(UserWarning):
     """A warning about something that may be intended (Lightning's ``PossibleUserWarning``); silence it with
     ``warnings.filterwarnings("ignore", category=PossibleUserWarning)``."""

@@ -15,6 +15,7 @@ those files against single-process references.
                as soon as the script drops them
     stopping   should_stop asked on one rank mid-epoch, and max_time: every rank stops at the same step
     gathers    self.all_gather(sync_grads=True) carries gradients back to every rank
+    tuner      Tuner(trainer).lr_find: rank 0's results on every rank, the weights back, the fit after with the rate
     unused     (last) the GAN under plain ddp: a clear error naming ddp_find_unused_parameters_true
 """
 
@@ -213,6 +214,42 @@ def gathers(out: Path) -> dict[str, Any]:
     return {"gathered": gathered.detach(), "grad": x.grad.clone()}
 
 
+class _Tuned(Regression):
+    """Its learning rate is ``self.lr``, which the tuner sets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lr = 0.01
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+def tuner(out: Path) -> dict[str, Any]:
+    """Tuner(trainer).lr_find: every rank trains its own shard (its own losses); rank 0's results count on every
+    rank, the weights come back, and the fit after it trains with the rate found on every rank."""
+    from tandem.tuner import Tuner
+
+    torch.manual_seed(0)
+    module = _Tuned()
+    before = weights(module)
+    trainer = tandem.Trainer(strategy="ddp", max_epochs=1, default_root_dir=str(out), **QUIET)
+    data = manual_modules.loader(manual_modules.BATCH)
+    finder = Tuner(trainer).lr_find(module, data, min_lr=1e-4, num_training=20)
+    restored = all(torch.equal(before[k], v) for k, v in weights(module).items())
+    searched_steps = trainer.global_step
+    trainer.fit(module, data)
+    return {
+        "results": finder.results,
+        "lr": module.lr,
+        "restored": restored,
+        "searched_steps": searched_steps,
+        "steps": trainer.global_step,
+        "final": weights(module),
+        "left": sorted(p.name for p in out.glob(".trial-*")),
+    }
+
+
 def _floats(trainer: tandem.Trainer) -> dict[str, float]:
     return {k: float(v) for k, v in trainer.callback_metrics.items()}
 
@@ -227,7 +264,7 @@ def unused(out: Path) -> dict[str, Any]:
     return {"error": None}
 
 
-SCENARIOS = {f.__name__: f for f in (manual, loaders, ports, nonfinite, memory, stopping, gathers, unused)}
+SCENARIOS = {f.__name__: f for f in (manual, loaders, ports, nonfinite, memory, stopping, gathers, tuner, unused)}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()

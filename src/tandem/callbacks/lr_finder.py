@@ -1,0 +1,296 @@
+"""LearningRateFinder: the learning-rate range test (Leslie Smith's) at the start of a fit, as Lightning's
+(``lightning.pytorch.callbacks.LearningRateFinder``, ``tuner.lr_finder``).
+
+The search trains ``num_training`` steps with the learning rate rising from ``min_lr`` to ``max_lr``, records the
+smoothed loss of each, and suggests the rate where the loss falls fastest. It runs in a ``Trainer.trial``, so the
+fit then starts from exactly the state it had before (weights, optimizer, counters, RNG).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from tandem.callbacks.callback import Callback
+from tandem.utilities.exceptions import TandemConfigError, TunerExit, bad_choice, incompatible, out_of_range
+from tandem.utilities.parsing import lightning_hasattr, lightning_setattr
+from tandem.utilities.rank_zero import rank_zero_info, rank_zero_warn
+
+if TYPE_CHECKING:
+    from tandem.module import TrainingModule
+    from tandem.trainer.trainer import Trainer
+
+_LR_NAMES = ("lr", "learning_rate")
+
+
+class LRFinder:
+    """What a learning-rate range test found (Lightning's ``_LRFinder``).
+
+    Attributes:
+        results: ``{"lr": [...], "loss": [...]}``: the learning rate of each step and the smoothed loss after it
+            (NaN for a step whose ``training_step`` returned no loss).
+        mode: ``"exponential"`` or ``"linear"``: how the rate rose.
+    """
+
+    def __init__(self, mode: str, lr_min: float, lr_max: float, num_training: int) -> None:
+        self.mode, self.lr_min, self.lr_max, self.num_training = mode, lr_min, lr_max, num_training
+        self.results: dict[str, list[float]] = {}
+        self._optimal_idx: int | None = None
+
+    def schedule(self) -> list[float]:
+        """The learning rate of each step: ``min_lr`` first, ``max_lr`` last, evenly spaced on a log scale
+        (``"exponential"``) or a linear one."""
+        n, low, high = self.num_training, self.lr_min, self.lr_max
+        if n == 1:
+            return [low]
+        if self.mode == "linear":
+            return [low + (high - low) * k / (n - 1) for k in range(n)]
+        return [low * (high / low) ** (k / (n - 1)) for k in range(n)]
+
+    def suggestion(self, skip_begin: int = 10, skip_end: int = 1) -> float | None:
+        """The learning rate where the loss falls fastest (the most negative slope of the loss over the learning
+        rate, on a log scale in ``"exponential"`` mode), leaving out the first ``skip_begin`` and the last ``skip_end`` points and the non-finite ones; None (with an
+        error logged) when fewer than two points are left."""
+        stop = len(self.results.get("loss", [])) - skip_end
+        losses = torch.tensor(self.results.get("loss", [])[skip_begin:stop], dtype=torch.float64)
+        lrs = torch.tensor(self.results.get("lr", [])[skip_begin:stop], dtype=torch.float64)
+        finite = torch.isfinite(losses)
+        losses, lrs = losses[finite], lrs[finite]
+        if len(losses) < 2:
+            rank_zero_warn(
+                "The learning rate finder has too few points for a suggestion (fewer than 2 finite losses left after "
+                f"skip_begin={skip_begin} and skip_end={skip_end}). Raise num_training, use more training data, or "
+                "lower early_stop_threshold's sensitivity (a higher value, or None)."
+            )
+            self._optimal_idx = None
+            return None
+        # the slope over the axis the rates were spaced evenly on: log10(lr) in "exponential" mode (Lightning's
+        # slope over lr there lets the noise between the tiny first rates win; Lightning issue #21141)
+        slopes = torch.gradient(losses, spacing=[lrs.log10() if self.mode == "exponential" else lrs])[0]
+        kept = torch.arange(skip_begin, stop)[finite]
+        self._optimal_idx = int(kept[int(torch.argmin(slopes))])
+        return self.results["lr"][self._optimal_idx]
+
+    def plot(self, suggest: bool = False, show: bool = False, ax: Any = None) -> Any:
+        """Loss over learning rate (a log axis for ``"exponential"``); ``suggest`` marks the suggestion in red.
+        Needs matplotlib. Returns the figure.
+
+        Args:
+            suggest: mark the suggested learning rate.
+            show: call ``plt.show()``.
+            ax: a matplotlib ``Axes`` to draw into (default: a new figure).
+        """
+        try:
+            import matplotlib.pyplot as plt
+        except ImportError:
+            raise ImportError(
+                "LRFinder.plot() needs matplotlib, which is not installed: pip install matplotlib. "
+                "(The numbers are in lr_finder.results.)"
+            ) from None
+        lrs, losses = self.results["lr"], self.results["loss"]
+        if ax is None:
+            fig, ax = plt.subplots()
+        else:
+            fig = ax.figure
+        ax.plot(lrs, losses)
+        if self.mode == "exponential":
+            ax.set_xscale("log")
+        ax.set_xlabel("Learning rate")
+        ax.set_ylabel("Loss")
+        if suggest and self.suggestion() is not None:
+            index = self._optimal_idx
+            ax.plot(lrs[index], losses[index], markersize=10, marker="o", color="red")
+        if show:
+            plt.show()
+        return fig
+
+
+class _Diverged(Exception):  # noqa: N818 - the range test's own stop, caught by lr_find
+    """The smoothed loss rose above ``early_stop_threshold`` times its best: the search stops (every rank)."""
+
+
+class _LRRecorder(Callback):
+    """Sets each step's learning rate and records the smoothed loss after it (Lightning's ``_LRCallback``)."""
+
+    def __init__(self, schedule: list[float], early_stop_threshold: float | None, beta: float = 0.98) -> None:
+        self.schedule, self.early_stop_threshold, self.beta = schedule, early_stop_threshold, beta
+        self.lrs: list[float] = []
+        self.losses: list[float] = []
+        self._average = 0.0
+        self._best = math.inf
+        self._open = False  # a stepping batch started: its loss is recorded at its end
+
+    def on_train_batch_start(self, trainer: Trainer, module: TrainingModule, batch: Any, batch_idx: int) -> None:
+        if not trainer.is_stepping_batch or len(self.lrs) >= len(self.schedule):
+            return
+        lr = self.schedule[len(self.lrs)]
+        for group in trainer.optimizers[0].param_groups:
+            group["lr"] = lr
+        self.lrs.append(lr)
+        self._open = True
+
+    def on_train_batch_end(
+        self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if not self._open:
+            return
+        self._open = False
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        if not isinstance(loss, torch.Tensor):  # the step returned no loss: a point the suggestion leaves out
+            self.losses.append(math.nan)
+            return
+        self._average = self.beta * self._average + (1 - self.beta) * float(loss)  # one read per search step
+        smoothed = self._average / (1 - self.beta ** len(self.lrs))
+        threshold = self.early_stop_threshold
+        diverged = threshold is not None and len(self.losses) > 0 and not smoothed <= threshold * self._best
+        self.losses.append(smoothed)
+        self._best = min(self._best, smoothed)
+        if trainer.strategy.broadcast(diverged):  # rank 0 decides: every rank stops at the same step
+            raise _Diverged
+
+
+def _lr_attribute(model: TrainingModule, attr_name: str) -> str:
+    """The attribute holding the learning rate: ``attr_name``, else ``lr`` or ``learning_rate`` (Lightning's)."""
+    if attr_name:
+        if not lightning_hasattr(model, attr_name):
+            raise TandemConfigError(
+                f"The learning rate finder was told attr_name={attr_name!r}, but neither {type(model).__name__} nor "
+                "its hparams (nor the DataModule) has it. Pass the attribute configure_optimizers reads."
+            )
+        return attr_name
+    for name in _LR_NAMES:
+        if lightning_hasattr(model, name):
+            return name
+    raise TandemConfigError(
+        f"The learning rate finder updates the learning rate it finds, but {type(model).__name__} has neither "
+        f"of {_LR_NAMES} (as an attribute or in its hparams). Store it as self.lr (or save_hyperparameters(lr=...)) "
+        "and read it in configure_optimizers, pass attr_name=<its name>, or update_attr=False."
+    )
+
+
+def lr_find(
+    trainer: Trainer,
+    model: TrainingModule,
+    min_lr: float = 1e-8,
+    max_lr: float = 1,
+    num_training: int = 100,
+    mode: str = "exponential",
+    early_stop_threshold: float | None = 4.0,
+    update_attr: bool = False,
+    attr_name: str = "",
+) -> LRFinder | None:
+    """The range test, run from a hook of a fit on every rank; see :class:`LearningRateFinder`. Returns the
+    results (the same on every rank: rank 0's), or None under ``fast_dev_run``."""
+    if trainer.fast_dev_run:
+        rank_zero_warn("Skipping the learning rate finder: fast_dev_run is set.")
+        return None
+    if update_attr:
+        attr_name = _lr_attribute(model, attr_name)
+    if len(trainer.optimizers) != 1:
+        raise incompatible(
+            f"The learning rate finder with {len(trainer.optimizers)} optimizers",
+            "it searches the learning rate of one optimizer",
+            "Let configure_optimizers return one optimizer while you search, or search each rate separately.",
+        )
+    finder = LRFinder(mode, min_lr, max_lr, num_training)
+    recorder = _LRRecorder(finder.schedule(), early_stop_threshold)
+    with trainer.trial([recorder], max_steps=num_training) as trial:
+        try:
+            trial.run()
+        except _Diverged:
+            rank_zero_info(
+                f"The learning rate finder stopped early after {len(recorder.losses)} steps: the loss diverged."
+            )
+    finder.results = trainer.strategy.broadcast({"lr": recorder.lrs, "loss": recorder.losses})
+    if update_attr:
+        lr = finder.suggestion()
+        if lr is not None:  # after the trial: the restored state keeps it, and the fit goes on with it
+            lightning_setattr(model, attr_name, lr)
+            for optimizer in trainer.optimizers:
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+            rank_zero_info(f"Learning rate set to {lr}")
+    return finder
+
+
+def check_lr_find_arguments(min_lr: float, max_lr: float, num_training: int, mode: str) -> str:
+    """The range test's arguments, validated before anything runs; returns ``mode`` in lower case."""
+    mode = mode.lower() if isinstance(mode, str) else mode
+    if mode not in LearningRateFinder.SUPPORTED_MODES:
+        raise bad_choice("mode", mode, LearningRateFinder.SUPPORTED_MODES)
+    if isinstance(num_training, bool) or not isinstance(num_training, int) or num_training < 1:
+        raise out_of_range("num_training", num_training, "an int >= 1 (the steps of the search)")
+    if not 0 < min_lr < max_lr:
+        raise out_of_range("min_lr, max_lr", (min_lr, max_lr), "0 < min_lr < max_lr")
+    return mode
+
+
+class LearningRateFinder(Callback):
+    """Runs the learning-rate range test when the fit starts, then trains with the rate it suggests.
+
+    The search trains ``num_training_steps`` steps with the rate rising from ``min_lr`` to ``max_lr`` (the same rate
+    for every parameter group), records the loss, smoothed, after each, and stops early once it exceeds
+    ``early_stop_threshold`` times the best so far. The fit then starts from exactly the state it had (weights,
+    optimizer, counters, callbacks, RNG) with the suggested rate set on the module (``update_attr``) and its
+    optimizer. Under DDP every rank searches and rank 0's results count for all. ``lr_finder`` holds the results
+    (``.results``, ``.suggestion()``, ``.plot()``); ``optimal_lr`` is the same object, as in Lightning.
+
+    Args:
+        min_lr: the first learning rate tried.
+        max_lr: the last.
+        num_training_steps: optimizer steps of the search (the learning rates tried).
+        mode: ``"exponential"`` (evenly spaced on a log scale) or ``"linear"``.
+        early_stop_threshold: stop when the smoothed loss exceeds this times its best (None: never).
+        update_attr: set the suggestion on the module's ``lr`` / ``learning_rate`` (or ``attr_name``), its hparams
+            or the DataModule, wherever it is found, and on the optimizer.
+        attr_name: the attribute holding the learning rate, when it is not ``lr`` or ``learning_rate``.
+
+    Example::
+
+        trainer = Trainer(callbacks=[LearningRateFinder(num_training_steps=50)])
+        trainer.fit(model)  # searches first, then trains with model.lr set to the suggestion
+
+    Override ``on_fit_start`` and call :meth:`lr_find` from another hook (e.g. ``on_train_epoch_start`` at some
+    epochs, when fine-tuning) to search elsewhere.
+    """
+
+    SUPPORTED_MODES = ("linear", "exponential")
+
+    def __init__(
+        self,
+        min_lr: float = 1e-8,
+        max_lr: float = 1,
+        num_training_steps: int = 100,
+        mode: str = "exponential",
+        early_stop_threshold: float | None = 4.0,
+        update_attr: bool = True,
+        attr_name: str = "",
+    ) -> None:
+        self._mode = check_lr_find_arguments(min_lr, max_lr, num_training_steps, mode)
+        self._min_lr, self._max_lr, self._num_training_steps = min_lr, max_lr, num_training_steps
+        self._early_stop_threshold, self._update_attr, self._attr_name = early_stop_threshold, update_attr, attr_name
+        self._early_exit = False  # set by Tuner: the fit ends after the search
+        self.lr_finder: LRFinder | None = None
+        self.optimal_lr: LRFinder | None = None
+
+    def lr_find(self, trainer: Trainer, pl_module: TrainingModule) -> None:
+        """Run the search now (on every rank) and keep its results in ``lr_finder`` / ``optimal_lr``."""
+        self.lr_finder = self.optimal_lr = lr_find(
+            trainer,
+            pl_module,
+            min_lr=self._min_lr,
+            max_lr=self._max_lr,
+            num_training=self._num_training_steps,
+            mode=self._mode,
+            early_stop_threshold=self._early_stop_threshold,
+            update_attr=self._update_attr,
+            attr_name=self._attr_name,
+        )
+        if self._early_exit:
+            raise TunerExit
+
+    def on_fit_start(self, trainer: Trainer, pl_module: TrainingModule) -> None:
+        self.lr_find(trainer, pl_module)
