@@ -542,6 +542,7 @@ class Trainer:
         self._evaluation.records[stage] = eval_data  # the other stages keep theirs (num_val_batches after a test)
 
     def _finish(self, fn: str, status: str) -> None:
+        self.fit_loop.reload_data = None  # a bound method of this Trainer: no cycle outlives the run
         module = self.strategy.module
         if self.datamodule is not None:
             self.datamodule.teardown(fn)
