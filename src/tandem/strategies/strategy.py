@@ -284,9 +284,10 @@ class Strategy:
 
     # ------------------------------------------------------------------ steps
     def run_step(self, method: str, *args: Any) -> Any:
-        """Call ``training_step`` / ``validation_step`` / ``test_step`` / ``predict_step`` under autocast."""
+        """Call ``training_step`` / ``validation_step`` / ``test_step`` / ``predict_step`` in the precision's
+        forward context (autocast, or the default dtype of a "true" precision)."""
         step = getattr(self._module, method) if self._model is self._module else partial(self._model, method)
-        if self.precision.autocast_dtype is None:
+        if not self.precision.has_forward_context:
             return step(*args)
         with self.precision.forward_context():
             return step(*args)

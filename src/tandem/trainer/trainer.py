@@ -43,7 +43,9 @@ class Trainer:
         strategy: ``"auto"``, a registered name (``"single_device"``, ``"ddp"``, ``"ddp_spawn"``, ``"fsdp"``,
             ``"dp"``, ...) or a :class:`~tandem.strategies.Strategy` instance.
         num_nodes: machines in a multi-node DDP job.
-        precision: ``"32-true"``, ``"64-true"``, ``"bf16-mixed"`` or ``"16-mixed"``.
+        precision: ``"32-true"``, ``"64-true"``, ``"bf16-mixed"`` or ``"16-mixed"`` (autocast), or ``"bf16-true"``
+            or ``"16-true"`` (parameters and inputs in 16 bits; build the module with ``trainer.init_module()``
+            to create it in that dtype).
         max_epochs: stop after this many epochs (default 1000 when neither ``max_steps`` nor ``max_time`` is
             set; -1: no limit).
         min_epochs: train at least this many epochs, even when ``should_stop`` is set (e.g. early stopping).
