@@ -151,3 +151,10 @@ def test_true_half_precision_names_and_the_strategy_instances_own():
     assert strategy.precision.parameter_dtype == torch.bfloat16
     with pytest.raises(tandem.utilities.exceptions.TandemConfigError, match="'bf16-true', '16-true'"):
         Precision("bf16-full")
+
+
+def test_a_precision_plugin_sets_the_trainers_precision():
+    module = TinyModule()
+    trainer = quiet_trainer(max_steps=1, limit_val_batches=0, plugins=[Precision("bf16-true")])
+    trainer.fit(module, loader())
+    assert trainer.precision == "bf16-true" and {p.dtype for p in module.parameters()} == {torch.bfloat16}

@@ -98,6 +98,9 @@ class Precision:
         self._last_step_skipped = False
         self._unscaled: set[int] = set()  # optimizers unscaled since their last step (unscale once per step)
 
+    def __repr__(self) -> str:
+        return f"Precision({self.precision!r})"
+
     def set_device_type(self, device_type: str) -> None:
         """Called by the strategy when its device is known; rebuilds the scaler for that device."""
         if device_type != self.device_type:
