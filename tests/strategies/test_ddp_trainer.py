@@ -33,6 +33,7 @@ SCENARIOS = (
     "resume",
     "prediction_writer",
     "uneven",
+    "true_half",
     "mismatch",
 )  # mismatch ends the job
 
@@ -397,3 +398,15 @@ def test_ddp_spawn_from_this_process_returns_the_ddp_result(runs, common, monkey
     trainer.fit(model, DataLoader(common.dataset(common.TRAIN_SAMPLES), batch_size=common.BATCH))
     assert max_abs_diff(common.weights(model), runs["equivalence"][0]["sgd-k1"]["final"]) == 0.0
     assert set(trainer.callback_metrics) == {"train_loss"} and torch.isfinite(trainer.callback_metrics["train_loss"])
+
+
+@pytest.mark.timeout(150)
+def test_bf16_true_trains_in_bfloat16_on_every_rank(runs):
+    rank0, rank1 = runs["true_half"]
+    for result in (rank0, rank1):
+        assert result["built"] == {torch.bfloat16}  # trainer.init_module() built in bfloat16
+        assert {v.dtype for v in result["final"].values() if v.is_floating_point()} == {torch.bfloat16}
+        assert result["inputs"] == {(torch.bfloat16, torch.int64)}  # features cast, targets kept
+        assert result["losses"][-1] < result["losses"][0] - 0.2, result["losses"]
+        assert result["default_dtype"] == torch.float32
+    assert max_abs_diff(rank0["final"], rank1["final"]) == 0.0  # bfloat16 gradients all-reduced: one model

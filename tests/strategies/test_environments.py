@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 
 import pytest
 
 from helpers import clear_launch_variables
+from tandem.strategies import DDPStrategy
 from tandem.strategies.environments import (
     LocalEnvironment,
     SLURMEnvironment,
@@ -15,10 +17,12 @@ from tandem.strategies.environments import (
     expand_nodelist,
     find_free_port,
     rank_from_environment,
+    requeues,
     select_environment,
     slurm_job_to_requeue,
     threads_per_process,
 )
+from tandem.utilities.exceptions import TandemConfigError
 from tandem.utilities.seed import global_seed
 
 
@@ -213,3 +217,31 @@ def test_global_seed_and_rank(env):
     assert global_seed() == 0 and rank_from_environment() == 0
     env(TANDEM_GLOBAL_SEED=42, SLURM_PROCID=3)
     assert global_seed() == 42 and rank_from_environment() == 3
+
+
+def test_slurm_environment_requeue_settings_as_lightning(env):
+    default = SLURMEnvironment()
+    assert (default.auto_requeue, default.requeue_signal) == (True, signal.SIGUSR1)
+    assert requeues(signal.SIGUSR1) and not requeues(signal.SIGTERM)  # no environment given: SIGUSR1 requeues
+    assert requeues(signal.SIGUSR1, LocalEnvironment())  # a non-SLURM environment keeps the default
+    assert not requeues(signal.SIGUSR1, SLURMEnvironment(auto_requeue=False))
+    on_term = SLURMEnvironment(requeue_signal=signal.SIGTERM)
+    assert requeues(signal.SIGTERM, on_term) and not requeues(signal.SIGUSR1, on_term)
+    assert repr(SLURMEnvironment(auto_requeue=False)) == (
+        "SLURMEnvironment(auto_requeue=False, requeue_signal=signal.SIGUSR1)"
+    )  # built outside a SLURM job (as a plugin), its repr still works
+    assert repr(TorchElasticEnvironment()) == "TorchElasticEnvironment(its variables not set)"
+    with pytest.raises(TandemConfigError, match=r"requeue_signal=<Signals.SIGHUP: 1>\): tandem stops .* on signal"):
+        SLURMEnvironment(requeue_signal=signal.SIGHUP)
+    with pytest.raises(TandemConfigError, match="auto_requeue='no'"):
+        SLURMEnvironment(auto_requeue="no")
+
+
+def test_a_given_environment_wins_over_the_detected_one(env):
+    _slurm(env)  # srun's variables: SLURM would be detected
+    given = TorchElasticEnvironment()
+    strategy = DDPStrategy(cluster_environment=given)
+    assert strategy.environment is given and strategy.cluster_environment is given
+    assert isinstance(DDPStrategy().environment, SLURMEnvironment)
+    with pytest.raises(TandemConfigError, match="cluster_environment=.*is out of range"):
+        DDPStrategy(cluster_environment="slurm")

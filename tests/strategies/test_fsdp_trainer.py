@@ -46,6 +46,7 @@ SCENARIOS = (
     "resume_full",
     "resume_sharded",
     "export",
+    "true_half",
     "crash",
 )  # crash ends the job
 pytestmark = pytest.mark.timeout(150)
@@ -344,3 +345,11 @@ def test_spawn_brings_the_gathered_weights_back(scripts, monkeypatch):
     trainer.fit(model, DataLoader(common.dataset(common.TRAIN_SAMPLES), batch_size=common.BATCH))
     assert max_abs_diff(common.weights(model), expected) <= 1e-6
     assert set(trainer.callback_metrics) == {"train_loss"}
+
+
+def test_bf16_true_shards_train_in_bfloat16(runs):
+    rank0, rank1 = runs["true_half"]
+    for result in (rank0, rank1):
+        assert result["shards"] == {torch.bfloat16} and result["default_dtype"] == torch.float32
+        assert result["losses"][-1] < result["losses"][0], result["losses"]
+    assert rank0["saved"] == {torch.bfloat16}  # the whole weights, gathered in bfloat16

@@ -5,8 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tandem.strategies import Precision, SingleDeviceStrategy, available_strategies
+import tandem
+from tandem.strategies import DDPStrategy, Precision, SingleDeviceStrategy, available_strategies
+from tandem.strategies.environments import LocalEnvironment, SLURMEnvironment
+from tandem.strategies.layer_sync import TorchSyncBatchNorm
 from tandem.strategies.registry import resolve_strategy
+from tandem.utilities.exceptions import TandemConfigError
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -55,3 +59,83 @@ def test_precision_aliases_and_forward_context():
     assert out.dtype == torch.bfloat16
     with Precision("32-true").forward_context():
         assert torch.nn.Linear(2, 2)(torch.randn(1, 2)).dtype == torch.float32
+
+
+# ---------------------------------------------------------------------------------------------- Trainer(plugins=...)
+
+
+def test_plugins_are_sorted_by_kind():
+    precision, environment = Precision("bf16-true"), LocalEnvironment()
+    strategy = resolve_strategy("ddp", "cpu", 2, 1, "32-true", plugins=[precision, environment])
+    assert strategy.precision is precision and strategy.cluster_environment is environment
+    assert strategy.environment is environment and environment.num_processes == 2  # it learned the job's shape
+    one = resolve_strategy("auto", "cpu", 1, 1, "32-true", plugins=TorchSyncBatchNorm())  # one plugin, no list
+    assert one.sync_batchnorm and one.precision.precision == "32-true" and one.cluster_environment is None
+    trainer = tandem.Trainer(accelerator="cpu", logger=False, plugins=[SLURMEnvironment(auto_requeue=False)])
+    assert not trainer.strategy.cluster_environment.auto_requeue  # one process keeps it too (the requeue rule)
+
+
+def test_a_precision_plugin_is_kept_as_given_on_the_cpu(recwarn):
+    # the Trainer's precision="16-mixed" becomes bf16 on the CPU; a Precision instance is an explicit choice
+    strategy = resolve_strategy("auto", "cpu", 1, 1, "32-true", plugins=[Precision("16-mixed")])
+    assert strategy.precision.precision == "16-mixed" and strategy.precision.scaler is not None
+    assert not [w for w in recwarn if "float16" in str(w.message)]
+
+
+@pytest.mark.parametrize(
+    ("strategy", "precision", "plugins", "match"),
+    [
+        (
+            "auto",
+            "bf16-mixed",
+            [Precision("bf16-true")],
+            r"precision='bf16-mixed', plugins=\[Precision\('bf16-true'\)\]\)",
+        ),
+        (
+            lambda: SingleDeviceStrategy("cpu", precision="64-true"),
+            "32-true",
+            [Precision("bf16-true")],
+            "a strategy built with precision='64-true': both set the precision",
+        ),
+        (
+            lambda: DDPStrategy(cluster_environment=LocalEnvironment()),
+            "32-true",
+            [SLURMEnvironment()],
+            r"built with cluster_environment=LocalEnvironment\(\.\.\.\): a job has one cluster environment",
+        ),
+        ("auto", "32-true", [Precision("64-true"), Precision("bf16-true")], "got two precision plugins"),
+        ("auto", "32-true", [LocalEnvironment(), SLURMEnvironment()], "got two cluster environment plugins"),
+    ],
+    ids=["precision_and_plugin", "strategy_precision_and_plugin", "two_environments", "two_precisions", "two_envs"],
+)
+def test_plugins_that_conflict_are_errors(strategy, precision, plugins, match):
+    with pytest.raises(TandemConfigError, match=match):
+        resolve_strategy(strategy if isinstance(strategy, str) else strategy(), "cpu", 2, 1, precision, plugins=plugins)
+
+
+class _MyCheckpointIO:  # Lightning's CheckpointIO interface
+    def save_checkpoint(self, checkpoint, path, storage_options=None): ...
+
+    def load_checkpoint(self, path, map_location=None): ...
+
+    def remove_checkpoint(self, path): ...
+
+
+@pytest.mark.parametrize(
+    ("plugin", "match"),
+    [
+        ("bf16-true", r"plugins are objects, not names. For a precision write Trainer\(precision='bf16-true'\)"),
+        (
+            _MyCheckpointIO(),
+            "looks like a checkpoint IO plugin, which tandem does not have.*override its save_checkpoint",
+        ),
+        (
+            object(),
+            r"not a plugin tandem knows. Expected a tandem.strategies.Precision.*SLURMEnvironment.*TorchSyncBatchNorm",
+        ),
+    ],
+    ids=["name", "checkpoint_io", "other"],
+)
+def test_plugins_tandem_does_not_have_are_refused_naming_what_it_accepts(plugin, match):
+    with pytest.raises(TandemConfigError, match=match):
+        tandem.Trainer(accelerator="cpu", logger=False, plugins=[plugin])

@@ -19,6 +19,7 @@ import torch
 
 import tandem
 from helpers import TinyModule, clear_launch_variables, launch_free_env, loader, quiet_trainer
+from tandem.strategies.environments import SLURMEnvironment
 from tandem.utilities.checkpoint import load_checkpoint_file
 from tandem.utilities.exceptions import Preempted
 from tandem.utilities.preemption import PREEMPTION
@@ -212,3 +213,52 @@ def test_a_trainer_in_another_thread_leaves_the_signal_handlers_alone(tmp_path):
     thread.start()
     thread.join(60)
     assert seen == [before] and torch.is_tensor(trainer.callback_metrics.get("train_loss"))
+
+
+class _SignalInEpoch1(tandem.Callback):
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if (trainer.current_epoch, batch_idx) == (1, 0):
+            os.kill(os.getpid(), self.signum)
+
+
+@pytest.mark.parametrize(
+    ("plugins", "signum", "requeued"),
+    [
+        ([], signal.SIGUSR1, True),  # SLURM batch job, no plugin: requeue on SIGUSR1 (as before)
+        ([SLURMEnvironment(auto_requeue=False)], signal.SIGUSR1, False),
+        ([SLURMEnvironment(requeue_signal=signal.SIGTERM)], signal.SIGTERM, True),
+        ([SLURMEnvironment(requeue_signal=signal.SIGTERM)], signal.SIGUSR1, False),
+    ],
+    ids=["default", "auto_requeue_off", "requeue_on_sigterm", "sigusr1_not_the_requeue_signal"],
+)
+def test_a_slurm_environment_plugin_decides_whether_the_stop_requeues(tmp_path, monkeypatch, plugins, signum, requeued):
+    """Lightning's SLURMEnvironment(auto_requeue=False) turns the requeue off; requeue_signal picks the signal.
+    The stop (last.ckpt, Preempted) happens either way."""
+    clear_launch_variables(monkeypatch)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "scontrol.txt"}\n')
+    scontrol.chmod(scontrol.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_JOB_NAME", "train")
+    trainer = quiet_trainer(
+        max_epochs=3,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+        plugins=plugins,
+        callbacks=[_SignalInEpoch1(signum)],
+    )
+    with pytest.raises(Preempted) as caught:
+        trainer.fit(TinyModule(), loader())
+    assert caught.value.code == 128 + signum and Path(caught.value.checkpoint).is_file()
+    if requeued:
+        assert (tmp_path / "scontrol.txt").read_text().split() == ["requeue", "4242"]
+        assert "Requeued SLURM job 4242" in str(caught.value)
+    else:
+        assert not (tmp_path / "scontrol.txt").exists()
+        assert 'Resume with trainer.fit(..., ckpt_path="last")' in str(caught.value)

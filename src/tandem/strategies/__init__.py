@@ -3,6 +3,7 @@
 from tandem.strategies.data_parallel import DataParallelStrategy
 from tandem.strategies.ddp import DDPStrategy
 from tandem.strategies.fsdp import FSDPStrategy
+from tandem.strategies.layer_sync import TorchSyncBatchNorm
 from tandem.strategies.parallel import ParallelStrategy
 from tandem.strategies.precision import Precision
 from tandem.strategies.registry import available_strategies, register_strategy
@@ -17,6 +18,7 @@ __all__ = [
     "Precision",
     "SingleDeviceStrategy",
     "Strategy",
+    "TorchSyncBatchNorm",
     "available_strategies",
     "register_strategy",
 ]

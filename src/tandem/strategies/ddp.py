@@ -19,6 +19,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.nn.parallel.distributed import _find_tensors
 
+from tandem.strategies.environments import ClusterEnvironment
+from tandem.strategies.layer_sync import TorchSyncBatchNorm
 from tandem.strategies.parallel import ParallelStrategy
 from tandem.strategies.precision import Precision
 from tandem.strategies.registry import register_strategy
@@ -52,6 +54,8 @@ class DDPStrategy(ParallelStrategy):
             False leaves them alone (shard the data yourself). None: the Trainer's
             ``use_distributed_sampler`` (True by default).
         start_method: "popen" (re-run the script) or "spawn" (torch.multiprocessing).
+        cluster_environment: how each process learns its rank; None detects it (see
+            :class:`~tandem.strategies.parallel.ParallelStrategy`).
 
     Example::
 
@@ -78,6 +82,7 @@ class DDPStrategy(ParallelStrategy):
         use_distributed_sampler: bool | None = None,
         start_method: str = "popen",
         collective_check_timeout: datetime.timedelta | None = datetime.timedelta(seconds=60),
+        cluster_environment: ClusterEnvironment | None = None,
     ) -> None:
         super().__init__(
             devices=devices,
@@ -87,6 +92,7 @@ class DDPStrategy(ParallelStrategy):
             use_distributed_sampler=use_distributed_sampler,
             start_method=start_method,
             collective_check_timeout=collective_check_timeout,
+            cluster_environment=cluster_environment,
             sync_batchnorm=sync_batchnorm,
         )
         if bucket_cap_mb is not None and not bucket_cap_mb > 0:
@@ -110,13 +116,13 @@ class DDPStrategy(ParallelStrategy):
         if self.sync_batchnorm and self.parallel_devices[0].type != "cuda":
             raise TandemConfigError(
                 "sync_batchnorm=True needs CUDA devices (torch's SyncBatchNorm does not run on the CPU); "
-                "set sync_batchnorm=False on the CPU."
+                "on the CPU set sync_batchnorm=False (and leave TorchSyncBatchNorm() out of plugins)."
             )
 
     # ------------------------------------------------------------------ set-up
     def _wrap_module(self, module: nn.Module) -> nn.Module:
         if self.sync_batchnorm:  # checked in _configure()
-            module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
+            module = TorchSyncBatchNorm().apply(module)
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         step_forward = StepForward(module)
         model = DistributedDataParallel(step_forward, device_ids=device_ids, **self.ddp_kwargs)

@@ -27,7 +27,9 @@ i.e. ``SLURM_JOB_NAME`` is not ``bash`` or ``interactive``)::
     MASTER_PORT      if unset: 15000 + the last four digits of SLURM_JOB_ID
     SLURM_JOB_ID, SLURM_ARRAY_JOB_ID, SLURM_ARRAY_TASK_ID
                      the job that rank 0 requeues (``scontrol requeue``) after a pre-emption stop on SIGUSR1
-                     (any SLURM batch job, however its processes were started; not an interactive one)
+                     (any SLURM batch job, however its processes were started; not an interactive one).
+                     ``Trainer(plugins=[SLURMEnvironment(auto_requeue=False)])`` turns that off, and
+                     ``requeue_signal=signal.SIGTERM`` requeues on SIGTERM instead
 
 tandem's launcher (otherwise). The first process is rank 0 of its node; it exports to the ranks it
 starts RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT and
@@ -48,9 +50,12 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 from typing import ClassVar
 
+from tandem.utilities.exceptions import TandemConfigError
+from tandem.utilities.preemption import SIGNALS
 from tandem.utilities.rank_zero import rank_zero_warn
 
 _LOCAL_ADDRESS = "127.0.0.1"
@@ -123,10 +128,14 @@ class ClusterEnvironment:
         os.environ["MASTER_PORT"] = str(self.main_port)
 
     def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(world_size={self.world_size}, global_rank={self.global_rank}, "
-            f"local_rank={self.local_rank}, node_rank={self.node_rank})"
-        )
+        try:
+            where = (
+                f"world_size={self.world_size}, global_rank={self.global_rank}, local_rank={self.local_rank}, "
+                f"node_rank={self.node_rank}"
+            )
+        except (KeyError, ValueError):  # built (as a plugin) outside a job of its kind
+            where = "its variables not set"
+        return f"{type(self).__name__}({where})"
 
 
 class TorchElasticEnvironment(ClusterEnvironment):
@@ -173,9 +182,38 @@ class TorchElasticEnvironment(ClusterEnvironment):
 
 
 class SLURMEnvironment(ClusterEnvironment):
-    """Tasks started by ``srun`` (one process per task)."""
+    """Tasks started by ``srun`` (one process per task), and what a pre-emption stop does to the SLURM job.
+
+    Args:
+        auto_requeue: after the pre-emption stop (``last.ckpt`` saved) for ``requeue_signal``, rank 0 requeues
+            the job with ``scontrol requeue`` (default). False leaves the job ended.
+        requeue_signal: the signal whose stop requeues the job: ``signal.SIGUSR1`` (None, the default; SLURM
+            sends it ahead of the end with ``sbatch --signal=USR1@90``) or ``signal.SIGTERM``, the two signals
+            tandem stops for.
+
+    Example::
+
+        Trainer(plugins=[SLURMEnvironment(auto_requeue=False)])  # stop and save on SIGUSR1, but no requeue
+    """
 
     name = "slurm"
+
+    def __init__(self, auto_requeue: bool = True, requeue_signal: signal.Signals | None = None) -> None:
+        if not isinstance(auto_requeue, bool):
+            raise TandemConfigError(f"SLURMEnvironment(auto_requeue={auto_requeue!r}) must be True or False.")
+        if requeue_signal is None:
+            requeue_signal = getattr(signal, "SIGUSR1", signal.SIGTERM)
+        if requeue_signal not in SIGNALS:
+            names = " or ".join(f"signal.{signal.Signals(s).name}" for s in SIGNALS)
+            raise TandemConfigError(
+                f"SLURMEnvironment(requeue_signal={requeue_signal!r}): tandem stops for pre-emption on {names} "
+                "only, so only those can requeue the job. Use one of them (sbatch --signal=USR1@90 sends SIGUSR1)."
+            )
+        self.auto_requeue = auto_requeue
+        self.requeue_signal = signal.Signals(requeue_signal)
+
+    def __repr__(self) -> str:
+        return f"SLURMEnvironment(auto_requeue={self.auto_requeue}, requeue_signal=signal.{self.requeue_signal.name})"
 
     @classmethod
     def detect(cls) -> bool:
@@ -223,6 +261,13 @@ def slurm_job_to_requeue() -> str | None:
     if array_job and task:
         return f"{array_job}_{task}"
     return os.environ.get("SLURM_JOB_ID") or None
+
+
+def requeues(signum: int, environment: ClusterEnvironment | None = None) -> bool:
+    """Whether a pre-emption stop for ``signum`` asks SLURM to requeue the job: on SIGUSR1 unless the
+    environment given to the Trainer or strategy is a :class:`SLURMEnvironment` that says otherwise."""
+    slurm = environment if isinstance(environment, SLURMEnvironment) else SLURMEnvironment()
+    return slurm.auto_requeue and signum == slurm.requeue_signal
 
 
 class LocalEnvironment(ClusterEnvironment):

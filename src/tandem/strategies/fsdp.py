@@ -44,6 +44,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 
+from tandem.strategies.environments import ClusterEnvironment
 from tandem.strategies.parallel import ParallelStrategy
 from tandem.strategies.precision import Precision
 from tandem.strategies.registry import register_strategy
@@ -99,7 +100,8 @@ class FSDPStrategy(ParallelStrategy):
             differently agree. A module built with ``trainer.init_module(empty_init=True)`` is initialised
             consistently anyway; only its buffers are broadcast.
         state_dict_type: "full" (one file, written by rank 0) or "sharded" (a directory, each rank its shard).
-        process_group_backend, timeout, use_distributed_sampler, start_method: as for ``DDPStrategy``.
+        process_group_backend, timeout, use_distributed_sampler, start_method, cluster_environment: as for
+            ``DDPStrategy``.
 
     Example::
 
@@ -127,6 +129,7 @@ class FSDPStrategy(ParallelStrategy):
         use_distributed_sampler: bool | None = None,
         start_method: str = "popen",
         collective_check_timeout: datetime.timedelta | None = datetime.timedelta(seconds=60),
+        cluster_environment: ClusterEnvironment | None = None,
     ) -> None:
         super().__init__(
             devices=devices,
@@ -136,6 +139,7 @@ class FSDPStrategy(ParallelStrategy):
             use_distributed_sampler=use_distributed_sampler,
             start_method=start_method,
             collective_check_timeout=collective_check_timeout,
+            cluster_environment=cluster_environment,
         )
         self.auto_wrap_policy = _check_policy("auto_wrap_policy", auto_wrap_policy)
         self.activation_checkpointing_policy = _check_policy(

@@ -75,6 +75,10 @@ class ParallelStrategy(Strategy):
             check off.
         sync_batchnorm: convert BatchNorm layers to SyncBatchNorm, for the subclasses that can. None: the
             Trainer's ``sync_batchnorm``.
+        cluster_environment: how this process learns its rank (a
+            :class:`~tandem.strategies.environments.ClusterEnvironment`, e.g. ``SLURMEnvironment(auto_requeue=False)``);
+            None: detected from the environment variables (torchrun, then SLURM, else tandem's launcher). Also
+            given as ``Trainer(plugins=[...])``.
     """
 
     max_devices = None
@@ -90,6 +94,7 @@ class ParallelStrategy(Strategy):
         collective_check_timeout: datetime.timedelta | None = datetime.timedelta(seconds=60),
         *,
         sync_batchnorm: bool | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
     ) -> None:
         super().__init__(
             devices=devices,
@@ -97,6 +102,11 @@ class ParallelStrategy(Strategy):
             use_distributed_sampler=use_distributed_sampler,
             sync_batchnorm=sync_batchnorm,
         )
+        if cluster_environment is not None and not isinstance(cluster_environment, ClusterEnvironment):
+            raise out_of_range(
+                "cluster_environment", cluster_environment, "a tandem.strategies.environments.ClusterEnvironment"
+            )
+        self.cluster_environment = cluster_environment
         if start_method not in START_METHODS:
             raise bad_choice("start_method", start_method, START_METHODS)
         if not isinstance(timeout, datetime.timedelta):
@@ -127,6 +137,9 @@ class ParallelStrategy(Strategy):
             self.process_group_backend = "nccl" if device_type == "cuda" else "gloo"
         if self.process_group_backend == "nccl" and device_type != "cuda":
             raise TandemConfigError("process_group_backend='nccl' needs CUDA devices; on the CPU use 'gloo'.")
+        if isinstance(self.cluster_environment, LocalEnvironment):  # a given one learns the job's shape here
+            self.cluster_environment.num_processes = self.num_processes
+            self.cluster_environment.num_nodes = self.num_nodes
 
     # ------------------------------------------------------------------ topology
     @property
@@ -136,10 +149,16 @@ class ParallelStrategy(Strategy):
 
     @property
     def environment(self) -> ClusterEnvironment:
-        """How this process learned its rank (torchrun, SLURM, or tandem's launcher)."""
+        """How this process learns its rank: the given ``cluster_environment``, else torchrun, SLURM or tandem's
+        launcher, as the environment variables say."""
         if self._environment is None:
-            return select_environment(self.num_processes, self.num_nodes)
+            return self._select_environment()
         return self._environment
+
+    def _select_environment(self) -> ClusterEnvironment:
+        if self.cluster_environment is not None:
+            return self.cluster_environment
+        return select_environment(self.num_processes, self.num_nodes)
 
     @property
     def global_rank(self) -> int:
@@ -185,7 +204,7 @@ class ParallelStrategy(Strategy):
     # ------------------------------------------------------------------ set-up
     def setup_environment(self) -> None:
         """Find the environment, join the process group (once per process), set threads, device and rank."""
-        self._environment = environment = select_environment(self.num_processes, self.num_nodes)
+        self._environment = environment = self._select_environment()
         self._check_environment(environment)
         threads = threads_per_process(self.num_processes)
         if threads is not None:

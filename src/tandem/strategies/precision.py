@@ -1,12 +1,17 @@
 """Numerical precision: autocast for the forward pass, loss scaling for float16, dtype conversion.
 
+Two kinds, as in Lightning: *mixed* ("bf16-mixed", "16-mixed") keeps float32 parameters and runs the forward
+pass under autocast; *true* ("64-true", "bf16-true", "16-true"; Lightning's ``DoublePrecision`` and
+``HalfPrecision``) casts the parameters and the floating-point inputs to that dtype and makes it torch's
+default dtype while the module is built (``trainer.init_module()``) and while a step runs.
+
 The strategy owns one ``Precision``; the trainer never reads the precision string itself.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import threading
 from typing import Any, ClassVar
 
 import torch
@@ -18,18 +23,54 @@ from tandem.utilities.rank_zero import rank_zero_warn
 
 _NO_CONTEXT = contextlib.nullcontext()
 _AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+_PARAMETER_DTYPES = {"64-true": torch.float64, "bf16-true": torch.bfloat16, "16-true": torch.float16}
+
+
+class _DefaultDtype:
+    """Make ``dtype`` torch's default dtype inside the block. torch's default dtype belongs to the process, not
+    the thread: dp's replica threads enter this together, so the first to enter saves the previous default and
+    the last to leave puts it back."""
+
+    _lock = threading.Lock()
+    _depth = 0
+    _previous: torch.dtype | None = None
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+
+    def __enter__(self) -> None:
+        cls = type(self)
+        with cls._lock:
+            if cls._depth == 0:
+                cls._previous = torch.get_default_dtype()
+            cls._depth += 1
+            torch.set_default_dtype(self.dtype)
+
+    def __exit__(self, *exc: object) -> None:
+        cls = type(self)
+        with cls._lock:
+            cls._depth -= 1
+            if cls._depth == 0:
+                torch.set_default_dtype(cls._previous)
 
 
 class Precision:
     """How one precision setting changes the forward pass, backward pass and optimizer step.
 
     Args:
-        precision: ``"32-true"`` (default), ``"64-true"``, ``"bf16-mixed"`` (autocast to bfloat16,
-            CPU and CUDA) or ``"16-mixed"`` (autocast to float16 with a ``GradScaler``).
+        precision: ``"32-true"`` (default); ``"bf16-mixed"`` (autocast to bfloat16, CPU and CUDA) or
+            ``"16-mixed"`` (autocast to float16 with a ``GradScaler``); ``"64-true"``, ``"bf16-true"`` or
+            ``"16-true"`` (parameters, floating-point inputs and tensors created in a step in float64,
+            bfloat16 or float16; no loss scaling). On the CPU, bfloat16 and float16 arithmetic is several times
+            slower than float32, and float16 is slower still: use the 16-bit precisions on a GPU.
         device_type: ``"cpu"`` or ``"cuda"``; set by the strategy once it knows its device.
+
+    Example::
+
+        Trainer(precision="bf16-true")  # same as Trainer(plugins=[Precision("bf16-true")])
     """
 
-    SUPPORTED: ClassVar[tuple[str, ...]] = ("32-true", "64-true", "bf16-mixed", "16-mixed")
+    SUPPORTED: ClassVar[tuple[str, ...]] = ("32-true", "64-true", "bf16-true", "16-true", "bf16-mixed", "16-mixed")
     _ALIASES: ClassVar[dict[Any, str]] = {
         32: "32-true",
         "32": "32-true",
@@ -46,12 +87,19 @@ class Precision:
             raise bad_choice("precision", precision, self.SUPPORTED)
         self.precision: str = precision
         self.autocast_dtype: torch.dtype | None = _AUTOCAST_DTYPES.get(precision)
+        #: the dtype of the parameters and inputs under a "true" precision other than float32, else None
+        self.parameter_dtype: torch.dtype | None = _PARAMETER_DTYPES.get(precision)
+        #: whether :meth:`forward_context` does anything (the strategies skip it on the per-step path when not)
+        self.has_forward_context: bool = self.autocast_dtype is not None or self.parameter_dtype is not None
         self.device_type = device_type
         self.scaler: torch.amp.GradScaler | None = None
         if precision == "16-mixed":
             self.scaler = torch.amp.GradScaler(device_type)
         self._last_step_skipped = False
         self._unscaled: set[int] = set()  # optimizers unscaled since their last step (unscale once per step)
+
+    def __repr__(self) -> str:
+        return f"Precision({self.precision!r})"
 
     def set_device_type(self, device_type: str) -> None:
         """Called by the strategy when its device is known; rebuilds the scaler for that device."""
@@ -60,31 +108,33 @@ class Precision:
             if self.scaler is not None:
                 self.scaler = torch.amp.GradScaler(device_type)
 
-    @contextlib.contextmanager
-    def module_init_context(self) -> Iterator[None]:
-        """Floating-point tensors created inside are float64 under "64-true"; other precisions change nothing."""
-        if self.precision != "64-true":
-            yield
-            return
-        previous = torch.get_default_dtype()
-        torch.set_default_dtype(torch.float64)
-        try:
-            yield
-        finally:
-            torch.set_default_dtype(previous)
+    def tensor_init_context(self) -> contextlib.AbstractContextManager:
+        """Floating-point tensors created inside get the parameter dtype of a "true" precision (float64,
+        bfloat16 or float16); other precisions change nothing."""
+        dtype = self.parameter_dtype
+        return _NO_CONTEXT if dtype is None else _DefaultDtype(dtype)
+
+    def module_init_context(self) -> contextlib.AbstractContextManager:
+        """Where ``trainer.init_module()`` builds the module: as :meth:`tensor_init_context`."""
+        return self.tensor_init_context()
 
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
-        return module.double() if self.precision == "64-true" else module
+        """Cast the module's floating-point parameters and buffers to the parameter dtype ("true" precisions)."""
+        return module if self.parameter_dtype is None else module.to(dtype=self.parameter_dtype)
 
     def convert_input(self, batch: Any) -> Any:
-        if self.precision != "64-true":
+        """Cast the floating-point tensors of a batch to the parameter dtype ("true" precisions)."""
+        dtype = self.parameter_dtype
+        if dtype is None:
             return batch
-        return apply_to_collection(batch, torch.Tensor, lambda t: t.double() if t.is_floating_point() else t)
+        return apply_to_collection(batch, torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t)
 
     def forward_context(self) -> contextlib.AbstractContextManager:
-        """Autocast for mixed precision; a shared no-op context otherwise (cheap on the per-step path)."""
-        dtype = self.autocast_dtype
-        return _NO_CONTEXT if dtype is None else torch.autocast(self.device_type, dtype=dtype)
+        """Around each step: autocast for mixed precision; the parameter dtype as torch's default dtype for a
+        "true" precision (tensors the step creates match the parameters); a shared no-op context otherwise."""
+        if self.autocast_dtype is not None:
+            return torch.autocast(self.device_type, dtype=self.autocast_dtype)
+        return _NO_CONTEXT if self.parameter_dtype is None else _DefaultDtype(self.parameter_dtype)
 
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward(*args, **kwargs)

@@ -11,12 +11,20 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tandem.utilities.exceptions import TandemConfigError, bad_choice, out_of_range
+from tandem.strategies.environments import ClusterEnvironment
+from tandem.strategies.layer_sync import TorchSyncBatchNorm
+from tandem.strategies.precision import Precision
+from tandem.utilities.exceptions import TandemConfigError, bad_choice, incompatible, out_of_range
 
 if TYPE_CHECKING:
     from tandem.strategies.strategy import Strategy
 
 ACCELERATORS = ("auto", "cpu", "cuda", "gpu")
+_ACCEPTED_PLUGINS = (
+    "a tandem.strategies.Precision (e.g. Precision('bf16-true')), a cluster environment from "
+    "tandem.strategies.environments (e.g. SLURMEnvironment(auto_requeue=False)), or "
+    "tandem.strategies.layer_sync.TorchSyncBatchNorm()"
+)
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,58 @@ def resolve_devices(accelerator: str, devices: Any) -> list[torch.device]:
     return [torch.device("cpu")] * len(indices)
 
 
+@dataclass(frozen=True)
+class Plugins:
+    """``Trainer(plugins=...)`` sorted by kind, as Lightning sorts them (at most one of each kind)."""
+
+    precision: Precision | None = None
+    cluster_environment: ClusterEnvironment | None = None
+    sync_batchnorm: bool = False
+
+
+def sort_plugins(plugins: Any) -> Plugins:
+    """Sort ``Trainer(plugins=...)`` (one plugin, a list of them, or None) into a :class:`Plugins`; anything
+    tandem has no plugin for is an error naming what it accepts."""
+    if plugins is None:
+        return Plugins()
+    found: dict[str, Any] = {}
+    for plugin in plugins if isinstance(plugins, (list, tuple)) else [plugins]:
+        if isinstance(plugin, Precision):
+            kind = "precision"
+        elif isinstance(plugin, ClusterEnvironment):
+            kind = "cluster_environment"
+        elif isinstance(plugin, TorchSyncBatchNorm):
+            kind = "sync_batchnorm"
+        else:
+            raise _refused_plugin(plugin)
+        if kind in found:
+            raise TandemConfigError(
+                f"Trainer(plugins=[...]) got two {kind.replace('_', ' ')} plugins: {found[kind]!r} and "
+                f"{plugin!r}. Give at most one of each kind."
+            )
+        found[kind] = plugin
+    return Plugins(found.get("precision"), found.get("cluster_environment"), "sync_batchnorm" in found)
+
+
+def _refused_plugin(plugin: Any) -> TandemConfigError:
+    kind = type(plugin).__name__
+    if isinstance(plugin, str):
+        return TandemConfigError(
+            f"Trainer(plugins={plugin!r}): plugins are objects, not names. For a precision write "
+            f"Trainer(precision={plugin!r}); otherwise pass {_ACCEPTED_PLUGINS}."
+        )
+    if all(callable(getattr(plugin, m, None)) for m in ("save_checkpoint", "load_checkpoint", "remove_checkpoint")):
+        return TandemConfigError(
+            f"Trainer(plugins=[{kind}(...)]) looks like a checkpoint IO plugin, which tandem does not have: the "
+            "strategy writes checkpoints (atomically, on global rank 0). To change how, subclass the strategy and "
+            "override its save_checkpoint / load_checkpoint / remove_checkpoint, and pass it as strategy=."
+        )
+    return TandemConfigError(
+        f"Trainer(plugins=[{kind}(...)]) is not a plugin tandem knows. Expected {_ACCEPTED_PLUGINS}. "
+        "(Lightning's own plugin classes do not work with tandem; use tandem's of the same name.)"
+    )
+
+
 def resolve_strategy(
     strategy: str | Strategy,
     accelerator: str,
@@ -114,6 +174,7 @@ def resolve_strategy(
     *,
     use_distributed_sampler: bool = True,
     sync_batchnorm: bool = False,
+    plugins: Any = None,
 ) -> Strategy:
     """Build (or complete) the Strategy the Trainer's arguments describe, in one phase: nothing is set on it
     afterwards.
@@ -124,6 +185,10 @@ def resolve_strategy(
         use_distributed_sampler, sync_batchnorm: the Trainer's arguments. They fill in what an instance left
             open (None); an instance built with another value than a Trainer argument that is not its
             default is refused (say it in one place).
+        plugins: the Trainer's ``plugins`` (see :func:`sort_plugins`): a ``Precision`` takes the place of
+            ``precision`` (giving both is an error, as is a strategy instance built with its own precision), a
+            cluster environment that of the strategy's ``cluster_environment``, and ``TorchSyncBatchNorm()``
+            means ``sync_batchnorm=True``.
 
     Example::
 
@@ -133,6 +198,7 @@ def resolve_strategy(
 
     if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes < 1:
         raise out_of_range("num_nodes", num_nodes, "an int >= 1")
+    sorted_plugins = sort_plugins(plugins)
     accelerator = resolve_accelerator(accelerator)
     if isinstance(strategy, Strategy):
         instance = strategy
@@ -152,5 +218,33 @@ def resolve_strategy(
     if device_list is None:  # the instance leaves the devices to the Trainer's arguments
         device_list = resolve_devices(accelerator, devices)
         type(instance)._check_devices(accelerator, len(device_list))
-    instance._configure(device_list, num_nodes, precision, use_distributed_sampler, sync_batchnorm)
+    if sorted_plugins.precision is not None:
+        precision = _precision_plugin(sorted_plugins.precision, precision, instance)
+    instance._configure(
+        device_list,
+        num_nodes,
+        precision,
+        use_distributed_sampler,
+        sync_batchnorm or sorted_plugins.sync_batchnorm,
+        sorted_plugins.cluster_environment,
+    )
     return instance
+
+
+def _precision_plugin(plugin: Precision, precision: Any, strategy: Strategy) -> Precision:
+    """The precision plugin, unless the precision is also given elsewhere (as Lightning, an error)."""
+    named = precision.precision if isinstance(precision, Precision) else Precision(precision).precision
+    if named != "32-true":
+        raise incompatible(
+            f"Trainer(precision={precision!r}, plugins=[Precision({plugin.precision!r})])",
+            "both set the precision",
+            "Choose one: precision='...' or a Precision in plugins.",
+        )
+    if strategy._given["precision"] is not None:
+        raise incompatible(
+            f"Trainer(plugins=[Precision({plugin.precision!r})]) with a strategy built with "
+            f"precision={strategy._given['precision']!r}",
+            "both set the precision",
+            "Choose one: the strategy's precision argument or a Precision in plugins.",
+        )
+    return plugin

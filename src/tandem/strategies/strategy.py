@@ -23,6 +23,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
+from tandem.strategies.environments import ClusterEnvironment
 from tandem.strategies.precision import Precision, for_device
 from tandem.utilities.checkpoint import atomic_save, is_sharded_checkpoint, load_checkpoint_file
 from tandem.utilities.data import end_workers_with_process
@@ -106,6 +107,10 @@ class Strategy:
         self.precision: Precision = precision if isinstance(precision, Precision) else Precision(precision or "32-true")
         self.use_distributed_sampler: bool = True if use_distributed_sampler is None else use_distributed_sampler
         self.sync_batchnorm: bool = False if sync_batchnorm is None else sync_batchnorm
+        #: where this process sits in the job, when given (``Trainer(plugins=[...])``, or the strategy's
+        #: ``cluster_environment`` argument); None: read from the environment variables. One process uses it only
+        #: for what a pre-emption stop does (``SLURMEnvironment(auto_requeue=False)``).
+        self.cluster_environment: ClusterEnvironment | None = None
         # what the instance was built with (None: left open to the Trainer's arguments)
         self._given: dict[str, Any] = {
             "precision": None if precision is None else self.precision.precision,
@@ -136,16 +141,28 @@ class Strategy:
         precision: str | Precision,
         use_distributed_sampler: bool = True,
         sync_batchnorm: bool = False,
+        cluster_environment: ClusterEnvironment | None = None,
     ) -> None:
         """Fill in what the Trainer's arguments decide and the instance left open (called once, by
-        ``resolve_strategy``), then :meth:`_check_configuration`."""
+        ``resolve_strategy``), then :meth:`_check_configuration`. ``precision`` is a name (the Trainer's
+        ``precision``) or a ``Precision`` instance (from ``plugins``, kept as given)."""
         if self.parallel_devices is None:
             self.parallel_devices = devices
         self.num_nodes = num_nodes
         trainer_precision = precision if isinstance(precision, Precision) else Precision(precision)
         _settle("precision", self._given["precision"], trainer_precision.precision, "32-true")  # refuses a conflict
         if self._given["precision"] is None:
-            self.precision = for_device(trainer_precision, self.root_device.type)
+            given = isinstance(precision, Precision)  # a plugin: asked for explicitly, so 16-mixed stays on the CPU
+            self.precision = trainer_precision if given else for_device(trainer_precision, self.root_device.type)
+        if cluster_environment is not None:
+            if self.cluster_environment is not None and self.cluster_environment is not cluster_environment:
+                raise incompatible(
+                    f"Trainer(plugins=[{type(cluster_environment).__name__}(...)]) with a strategy built with "
+                    f"cluster_environment={type(self.cluster_environment).__name__}(...)",
+                    "a job has one cluster environment",
+                    "Give it in one place: in plugins=[...] or the strategy's cluster_environment argument.",
+                )
+            self.cluster_environment = cluster_environment
         self.use_distributed_sampler = _settle(
             "use_distributed_sampler", self._given["use_distributed_sampler"], use_distributed_sampler, True
         )
@@ -287,9 +304,10 @@ class Strategy:
 
     # ------------------------------------------------------------------ steps
     def run_step(self, method: str, *args: Any) -> Any:
-        """Call ``training_step`` / ``validation_step`` / ``test_step`` / ``predict_step`` under autocast."""
+        """Call ``training_step`` / ``validation_step`` / ``test_step`` / ``predict_step`` in the precision's
+        forward context (autocast, or the default dtype of a "true" precision)."""
         step = getattr(self._module, method) if self._model is self._module else partial(self._model, method)
-        if self.precision.autocast_dtype is None:
+        if not self.precision.has_forward_context:
             return step(*args)
         with self.precision.forward_context():
             return step(*args)

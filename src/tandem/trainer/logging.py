@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from tandem.trainer.state import LoopState, TrainerState
 
 REDUCE_FX = ("mean", "sum", "max", "min")
+#: logged in float32: a 16-bit running sum or count stops counting (bfloat16: 256 + 1 == 256)
+_HALF_DTYPES = frozenset((torch.float16, torch.bfloat16))
 
 
 @dataclass
@@ -150,6 +152,8 @@ class MetricCollector:
             on_epoch = (not in_step_hook) if on_epoch is None else on_epoch
         if isinstance(value, torch.Tensor) and value.ndim == 0:  # the common case, kept cheap
             value, metric = value.detach(), None
+            if value.dtype in _HALF_DTYPES:
+                value = value.float()
         else:
             metric = value if is_metric(value) else None
             if metric is None:
@@ -196,9 +200,11 @@ class MetricCollector:
                     "name, e.g. value.mean(), or a torchmetrics Metric."
                 )
             value = value.detach()
-            return value if value.ndim == 0 else value.reshape(())
-        if isinstance(value, numbers.Number) and not isinstance(value, bool):
-            return torch.tensor(float(value))
+            value = value if value.ndim == 0 else value.reshape(())
+            return value.float() if value.dtype in _HALF_DTYPES else value
+        if isinstance(value, numbers.Number) and not isinstance(value, bool):  # float32 under a 16-bit default dtype
+            default = torch.get_default_dtype()
+            return torch.tensor(float(value), dtype=torch.float32 if default in _HALF_DTYPES else default)
         raise TandemUserCodeError(
             f"self.log({name!r}, ...) got {type(value).__name__}; expected a number, a one-element tensor or a "
             "torchmetrics Metric. Log each number under its own name (self.log_dict for several)."

@@ -4,7 +4,8 @@ The fit loop looks at each stop point (after a training batch with no gradients 
 epoch's end) only when :data:`~tandem.utilities.preemption.PREEMPTION` holds a signal. The ranks agree on
 the position through the side channel's pre-emption vote
 (:func:`~tandem.strategies.side_channel.preemption_vote`), then :func:`stop` writes an exact ``last.ckpt``,
-asks SLURM to requeue the job (rank 0, on SIGUSR1) and raises :class:`~tandem.utilities.exceptions.Preempted`.
+asks SLURM to requeue the job (rank 0, on SIGUSR1; see :class:`~tandem.strategies.environments.SLURMEnvironment`
+for turning that off) and raises :class:`~tandem.utilities.exceptions.Preempted`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, NoReturn
 
-from tandem.strategies.environments import slurm_job_to_requeue
+from tandem.strategies.environments import requeues, slurm_job_to_requeue
 from tandem.strategies.side_channel import preemption_vote
 from tandem.trainer import checkpointing
 from tandem.utilities.exceptions import Preempted
@@ -54,7 +55,7 @@ def stop(trainer: Trainer) -> NoReturn:
     where = f"epoch {trainer.current_epoch}, global step {trainer.global_step}"
     message = f"[tandem] {name} received: stopped at {where} and saved {path}."
     if trainer.is_global_zero:
-        job = slurm_job_to_requeue() if signum == getattr(signal, "SIGUSR1", None) else None
+        job = slurm_job_to_requeue() if requeues(signum, trainer.strategy.cluster_environment) else None
         if job is not None:
             message += " " + _requeue(job)
         else:

@@ -44,7 +44,13 @@ class Trainer:
         strategy: ``"auto"``, a registered name (``"single_device"``, ``"ddp"``, ``"ddp_spawn"``, ``"fsdp"``,
             ``"dp"``, ...) or a :class:`~tandem.strategies.Strategy` instance.
         num_nodes: machines in a multi-node DDP job.
-        precision: ``"32-true"``, ``"64-true"``, ``"bf16-mixed"`` or ``"16-mixed"``.
+        precision: ``"32-true"``, ``"64-true"``, ``"bf16-mixed"`` or ``"16-mixed"`` (autocast), or ``"bf16-true"``
+            or ``"16-true"`` (parameters and inputs in 16 bits; build the module with ``trainer.init_module()``
+            to create it in that dtype).
+        plugins: one plugin or a list, at most one of each kind: a :class:`~tandem.strategies.Precision` (instead of
+            ``precision=``), a cluster environment from :mod:`tandem.strategies.environments` (e.g.
+            ``SLURMEnvironment(auto_requeue=False)``: no ``scontrol requeue`` after a SIGUSR1 stop), or
+            :class:`~tandem.strategies.layer_sync.TorchSyncBatchNorm` (``sync_batchnorm=True``).
         max_epochs: stop after this many epochs (default 1000 when neither ``max_steps`` nor ``max_time`` is
             set; -1: no limit).
         min_epochs: train at least this many epochs, even when ``should_stop`` is set (e.g. early stopping).
@@ -123,6 +129,7 @@ class Trainer:
         strategy: str | Strategy = "auto",
         num_nodes: int = 1,
         precision: str | int = "32-true",
+        plugins: Any = None,
         max_epochs: int | None = None,
         min_epochs: int | None = None,
         max_steps: int = -1,
@@ -205,6 +212,7 @@ class Trainer:
             precision,
             use_distributed_sampler=use_distributed_sampler,
             sync_batchnorm=sync_batchnorm,
+            plugins=plugins,
         )
         self.default_root_dir: str = os.fspath(default_root_dir) if default_root_dir is not None else os.getcwd()
         self.deterministic = deterministic

@@ -111,7 +111,9 @@ def non_finite_advice(precision: str) -> str:
     """What to try when training produced NaN or inf."""
     if precision == "16-mixed":
         dtype = "float16 overflows often cause this: try precision='bf16-mixed' or '32-true'"
-    elif precision == "bf16-mixed":
+    elif precision == "16-true":
+        dtype = "float16 overflows often cause this: try precision='bf16-true', 'bf16-mixed' or '32-true'"
+    elif precision in ("bf16-mixed", "bf16-true"):
         dtype = "precision='32-true', to see whether bfloat16's coarse rounding is the cause"
     else:
         dtype = "a numerically stable loss (F.cross_entropy on logits, log-softmax, no exp of large values)"

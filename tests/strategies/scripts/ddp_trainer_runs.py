@@ -14,6 +14,7 @@ group, and each rank saves what it saw to ``<out>/<scenario>-rank<r>.pt`` for th
     prediction_writer  a BasePredictionWriter writing one file per rank: predictions and their dataset indices
     uneven       data of unknown length, 8 training batches on rank 0 and 5 on rank 1 (accumulate 1 and 3, a
                  limit), and 4 and 1 evaluation batches: fit, validate, test and predict
+    true_half    precision="bf16-true": bfloat16 parameters, inputs and gradient all-reduce; the loss falls
     mismatch     (last: it ends in an error on every rank) a torchmetrics Metric logged on one rank only
 """
 
@@ -485,6 +486,39 @@ def uneven(out: Path) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- mismatch
 
 
+def true_half(out: Path) -> dict[str, Any]:
+    tandem.seed_everything(1000 * launched_rank())  # ranks seeded differently: DDP starts them from rank 0's
+    losses, inputs = [], set()
+
+    class Record(tandem.Callback):
+        def on_train_batch_start(self, trainer: tandem.Trainer, module: tandem.TrainingModule, batch: Any, i: int):
+            inputs.add((batch[0].dtype, batch[1].dtype))
+
+        def on_train_epoch_end(self, trainer: tandem.Trainer, module: tandem.TrainingModule) -> None:
+            losses.append(float(trainer.callback_metrics["train_loss_epoch"]))
+
+    class EpochLoss(Net):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            loss = F.cross_entropy(self(batch[0]), batch[1])
+            self.log("train_loss_epoch", loss, on_step=False, on_epoch=True, sync_dist=True)
+            return loss
+
+    trainer = tandem.Trainer(
+        strategy="ddp", max_epochs=3, precision="bf16-true", limit_val_batches=0, callbacks=[Record()], **QUIET
+    )
+    with trainer.init_module():
+        model = EpochLoss()
+    built = {p.dtype for p in model.parameters()}
+    trainer.fit(model, DataLoader(dataset(TRAIN_SAMPLES), batch_size=BATCH))
+    return {
+        "built": built,
+        "final": weights(model),
+        "inputs": inputs,
+        "losses": losses,
+        "default_dtype": torch.get_default_dtype(),
+    }
+
+
 def mismatch(out: Path) -> dict[str, Any]:
     """Net logs a torchmetrics accuracy in validation; with one sample, rank 1 never logs it. Every rank
     must raise the same clear error (not hang in torchmetrics' collective). Run last: rank 0's error
@@ -499,7 +533,8 @@ def mismatch(out: Path) -> dict[str, Any]:
 
 
 SCENARIOS = {
-    f.__name__: f for f in (equivalence, evaluation, logging, decisions, resume, prediction_writer, uneven, mismatch)
+    f.__name__: f
+    for f in (equivalence, evaluation, logging, decisions, resume, prediction_writer, uneven, true_half, mismatch)
 }
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ group; each rank saves what it saw to ``<out>/<scenario>-rank<r>.pt`` for the te
     resume_sharded  the same with sharded checkpoint directories
     export          after a sharded fit: save_checkpoint(weights_only=True) writes the whole weights; rank 0
                     alone calling the sharded module or its state_dict() gets an error naming the ways out
+    true_half       precision="bf16-true" with trainer.init_module(empty_init=True): bfloat16 shards, the loss
+                    falls, the checkpoint holds bfloat16 weights
     crash           (last: it ends the job) rank 1 raises at its third step
 """
 
@@ -336,7 +338,39 @@ def crash(out: Path) -> dict[str, Any]:
     return {}
 
 
-SCENARIOS = {f.__name__: f for f in (equivalence, evaluation, init, resume_full, resume_sharded, export, crash)}
+def true_half(out: Path) -> dict[str, Any]:
+    tandem.seed_everything(0)
+    losses: list[float] = []
+
+    class Record(tandem.Callback):
+        def on_train_epoch_end(self, trainer: tandem.Trainer, module: tandem.TrainingModule) -> None:
+            losses.append(float(trainer.callback_metrics["train_loss"]))
+
+    trainer = tandem.Trainer(
+        strategy=FSDPStrategy(auto_wrap_policy={nn.Linear}),
+        precision="bf16-true",
+        max_epochs=3,
+        limit_val_batches=0,
+        callbacks=[Record()],
+        **QUIET,
+    )
+    with trainer.init_module(empty_init=True):
+        model = Net("sgd")
+    trainer.fit(model, DataLoader(dataset(TRAIN_SAMPLES), batch_size=BATCH))
+    path = out / "true_half.ckpt"
+    trainer.save_checkpoint(path)
+    saved = torch.load(path, weights_only=False)["state_dict"] if trainer.is_global_zero else {}
+    return {
+        "shards": {p.dtype for p in model.parameters()},
+        "losses": losses,
+        "saved": {v.dtype for v in saved.values()},
+        "default_dtype": torch.get_default_dtype(),
+    }
+
+
+SCENARIOS = {
+    f.__name__: f for f in (equivalence, evaluation, init, resume_full, resume_sharded, export, true_half, crash)
+}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
