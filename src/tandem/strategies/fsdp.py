@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import functools
 import os
 import shutil
 import uuid
@@ -43,7 +44,13 @@ from tandem.strategies.parallel import ParallelStrategy
 from tandem.strategies.precision import Precision
 from tandem.strategies.registry import register_strategy
 from tandem.strategies.strategy import StepForward
-from tandem.utilities.checkpoint import SHARDED_META_FILE, atomic_save, is_sharded_checkpoint, load_checkpoint_file
+from tandem.utilities.checkpoint import (
+    SHARDED_META_FILE,
+    atomic_save,
+    is_sharded_checkpoint,
+    load_checkpoint_file,
+    temporary_directory,
+)
 from tandem.utilities.exceptions import CheckpointError, TandemConfigError, TandemUserCodeError, bad_choice
 
 if TYPE_CHECKING:  # torch's FSDP, DTensor and checkpoint modules take ~1 s to import: loaded when used
@@ -55,6 +62,8 @@ META_FILE = (
     SHARDED_META_FILE  #: a sharded checkpoint's non-tensor state (loops, callbacks, RNG, ...), written by rank 0
 )
 _ROOT_ATTRIBUTE = "_tandem_fsdp_root"  # the FSDP root built around a module, reused by later stages
+_GUARD_ATTRIBUTE = "_tandem_fsdp_guard"  # between stages: the hooks that stop a use of the sharded module
+_READING_ATTRIBUTE = "_tandem_fsdp_reading"  # the strategy is reading the sharded module's state itself
 _PARAM_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
 Policy = Callable[[nn.Module], bool] | Iterable[type[nn.Module]] | type[nn.Module] | None
@@ -195,6 +204,7 @@ class FSDPStrategy(ParallelStrategy):
 
     def _setup(self, module: nn.Module) -> None:
         self._optimizers = []
+        _unguard(module)
         root = module.__dict__.get(_ROOT_ATTRIBUTE)
         if root is None:  # a module sharded by an earlier stage keeps its groups
             root = self._shard(module)
@@ -206,7 +216,7 @@ class FSDPStrategy(ParallelStrategy):
     def _shard(self, module: nn.Module) -> FSDPModule:
         """Check, then shard: activation checkpointing, the policy's groups innermost first, the root last."""
         from torch.distributed._composable import checkpoint
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         _refuse_data_parallel(module)
         meta = [m for m in module.modules() if _has_meta(m)]
@@ -217,13 +227,22 @@ class FSDPStrategy(ParallelStrategy):
         module = self.precision.convert_module(module)
         checkpointed = _select(module, self.activation_checkpointing_policy, "activation_checkpointing_policy")
         groups = _select(module, self.auto_wrap_policy, "auto_wrap_policy")
-        _check_dtypes(module, groups)
+        # BatchNorm keeps float32 weights under a 16-bit policy (its statistics are float32), as autocast does
+        norms = _batch_norms(module) if self.mixed_precision_policy.param_dtype is not None else []
+        groups = [g for g in groups if not any(g is n for n in norms)]
+        _check_dtypes(module, norms + groups)
         if self.sync_module_states and self.world_size > 1 and not meta:
             self._broadcast_tensors(module)
         for layer in checkpointed:
             checkpoint(layer)
         options = {"mesh": self.device_mesh, "mp_policy": self.mixed_precision_policy}
         options["offload_policy"] = self.offload_policy
+        for layer in norms:
+            fully_shard(
+                layer,
+                reshard_after_forward=self.reshard_after_forward,
+                **{**options, "mp_policy": MixedPrecisionPolicy()},
+            )
         for layer in groups:
             fully_shard(layer, reshard_after_forward=self.reshard_after_forward, **options)
         # the root: torch keeps its parameters gathered after forward (backward needs them at once)
@@ -303,8 +322,12 @@ class FSDPStrategy(ParallelStrategy):
 
     def teardown(self) -> None:
         """The module stays sharded (its parameters are this rank's shards, the gathered copies are freed); a
-        later stage reuses its groups."""
+        later stage reuses its groups. Until then, calling it or its ``state_dict()`` raises an error naming
+        the ways to the whole weights (on one rank it would fail with DTensor errors, hang in a gather, or
+        return this rank's shards)."""
         self._reshard_all()
+        if self._module is not None and _is_fsdp(self._model):
+            _guard(self._module, self.world_size)
         for handle in self._hooks:
             handle.remove()
         self._hooks, self._recording, self._last_step = [], None, []
@@ -379,30 +402,51 @@ class FSDPStrategy(ParallelStrategy):
             group.reshard()
 
     # ------------------------------------------------------------------ checkpoint state
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        """The sharded parameters registered everywhere (local: the state-dict functions map them to names), and
+        the module's state readable between stages (torch's state-dict functions call ``state_dict()``)."""
+        self._reshard_all()
+        module = self.module
+        module.__dict__[_READING_ATTRIBUTE] = True
+        try:
+            yield
+        finally:
+            module.__dict__.pop(_READING_ATTRIBUTE, None)
+
     def module_state_dict(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         if self.state_dict_type == "full":
             return self.full_module_state_dict()
-        self._reshard_all()
-        return get_model_state_dict(self.module)
+        with self._reading():
+            return get_model_state_dict(self.module)
 
     def full_module_state_dict(self) -> dict[str, Any]:
-        """Gathered on every rank's call; the tensors arrive on rank 0 (on the CPU), the others get ``{}``."""
+        """The whole weights, as plain CPU tensors, gathered from every rank's shards: call it on every rank
+        (it is a collective); rank 0 receives them, the others get ``{}``. After ``fit`` this is how the
+        trained weights leave the sharded module (or ``trainer.save_checkpoint(path, weights_only=True)``).
+
+        Example::
+
+            state_dict = trainer.strategy.full_module_state_dict()  # every rank
+            if trainer.is_global_zero:
+                torch.save(state_dict, "model.pt")
+        """
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        self._reshard_all()
-        return get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        with self._reading():
+            return get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def load_module_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-        self._reshard_all()
         full = not any(_is_dtensor(v) for v in state_dict.values())
         try:
-            set_model_state_dict(
-                self.module, dict(state_dict), options=StateDictOptions(full_state_dict=full, strict=strict)
-            )
+            with self._reading():
+                set_model_state_dict(
+                    self.module, dict(state_dict), options=StateDictOptions(full_state_dict=full, strict=strict)
+                )
         except (KeyError, ValueError) as err:
             raise RuntimeError(str(err)) from None
 
@@ -414,11 +458,11 @@ class FSDPStrategy(ParallelStrategy):
 
         if not optimizer.state:
             return optimizer.state_dict()
-        self._reshard_all()
-        if self.state_dict_type == "sharded":
-            return get_optimizer_state_dict(self.module, optimizer)
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        state = get_optimizer_state_dict(self.module, optimizer, options=options)
+        with self._reading():
+            if self.state_dict_type == "sharded":
+                return get_optimizer_state_dict(self.module, optimizer)
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            state = get_optimizer_state_dict(self.module, optimizer, options=options)
         return _numbered(state) if state else {}
 
     def load_optimizer_state(self, optimizer: Optimizer, state: Mapping[str, Any]) -> None:
@@ -427,12 +471,12 @@ class FSDPStrategy(ParallelStrategy):
         if not state.get("state"):
             optimizer.load_state_dict(state)
             return
-        self._reshard_all()
-        if all(isinstance(k, str) for k in state["state"]):  # by name: a sharded checkpoint
-            set_optimizer_state_dict(self.module, optimizer, dict(state))
-            return
-        named = _named(state, self._parameter_names(optimizer))
-        set_optimizer_state_dict(self.module, optimizer, named, options=StateDictOptions(full_state_dict=True))
+        with self._reading():
+            if all(isinstance(k, str) for k in state["state"]):  # by name: a sharded checkpoint
+                set_optimizer_state_dict(self.module, optimizer, dict(state))
+                return
+            named = _named(state, self._parameter_names(optimizer))
+            set_optimizer_state_dict(self.module, optimizer, named, options=StateDictOptions(full_state_dict=True))
 
     def _parameter_names(self, optimizer: Optimizer) -> list[str]:
         names = {id(p): n for n, p in self.module.named_parameters()}
@@ -447,34 +491,41 @@ class FSDPStrategy(ParallelStrategy):
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path) -> None:
-        """Full: rank 0 writes one file. Sharded: a directory — every rank writes its shard with
-        torch.distributed.checkpoint into a temporary directory, rank 0 adds ``meta.pt`` (everything but the
-        module and optimizer tensors), and the directory is renamed onto ``path`` once every rank has finished."""
-        if self.state_dict_type == "full":
+        """A full state dict (``state_dict_type="full"``, or ``weights_only``): rank 0 writes one file. Sharded: a
+        directory — every rank writes its shard with torch.distributed.checkpoint into a temporary directory
+        (named and locked by rank 0 like a file's temporary, so a later save or resume removes one a killed job
+        left), rank 0 adds ``meta.pt`` (everything but the module and optimizer tensors), and the directory is
+        renamed onto ``path`` once every rank has finished."""
+        if not any(_is_dtensor(v) for v in checkpoint["state_dict"].values()):  # the same on every rank
             super().save_checkpoint(checkpoint, path)
             return
         import torch.distributed.checkpoint as dcp
 
         path = Path(path)
-        temporary = self.broadcast(str(path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"))
         meta = dict(checkpoint)
         tensors: dict[str, Any] = {"state_dict": meta.pop("state_dict")}
         if "optimizer_states" in meta:  # the plain states of optimizers that never stepped go with the meta
             states = meta.pop("optimizer_states")
             meta["optimizer_states"] = [s if _is_numbered(s) else None for s in states]
             tensors["optimizer_states"] = {str(i): s for i, s in enumerate(states) if not _is_numbered(s)}
-        try:
-            dcp.save(tensors, checkpoint_id=temporary)
+        with contextlib.ExitStack() as held:
+            temporary = None
             if self.is_global_zero:
-                atomic_save(meta, Path(temporary) / META_FILE)
-            self.barrier("save_checkpoint")  # every shard is written
-            if self.is_global_zero:
-                _replace_directory(Path(temporary), path)
-            self.barrier("save_checkpoint")
-        except BaseException:
-            if self.is_global_zero:
-                shutil.rmtree(temporary, ignore_errors=True)
-            raise
+                path.parent.mkdir(parents=True, exist_ok=True)
+                temporary = str(held.enter_context(temporary_directory(path)))
+            temporary = self.broadcast(temporary)
+            try:
+                dcp.save(tensors, checkpoint_id=temporary)
+                if self.is_global_zero:
+                    atomic_save(meta, Path(temporary) / META_FILE)
+                self.barrier("save_checkpoint")  # every shard is written
+                if self.is_global_zero:
+                    _replace_directory(Path(temporary), path)
+                self.barrier("save_checkpoint")
+            except BaseException:
+                if self.is_global_zero:
+                    shutil.rmtree(temporary, ignore_errors=True)
+                raise
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """A file (full, or written by another strategy) as usual; a sharded directory is read into this rank's
@@ -486,15 +537,15 @@ class FSDPStrategy(ParallelStrategy):
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
         checkpoint = load_checkpoint_file(_meta_file(path))
-        self._reshard_all()
-        target: dict[str, Any] = {"state_dict": get_model_state_dict(self.module)}
-        plain = checkpoint.get("optimizer_states")
-        if plain is not None and self._optimizers:
-            target["optimizer_states"] = {
-                str(i): get_optimizer_state_dict(self.module, optimizer)
-                for i, optimizer in enumerate(self._optimizers)
-                if i < len(plain) and plain[i] is None
-            }
+        with self._reading():
+            target: dict[str, Any] = {"state_dict": get_model_state_dict(self.module)}
+            plain = checkpoint.get("optimizer_states")
+            if plain is not None and self._optimizers:
+                target["optimizer_states"] = {
+                    str(i): get_optimizer_state_dict(self.module, optimizer)
+                    for i, optimizer in enumerate(self._optimizers)
+                    if i < len(plain) and plain[i] is None
+                }
         try:
             dcp.load(target, checkpoint_id=str(path))
         except Exception as err:  # torch raises several types for a checkpoint that does not fit
@@ -575,6 +626,16 @@ def _check_dtypes(module: nn.Module, groups: list[nn.Module]) -> None:
             )
 
 
+def _batch_norms(module: nn.Module) -> list[nn.Module]:
+    """The BatchNorm layers with weights that no FSDP group (one ``configure_model`` made) holds yet."""
+    held = {id(m) for group in module.modules() if _is_fsdp(group) for m in group.modules()}
+    return [
+        m
+        for m in module.modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and id(m) not in held and any(True for _ in m.parameters())
+    ]
+
+
 def _is_fsdp(module: Any) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
@@ -595,6 +656,52 @@ def _refuse_data_parallel(module: nn.Module) -> None:
                 "from one process; FSDP runs one process per device and shards the module itself. Remove the "
                 f"{type(inner).__name__} wrapper and keep the plain module."
             )
+
+
+# ---------------------------------------------------------------------------------------------- between stages
+
+
+def _guard(module: nn.Module, world_size: int) -> None:
+    """Between stages, calling the sharded module (or a layer of it) or its ``state_dict()`` raises
+    :func:`_sharded_module_error`; the hooks cost nothing while a stage runs (they are removed then). The
+    strategy's own reads (``_reading``) pass."""
+    _unguard(module)
+    name = type(module).__name__
+    handles = [  # before FSDP's own pre-forward hook (a gather)
+        layer.register_forward_pre_hook(
+            functools.partial(_refuse_forward, name, world_size, f"{name}.{path}" if path else name), prepend=True
+        )
+        for path, layer in module.named_modules()
+        if any(True for _ in layer.parameters())
+    ]
+    handles.append(module.register_state_dict_post_hook(functools.partial(_refuse_state_dict, world_size)))
+    module.__dict__[_GUARD_ATTRIBUTE] = handles
+
+
+def _unguard(module: nn.Module) -> None:
+    for handle in module.__dict__.pop(_GUARD_ATTRIBUTE, []):
+        handle.remove()
+
+
+def _refuse_forward(name: str, world_size: int, path: str, layer: nn.Module, args: Any) -> None:
+    raise _sharded_module_error(name, world_size, f"calling {path}(...) outside the Trainer")
+
+
+def _refuse_state_dict(world_size: int, module: nn.Module, state_dict: Any, prefix: str, metadata: Any) -> None:
+    if not module.__dict__.get(_READING_ATTRIBUTE):
+        raise _sharded_module_error(type(module).__name__, world_size, f"{type(module).__name__}.state_dict()")
+
+
+def _sharded_module_error(name: str, world_size: int, what: str) -> TandemUserCodeError:
+    return TandemUserCodeError(
+        f"{name} is still sharded by FSDP after the Trainer's stage: its parameters are DTensor shards over "
+        f"{world_size} rank(s), each rank holding its part, so {what} would fail with DTensor errors, wait forever "
+        "for the other ranks' shards, or (state_dict) return this rank's shards, not the weights. On every rank, "
+        "call trainer.save_checkpoint('model.ckpt', weights_only=True) (one file with the whole weights: "
+        "model.load_state_dict(torch.load('model.ckpt')['state_dict']) in a plain module) or state_dict = "
+        "trainer.strategy.full_module_state_dict() (rank 0 receives the whole weights), then save or use them "
+        "under `if trainer.is_global_zero:`. To run the sharded module, use trainer.validate/test/predict."
+    )
 
 
 # ---------------------------------------------------------------------------------------------- meta init

@@ -7,7 +7,7 @@ import glob
 import os
 from typing import TYPE_CHECKING, Any
 
-from tandem.utilities.checkpoint import CHECKPOINT_MARKER
+from tandem.utilities.checkpoint import CHECKPOINT_MARKER, remove_stale_temporaries_in
 from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError
 from tandem.utilities.rank_zero import rank_zero_warn
 from tandem.utilities.seed import capture_rng_state
@@ -19,13 +19,15 @@ if TYPE_CHECKING:
 
 def checkpoint_state(trainer: Trainer, weights_only: bool = False) -> dict[str, Any]:
     """What a checkpoint holds, built on every rank: the weights and hparams, and unless ``weights_only`` the
-    loop state, every optimizer and scheduler, the precision's scaler, callbacks, RNG states, DataModule."""
-    module = trainer.strategy.module
+    loop state, every optimizer and scheduler, the precision's scaler, callbacks, RNG states, DataModule.
+    ``weights_only`` weights are always whole (gathered under FSDP, whatever its ``state_dict_type``): a file
+    to load into a plain module."""
+    module, strategy = trainer.strategy.module, trainer.strategy
     checkpoint: dict[str, Any] = {
         CHECKPOINT_MARKER: __version__,
         "epoch": trainer.current_epoch,
         "global_step": trainer.global_step,
-        "state_dict": trainer.strategy.module_state_dict(),
+        "state_dict": strategy.full_module_state_dict() if weights_only else strategy.module_state_dict(),
         "hparams": dict(module.hparams),
     }
     if trainer.datamodule is not None:
@@ -47,10 +49,13 @@ def checkpoint_state(trainer: Trainer, weights_only: bool = False) -> dict[str, 
 
 
 def restore(trainer: Trainer, ckpt_path: str | os.PathLike, fn: str) -> None:
-    """Load the weights; for ``fit``, everything the run needs to continue exactly."""
+    """Load the weights; for ``fit``, everything the run needs to continue exactly. Rank 0 first removes the
+    temporaries that killed saves left in the checkpoint's folder (only those whose writer is gone)."""
     path = resolve_ckpt_path(trainer, ckpt_path, fn)
     if path is None:
         return
+    if trainer.is_global_zero:  # what killed saves left there: the resumed run may write to another folder
+        remove_stale_temporaries_in(os.path.dirname(os.path.abspath(path)))
     checkpoint = trainer.strategy.load_checkpoint(path)
     module = trainer.strategy.module
     trainer.call_hook("on_load_checkpoint", checkpoint)

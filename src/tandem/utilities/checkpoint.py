@@ -5,7 +5,9 @@ killed while writing leaves the previous file intact. The temporary is named
 ``.<target>.<host>-<pid>-<random>.tmp``, created with the mode a new file gets from ``open()``
 (``0o666`` less the umask) and locked (``flock``) while it is written; a later write to the same target
 removes the temporaries that a killed writer left behind (the writer's process is gone and nobody holds
-the lock), and never one that a live writer is still writing.
+the lock), and never one that a live writer is still writing. A sharded checkpoint's temporary directory
+(:func:`temporary_directory`) is named and locked the same way, and a resumed run clears its checkpoint's
+folder of them (:func:`remove_stale_temporaries_in`): the run that died may never write there again.
 
 A tandem checkpoint (a dict with the ``tandem_version`` key) also stores ``tandem_checksum``, a CRC32 of each
 of its entries (every tensor's bytes, dtype and shape, and the plain values and keys around them), checked
@@ -22,12 +24,13 @@ import os
 import pickle
 import re
 import secrets
+import shutil
 import socket
 import struct
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
@@ -127,24 +130,58 @@ def check_writable_folder(folder: str | os.PathLike, what: str = "") -> None:
 
 
 def remove_stale_temporaries(path: str | os.PathLike) -> list[str]:
-    """Remove the temporaries of ``path`` that killed writers left; returns their names.
+    """Remove the temporaries of ``path`` (files, or a sharded checkpoint's directories) that killed writers
+    left; returns their names.
 
     Only tandem's temporaries of exactly this target are considered, and one is removed only when its
     writer is gone: on this host its process no longer exists and nobody holds its lock; from another
     host (a shared filesystem) nobody holds its lock and it has not changed for two minutes.
     """
     path = Path(path)
+    return _remove_stale(path.parent, path.name)
+
+
+def remove_stale_temporaries_in(folder: str | os.PathLike) -> list[str]:
+    """:func:`remove_stale_temporaries` for every target in ``folder``: what killed saves of any checkpoint
+    there left (a resumed run calls it on its checkpoint's folder, which it may never write to again).
+    Files and directories that are not tandem's temporaries are never touched."""
+    return _remove_stale(Path(folder), None)
+
+
+@contextlib.contextmanager
+def temporary_directory(path: str | os.PathLike) -> Iterator[Path]:
+    """A new directory next to ``path``, named and locked like :func:`atomic_write`'s temporaries, for a
+    sharded checkpoint that is renamed onto ``path`` when complete; stale ones of ``path`` are removed first.
+    The lock is held until the block ends, so no other process takes the directory for a killed writer's."""
+    path = Path(path)
+    remove_stale_temporaries(path)
+    while True:
+        tmp = _temporary_name(path)
+        try:
+            os.mkdir(tmp)
+            break
+        except FileExistsError:
+            continue
+    fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        _lock(fd)
+        yield Path(tmp)
+    finally:
+        os.close(fd)
+
+
+def _remove_stale(folder: Path, target: str | None) -> list[str]:
     removed = []
     try:
-        entries = list(os.scandir(path.parent))
+        entries = list(os.scandir(folder))
     except OSError:
         return removed
-    prefix = f".{path.name}."
+    prefix = "." if target is None else f".{target}."
     for entry in entries:
         if not entry.name.startswith(prefix) or not entry.name.endswith(".tmp"):
             continue
         match = _TEMPORARY.match(entry.name)
-        if match is None or match["target"] != path.name:
+        if match is None or target is not None and match["target"] != target:
             continue
         if _remove_if_stale(entry.path, match["host"], int(match["pid"])):
             removed.append(entry.name)
@@ -155,19 +192,38 @@ def _writer_host() -> str:
     return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname().split(".")[0])[:40] or "host"
 
 
+def _temporary_name(path: Path) -> str:
+    return str(path.parent / f".{path.name}.{_writer_host()}-{os.getpid()}-{secrets.token_hex(4)}.tmp")
+
+
+def _lock(fd: int) -> None:
+    if fcntl is not None:
+        with contextlib.suppress(OSError):  # a filesystem without locks: the process check still holds
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
 def _create_temporary(path: Path) -> tuple[str, int]:
     """A new, locked temporary file next to ``path``, with the mode a new file gets from ``open()``."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     while True:
-        tmp = str(path.parent / f".{path.name}.{_writer_host()}-{os.getpid()}-{secrets.token_hex(4)}.tmp")
+        tmp = _temporary_name(path)
         try:
             fd = os.open(tmp, flags, 0o666)  # the umask applies, as for open() and torch.save(obj, path)
         except FileExistsError:
             continue
-        if fcntl is not None:
-            with contextlib.suppress(OSError):  # a filesystem without locks: the process check still holds
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _lock(fd)
         return tmp, fd
+
+
+def _last_change(tmp: str) -> float:
+    """When ``tmp`` last changed: a directory's newest entry (its shards are written inside it)."""
+    latest = os.stat(tmp).st_mtime
+    if os.path.isdir(tmp):
+        for folder, _, files in os.walk(tmp):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    latest = max(latest, os.stat(os.path.join(folder, name)).st_mtime)
+    return latest
 
 
 def _remove_if_stale(tmp: str, host: str, pid: int) -> bool:
@@ -176,7 +232,7 @@ def _remove_if_stale(tmp: str, host: str, pid: int) -> bool:
             return False
     else:
         try:
-            if time.time() - os.stat(tmp).st_mtime < _FOREIGN_IDLE_S:
+            if time.time() - _last_change(tmp) < _FOREIGN_IDLE_S:
                 return False
         except OSError:
             return False
@@ -193,7 +249,10 @@ def _remove_if_stale(tmp: str, host: str, pid: int) -> bool:
             except OSError:
                 if host != _writer_host():
                     return False  # no locks here, and no way to ask the other host
-        os.remove(tmp)
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp)
+        else:
+            os.remove(tmp)
         return True
     except OSError:
         return False
@@ -512,13 +571,23 @@ def _foreign_file_advice(obj: Any) -> str:
 
 
 def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is (or claims to be) a sharded checkpoint's directory: named ``*.ckpt``, or holding tandem's
-    meta file or torch.distributed.checkpoint's ``.metadata``; any other folder (a run's ``version_0``, its
-    ``checkpoints``) is a plain folder."""
+    """Whether ``path`` is (or claims to be) a sharded checkpoint's directory: named ``*.ckpt`` and not empty, or
+    holding tandem's meta file or torch.distributed.checkpoint's ``.metadata``; any other folder (a run's
+    ``version_0``, its ``checkpoints``, an empty ``x.ckpt``) is a plain folder."""
     path = Path(path)
     if not path.is_dir():
         return False
-    return path.suffix == ".ckpt" or (path / SHARDED_META_FILE).is_file() or (path / ".metadata").is_file()
+    if (path / SHARDED_META_FILE).is_file() or (path / ".metadata").is_file():
+        return True
+    return path.suffix == ".ckpt" and not _is_empty(path)
+
+
+def _is_empty(folder: Path) -> bool:
+    try:
+        with os.scandir(folder) as entries:
+            return next(entries, None) is None
+    except OSError:
+        return False
 
 
 def _checkpoints_in(folder: Path) -> list[Path]:
@@ -539,6 +608,13 @@ def _earlier_checkpoints(path: str | os.PathLike) -> str:
 
 
 def _folder_message(folder: Path) -> str:
+    if _is_empty(folder):
+        return (
+            f"ckpt_path {str(folder)!r} is an empty folder, not a checkpoint: a checkpoint is a file, or (saved "
+            f"with FSDPStrategy(state_dict_type='sharded')) a folder holding {SHARDED_META_FILE} and one .distcp "
+            "file per rank. Pass a checkpoint written by Trainer.save_checkpoint or ModelCheckpoint, or "
+            "ckpt_path='last' for the newest last.ckpt of this run; remove the empty folder."
+        )
     found = _checkpoints_in(folder)
     if not found:
         return (
