@@ -13,8 +13,11 @@ When a rank fails, the others are stopped and the failure is raised as :class:`R
 the failing rank's traceback, in the process the user watches: rank 0 under ``ddp`` (in its main
 thread, wherever it is, so its ``finally`` blocks and context managers run), the caller under
 ``ddp_spawn``. Each started rank writes the traceback of the error that ends it to a file of its own
-(atomically: a reader never sees half of it); a rank killed by a signal writes none and is reported by
-its signal.
+(atomically: a reader never sees half of it) and, under ``ddp``, leaves printing it to rank 0: each
+traceback is printed once for the job, and an error that every rank raised is printed once, naming the
+ranks. A rank killed by a signal writes none and is reported by its signal. Before stopping the ranks,
+the launcher announces the teardown through the side channel, so that they take its SIGTERM for what it
+is (not a pre-emption) and end at once.
 """
 
 from __future__ import annotations

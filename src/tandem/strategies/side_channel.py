@@ -17,6 +17,15 @@ use it:
 - :attr:`SideChannel.preemption_vote` (:class:`PreemptionVote`, reached with :func:`preemption_vote`):
   after SIGTERM / SIGUSR1, which may reach one rank only, every rank stops at the same step.
 
+The channel also carries how the job ends. A rank posts how it left (``ended its script normally (after
+Trainer.fit returned)``, ``(sys.exit(0) at train.py:12 in training_step inside Trainer.fit)``, ``failed
+(ValueError: ...)``); a rank whose collective then breaks inside torch (gloo's "Connection closed by peer")
+raises :class:`RankFailedError` naming that rank and where it was (:meth:`SideChannel.explain`, at the
+Trainer entry point). A failing rank, or the launcher stopping the job, announces the teardown
+(:func:`announce_teardown`): a SIGTERM that follows (torchrun's, tandem's launcher's) ends a rank at once
+instead of starting a pre-emption stop, and a rank blocked in a collective waiting for the launching rank
+ends from its watcher.
+
 The Strategy keeps placement and collectives; coordination between ranks lives here. The cost of a
 checked collective is a few store round trips (no work on the per-step path);
 ``benchmarks/collective_check.py`` measures it.
