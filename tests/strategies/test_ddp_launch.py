@@ -22,6 +22,7 @@ import torch
 
 from helpers import launch_free_env
 from tandem.strategies.environments import TorchElasticEnvironment, find_free_port, select_environment
+from tandem.strategies.side_channel import TORN_DOWN_EXIT
 
 SCRIPT = Path(__file__).parent / "scripts" / "launch_fit.py"
 
@@ -111,10 +112,12 @@ def _launched_nothing(results: list[dict], environment: str) -> None:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> dict[str, torch.Tensor]:
-    """The fit under tandem's own launcher (``python launch_fit.py fit``): the weights every other start matches."""
+    """The fit under tandem's own launcher (``python launch_fit.py fit``): the weights every other start matches.
+    Its default_root_dir is computed on each rank from the clock (``runs/<time>``, a common pattern): every rank
+    uses rank 0's run folder, which exists, for log_dir and the checkpoint paths."""
     out = tmp_path_factory.mktemp("tandem-launcher")
     try:
-        done = _python([str(SCRIPT), "fit", "--out", str(out)], _env())
+        done = _python([str(SCRIPT), "fit", "--per-rank-root", "--out", str(out)], _env())
     except subprocess.TimeoutExpired:
         _kill_survivors(out)
         raise
@@ -125,6 +128,10 @@ def reference(tmp_path_factory) -> dict[str, torch.Tensor]:
     assert [r["started_ranks"] for r in results] == [True, False]  # rank 0 started rank 1
     weights = results[0]["weights"]
     _assert_equal_weights(results, weights)
+    assert results[0]["default_root_dir"] == results[1]["default_root_dir"]  # rank 0's, on both ranks
+    for name in ("log_dir", "ckpt_dir"):
+        assert results[0][name] == results[1][name] and os.path.exists(results[1][name]), name
+    assert len(list(out.glob("root-*"))) == 1  # one run folder
     assert _nothing_left(out)
     return weights
 
@@ -155,13 +162,64 @@ def test_exception_in_one_rank_ends_the_job(tmp_path, crash_rank):
             r"RankFailedError: rank 1 (exited with code 1|was killed by SIGABRT); the other ranks were stopped. Its traceback:\n",
             raised,
         ), raised
-        assert raised.rstrip().endswith(
-            "RuntimeError: boom at step 3 on rank 1\nRank 0 then raised RuntimeError (shown above), most likely because rank 1 had stopped."
-        )
+        assert re.search(
+            r"RuntimeError: boom at step 3 on rank 1\nRank 0's collective then broke \(RuntimeError: .*Connection closed "
+            r"by peer.*\), because rank 1 had stopped.$",
+            raised.rstrip(),
+        ), raised
         assert "in on_train_batch_start" in raised
         assert "tandem.utilities.exceptions.RankFailedError: rank 1" in done.stderr
-    else:  # rank 0's own error is raised as it is
+        # rank 1's traceback is printed once, by rank 0 (not also by rank 1, nor rank 0's broken collective)
+        assert done.stderr.count("Traceback (most recent call last)") == 2, done.stderr  # RankFailedError's, rank 1's
+    else:  # rank 0's own error is raised as it is, once; the rank it started ends at once (a SIGTERM that tears the
+        # job down is no pre-emption: it did not wait for a pre-emption vote until rank 0 killed it)
         assert raised == "RuntimeError: boom at step 3 on rank 0"
+        assert done.stderr.count("Traceback (most recent call last)") == 1, done.stderr
+        assert eval((tmp_path / "ended0").read_text()) in ([-signal.SIGTERM], [TORN_DOWN_EXIT]), done.stderr
+    assert _nothing_left(tmp_path)
+
+
+@pytest.mark.timeout(60)
+def test_an_error_raised_on_every_rank_is_printed_once(tmp_path):
+    """Every rank raises the same error at the same step: one traceback (rank 0's), naming the ranks."""
+    done = _python([str(SCRIPT), "crash", "--crash-rank", "-1", "--out", str(tmp_path)], _env(), timeout=30)
+    assert done.returncode == 1
+    assert done.stderr.count("Traceback (most recent call last)") == 1, done.stderr
+    assert done.stderr.count("RuntimeError: boom") == 1, done.stderr
+    assert "[tandem] ranks 0, 1 raised this error (only rank 0's traceback is shown)." in done.stderr, done.stderr
+    assert _nothing_left(tmp_path)
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_whose_script_ends_normally_is_named(tmp_path):
+    """Rank 1 calls sys.exit(0) in a hook while rank 0 goes on into the step's gradient all-reduce: rank 0 names it,
+    where it exited and where rank 0 was, instead of gloo's "Connection closed by peer"."""
+    done = _python([str(SCRIPT), "exit1", "--out", str(tmp_path)], _env(), timeout=30)
+    assert done.returncode == 1
+    raised = (tmp_path / "raised0").read_text()
+    assert re.match(
+        r"RankFailedError: Rank 1 ended its script normally \(sys.exit\(0\) at launch_fit.py:\d+ in "
+        r"on_train_batch_start inside Trainer.fit\) while rank 0 was in torch's .*, in Trainer.fit; the collective then "
+        r"failed on rank 0 with RuntimeError: .*Connection closed by peer",
+        raised,
+    ), raised
+    assert "with the same limits (max_epochs, max_steps, limit_*_batches)" in raised
+    assert re.search(r"^\[tandem\] rank 1 ended its script normally .* rank 0's collective broke\.$", done.stderr, re.M)
+    assert done.stderr.count("Traceback (most recent call last)") == 1, done.stderr  # gloo's error is not shown whole
+    assert _nothing_left(tmp_path)
+
+
+@pytest.mark.timeout(60)
+def test_a_one_rank_all_gather_names_the_users_line(tmp_path):
+    """self.all_gather on rank 0 only: the collective check names the user's line, not lightning-utilities'."""
+    done = _python([str(SCRIPT), "gather0", "--out", str(tmp_path)], _env(), timeout=45)
+    assert done.returncode != 0
+    assert re.search(
+        r"while rank 0 entered all_gather \(from user code in Trainer.fit, called at launch_fit.py:\d+ in "
+        r"on_train_batch_end\)",
+        done.stderr,
+    ), done.stderr[-3000:]
+    assert "apply_func.py" not in done.stderr.split("CollectiveMismatchError")[-1]
     assert _nothing_left(tmp_path)
 
 
@@ -193,7 +251,7 @@ def test_trainer_call_on_rank_zero_only_is_a_clear_error(tmp_path, mode):
     assert done.returncode != 0
     assert "CollectiveMismatchError" in done.stderr, done.stderr[-3000:]
     if mode == "test0":
-        assert "Rank 1 exited (its script ended) while rank 0 entered" in done.stderr, done.stderr[-3000:]
+        assert "Rank 1 ended its script normally (after Trainer.fit returned) while rank 0 entered" in done.stderr
     else:
         assert re.search(r"rank 0 entered .*\(from .*Trainer.*, called at launch_fit.py:\d+ in main\)", done.stderr)
         assert "rank 1 entered" in done.stderr
@@ -202,17 +260,27 @@ def test_trainer_call_on_rank_zero_only_is_a_clear_error(tmp_path, mode):
 
 
 @pytest.mark.timeout(60)
-def test_ctrl_c_stops_every_rank(tmp_path):
-    """SIGINT to the job's process group (what Ctrl-C in a terminal does) ends rank 0 and the rank it started."""
+@pytest.mark.parametrize("target", ["group", "rank0"])
+def test_ctrl_c_stops_every_rank(tmp_path, target):
+    """SIGINT to the job's process group (what Ctrl-C in a terminal does), or to rank 0 alone, ends rank 0 and the
+    rank it started. Rank 0 alone: the SIGTERM it then sends tears the job down, so rank 1 ends at once instead of
+    taking it for a pre-emption (and being killed after the grace period)."""
     proc = _popen([str(SCRIPT), "wait", "--out", str(tmp_path)], _env())
     try:
         deadline = time.monotonic() + 40
         while not all((tmp_path / f"ready{r}").exists() for r in (0, 1)):
             assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
             time.sleep(0.1)
-        os.killpg(proc.pid, signal.SIGINT)
+        if target == "group":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            os.kill(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=15) != 0
-        assert "KeyboardInterrupt" in proc.stderr.read()
+        stderr = proc.stderr.read()
+        assert "KeyboardInterrupt" in stderr
+        assert stderr.count("Traceback (most recent call last)") == 1, stderr  # rank 0's only
+        if target == "rank0":
+            assert eval((tmp_path / "ended0").read_text()) in ([-signal.SIGTERM], [TORN_DOWN_EXIT]), stderr
         assert _nothing_left(tmp_path)
     finally:
         if proc.poll() is None:
@@ -247,6 +315,24 @@ def test_torchrun_single_node(tmp_path, reference):
         (1, 1, 0, 2),
     ]
     _assert_equal_weights(results, reference)
+    assert _nothing_left(tmp_path)
+
+
+@pytest.mark.timeout(90)
+def test_torchrun_names_a_rank_that_ended_early(tmp_path):
+    """torchrun, rank 1 with a smaller max_epochs: its fit returns and its script ends while rank 0 still trains.
+    Rank 0 says so in a [tandem] line and a RankFailedError, not with gloo's raw "Connection closed by peer"."""
+    done = _python(_torchrun("--nproc-per-node 2", str(SCRIPT), "short1", "--out", str(tmp_path)), _env())
+    assert done.returncode != 0
+    assert re.search(
+        r"^\[tandem\] rank 1 ended its script normally \(after Trainer.fit returned\) while rank 0 was in torch's .*, "
+        r"in Trainer.fit; rank 0's collective broke\.$",
+        done.stderr,
+        re.M,
+    ), done.stderr[-4000:]
+    assert "RankFailedError: Rank 1 ended its script normally (after Trainer.fit returned)" in done.stderr
+    assert not re.search(r"^\[rank0\]: RuntimeError: .*Connection closed by peer", done.stderr, re.M)
+    assert (tmp_path / "rank1.pt").exists()  # rank 1 did finish
     assert _nothing_left(tmp_path)
 
 

@@ -127,3 +127,17 @@ def test_a_side_channel_serves_both_clients_until_it_is_closed(no_channel):
         close_channel()
     assert current_channel() is None and preemption_vote().target((0, 1)) == (0, 1)
     assert channel.beat(0).status == "left its process group"  # what the other ranks would read
+
+
+def test_the_call_site_of_a_collective_asked_through_apply_to_collection_is_the_users_line():
+    """``self.all_gather`` reaches the strategy through lightning-utilities' ``apply_to_collection``: the call site
+    named is the user's line, not a line of lightning_utilities."""
+    from lightning_utilities.core.apply_func import apply_to_collection
+
+    def strategy_collective(tensor: torch.Tensor) -> CallSite:  # stands where the strategy asks (depth 2, as _check)
+        return CallSite.here("all_gather", depth=2)
+
+    site = apply_to_collection(torch.ones(1), torch.Tensor, strategy_collective)  # the user's line
+    line = sys._getframe().f_lineno - 1
+    assert site.user == f"test_side_channel.py:{line} in {sys._getframe().f_code.co_name}"
+    assert site.tag == "all_gather@user code"

@@ -49,3 +49,11 @@ def test_a_failing_listener_does_not_keep_the_others_or_the_traceback_from_runni
     excepthook.on_uncaught_exception("after", lambda kind, value, tb: calls.append("after"))
     _end_with(RuntimeError("x"))
     assert calls == ["after", "previous RuntimeError"]
+
+
+def test_a_listener_that_reported_the_error_keeps_the_traceback_from_being_printed_here(calls):
+    """A rank started by tandem's launcher hands its traceback to rank 0, which prints it once for the job."""
+    excepthook.on_uncaught_exception("recorded", lambda kind, value, tb: calls.append("recorded") or True)
+    excepthook.on_uncaught_exception("after", lambda kind, value, tb: calls.append("after"))
+    _end_with(RuntimeError("x"))
+    assert calls == ["recorded", "after"]  # every listener ran; the previous hook (the printer) did not

@@ -71,6 +71,11 @@ class Logger(ABC):
         """The folder that holds every experiment."""
         return self._save_dir
 
+    @save_dir.setter
+    def save_dir(self, save_dir: str | os.PathLike) -> None:
+        """Set by the Trainer on every rank to rank 0's, so that all ranks name one run folder."""
+        self._save_dir = os.fspath(save_dir)
+
     @property
     def root_dir(self) -> str:
         """``<save_dir>/<name>``: the folder that holds this experiment's versions."""

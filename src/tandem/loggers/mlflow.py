@@ -193,6 +193,10 @@ class MLFlowLogger(Logger):
         """The local folder of a ``file:`` store; ``None`` for other stores."""
         return self._local_dir
 
+    @save_dir.setter
+    def save_dir(self, save_dir: str | None) -> None:  # the Trainer gives every rank rank 0's
+        self._local_dir = None if save_dir is None else os.fspath(save_dir)
+
     @property
     def root_dir(self) -> str | None:
         """``<save_dir>/<experiment id>`` for a local store (known on rank 0), else ``None``."""

@@ -155,6 +155,10 @@ class WandbLogger(Logger):
         """The folder that holds W&B's ``wandb/`` folder."""
         return self._folder
 
+    @save_dir.setter
+    def save_dir(self, save_dir: str | None) -> None:  # the Trainer gives every rank rank 0's
+        self._folder = None if save_dir is None else os.fspath(save_dir)
+
     @property
     def log_dir(self) -> str | None:
         """``<save_dir>/<project>/<run id>``: where the run's checkpoints go by default."""

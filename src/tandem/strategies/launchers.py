@@ -13,8 +13,11 @@ When a rank fails, the others are stopped and the failure is raised as :class:`R
 the failing rank's traceback, in the process the user watches: rank 0 under ``ddp`` (in its main
 thread, wherever it is, so its ``finally`` blocks and context managers run), the caller under
 ``ddp_spawn``. Each started rank writes the traceback of the error that ends it to a file of its own
-(atomically: a reader never sees half of it); a rank killed by a signal writes none and is reported by
-its signal.
+(atomically: a reader never sees half of it) and, under ``ddp``, leaves printing it to rank 0: each
+traceback is printed once for the job, and an error that every rank raised is printed once, naming the
+ranks. A rank killed by a signal writes none and is reported by its signal. Before stopping the ranks,
+the launcher announces the teardown through the side channel, so that they take its SIGTERM for what it
+is (not a pre-emption) and end at once.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import torch.multiprocessing as mp
 from lightning_utilities.core.apply_func import apply_to_collection
 
 from tandem.strategies.environments import LocalEnvironment
+from tandem.strategies.side_channel import announce_teardown, broke_in_torch, error_summary, report_for_the_job
 from tandem.utilities.checkpoint import atomic_save
 from tandem.utilities.excepthook import on_uncaught_exception
 from tandem.utilities.exceptions import Preempted, RankFailedError, TandemConfigError, TandemUserCodeError
@@ -53,7 +57,8 @@ from tandem.utilities.processes import end_with_parent, load_libc
 
 _POLL_S = 0.1
 _TERMINATE_GRACE_S = 5.0
-_ECHO_WAIT_S = 2.0  # how long rank 0, failing, waits to see whether a started rank failed first
+_ECHO_WAIT_S = 2.0  # how long rank 0, its collective broken, waits to see whether a started rank failed first
+_SAME_ERROR_WAIT_S = 0.5  # how long rank 0, failing on its own, waits for started ranks raising the same error
 _PREEMPTED_WAIT_S = 60.0  # ddp_spawn: a rank stopped for a pre-emption; the others must follow within this
 _SETTLE_S = 0.3  # ddp_spawn: after the first failure, how long to let the others end (and write) first
 _HANDLING_GRACE_S = 30.0  # rank 0 busy with an exception of its own is left to finish it this long
@@ -104,13 +109,34 @@ def _read_error_record(path: str | None) -> tuple[float, str] | None:
         return None
 
 
-def _record_uncaught_errors(path: str) -> None:
-    """A rank that tandem's launcher started: an exception that ends its script is also written to ``path``."""
+def _record_uncaught_errors(path: str, launcher_pid: int | None) -> None:
+    """A rank that tandem's launcher started: an exception that ends its script is written to ``path``, and rank 0
+    prints it (once for the job: an error raised on every rank is shown once, naming the ranks). The rank prints
+    it itself only when the record cannot be written or rank 0 is gone."""
 
-    def record(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+    def record(exc_type: type[BaseException], exc: BaseException, tb: Any) -> bool:
         _write_error_record(path, "".join(traceback.format_exception(exc_type, exc, tb)))
+        return launcher_pid is not None and os.getppid() == launcher_pid
 
     on_uncaught_exception("launcher: error record", record)
+
+
+def _is_echo(error: BaseException) -> bool:
+    """Rank 0's error is most likely the echo of another rank's end: a collective that broke inside torch, or the
+    side channel's RankFailedError naming the rank that left."""
+    return (isinstance(error, RankFailedError) and bool(error.args)) or broke_in_torch(error)
+
+
+def _last_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1].strip() if lines else ""
+
+
+def _add_note(error: BaseException, note: str) -> None:
+    if hasattr(error, "add_note"):  # Python 3.11+: printed under the traceback
+        error.add_note(note)
+    else:
+        print(note, file=sys.stderr, flush=True)
 
 
 def _how_it_ended(returncode: int) -> str:
@@ -180,11 +206,33 @@ class _Watchdog:
         self._thread = threading.Thread(target=self._watch, name="tandem-ddp-watchdog", daemon=True)
         self._thread.start()
         atexit.register(self.wait)
-        on_uncaught_exception("launcher: stop the ranks", lambda *exc_info: self.stop())  # rank 0 failed later
+        on_uncaught_exception(  # rank 0 failed later, outside launch()
+            "launcher: stop the ranks",
+            lambda kind, error, tb: self.stop(f"rank {self.rank} failed ({error_summary(error)})"),
+        )
+
+    @property
+    def rank(self) -> int:
+        """This process's global rank (the ranks it started follow it)."""
+        return self.children[0].rank - 1 if self.children else 0
 
     # ------------------------------------------------------------------ the watching thread
     def failed_child(self) -> _Child | None:
         return next((c for c in self.children if _failed(c.proc.poll())), None)
+
+    def failures_within(self, seconds: float) -> list[_Child]:
+        """The started ranks that failed (ended with an error, or wrote the traceback of the error that ends them),
+        waiting up to ``seconds`` for the others."""
+
+        def failed(child: _Child) -> bool:
+            return _failed(child.proc.poll()) or _read_error_record(child.error_file) is not None
+
+        deadline = time.monotonic() + seconds
+        pending = [c for c in self.children if c.proc.poll() is None and not failed(c)]
+        while pending and time.monotonic() < deadline:
+            time.sleep(_POLL_S / 2)
+            pending = [c for c in pending if c.proc.poll() is None and not failed(c)]
+        return [c for c in self.children if failed(c)]
 
     def wait_for_failure(self, seconds: float) -> _Child | None:
         """A started rank that failed, waiting up to ``seconds`` for one while any is still running."""
@@ -204,7 +252,7 @@ class _Watchdog:
             failed = next((c for c, code in zip(self.children, codes) if _failed(code)), None)
             if failed is not None:
                 if self._declare(failed):
-                    self.stop()
+                    self.stop(f"rank {failed.rank} {_how_it_ended(failed.proc.returncode)}")
                     self._raise_in_main()
                 return
             if None not in codes:  # all ended, successfully or stopped for a pre-emption
@@ -272,6 +320,8 @@ class _Watchdog:
 
     def _exit_now(self, why: str) -> None:
         child = self.failure
+        if child is not None:  # the failed rank did not print its traceback: rank 0 does
+            print(f"{type(self.error()).__name__}: {self.error()}", file=sys.stderr, flush=True)
         print(f"[tandem] {why}; exiting.", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(_exit_code(child.proc.returncode) if child is not None else 1)
@@ -281,9 +331,15 @@ class _Watchdog:
         """The RankFailedError for the recorded failure, with the failing rank's traceback."""
         child = self.failure
         message = _failure_message("", child.rank, child.proc.returncode, _read_error_record(child.error_file))
-        if echo is not None:
+        if echo is not None and _is_echo(echo):  # raised from None: its first line is enough
+            broken = echo.__context__ if isinstance(echo, RankFailedError) and echo.__context__ else echo
             message += (
-                f"\nRank 0 then raised {type(echo).__name__} (shown above), most likely because rank "
+                f"\nRank {self.rank}'s collective then broke ({error_summary(broken)}), because rank {child.rank} "
+                "had stopped."
+            )
+        elif echo is not None:
+            message += (
+                f"\nRank {self.rank} then raised {type(echo).__name__} (shown above), most likely because rank "
                 f"{child.rank} had stopped."
             )
         return RankFailedError(message)
@@ -294,26 +350,49 @@ class _Watchdog:
         if isinstance(error, Preempted):
             return None  # every rank stopped at the same step and exits with the same code; they are not stopped
         self._main_failing = True  # the watchdog will not interrupt this thread any more
-        if isinstance(error, RankFailedError):  # raised by the wake-up signal (or the asynchronous fallback)
+        reason = f"rank {self.rank} failed ({error_summary(error)})"
+        if isinstance(error, RankFailedError) and not error.args:  # raised by the wake-up signal (or async)
             self.reported = True
-            self.stop()
-            return self.error() if not error.args and self.failure is not None else None
+            self.stop(reason)
+            return self.error() if self.failure is not None else None
         if isinstance(error, KeyboardInterrupt) or (self.stopping and self.failure is None):
-            self.stop()  # Ctrl-C, or the ranks were already stopped after an earlier error of rank 0's own
+            self.stop(f"rank {self.rank} was interrupted")  # Ctrl-C, or stopped after an earlier error of its own
             return None
-        failed = self.failure or self.wait_for_failure(_ECHO_WAIT_S)
-        if failed is not None:
-            self._declare(failed)  # said once, by whichever thread saw it first
-        self.stop()
+        if _is_echo(error):  # a started rank most likely ended first: its failure is the one to raise
+            failed = self.failure or self.wait_for_failure(_ECHO_WAIT_S)
+            if failed is not None:
+                self._declare(failed)  # said once, by whichever thread saw it first
+            self.stop(reason)
+            if self.failure is None:
+                return None  # none failed (one ended normally: the side channel's error says so)
+            self.reported = True
+            return self.error(echo=error)
+        failed = [self.failure] if self.failure is not None else self.failures_within(_SAME_ERROR_WAIT_S)
+        own = _last_line("".join(traceback.format_exception_only(type(error), error)))
+        records = [_read_error_record(c.error_file) for c in failed]
+        if failed and all(r is not None and _last_line(r[1]) == own for r in records):
+            self.stop(reason)  # the same error on those ranks: shown once, rank 0's traceback
+            ranks = ", ".join(str(r) for r in [self.rank, *(c.rank for c in failed)])
+            _add_note(error, f"[tandem] ranks {ranks} raised this error (only rank {self.rank}'s traceback is shown).")
+            return None
+        if failed:
+            with contextlib.suppress(subprocess.TimeoutExpired):  # it wrote its traceback and is ending
+                failed[0].proc.wait(_TERMINATE_GRACE_S)
+            if failed[0].proc.poll() is not None:
+                self._declare(failed[0])
+        self.stop(reason)
         if self.failure is None:
             return None  # rank 0's own error
         self.reported = True
         return self.error(echo=error)
 
-    def stop(self) -> None:
-        """Terminate every started rank still running; kill those that ignore it."""
+    def stop(self, reason: str) -> None:
+        """Terminate every started rank still running; kill those that ignore it. The side channel is told first
+        (``reason``): the ranks take the SIGTERM for the teardown it is, not for a pre-emption, and end at once."""
         self.stopping = True
         alive = [c.proc for c in self.children if c.proc.poll() is None]
+        if alive:
+            announce_teardown(reason, stopping=True)
         for proc in alive:
             proc.terminate()
         deadline = time.monotonic() + _TERMINATE_GRACE_S
@@ -404,7 +483,7 @@ class ScriptLauncher:
             if self.environment.launcher_pid is not None and sys.platform != "linux":
                 _watch_parent(self.environment.launcher_pid)
             if self.environment.error_file is not None:
-                _record_uncaught_errors(self.environment.error_file)
+                _record_uncaught_errors(self.environment.error_file, self.environment.launcher_pid)
         elif not _WATCHDOG.children and self.num_processes > 1:
             self._start_children()
         try:
@@ -415,6 +494,8 @@ class ScriptLauncher:
             failure = _WATCHDOG.failure_behind(error)
             if failure is None:
                 raise
+            if _is_echo(error):
+                raise failure from None  # the message names the broken collective; the backend's text once
             raise failure  # noqa: B904 (rank 0's own error stays attached as the context: nothing is cut)
 
     def _start_children(self) -> None:
@@ -433,6 +514,7 @@ class ScriptLauncher:
             children.append(_Child(rank, proc, error_file))
         # SIGTERM / SIGUSR1 reach them too; only running ones (a reaped child's pid may belong to another process)
         PREEMPTION.forward_to = lambda: [child.proc.pid for child in children if child.proc.poll() is None]
+        report_for_the_job()  # a teardown does not end this process: it raises the failure
         _WATCHDOG.start(children, folder)
 
 
@@ -508,8 +590,9 @@ def _spawned(
         if environment.global_rank == 0:
             _write_error_record(os.path.join(folder, "preempted.txt"), f"{stopped.checkpoint}\n{stopped.message}")
         sys.exit(stopped.code)
-    except BaseException:  # the caller raises the first failure's traceback; the others are mostly its echoes
+    except BaseException as error:  # the caller raises the first failure's traceback; the others are its echoes
         _write_error_record(os.path.join(folder, f"error{local_rank}.txt"), traceback.format_exc())
+        announce_teardown(f"rank {environment.global_rank} failed ({error_summary(error)})")  # the others end now
         sys.exit(1)
 
 

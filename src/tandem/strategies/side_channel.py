@@ -17,6 +17,15 @@ use it:
 - :attr:`SideChannel.preemption_vote` (:class:`PreemptionVote`, reached with :func:`preemption_vote`):
   after SIGTERM / SIGUSR1, which may reach one rank only, every rank stops at the same step.
 
+The channel also carries how the job ends. A rank posts how it left (``ended its script normally (after
+Trainer.fit returned)``, ``(sys.exit(0) at train.py:12 in training_step inside Trainer.fit)``, ``failed
+(ValueError: ...)``); a rank whose collective then breaks inside torch (gloo's "Connection closed by peer")
+raises :class:`RankFailedError` naming that rank and where it was (:meth:`SideChannel.explain`, at the
+Trainer entry point). A failing rank, or the launcher stopping the job, announces the teardown
+(:func:`announce_teardown`): a SIGTERM that follows (torchrun's, tandem's launcher's) ends a rank at once
+instead of starting a pre-emption stop, and a rank blocked in a collective waiting for the launching rank
+ends from its watcher.
+
 The Strategy keeps placement and collectives; coordination between ranks lives here. The cost of a
 checked collective is a few store round trips (no work on the per-step path);
 ``benchmarks/collective_check.py`` measures it.
@@ -49,7 +58,7 @@ from types import FrameType
 from typing import Any
 
 from tandem.utilities.excepthook import on_uncaught_exception, remove_listener
-from tandem.utilities.exceptions import CollectiveMismatchError
+from tandem.utilities.exceptions import CollectiveMismatchError, RankFailedError
 from tandem.utilities.preemption import PREEMPTION, Position
 
 __all__ = [
@@ -57,6 +66,10 @@ __all__ = [
     "CollectiveCheck",
     "CollectiveMismatchError",
     "LocalVote",
+    "TORN_DOWN_EXIT",
+    "announce_teardown",
+    "broke_in_torch",
+    "error_summary",
     "PreemptionVote",
     "SideChannel",
     "close_channel",
@@ -65,6 +78,7 @@ __all__ = [
     "new_run_id",
     "open_channel",
     "preemption_vote",
+    "report_for_the_job",
 ]
 
 #: seconds a rank at a pre-emption stop waits for every rank to say where it stops
@@ -79,6 +93,15 @@ _TORCH_BLOCKING = (  # where a main thread waits for other ranks inside torch
     f"{os.sep}torch{os.sep}autograd{os.sep}",
     f"{os.sep}torch{os.sep}nn{os.sep}parallel{os.sep}",
     f"{os.sep}torch{os.sep}_tensor.py",  # Tensor.backward
+)
+_LIBRARIES = (f"{os.sep}torch{os.sep}", f"{os.sep}lightning_utilities{os.sep}")
+#: seconds a rank whose collective broke waits for the rank that left to say so (it posts before its sockets close)
+_ANNOUNCE_WAIT_S = 2.0
+#: how a rank whose main thread waited in a collective ends when the job is torn down (as by SIGTERM: 128 + 15)
+TORN_DOWN_EXIT = 143
+_FIX_LIMITS = (
+    "Every rank must make the same Trainer calls with the same limits (max_epochs, max_steps, limit_*_batches), "
+    "and none may end its script (sys.exit, return) while the others still train."
 )
 _FIX = (
     "Every rank must make the same Trainer calls (fit, validate, test, predict, save_checkpoint) and log "
@@ -101,9 +124,22 @@ def entry_point(name: str) -> Iterator[None]:
         with entry_point("save_checkpoint"):
             strategy.barrier()  # a mismatch names "in Trainer.save_checkpoint"
     """
+    outermost = _ENTRY_POINT.get() is None
     token = _ENTRY_POINT.set(name)
     try:
         yield
+    except SystemExit as stop:
+        if outermost and _CHANNEL is not None and type(stop) is SystemExit:  # Preempted has its own report
+            _CHANNEL.left = f"{_exit_call(stop)} inside Trainer.{name}"
+        raise
+    except BaseException as error:
+        explained = _CHANNEL.explain(error, name) if outermost and _CHANNEL is not None else None
+        if explained is not None:
+            raise explained from None  # the backend's text is in the message, once
+        raise
+    else:
+        if outermost and _CHANNEL is not None:
+            _CHANNEL.left = f"after Trainer.{name} returned"
     finally:
         _ENTRY_POINT.reset(token)
 
@@ -123,7 +159,7 @@ class CallSite:
         """The call site of the strategy collective ``op``, looking ``depth`` frames up from the caller."""
         frame: FrameType | None = sys._getframe(depth)
         internal = None
-        while frame is not None and _in(frame, _STRATEGIES_DIR):
+        while frame is not None and (_in(frame, _STRATEGIES_DIR) or _in_library(frame)):
             frame = frame.f_back
         if frame is not None and _in(frame, _TANDEM_DIR) and not frame.f_code.co_filename.endswith("module.py"):
             internal = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
@@ -135,14 +171,30 @@ def _in(frame: FrameType, folder: str) -> bool:
     return frame.f_code.co_filename.startswith(folder)
 
 
+def _in_library(frame: FrameType) -> bool:
+    """A frame of torch or lightning-utilities (``self.all_gather`` goes through ``apply_to_collection``)."""
+    name = frame.f_code.co_filename
+    return any(part in name for part in _LIBRARIES) or name.startswith("<frozen")
+
+
 def _user_site(frame: FrameType | None) -> str:
-    """The innermost frame outside tandem and torch, as ``file.py:line in function``."""
+    """The innermost frame outside tandem, torch and lightning-utilities, as ``file.py:line in function``."""
     while frame is not None:
-        name = frame.f_code.co_filename
-        if not name.startswith(_TANDEM_DIR) and f"{os.sep}torch{os.sep}" not in name and "<frozen" not in name:
-            return f"{os.path.basename(name)}:{frame.f_lineno} in {frame.f_code.co_name}"
+        if not _in(frame, _TANDEM_DIR) and not _in_library(frame):
+            return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
         frame = frame.f_back
     return ""
+
+
+def _exit_call(stop: SystemExit) -> str:
+    """``sys.exit(0) at train.py:12 in training_step``: where a SystemExit was raised, in the user's code."""
+    tb, user = stop.__traceback__, ""
+    while tb is not None:  # the innermost user frame of the traceback
+        if not _in(tb.tb_frame, _TANDEM_DIR) and not _in_library(tb.tb_frame):
+            user = f"{os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno} in {tb.tb_frame.f_code.co_name}"
+        tb = tb.tb_next
+    code = 0 if stop.code is None else stop.code
+    return f"sys.exit({code!r})" + (f" at {user}" if user else "")
 
 
 def _describe(tag: str, user: str) -> str:
@@ -184,12 +236,17 @@ class SideChannel:
         self._beat_store = store.clone() if hasattr(store, "clone") else store  # the watcher's own connection
         self._main = main_thread or threading.main_thread()
         self._status = "running"
-        self._exit_status = "exited (its script ended)"
+        self._failure: str | None = None  # "failed (...)": an uncaught exception ends this rank's script
+        self._tore_down = False  # this rank announced the job's teardown (it ends it; the others follow)
+        #: how this rank last left a Trainer entry point ("after Trainer.fit returned", "sys.exit(0) at ...
+        #: inside Trainer.fit"): what the other ranks are told when its script ends
+        self.left = ""
         self._stop = threading.Event()
         self.collective_check = CollectiveCheck(self)
         self.preemption_vote = PreemptionVote(self)
         on_uncaught_exception(self.prefix, self._failed)
-        atexit.register(lambda: self.close(self._exit_status))
+        PREEMPTION.teardown = self.torn_down  # a SIGTERM while the job is torn down is not a pre-emption
+        atexit.register(lambda: self.close(self._exit_status()))
         self._watcher = threading.Thread(target=self._watch, name="tandem-side-channel", daemon=True)
         self._watcher.start()
 
@@ -206,10 +263,83 @@ class SideChannel:
         return _Beat(status, float(blocked), where, last)
 
     def _failed(self, kind: type[BaseException], error: BaseException, tb: Any) -> None:
-        self._exit_status = f"failed ({kind.__name__}: {str(error).strip()[:300]})"
+        """Uncaught exception: this rank fails, so the job is torn down (the others end at once, see torn_down)."""
+        self._failure = f"failed ({error_summary(error)})"
+        self.announce_teardown(f"rank {self.rank} {self._failure}")
+
+    def _exit_status(self) -> str:
+        """What the other ranks read when this rank's script ends (posted at exit)."""
+        if self._failure is not None:
+            return self._failure
+        if self.left.startswith("sys.exit(") and not self.left.startswith(("sys.exit(0)", "sys.exit(None)")):
+            return f"ended its script with {self.left}"
+        return "ended its script normally" + (f" ({self.left})" if self.left else "")
+
+    # ------------------------------------------------------------------ teardown
+    def announce_teardown(self, reason: str, stopping: bool = False) -> None:
+        """The job is ending (a rank failed, or the launcher is stopping every rank): tell every rank, so that a
+        SIGTERM that follows is not taken for a pre-emption. ``stopping``: this process stops the others and
+        stays alive meanwhile (tandem's launcher in rank 0), so a rank blocked in a collective waiting for it
+        ends at once (a rank that fails instead closes its connections as it exits: the collective breaks)."""
+        self._tore_down = True
+        with contextlib.suppress(Exception):  # the store may be gone already
+            store = self.store.clone() if hasattr(self.store, "clone") else self.store  # any thread may call this
+            store.compare_set(self.key("teardown"), "", reason)  # the first reason stays; a round trip
+            if stopping:
+                store.set(self.key("stopping"), reason)
+            if self._status == "running":
+                self._status = self._failure or "is stopping the job"
+            self._post_beat(self._status, 0.0, "")
+
+    def torn_down(self) -> str | None:
+        """Why the job is being torn down (a rank failed, the launcher stops it), or None while it runs. An
+        unreachable store counts as torn down: it lives in a process of the job."""
+        key = self.key("teardown")
+        try:
+            return self.store.get(key).decode() if self.store.check([key]) else None
+        except Exception:
+            return "the job's store is gone"
+
+    def explain(self, error: BaseException, entry: str) -> RankFailedError | None:
+        """``error`` ends this rank's Trainer.``entry``. When it is a collective that broke inside torch because
+        another rank left (its script ended or failed; gloo's "Connection closed by peer"), the
+        :class:`RankFailedError` that names that rank, how it left and where this rank was; else None."""
+        if isinstance(error, (RankFailedError, CollectiveMismatchError)) or not broke_in_torch(error):
+            return None
+        deadline = time.monotonic() + _ANNOUNCE_WAIT_S  # it posts before its sockets close; let the post land
+        while not (gone := self._departed()):
+            if time.monotonic() > deadline:
+                return None  # killed, or the store is gone: nobody said why
+            time.sleep(0.05)
+        rank, beat = gone[0]
+        tb = error.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        where, _ = _main_thread_position(tb.tb_frame if tb is not None else None, tb.tb_lineno if tb else None)
+        summary = f"rank {rank} {beat.status} while rank {self.rank} was in {where}, in Trainer.{entry}"
+        print(f"[tandem] {summary}; rank {self.rank}'s collective broke.", file=sys.stderr, flush=True)
+        cause = (
+            _FIX_LIMITS
+            if beat.status.startswith("ended its script")
+            else f"Rank {rank}'s error is the cause (its traceback is printed by rank {rank})."
+        )
+        return RankFailedError(
+            f"{summary[0].upper()}{summary[1:]}; the collective then failed on rank {self.rank} with "
+            f"{error_summary(error)}. {cause}"
+        )
+
+    def _departed(self) -> list[tuple[int, _Beat]]:
+        """The other ranks that said they left (script ended, failed, group destroyed)."""
+        try:
+            beats = [(r, self.beat(r)) for r in range(self.world_size) if r != self.rank]
+        except Exception:
+            return []
+        return [(r, beat) for r, beat in beats if beat is not None and beat.status != "running"]
 
     def _watch(self) -> None:
-        """The watcher thread: once a second, post where the main thread is; run the vote's share."""
+        """The watcher thread: once a second, post where the main thread is; run the vote's share. When the
+        launcher stops the job while the main thread waits inside torch for another rank, end this process:
+        that rank will never come, and no signal handler runs in a thread blocked in C++."""
         where, since = "", time.monotonic()
         while not self._stop.wait(_BEAT_S):
             now_where, blocked = _main_thread_position(self._main_frame())
@@ -219,6 +349,8 @@ class SideChannel:
             try:
                 self._post_beat(self._status, blocked_for, where)
                 self.preemption_vote._share(self._beat_store)
+                if blocked and not (self._tore_down or _REPORTER) and self._beat_store.check([self.key("stopping")]):
+                    os._exit(TORN_DOWN_EXIT)  # as SIGTERM's default action would (128 + 15)
             except Exception:  # the store is gone (the job is ending): nothing more to report
                 return
 
@@ -239,6 +371,8 @@ class SideChannel:
         self._stop.set()
         self._status = status
         remove_listener(self.prefix)
+        if PREEMPTION.teardown == self.torn_down:
+            PREEMPTION.teardown = None
         with contextlib.suppress(Exception):  # the store may already be closed at interpreter exit
             self._post_beat(status, 0.0, "")
 
@@ -255,14 +389,35 @@ class _Beat:
         return f"Its last tandem collective was {self.last}. " if self.last else ""
 
 
-def _main_thread_position(frame: FrameType | None) -> tuple[str, bool]:
+def broke_in_torch(error: BaseException) -> bool:
+    """Whether ``error`` was raised inside torch's collectives or backward pass (where a rank waits for the others,
+    and fails when one of them leaves)."""
+    frame = _innermost_frame(error)
+    return frame is not None and any(part in frame.f_code.co_filename for part in _TORCH_BLOCKING)
+
+
+def _innermost_frame(error: BaseException) -> FrameType | None:
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame if tb is not None else None
+
+
+def error_summary(error: BaseException) -> str:
+    """``Type: first line of the message`` (at most 300 characters; gloo's advice to read the other logs cut)."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    text = text.split(". This is typically caused by")[0]  # gloo's advice to read the other rank's log
+    return f"{type(error).__name__}: {text[:300]}" if text else type(error).__name__
+
+
+def _main_thread_position(frame: FrameType | None, lineno: int | None = None) -> tuple[str, bool]:
     """Where the main thread is, as text, and whether it waits inside torch (a collective or a backward
     pass) for other ranks. The text changes whenever the innermost frame moves."""
     if frame is None:
         return "", False
     code = frame.f_code
     blocked = any(part in code.co_filename for part in _TORCH_BLOCKING)
-    inner = f"{code.co_name} ({os.path.basename(code.co_filename)}:{frame.f_lineno})"
+    inner = f"{code.co_name} ({os.path.basename(code.co_filename)}:{lineno or frame.f_lineno})"
     user = _user_site(frame)
     where = f"torch's {inner}" if blocked else inner
     return (f"{where}, called at {user}" if user else where), blocked
@@ -404,7 +559,13 @@ class PreemptionVote:
             keys = [self._key(f"stop/{r}") for r in range(channel.world_size)]
         timeout = _PREEMPTION_WAIT_S
         deadline = time.monotonic() + timeout
+        look_at = time.monotonic() + _BEAT_S
         while not store.check(keys):
+            if time.monotonic() > look_at:  # a rank failed meanwhile: nobody stops at a common step
+                look_at = time.monotonic() + _BEAT_S
+                reason = channel.torn_down()
+                if reason is not None:
+                    raise RankFailedError(f"Pre-emption: rank {channel.rank} stopped waiting for the others: {reason}.")
             if time.monotonic() > deadline:
                 missing = [r for r, k in enumerate(keys) if not store.check([k])]
                 raise CollectiveMismatchError(
@@ -482,6 +643,19 @@ def open_channel(store: Any, rank: int, world_size: int, run_id: str) -> SideCha
     return _CHANNEL
 
 
+def report_for_the_job() -> None:
+    """This process started the other ranks and reports their failures (tandem's launcher, in rank 0): a teardown
+    never ends it from the watcher; it raises the failure in its main thread instead."""
+    global _REPORTER
+    _REPORTER = True
+
+
+def announce_teardown(reason: str, stopping: bool = False) -> None:
+    """The job is being torn down (see :meth:`SideChannel.announce_teardown`); nothing happens without a channel."""
+    if _CHANNEL is not None:
+        _CHANNEL.announce_teardown(reason, stopping)
+
+
 def current_channel() -> SideChannel | None:
     """The side channel of this process's group, or None when no group was joined."""
     return _CHANNEL
@@ -496,6 +670,7 @@ def close_channel(status: str = "left its process group") -> None:
 
 
 _CHANNEL: SideChannel | None = None
+_REPORTER = False  # see report_for_the_job
 
 
 # ---------------------------------------------------------------------------------------------- helpers

@@ -498,8 +498,15 @@ class Trainer:
         self.datamodule = datamodule
         if datamodule is not None:
             datamodule.trainer = self
-        for logger in self.loggers:  # every rank agrees on the run folder
-            logger.version = self.strategy.broadcast(logger.version)
+        # Every rank agrees on the run folder: rank 0's (a default_root_dir or save_dir computed on each rank, e.g.
+        # from the time, differs), in one broadcast per stage
+        self.default_root_dir, folders = self.strategy.broadcast(
+            (self.default_root_dir, [(logger.save_dir, logger.version) for logger in self.loggers])
+        )
+        for logger, (save_dir, version) in zip(self.loggers, folders):
+            if logger.save_dir != save_dir:
+                logger.save_dir = save_dir
+            logger.version = version
         self.callbacks = _with_module_callbacks(self.callbacks, model)
         data.prepare_data(model, datamodule, self.strategy)
         if datamodule is not None:

@@ -6,7 +6,9 @@ side channel tells the other ranks that this one failed (and why). Rather than e
 ``sys.excepthook`` in turn (a chain nobody owns, which grows every time one of them runs again), one wrapper
 is installed, once, the first time a listener is registered. It calls every listener with
 ``(type, value, traceback)``, in the order they were registered, and then the hook that was there before it
-(Python's own prints the traceback). A listener that fails is skipped: the traceback is still printed.
+(Python's own prints the traceback). A listener that fails is skipped: the traceback is still printed. A
+listener that returns True has reported the exception elsewhere (a rank started by tandem's launcher hands
+its traceback to rank 0, which prints it once for the job): the previous hook is then not called.
 
 Example::
 
@@ -23,7 +25,7 @@ from collections.abc import Callable
 from types import TracebackType
 
 #: what a listener receives: the exception's type, the exception, its traceback
-Listener = Callable[[type[BaseException], BaseException, TracebackType | None], None]
+Listener = Callable[[type[BaseException], BaseException, TracebackType | None], bool | None]
 
 _LISTENERS: dict[str, Listener] = {}
 #: the hook tandem's wrapper replaced and calls last (None until the wrapper is installed)
@@ -32,7 +34,8 @@ _previous: Callable[..., object] | None = None
 
 def on_uncaught_exception(key: str, listener: Listener) -> None:
     """Call ``listener(type, value, traceback)`` when an uncaught exception ends the script, before the hook
-    that was installed before tandem's. Registering under a ``key`` already used replaces that listener."""
+    that was installed before tandem's (not called when a listener returns True: it reported the exception).
+    Registering under a ``key`` already used replaces that listener."""
     global _previous
     if _previous is None:
         _previous = sys.excepthook
@@ -46,8 +49,9 @@ def remove_listener(key: str) -> None:
 
 
 def _excepthook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+    reported = False
     for listener in list(_LISTENERS.values()):
         with contextlib.suppress(Exception):
-            listener(kind, value, tb)
-    if _previous is not None:
+            reported = listener(kind, value, tb) is True or reported
+    if _previous is not None and not reported:
         _previous(kind, value, tb)

@@ -9,6 +9,11 @@ no collective); the ranks agree on the step to stop at through the side channel'
 :data:`PREEMPTION` is one record per process, not per Trainer or process group: signal handlers belong to the
 process, and the process that started the ranks (which has no loop and no process group) forwards the
 signals it receives to them through the same record.
+
+A SIGTERM is also how a job is torn down: torchrun stops the other workers with it after one failed, and
+tandem's launcher its ranks. That is no pre-emption (nothing will resume; waiting for a vote only delays the
+end): when the side channel says the job is being torn down (:attr:`Preemption.teardown`), the handler ends the
+process at once, as SIGTERM does without a handler.
 """
 
 from __future__ import annotations
@@ -40,6 +45,9 @@ class Preemption:
         self.stopped: int | None = None  # the signal of the last stop this process made (its ranks exit for it)
         self.forward_to: Callable[[], list[int]] | None = None  # the running ranks this process started
         self.progress: Callable[[], Progress] | None = None
+        #: why the job is being torn down (a rank failed; the launcher stops every rank), or None: the side
+        #: channel answers it. A SIGTERM then is the teardown, not a pre-emption: the process ends at once.
+        self.teardown: Callable[[], str | None] | None = None
         self._previous: dict[int, Any] = {}
 
     def request(self, signum: int) -> None:
@@ -70,10 +78,15 @@ class Preemption:
         self._previous = {}
 
     def _handle(self, signum: int, frame: Any) -> None:
-        self.request(signum)
         for pid in self.forward_to() if self.forward_to is not None else []:  # SLURM may not signal them
             with contextlib.suppress(OSError):
                 os.kill(pid, signum)
+        if self.teardown is not None and self.teardown() is not None:
+            # torchrun, or tandem's launcher, ends the job after a rank failed: end as if tandem had no handler
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        self.request(signum)
         previous = self._previous.get(int(signum))
         if callable(previous):  # a handler of the user's keeps running
             previous(signum, frame)

@@ -3,9 +3,14 @@
 
 Modes:
     fit       train 12 steps; each rank saves rank{global_rank}.pt (weights, ranks, environment, threads)
-    crash     rank --crash-rank raises at step 3; each rank first writes its pid to pid{rank}; what fit raised
-              goes to raised{rank}, and its finally block writes finally{rank}
-    wait      after 2 steps each rank writes its pid to ready{rank}, then trains slowly until a signal ends it
+    crash     rank --crash-rank raises at step 3 (-1: every rank); each rank first writes its pid to pid{rank}; what
+              fit raised goes to raised{rank}, and its finally block writes finally{rank}; rank 0 writes how the ranks
+              it started ended to ended0
+    exit1     rank 1 calls sys.exit(0) at step 3, while rank 0 goes on into the step's gradient all-reduce
+    short1    rank 1 has max_epochs=1: its fit returns and its script ends while rank 0 trains on into epoch 1
+    gather0   rank 0 alone calls self.all_gather at step 3 (the collective check's stall timeout is 2 s)
+    wait      after 2 steps each rank writes its pid to ready{rank}, then trains slowly until a signal ends it;
+              rank 0 writes how the ranks it started ended to ended0
     restart   fit(ckpt_path="last") with a step ModelCheckpoint in the default run folder; on the first attempt
               (no marker file yet) rank 1 SIGKILLs itself after step 7; then like fit
     late      rank 1 sleeps before fit, so rank 0 waits for it in init_process_group until --timeout seconds
@@ -36,6 +41,7 @@ from tandem.strategies import launchers
 from tandem.strategies.ddp import DDPStrategy
 
 STEPS = 12  # 8 batches per rank and epoch: the fit crosses an epoch boundary
+MODE = ""
 
 
 class Classifier(tandem.TrainingModule):
@@ -58,6 +64,10 @@ class Classifier(tandem.TrainingModule):
         x, y = batch
         self.log("loss", F.cross_entropy(self.net(x), y), sync_dist=True)
 
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        if MODE == "gather0" and self.trainer.global_step == 3 and self.trainer.is_global_zero:
+            self.all_gather(torch.ones(1))  # the mistake: a collective on one rank
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.parameters(), lr=0.01)
 
@@ -75,8 +85,10 @@ class Probe(tandem.Callback):
         (self.out / f"pid{trainer.global_rank}").write_text(str(os.getpid()))
 
     def on_train_batch_start(self, trainer: tandem.Trainer, module: tandem.TrainingModule, batch, batch_idx) -> None:
-        if self.args.mode == "crash" and trainer.global_step == 3 and trainer.global_rank == self.args.crash_rank:
-            raise RuntimeError(f"boom at step 3 on rank {trainer.global_rank}")
+        if self.args.mode == "crash" and trainer.global_step == 3 and self.args.crash_rank in (trainer.global_rank, -1):
+            raise RuntimeError(f"boom at step 3 on rank {trainer.global_rank}" if self.args.crash_rank >= 0 else "boom")
+        if self.args.mode == "exit1" and trainer.global_step == 3 and trainer.global_rank == 1:
+            sys.exit(0)  # the mistake: this rank's script ends while the others train
 
     def on_train_batch_end(
         self, trainer: tandem.Trainer, module: tandem.TrainingModule, outputs, batch, batch_idx
@@ -111,8 +123,11 @@ def main(args: argparse.Namespace) -> None:
         time.sleep(120)  # never joins: rank 0's init_process_group times out first
     tandem.seed_everything(7)
     strategy = DDPStrategy(timeout=datetime.timedelta(seconds=args.timeout)) if args.timeout else "ddp"
-    if args.mode == "save0":
-        strategy = DDPStrategy(collective_check_timeout=datetime.timedelta(seconds=3))
+    if args.mode in ("save0", "gather0"):
+        strategy = DDPStrategy(collective_check_timeout=datetime.timedelta(seconds=3 if args.mode == "save0" else 2))
+    steps = args.steps if args.mode != "wait" else 100_000
+    epochs = 1 if args.mode == "short1" and int(os.environ.get("RANK", "0")) == 1 else None  # the mistake: a limit
+    root = out / f"root-{datetime.datetime.now():%H%M%S%f}" if args.per_rank_root else out  # differs per rank
     probe = Probe(args)
     callbacks: list[tandem.Callback] = [probe]
     if args.mode == "restart":  # the recipe in README: torchrun --max-restarts=N, ckpt_path="last"
@@ -122,11 +137,12 @@ def main(args: argparse.Namespace) -> None:
         strategy=strategy,
         devices=args.devices,
         num_nodes=args.num_nodes,
-        max_steps=args.steps if args.mode != "wait" else 100_000,
+        max_steps=steps,
+        max_epochs=epochs,
         callbacks=callbacks,
-        default_root_dir=out,
-        logger=args.mode == "restart",
-        enable_checkpointing=args.mode == "restart",
+        default_root_dir=root,
+        logger=args.mode == "restart" or args.per_rank_root,
+        enable_checkpointing=args.mode == "restart" or args.per_rank_root,
         enable_progress_bar=False,
         enable_model_summary=False,
     )
@@ -134,6 +150,9 @@ def main(args: argparse.Namespace) -> None:
         trainer.fit(Classifier(), data(), ckpt_path="last" if args.mode == "restart" else None)
     except BaseException as err:
         (out / f"raised{trainer.global_rank}").write_text(f"{type(err).__name__}: {err}")
+        if launchers.processes_started():  # how the ranks it started ended: a teardown ends them at once
+            children = launchers._WATCHDOG.children
+            (out / "ended0").write_text(repr([child.proc.returncode for child in children]))
         raise
     finally:
         (out / f"finally{trainer.global_rank}").write_text("ran")
@@ -158,6 +177,9 @@ def main(args: argparse.Namespace) -> None:
         "threads": torch.get_num_threads(),
         "restart_count": os.environ.get("TORCHELASTIC_RESTART_COUNT"),
         "last_ckpt": trainer.checkpoint_callback.last_model_path if trainer.checkpoint_callback else None,
+        "ckpt_dir": trainer.checkpoint_callback.dirpath if trainer.checkpoint_callback else None,
+        "log_dir": trainer.log_dir,
+        "default_root_dir": trainer.default_root_dir,
     }
     torch.save(result, out / f"rank{trainer.global_rank}.pt")
 
@@ -165,7 +187,20 @@ def main(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument(
-        "mode", choices=["fit", "crash", "wait", "restart", "late", "save0", "test0", "test0_validate1"]
+        "mode",
+        choices=[
+            "fit",
+            "crash",
+            "wait",
+            "restart",
+            "late",
+            "save0",
+            "test0",
+            "test0_validate1",
+            "exit1",
+            "short1",
+            "gather0",
+        ],
     )
     parser.add_argument("--out", required=True)
     parser.add_argument("--devices", type=int, default=2)
@@ -173,5 +208,8 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--crash-rank", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=0.0, help="process-group timeout in seconds (0: default)")
-    main(parser.parse_args())
+    parser.add_argument("--per-rank-root", action="store_true", help="default_root_dir from each rank's clock")
+    arguments = parser.parse_args()
+    MODE = arguments.mode
+    main(arguments)
     sys.exit(0)
