@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 #: every variable a launcher (torchrun, srun, tandem's own) sets; process tests start without them
-_LAUNCH_VARIABLES = re.compile(
+LAUNCH_VARIABLES = re.compile(
     r"^(RANK|LOCAL_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|GROUP_RANK|NODE_RANK|MASTER_ADDR|MASTER_PORT|OMP_NUM_THREADS"
     r"|TANDEM_.*|TORCHELASTIC_.*|SLURM_.*)$"
 )
@@ -27,12 +27,12 @@ _LAUNCH_VARIABLES = re.compile(
 
 def launch_free_env(**extra: str) -> dict[str, str]:
     """This process's environment without any launcher's variables, plus ``extra``."""
-    return {**{k: v for k, v in os.environ.items() if not _LAUNCH_VARIABLES.match(k)}, **extra}
+    return {**{k: v for k, v in os.environ.items() if not LAUNCH_VARIABLES.match(k)}, **extra}
 
 
 def clear_launch_variables(monkeypatch) -> None:
     """Remove every launcher variable from this process's environment for one test."""
-    for name in [n for n in os.environ if _LAUNCH_VARIABLES.match(n)]:
+    for name in [n for n in os.environ if LAUNCH_VARIABLES.match(n)]:
         monkeypatch.delenv(name)
 
 

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from helpers import clear_launch_variables
+from helpers import LAUNCH_VARIABLES, clear_launch_variables
 from tandem.strategies import DDPStrategy
 from tandem.strategies.environments import (
     LocalEnvironment,
@@ -35,7 +35,11 @@ def env(monkeypatch):
         for name, value in variables.items():
             monkeypatch.setenv(name, str(value))
 
-    return set_variables
+    yield set_variables
+    # what the code under test exported itself (export_rank): gone, so no later test sees a launcher's variables
+    # (monkeypatch then restores the variables it cleared)
+    for name in [n for n in os.environ if LAUNCH_VARIABLES.match(n)]:
+        del os.environ[name]
 
 
 def test_local_environment_for_the_first_process(env):
