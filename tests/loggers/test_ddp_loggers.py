@@ -45,7 +45,7 @@ def test_only_rank_zero_makes_and_writes_the_runs_and_every_rank_agrees_on_them(
     (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert ranks[0]["mlflow"] == ranks[1]["mlflow"] == run.info.run_id
     assert run.info.status == "FINISHED"
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")] == [1, 2, 3, 4]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")] == [0, 1, 2, 3]
     logged = sorted(a.path for a in client.list_artifacts(run.info.run_id))
     assert logged == ["epoch=0-step=2", "epoch=1-step=4"] == [Path(c).stem for c in ranks[0]["checkpoints"]]
     # the checkpoints of both ranks' ModelCheckpoint are in rank 0's run folder
@@ -56,5 +56,5 @@ def test_only_rank_zero_makes_and_writes_the_runs_and_every_rank_agrees_on_them(
     records = run_records(tmp_path)
     assert ranks[0]["wandb"] == ranks[1]["wandb"] == records["run"][0].run.run_id
     steps = [row["trainer/global_step"] for row in history(records) if "train_loss" in row]
-    assert steps == [1, 2, 3, 4]
+    assert steps == [0, 1, 2, 3]  # Lightning's steps: the batches stepped before each
     assert len(records["artifact"]) == 2

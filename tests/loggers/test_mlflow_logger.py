@@ -60,10 +60,13 @@ def test_a_fit_logs_params_metrics_tags_and_status_to_one_run(store, tmp_path):
     assert run.data.tags["mlflow.runName"] == "first" and run.data.tags["team"] == "vision"
     assert run.data.params == {"lr": "0.05", "optimizer": "sgd", "dropout": "0.0", "scheduler": "False"}
     history = client.get_metric_history(run.info.run_id, "train_loss")
-    assert [m.step for m in history] == list(range(1, 9))  # 4 batches an epoch, every step logged
+    assert [m.step for m in history] == list(range(8))  # 4 batches an epoch, every step logged (Lightning's steps)
     rows = [row for row in csv_rows(csv) if row["train_loss"]]
     assert [m.value for m in history] == pytest.approx([float(row["train_loss"]) for row in rows])
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")] == [4, 8]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")] == [
+        3,
+        7,
+    ]  # at the last batch's step (Lightning's)
     assert {m.value for m in client.get_metric_history(run.info.run_id, "epoch")} == {0.0, 1.0}
     # the checkpoints go into the run's folder of the store, as in Lightning
     run_folder = os.path.join(str(store), experiment.experiment_id, logger.version)

@@ -61,10 +61,10 @@ def test_a_fit_logs_config_and_metrics_against_the_global_step(offline):
     assert config(records) == {"lr": 0.05, "optimizer": "sgd", "dropout": 0.0, "scheduler": False}
     rows = history(records)
     train = [(row["trainer/global_step"], row["fit-train_loss"]) for row in rows if "fit-train_loss" in row]
-    assert [step for step, _ in train] == list(range(1, 9))
+    assert [step for step, _ in train] == list(range(8))  # Lightning's steps
     assert all(isinstance(loss, float) and loss > 0 for _, loss in train)
     validation = [(row["trainer/global_step"], row["fit-epoch"]) for row in rows if "fit-val_loss" in row]
-    assert validation == [(4, 0), (8, 1)]
+    assert validation == [(3, 0), (7, 1)]  # at the last batch's step (Lightning's)
     # checkpoints go to <save_dir>/<project>/<run id>/checkpoints, as in Lightning
     assert trainer.log_dir == os.path.join(str(offline), "proj", logger.version)
     assert os.listdir(os.path.join(trainer.log_dir, "checkpoints")) == ["epoch=1-step=8.ckpt"]
