@@ -40,7 +40,7 @@ class AdvancedProfiler(Profiler):
         self,
         dirpath: str | os.PathLike | None = None,
         filename: str | None = None,
-        line_count_restriction: float = 1.0,
+        line_count_restriction: int | float = 1.0,
         dump_stats: bool = False,
     ) -> None:
         super().__init__(dirpath=dirpath, filename=filename)
