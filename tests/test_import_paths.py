@@ -12,6 +12,7 @@ PORTED_IMPORTS = """
 import sys
 import tandem
 assert "rich" not in sys.modules  # imported only when a rich callback is used
+assert "cProfile" not in sys.modules  # imported only when an AdvancedProfiler is used
 from tandem import Callback, DataModule, Trainer, TrainingModule, seed_everything
 from tandem.core import DataModule as CoreDataModule, TrainingModule as CoreTrainingModule
 from tandem.trainer import Trainer as TrainerFromTrainer
@@ -27,6 +28,7 @@ from tandem.callbacks import (
 )
 assert "psutil" not in sys.modules  # imported only when CPU statistics are read
 from tandem.loggers import CSVLogger, Logger, TensorBoardLogger
+from tandem.profilers import AdvancedProfiler, PassThroughProfiler, Profiler, PyTorchProfiler, SimpleProfiler
 from tandem.tuner import Tuner
 from tandem.strategies import DDPStrategy, DataParallelStrategy, SingleDeviceStrategy, Strategy
 assert "rich" not in sys.modules

@@ -12,7 +12,7 @@ import tandem
 
 SRC = Path(tandem.__file__).parent
 #: each floor imports (at run time) only from the floors below it; ``version`` is a leaf anyone may import
-FLOORS = ("utilities", "strategies", "loggers", "module", "callbacks", "trainer", "tuner", "cli", "core")
+FLOORS = ("utilities", "strategies", "loggers", "profilers", "module", "callbacks", "trainer", "tuner", "cli", "core")
 
 
 def _sources() -> list[Path]:

@@ -23,6 +23,7 @@ SCENARIOS = (
     "stopping",
     "gathers",
     "tuner",
+    "profiling",
     "unused",
 )  # unused ends in an error on every rank
 

@@ -109,7 +109,7 @@ def test_sync_batchnorm_reaches_the_strategy_and_is_refused_on_the_cpu():
         (dict(progress_bar_refresh_rate=5), r"progress_bar_refresh_rate=5\).*ProgressBar\(refresh_rate=N\)"),
         (dict(resume_from_checkpoint="a.ckpt"), r"resume_from_checkpoint='a.ckpt'\).*fit\(model, \.\.\., ckpt_path"),
         (dict(replace_sampler_ddp=False), r"use_distributed_sampler"),
-        (dict(profiler="simple"), r"profiler=\.\.\.\) is not supported by tandem.*torch.profiler"),
+        (dict(model_registry="hub"), r"model_registry=\.\.\.\) is not supported by tandem"),
         (dict(max_epoch=3), r"unknown argument max_epoch=3. Did you mean max_epochs="),
         (dict(min_epochs=-1), r"min_epochs=-1 is out of range"),
     ],

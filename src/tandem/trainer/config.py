@@ -162,7 +162,6 @@ LIGHTNING_1X_ARGUMENTS = {
 
 #: Lightning 2 Trainer arguments that tandem does not implement, and what to do instead
 UNSUPPORTED_ARGUMENTS = {
-    "profiler": "torch.profiler around trainer.fit(...)",
     "model_registry": "ModelCheckpoint(dirpath=...) and your registry's own client",
 }
 

@@ -17,6 +17,7 @@ import torch
 from tandem.trainer.data import check_dataloader_idx, takes_batch_idx
 from tandem.trainer.hooks import running_hook
 from tandem.trainer.logging import LOADER_SUFFIX
+from tandem.trainer.profiling import NEXT_BATCH, StrategyCalls, timed_batches
 from tandem.trainer.state import EVAL_STAGES, StageData
 from tandem.utilities.logged_values import to_float
 
@@ -93,20 +94,22 @@ class EvaluationLoop:
             self.context.hooks,
             self.context.sink,
         )
-        transfer = self.batch_transfer
+        transfer, profiler = self.batch_transfer, self.context.profiler
         step, start, end = names.step, names.hook("batch_start"), names.hook("batch_end")
         index = extra[0] if extra else 0
         with_batch_idx = takes_batch_idx(getattr(strategy.module, step))
         outputs: list[Any] = []
-        for batch_idx, batch in enumerate(strategy.evaluation_batches(loader, count)):  # FSDP keeps ranks in step
+        batches = strategy.evaluation_batches(loader, count)  # FSDP keeps ranks in step
+        run_step = strategy.run_step
+        if profiler is not None:  # the profiling variant, chosen once per loader
+            batches = timed_batches(batches, profiler, NEXT_BATCH[names.name])
+            run_step = StrategyCalls(strategy, profiler).run_step
+        for batch_idx, batch in enumerate(batches):
             batch = strategy.batch_to_device(batch) if transfer is None else transfer(batch, index)
             metrics.set_batch(batch)
             hooks.call(start, batch, batch_idx, *extra)
             with running_hook(step):
-                if with_batch_idx:
-                    output = strategy.run_step(step, batch, batch_idx, *extra)
-                else:
-                    output = strategy.run_step(step, batch, *extra)
+                output = run_step(step, batch, batch_idx, *extra) if with_batch_idx else run_step(step, batch, *extra)
             if keep:
                 outputs.append(output)
             hooks.call(end, output, batch, batch_idx, *extra)

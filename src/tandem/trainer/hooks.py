@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from tandem.callbacks.callback import Callback
 from tandem.module import TrainingModule
+from tandem.trainer.profiling import callback_action, module_action, timed
 
 if TYPE_CHECKING:
+    from tandem.profilers import Profiler
     from tandem.trainer.state import TrainerState
     from tandem.trainer.trainer import Trainer
 
@@ -78,18 +80,24 @@ class HookDispatcher:
     def __getstate__(self) -> dict[str, Any]:  # ddp_spawn pickles the Trainer; each run collects afresh
         return {**self.__dict__, "_trainer": _no_trainer}
 
-    def collect(self, trainer: Trainer, module: TrainingModule, callbacks: list[Callback]) -> None:
-        """Build the table for a run: for each hook, the module's override, then each callback's."""
+    def collect(
+        self, trainer: Trainer, module: TrainingModule, callbacks: list[Callback], profiler: Profiler | None = None
+    ) -> None:
+        """Build the table for a run: for each hook, the module's override, then each callback's. With a
+        ``profiler``, each entry is timed (``[LightningModule]<Module>.<hook>``, ``[Callback]<state_key>.<hook>``):
+        the profiling variant of the table, chosen here once, so that :meth:`call` itself never asks."""
         self._trainer = weakref.ref(trainer)
         table: dict[str, list[Callable[..., None]]] = {}
         for name in _HOOK_NAMES:
             fns = []
             if getattr(type(module), name, None) is not getattr(TrainingModule, name, None) and hasattr(module, name):
-                fns.append(_module_hook(getattr(module, name)))
+                fn = _module_hook(getattr(module, name))
+                fns.append(fn if profiler is None else timed(fn, profiler, module_action(module, name)))
             for callback in callbacks:
                 # overridden by its class, or a function set on the instance (LambdaCallback), as Lightning reads it
                 if getattr(type(callback), name) is not getattr(Callback, name) or name in vars(callback):
-                    fns.append(_callback_hook(getattr(callback, name), module))
+                    fn = _callback_hook(getattr(callback, name), module)
+                    fns.append(fn if profiler is None else timed(fn, profiler, callback_action(callback, name)))
             table[name] = fns
         self._table = table
         self.registered = frozenset(name for name, fns in table.items() if fns)

@@ -19,6 +19,7 @@ import torch
 from tandem.strategies.side_channel import preemption_vote
 from tandem.trainer.nonfinite import loss_is_finite, nonfinite_parameters
 from tandem.trainer.optimization import Optimization
+from tandem.trainer.profiling import TRAIN_NEXT_BATCH, timed, timed_batches
 from tandem.trainer.replicas import ReplicaCheck
 from tandem.trainer.state import TRAIN, LoopState, StageData
 from tandem.utilities.data import find_sampler, has_len
@@ -27,6 +28,7 @@ from tandem.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from tandem.utilities.seed import capture_rng_state, isolate_rng, restore_rng_state
 
 if TYPE_CHECKING:
+    from tandem.profilers import Profiler
     from tandem.strategies.strategy import Strategy
     from tandem.trainer.config import TrainerConfig
     from tandem.trainer.evaluation import EvaluationLoop
@@ -47,6 +49,7 @@ class LoopContext:
     state: TrainerState  # fn, stage, status, should_stop
     sink: LogSink  # where logged numbers go
     nonfinite: NonFiniteGuard
+    profiler: Profiler | None = None  # the run's profiler; None: no profiling (the loops' plain path)
 
 
 class FitLoop:
@@ -72,9 +75,10 @@ class FitLoop:
         self.reload_data: Callable[[], None] | None = None
         self._loaded_at = 0  # the epoch the loaders were built for
         self._stop_agreed = False  # every process knows that one asked to stop (several processes)
+        self._optimize = self.optimization.run  # the fit's optimization of a batch (timed when profiling)
 
     def __getstate__(self) -> dict[str, Any]:  # ddp_spawn pickles the Trainer, which binds ``preempt`` again
-        return {**self.__dict__, "_preempt": None, "reload_data": None}
+        return {**self.__dict__, "_preempt": None, "reload_data": None, "_optimize": None}
 
     def bind_preemption_stop(self, preempt: Callable[[], None]) -> None:
         """What to call at the agreed pre-emption stop (the Trainer's save and exit)."""
@@ -112,12 +116,19 @@ class FitLoop:
         if self._done():  # before any work: a finished Trainer fit again, or max_epochs / max_steps of 0
             _warn_nothing_to_train(self.state, context.config)
             return
+        profiler = context.profiler
+        optimize = self.optimization.run
+        self._optimize = optimize if profiler is None else timed(optimize, profiler, "run_training_batch")
         if self.evaluation.records["validate"].loaders and context.config.num_sanity_val_steps != 0:
             with isolate_rng():  # as Lightning: the check draws no training randomness (a loader's iter seeds)
                 self.evaluation.run("validate", sanity=True)
         context.hooks.call("on_train_start")
         while not self._done():
-            self._run_epoch()
+            if profiler is None:
+                self._run_epoch()
+            else:
+                with profiler.profile("run_training_epoch"):
+                    self._run_epoch()
             if PREEMPTION.signum is not None and not self._done():
                 self._stop_if_preempted(epoch_end=True)
         context.hooks.call("on_train_end")
@@ -183,6 +194,8 @@ class FitLoop:
         module.train()
         hooks.call("on_train_epoch_start")
         batches = self._epoch_batches()
+        if context.profiler is not None:
+            batches = timed_batches(batches, context.profiler, TRAIN_NEXT_BATCH)
         n = loop.epoch_batches = self.data.num_batches[0]
         several = strategy.world_size > 1  # only then is there a collective per step
         if (several or config.accumulate_grad_batches > 1) and not has_len(loader):
@@ -244,7 +257,7 @@ class FitLoop:
         ):
             loop.no_step()
             return False
-        output, loss = optimization.run(batch, batch_idx)
+        output, loss = self._optimize(batch, batch_idx)
         if loop.log_step and (context.sink.loggers or strategy.world_size > 1):
             self._publish_step(loss)
         loop.batches_done = batch_idx + 1

@@ -19,6 +19,7 @@ from torch.optim import Optimizer
 from tandem.module import is_overridden
 from tandem.trainer.hooks import enter_hook, leave_hook, running_hook
 from tandem.trainer.optim import LRSchedulerConfig, TrainingOptimizer, parse_optimizers
+from tandem.trainer.profiling import StrategyCalls, module_action, timed
 from tandem.utilities.exceptions import TandemUserCodeError, missing_metric
 from tandem.utilities.rank_zero import rank_zero_warn
 
@@ -55,6 +56,8 @@ class Optimization:
         self.optimizers: list[Optimizer] = list(optimizers or [])
         self.lr_scheduler_configs: list[LRSchedulerConfig] = list(lr_scheduler_configs or [])
         self.takes_batch_idx = takes_batch_idx
+        #: the strategy's run_step / backward / optimizer_step, bound once per fit (timed when profiling)
+        self.calls = StrategyCalls(context.strategy, context.profiler) if context is not None else None
         # Held weakly: this object holds them, and a reference back would be a cycle keeping a finished fit alive.
         step = weakref.WeakMethod(self.step)
         self.training_optimizers = [TrainingOptimizer(o, step) for o in self.optimizers]  # self.optimizers()
@@ -80,7 +83,7 @@ class Optimization:
         args = (batch, batch_idx) if self.takes_batch_idx else (batch,)
         token = enter_hook(_TRAINING_STEP)
         try:
-            return self.context.strategy.run_step(_TRAINING_STEP, *args)
+            return self.calls.run_step(_TRAINING_STEP, *args)
         finally:
             leave_hook(token)
 
@@ -114,7 +117,7 @@ class AutomaticOptimization(Optimization):
         This is the per-step hot path: hooks nobody registered are not dispatched, and nothing here waits
         for the device (no ``.item()``).
         """
-        strategy, loop = self.context.strategy, self.loop
+        strategy, calls, loop = self.context.strategy, self.calls, self.loop
         if not loop.stepping:  # an accumulation micro-step: gradients stay local (DDP skips its all-reduce)
             with strategy.no_backward_sync(strategy.model, enabled=True):
                 output = self._training_step(batch, batch_idx)
@@ -124,14 +127,14 @@ class AutomaticOptimization(Optimization):
         args = (batch, batch_idx) if self.takes_batch_idx else (batch,)
         token = enter_hook(_TRAINING_STEP)  # inline, not _training_step: one frame fewer to the user's step
         try:
-            output = strategy.run_step(_TRAINING_STEP, *args)
+            output = calls.run_step(_TRAINING_STEP, *args)
         finally:
             leave_hook(token)
         loss = self._backward(output)
         if self.has_gradients:
             optimizer = self.optimizers[0]
             self._prepare_step(optimizer)
-            self._finish_step(optimizer, batch_idx, strategy.optimizer_step(optimizer))
+            self._finish_step(optimizer, batch_idx, calls.optimizer_step(optimizer))
         else:
             loop.no_step()
         return output, loss
@@ -165,7 +168,7 @@ class AutomaticOptimization(Optimization):
             self._prepare_step(optimizer)
             return result
 
-        self._last_step_taken = self.context.strategy.optimizer_step(optimizer, run_closure, **kwargs)
+        self._last_step_taken = self.calls.optimizer_step(optimizer, run_closure, **kwargs)
 
     def _backward(self, output: Any) -> torch.Tensor | None:
         loss = _loss_from(output)
@@ -174,7 +177,7 @@ class AutomaticOptimization(Optimization):
             hooks, k = context.hooks, context.config.accumulate_grad_batches
             if "on_before_backward" in hooks.registered:  # hooks nobody overrides are not even called
                 hooks.call("on_before_backward", loss)
-            context.strategy.backward(loss / k if k > 1 else loss)
+            self.calls.backward(loss / k if k > 1 else loss)
             if "on_after_backward" in hooks.registered:
                 hooks.call("on_after_backward")
             self.has_gradients = True
@@ -249,10 +252,10 @@ class ManualOptimization(Optimization):
 
     def step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any) -> None:
         """``opt.step()`` in a manual ``training_step``: through the strategy's precision, then counted."""
-        strategy = self.context.strategy
+        step = self.calls.optimizer_step
         if closure is None:
             self._prepare(optimizer)
-            strategy.optimizer_step(optimizer, **kwargs)
+            step(optimizer, **kwargs)
         else:
 
             def run_closure() -> Any:  # a closure of the user's (e.g. LBFGS), which the optimizer may call again
@@ -261,7 +264,7 @@ class ManualOptimization(Optimization):
                 self._prepare(optimizer)
                 return result
 
-            strategy.optimizer_step(optimizer, run_closure, **kwargs)
+            step(optimizer, run_closure, **kwargs)
         self.loop.global_step += 1
 
     def _prepare(self, optimizer: Optimizer) -> None:
@@ -306,14 +309,28 @@ def configure_optimization(
         def clip(optimizer: Optimizer) -> None:
             strategy.clip_gradients(optimizer, value, algorithm)
 
+    optimizer_step = module.optimizer_step if is_overridden(module, "optimizer_step") else None
+    zero_grad = module.optimizer_zero_grad if is_overridden(module, "optimizer_zero_grad") else None
+    profiler = context.profiler
+    if profiler is not None:  # the profiling variant: the module's overrides timed (the plain path is unchanged)
+        if optimizer_step is not None:
+            optimizer_step = timed(optimizer_step, profiler, module_action(module, "optimizer_step"))
+        if zero_grad is None:
+
+            def zero_grad(epoch: int, batch_idx: int, optimizer: Optimizer) -> None:  # the hook's default
+                optimizer.zero_grad(set_to_none=True)
+
+        zero_grad = timed(zero_grad, profiler, module_action(module, "optimizer_zero_grad"))
+        if clip is not None:
+            clip = timed(clip, profiler, module_action(module, "configure_gradient_clipping"))
     return AutomaticOptimization(
         context,
         loop,
         optimizers,
         schedulers,
         takes_batch_idx,
-        optimizer_step=module.optimizer_step if is_overridden(module, "optimizer_step") else None,
-        zero_grad=module.optimizer_zero_grad if is_overridden(module, "optimizer_zero_grad") else None,
+        optimizer_step=optimizer_step,
+        zero_grad=zero_grad,
         clip=clip,
     )
 

@@ -16,6 +16,7 @@ import torch
 
 from tandem.callbacks.callback import Callback
 from tandem.module import DataModule, TrainingModule, is_overridden
+from tandem.profilers import Profiler
 from tandem.strategies.registry import resolve_strategy
 from tandem.strategies.side_channel import entry_point
 from tandem.strategies.strategy import Strategy
@@ -28,6 +29,7 @@ from tandem.trainer.loops import FitLoop, LoopContext
 from tandem.trainer.nonfinite import NonFiniteGuard, check_reaction, nonfinite_parameters
 from tandem.trainer.optim import LRSchedulerConfig
 from tandem.trainer.optimization import configure_optimization
+from tandem.trainer.profiling import active, resolve_profiler, timed_transfer
 from tandem.trainer.state import LoopState, TrainerState
 from tandem.trainer.trial import Trial, TrialParts, open_trial
 from tandem.utilities.checkpoint import to_weights_only
@@ -94,6 +96,11 @@ class Trainer:
             a few batches to zero has a bug.
         reload_dataloaders_every_n_epochs: call ``train_dataloader()`` / ``val_dataloader()`` again every n
             epochs (0: build them once per run).
+        profiler: time every hook, step and loop phase and report at the end of each run (on rank 0, or
+            per rank into ``<dirpath>/<stage>-<filename>[-<rank>].txt`` when the profiler has a ``filename``):
+            ``"simple"`` (durations), ``"advanced"`` (cProfile per action), ``"pytorch"`` (``torch.profiler``
+            operator tables and TensorBoard traces) or a :class:`~tandem.profilers.Profiler` instance. None: no
+            profiling (a ``PassThroughProfiler``), at no cost to the loops.
         barebones: measure tandem's own overhead: no logger, checkpoints, progress bar, model summary, sanity
             check or step logging (``self.log`` warns and does nothing); asking for one of them as well is an
             error.
@@ -162,6 +169,7 @@ class Trainer:
         use_distributed_sampler: bool = True,
         overfit_batches: int | float = 0.0,
         reload_dataloaders_every_n_epochs: int = 0,
+        profiler: Profiler | str | None = None,
         barebones: bool = False,
     ) -> None:
         # Lightning's opt-outs: None is the default (on), which barebones turns off; asked for with it, an error
@@ -204,6 +212,8 @@ class Trainer:
             reload_dataloaders_every_n_epochs=reload_dataloaders_every_n_epochs,
         )
         check_reaction(on_nonfinite)
+        #: times the run's hooks, steps and loop phases (a ``PassThroughProfiler`` records nothing)
+        self.profiler: Profiler = resolve_profiler(profiler)
         self.strategy: Strategy = resolve_strategy(
             strategy,
             accelerator,
@@ -422,10 +432,13 @@ class Trainer:
             except BaseException as exception:
                 self.state.status = "interrupted"
                 self._hooks.call("on_exception", exception)
-                self._finish(fn, "interrupted" if isinstance(exception, (KeyboardInterrupt, Preempted)) else "failed")
+                stopped = isinstance(exception, (KeyboardInterrupt, Preempted))
+                self._finish(fn, "interrupted" if stopped else "failed")
+                self._finish_profiling(fn, report=stopped)  # a stopped run's profile is worth reading
                 raise
             self.state.status = "finished"
             self._finish(fn, "success")
+            self._finish_profiling(fn, report=True)
         return result
 
     def print(self, *args: Any, **kwargs: Any) -> None:
@@ -507,6 +520,7 @@ class Trainer:
             if logger.save_dir != save_dir:
                 logger.save_dir = save_dir
             logger.version = version
+        self._setup_profiling(fn, model)
         self.callbacks = _with_module_callbacks(self.callbacks, model)
         data.prepare_data(model, datamodule, self.strategy)
         if datamodule is not None:
@@ -531,14 +545,15 @@ class Trainer:
         self.fit_loop.reload_data = load_data if fn == "fit" and self.reload_dataloaders_every_n_epochs else None
         if fn == "fit":  # a trial (the tuner's batch size search) builds the loaders again
             self._fit_sources = (train, evaluation, datamodule)
-        self.fit_loop.batch_transfer = self._evaluation.batch_transfer = data.batch_transfer(
-            self.strategy, model, datamodule
-        )
+        transfer = data.batch_transfer(self.strategy, model, datamodule)
+        if self.fit_loop.context.profiler is not None:
+            transfer = timed_transfer(self.strategy, transfer, self.fit_loop.context.profiler)
+        self.fit_loop.batch_transfer = self._evaluation.batch_transfer = transfer
         if fn == "fit":
             self.fit_loop.optimization = configure_optimization(
                 model, self.fit_loop.context, self.fit_loop.state, data.takes_batch_idx(model.training_step)
             )
-        self._hooks.collect(self, model, self.callbacks)
+        self._hooks.collect(self, model, self.callbacks, self.fit_loop.context.profiler)
         if fn == "fit":
             hparams = dict(model.hparams) if getattr(model, "_log_hyperparams", True) else {}
             if datamodule is not None and getattr(datamodule, "_log_hyperparams", True):
@@ -555,6 +570,30 @@ class Trainer:
         if train_data is not None:
             self.fit_loop.data = train_data
         self._evaluation.records[stage] = eval_data  # the other stages keep theirs (num_val_batches after a test)
+
+    def _setup_profiling(self, fn: str, model: TrainingModule) -> None:
+        """The run's profiler set up (Lightning's arguments), and the loops told whether to time (once per run)."""
+        profiler = active(self.profiler)
+        self.fit_loop.context.profiler = profiler
+        if profiler is None:
+            return
+        from tandem.profilers.pytorch import PyTorchProfiler
+
+        if isinstance(profiler, PyTorchProfiler):  # it labels the module's layers, and reads its step counts
+            profiler.module = model
+        local_rank = self.local_rank if self.world_size > 1 else None
+        profiler.setup(stage=fn, local_rank=local_rank, log_dir=self.log_dir)
+
+    def _finish_profiling(self, fn: str, report: bool) -> None:
+        """The run's report (every rank: to its file, or printed on rank 0), or only the tear-down."""
+        profiler = self.fit_loop.context.profiler
+        self.fit_loop.context.profiler = None
+        if profiler is None:
+            return
+        if report:
+            profiler.describe()
+        else:
+            profiler.teardown(stage=fn)
 
     def _finish(self, fn: str, status: str) -> None:
         self.fit_loop.reload_data = None  # a bound method of this Trainer: no cycle outlives the run

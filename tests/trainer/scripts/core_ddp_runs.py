@@ -16,6 +16,7 @@ those files against single-process references.
     stopping   should_stop asked on one rank mid-epoch, and max_time: every rank stops at the same step
     gathers    self.all_gather(sync_grads=True) carries gradients back to every rank
     tuner      Tuner(trainer).lr_find: rank 0's results on every rank, the weights back, the fit after with the rate
+    profiling  Trainer(profiler=...): a report file per rank, or one report printed by rank 0
     unused     (last) the GAN under plain ddp: a clear error naming ddp_find_unused_parameters_true
 """
 
@@ -250,6 +251,18 @@ def tuner(out: Path) -> dict[str, Any]:
     }
 
 
+def profiling(out: Path) -> dict[str, Any]:
+    """Trainer(profiler=...) under ddp: a SimpleProfiler with a filename writes one report per rank
+    (``fit-perf-<rank>.txt``); profiler="simple" prints one report, on rank 0."""
+    from tandem.profilers import SimpleProfiler
+
+    data = manual_modules.loader(manual_modules.BATCH)
+    profiler = SimpleProfiler(dirpath=out / "profiling", filename="perf")
+    tandem.Trainer(strategy="ddp", max_steps=4, profiler=profiler, **QUIET).fit(Regression(), data)
+    tandem.Trainer(strategy="ddp", max_steps=2, profiler="simple", **QUIET).fit(Regression(), data)
+    return {"counts": {action: len(d) for action, d in profiler.recorded_durations.items()}}
+
+
 def _floats(trainer: tandem.Trainer) -> dict[str, float]:
     return {k: float(v) for k, v in trainer.callback_metrics.items()}
 
@@ -264,7 +277,9 @@ def unused(out: Path) -> dict[str, Any]:
     return {"error": None}
 
 
-SCENARIOS = {f.__name__: f for f in (manual, loaders, ports, nonfinite, memory, stopping, gathers, tuner, unused)}
+SCENARIOS = {
+    f.__name__: f for f in (manual, loaders, ports, nonfinite, memory, stopping, gathers, tuner, profiling, unused)
+}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
