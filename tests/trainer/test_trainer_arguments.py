@@ -89,7 +89,12 @@ def test_barebones_turns_everything_off_and_refuses_what_it_cannot_keep(tmp_path
     assert trainer.global_step == 4 and trainer.callback_metrics == {}
     assert sum("barebones" in str(w.message) for w in caught) == 1  # self.log: one warning, nothing logged
     assert not list(tmp_path.iterdir())  # no logs, no checkpoints
-    for given in (dict(enable_checkpointing=True), dict(logger=True), dict(log_every_n_steps=10)):
+    for given in (
+        dict(enable_checkpointing=True),
+        dict(logger=True),
+        dict(log_every_n_steps=10),
+        dict(profiler="simple"),
+    ):
         with pytest.raises(TandemConfigError, match=f"barebones=True, {next(iter(given))}="):
             tandem.Trainer(accelerator="cpu", barebones=True, **given)
     tandem.Trainer(accelerator="cpu", barebones=True, enable_progress_bar=False)  # asking for "off" is fine

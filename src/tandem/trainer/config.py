@@ -186,7 +186,7 @@ BAREBONES = dict(
 
 def check_barebones(chosen: dict[str, Any]) -> None:
     """``barebones=True`` with a feature it turns off asked for explicitly: an error naming it (as Lightning)."""
-    off = {**BAREBONES, "fast_dev_run": False, "detect_anomaly": False}
+    off = {**BAREBONES, "fast_dev_run": False, "detect_anomaly": False, "profiler": None}
     for name, value in chosen.items():
         if value is not None and value != off[name] and not (name == "fast_dev_run" and value == 0):
             raise TandemConfigError(

@@ -182,7 +182,9 @@ class Trainer:
             num_sanity_val_steps=num_sanity_val_steps,
         )
         if barebones:
-            check_barebones({**chosen, "fast_dev_run": fast_dev_run, "detect_anomaly": detect_anomaly})
+            check_barebones(
+                {**chosen, "fast_dev_run": fast_dev_run, "detect_anomaly": detect_anomaly, "profiler": profiler}
+            )
         defaults = BAREBONES if barebones else OPT_OUT_DEFAULTS
         chosen = {name: defaults[name] if value is None else value for name, value in chosen.items()}
         logger, enable_checkpointing = chosen["logger"], chosen["enable_checkpointing"]
