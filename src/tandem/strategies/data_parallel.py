@@ -92,6 +92,7 @@ class DataParallelStrategy(Strategy):
     supported_accelerators = ("cuda",)
     max_devices = None
     supports_manual_optimization = False  # the step runs once per replica
+    supports_compile = False  # replicas are copied from the module at every step: nothing compiled would be reused
 
     def __init__(
         self,

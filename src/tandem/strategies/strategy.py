@@ -9,6 +9,7 @@ accepts and refuses the same inputs.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 import shutil
@@ -25,6 +26,7 @@ from torch.utils.data import DataLoader
 
 from tandem.strategies.precision import Precision, for_device
 from tandem.utilities.checkpoint import atomic_save, is_sharded_checkpoint, load_checkpoint_file
+from tandem.utilities.compile import Compiler
 from tandem.utilities.data import end_workers_with_process
 from tandem.utilities.exceptions import (
     CheckpointError,
@@ -54,6 +56,18 @@ class StepForward(nn.Module):
 
     def forward(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.module, method)(*args, **kwargs)
+
+
+@functools.cache
+def _start_graphs_at_the_steps() -> None:
+    """Dynamo compiles from the frames :meth:`StepForward.forward` calls (``training_step``, ...), not from that
+    one trampoline: each step method keeps its own cache of graphs (and its own recompile limit), as when the
+    methods themselves are compiled (Lightning's ``from_compiled``). Called once, when a module comes compiled."""
+    try:
+        from torch._dynamo.decorators import skip  # private: the frame is skipped, the frames it calls are not
+    except ImportError:  # graphs start at StepForward.forward: the same graphs, one cache for all step methods
+        return
+    skip(StepForward.forward)
 
 
 class Strategy:
@@ -90,6 +104,8 @@ class Strategy:
     max_devices: ClassVar[int | None] = 1
     #: whether ``training_step`` may step the optimizers itself (manual optimization)
     supports_manual_optimization: ClassVar[bool] = True
+    #: whether a ``torch.compile``'d module can run (compiled again around this strategy's wrapper)
+    supports_compile: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -112,6 +128,7 @@ class Strategy:
         self.num_nodes = 1
         self._module: nn.Module | None = None  # the user's module, unwrapped
         self._model: nn.Module | None = None  # what steps run through (may be a wrapper)
+        self._compiled: nn.Module | None = None  # ``_model`` compiled, when the module came compiled
 
     # ------------------------------------------------------------------ configuration (no side effects)
     @classmethod
@@ -212,11 +229,21 @@ class Strategy:
         with torch.device(self.root_device), self.precision.module_init_context():
             yield
 
-    def setup(self, module: nn.Module) -> None:
-        """Move the module to its device, convert its precision, and wrap it for the steps."""
+    def setup(self, module: nn.Module, compiler: Compiler | None = None) -> None:
+        """Move the module to its device, convert its precision, and wrap it for the steps.
+
+        Args:
+            module: the user's module (not a ``torch.compile`` wrapper: see
+                :func:`~tandem.utilities.compile.unwrap_compiled`).
+            compiler: the settings of the ``torch.compile`` call the module came in, or None. The steps then run
+                through the strategy's wrapper compiled with them (DDP: the DDP module, so that dynamo splits
+                the graph at its gradient buckets; FSDP: the root, whose groups' hooks run between the compiled
+                pieces); the module itself stays plain.
+        """
         if not isinstance(module, nn.Module):
             raise TandemUserCodeError(f"Strategy.setup expects a torch.nn.Module, got {type(module).__name__}.")
         self._setup(module)
+        self._compiled = None if compiler is None else self._compile(compiler)
 
     def _setup(self, module: nn.Module) -> None:
         self._module = self.precision.convert_module(self._module_to_device(module))
@@ -229,11 +256,19 @@ class Strategy:
         """The object the steps run through; the default is the module itself."""
         return module
 
+    def _compile(self, compiler: Compiler) -> nn.Module:
+        """The wrapper compiled, after wrapping. A module that is not wrapped is compiled inside a
+        :class:`StepForward` (``torch.compile`` of a module compiles its ``forward`` only): the steps are what
+        run, and ``forward`` is compiled where they call it."""
+        _start_graphs_at_the_steps()
+        return compiler(StepForward(self._module) if self._model is self._module else self._model)
+
     def setup_optimizers(self, optimizers: list[Optimizer]) -> list[Optimizer]:
         return optimizers
 
     def teardown(self) -> None:
         """Release what setup took; the module stays on its device."""
+        self._compiled = None
 
     @property
     def module(self) -> nn.Module:
@@ -285,7 +320,12 @@ class Strategy:
     # ------------------------------------------------------------------ steps
     def run_step(self, method: str, *args: Any) -> Any:
         """Call ``training_step`` / ``validation_step`` / ``test_step`` / ``predict_step`` under autocast."""
-        step = getattr(self._module, method) if self._model is self._module else partial(self._model, method)
+        if self._compiled is not None:
+            step = partial(self._compiled, method)
+        elif self._model is self._module:
+            step = getattr(self._module, method)
+        else:
+            step = partial(self._model, method)
         if self.precision.autocast_dtype is None:
             return step(*args)
         with self.precision.forward_context():
