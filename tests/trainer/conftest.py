@@ -22,6 +22,7 @@ SCENARIOS = (
     "memory",
     "stopping",
     "gathers",
+    "compiled",
     "unused",
 )  # unused ends in an error on every rank
 

@@ -1,6 +1,6 @@
 """``trainer.fit(torch.compile(model))``, as in Lightning: the module inside runs (hooks, ``self.log`` and
-checkpoints see it), its steps compiled with the same settings. Under two-process DDP: ``test_compiled_ddp_*`` in
-tests/trainer/test_compile.py reads the ``compiled`` scenario of the shared DDP launch (conftest ``core_ddp``)."""
+checkpoints see it), its steps compiled with the same settings. Two-process DDP: the ``compiled`` scenario of the
+shared DDP launch (conftest ``core_ddp``, scripts/core_ddp_runs.py)."""
 
 from __future__ import annotations
 
@@ -140,3 +140,14 @@ def test_strategy_dp_refuses_a_compiled_module():
 def test_a_compiled_plain_module_is_named_as_such():
     with pytest.raises(TandemUserCodeError, match=r"torch.compile of one\), got Linear"):
         quiet_trainer().fit(torch.compile(nn.Linear(8, 3), backend="aot_eager"), loader())
+
+
+def test_a_compiled_ddp_fit_trains_as_the_eager_ddp_fit(core_ddp):
+    """Two gloo ranks (the shared launch's ``compiled`` scenario, backend aot_eager): the DDP module compiled
+    around the module ends where the eager DDP fit does, on every rank, with the same logged values."""
+    for rank in core_ddp["compiled"]:
+        assert rank["graphs"] >= 2  # the training step (through DDP) and the validation step
+        assert max_abs_diff(rank["eager"]["final"], rank["compiled"]["final"]) < 1e-6
+        assert rank["compiled"]["metrics"] == pytest.approx(rank["eager"]["metrics"], abs=1e-6)
+        assert rank["compiled"]["keys"] == rank["eager"]["keys"] == ["net.bias", "net.weight"]
+    assert max_abs_diff(core_ddp["compiled"][0]["compiled"]["final"], core_ddp["compiled"][1]["compiled"]["final"]) == 0
