@@ -46,6 +46,7 @@ SCENARIOS = (
     "resume_full",
     "resume_sharded",
     "export",
+    "compiled",
     "crash",
 )  # crash ends the job
 pytestmark = pytest.mark.timeout(150)
@@ -344,3 +345,13 @@ def test_spawn_brings_the_gathered_weights_back(scripts, monkeypatch):
     trainer.fit(model, DataLoader(common.dataset(common.TRAIN_SAMPLES), batch_size=common.BATCH))
     assert max_abs_diff(common.weights(model), expected) <= 1e-6
     assert set(trainer.callback_metrics) == {"train_loss"}
+
+
+def test_a_compiled_fsdp_fit_trains_and_validates_as_the_eager_one(runs):
+    """``trainer.fit(torch.compile(module))`` under fsdp (backend aot_eager): the root compiled around the sharded
+    module ends with the eager fit's whole weights and validation results (101 samples: uneven ranks)."""
+    for rank in runs["compiled"]:
+        assert rank["graphs"] > 0
+        assert rank["compiled"]["validate"] == rank["eager"]["validate"]
+    rank0 = runs["compiled"][0]
+    assert max_abs_diff(rank0["eager"]["final"], rank0["compiled"]["final"]) < 1e-6
