@@ -215,9 +215,9 @@ def gathers(out: Path) -> dict[str, Any]:
 
 
 def compiled(out: Path) -> dict[str, Any]:
-    """The same fit eager and as ``trainer.fit(torch.compile(module))``: the DDP module compiled around the
-    module (dynamo's DDPOptimizer splits the training graph at DDP's gradient buckets), validation steps compiled
-    on their own. Backend aot_eager (dynamo and AOT autograd, eager kernels: no C++ builds in this launch), with
+    """The same fit eager and as ``trainer.fit(torch.compile(module))``, accumulating 2 batches (``no_sync``): the
+    DDP module compiled around the module (dynamo's DDPOptimizer splits the training graph at DDP's gradient
+    buckets), validation steps compiled on their own. Backend aot_eager (dynamo and AOT autograd, eager kernels: no C++ builds in this launch), with
     the graphs counted; the checkpoint has the module's plain names."""
     aot_eager = torch._dynamo.lookup_backend("aot_eager")
     graphs: list[int] = []
@@ -230,7 +230,7 @@ def compiled(out: Path) -> dict[str, Any]:
     for name in ("eager", "compiled"):
         torch.manual_seed(0)
         module = Regression()
-        trainer = tandem.Trainer(strategy="ddp", max_epochs=2, **QUIET)
+        trainer = tandem.Trainer(strategy="ddp", max_epochs=2, accumulate_grad_batches=2, **QUIET)
         data = manual_modules.loader(manual_modules.BATCH)
         trainer.fit(torch.compile(module, backend=backend) if name == "compiled" else module, data, data)
         trainer.save_checkpoint(out / f"{name}.ckpt")
