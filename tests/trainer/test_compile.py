@@ -138,7 +138,9 @@ def test_strategy_dp_refuses_a_compiled_module():
 
 
 def test_a_compiled_plain_module_is_named_as_such():
-    with pytest.raises(TandemUserCodeError, match=r"torch.compile of one\), got Linear"):
+    with pytest.raises(
+        TandemUserCodeError, match=r"TrainingModule \(or torch.compile of one\), got torch.compile\(Linear\)"
+    ):
         quiet_trainer().fit(torch.compile(nn.Linear(8, 3), backend="aot_eager"), loader())
 
 

@@ -359,9 +359,10 @@ class Trainer:
     ) -> Any:
         module, compiler = unwrap_compiled(model)  # torch.compile(model): the module runs, compiled after wrapping
         if not isinstance(module, TrainingModule):
+            got = type(module).__name__ if compiler is None else f"torch.compile({type(module).__name__})"
             raise TandemUserCodeError(
-                f"Trainer.{fn} expects a tandem.TrainingModule (or torch.compile of one), got "
-                f"{type(module).__name__}. Subclass tandem.TrainingModule instead of torch.nn.Module."
+                f"Trainer.{fn} expects a tandem.TrainingModule (or torch.compile of one), got {got}. "
+                "Subclass tandem.TrainingModule instead of torch.nn.Module."
             )
         if compiler is not None and not self.strategy.supports_compile:
             raise incompatible(
