@@ -23,7 +23,7 @@ from torch.nn.parallel.distributed import _find_tensors
 from tandem.strategies.parallel import ParallelStrategy
 from tandem.strategies.precision import Precision
 from tandem.strategies.registry import register_strategy
-from tandem.strategies.strategy import StepForward
+from tandem.strategies.strategy import CompiledSteps, StepForward
 from tandem.utilities.compile import Compiler
 from tandem.utilities.exceptions import TandemConfigError, out_of_range
 
@@ -102,7 +102,7 @@ class DDPStrategy(ParallelStrategy):
         self.ddp_comm_hook = ddp_comm_hook
         self.ddp_comm_state = ddp_comm_state
         self._manual = False  # the module uses manual optimization (set when the module is wrapped)
-        self._compiled_evaluation: nn.Module | None = None  # the module compiled on its own (evaluation steps)
+        self._compiled_evaluation: CompiledSteps | None = None  # the step methods compiled, for evaluation
 
     def _check_configuration(self) -> None:
         super()._check_configuration()
@@ -129,8 +129,8 @@ class DDPStrategy(ParallelStrategy):
             step_forward.register_forward_hook(_no_reduction_after_step(weakref.ref(model)))
         return model
 
-    def _compile(self, compiler: Compiler) -> nn.Module:
-        self._compiled_evaluation = compiler(StepForward(self._module))  # evaluation steps do not run through DDP
+    def _compile(self, compiler: Compiler) -> Callable[..., Any]:
+        self._compiled_evaluation = CompiledSteps(self._module, compiler)  # evaluation steps do not run through DDP
         return super()._compile(compiler)
 
     def teardown(self) -> None:

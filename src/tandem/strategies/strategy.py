@@ -13,7 +13,7 @@ import functools
 import itertools
 import math
 import shutil
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
@@ -56,6 +56,22 @@ class StepForward(nn.Module):
 
     def forward(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.module, method)(*args, **kwargs)
+
+
+class CompiledSteps:
+    """A module's step methods, each compiled on its first call (as Lightning's ``from_compiled`` does), called
+    as a :class:`StepForward` is: ``steps("training_step", batch, batch_idx)``."""
+
+    def __init__(self, module: nn.Module, compiler: Compiler) -> None:
+        self.module = module
+        self._compiler = compiler
+        self._steps: dict[str, Callable[..., Any]] = {}
+
+    def __call__(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        step = self._steps.get(method)
+        if step is None:
+            step = self._steps[method] = self._compiler(getattr(self.module, method))
+        return step(*args, **kwargs)
 
 
 @functools.cache
@@ -128,7 +144,7 @@ class Strategy:
         self.num_nodes = 1
         self._module: nn.Module | None = None  # the user's module, unwrapped
         self._model: nn.Module | None = None  # what steps run through (may be a wrapper)
-        self._compiled: nn.Module | None = None  # ``_model`` compiled, when the module came compiled
+        self._compiled: Callable[..., Any] | None = None  # called as ``_model``; set when the module came compiled
 
     # ------------------------------------------------------------------ configuration (no side effects)
     @classmethod
@@ -238,7 +254,8 @@ class Strategy:
             compiler: the settings of the ``torch.compile`` call the module came in, or None. The steps then run
                 through the strategy's wrapper compiled with them (DDP: the DDP module, so that dynamo splits
                 the graph at its gradient buckets; FSDP: the root, whose groups' hooks run between the compiled
-                pieces); the module itself stays plain.
+                pieces), or, unwrapped, as the module's step methods compiled (:class:`CompiledSteps`); the
+                module itself stays plain.
         """
         if not isinstance(module, nn.Module):
             raise TandemUserCodeError(f"Strategy.setup expects a torch.nn.Module, got {type(module).__name__}.")
@@ -256,12 +273,14 @@ class Strategy:
         """The object the steps run through; the default is the module itself."""
         return module
 
-    def _compile(self, compiler: Compiler) -> nn.Module:
-        """The wrapper compiled, after wrapping. A module that is not wrapped is compiled inside a
-        :class:`StepForward` (``torch.compile`` of a module compiles its ``forward`` only): the steps are what
-        run, and ``forward`` is compiled where they call it."""
+    def _compile(self, compiler: Compiler) -> Callable[..., Any]:
+        """What the steps run through, compiled after wrapping: the wrapper (DDP, FSDP), or for a module that is
+        not wrapped, its step methods one by one (``torch.compile`` of a module compiles its ``forward`` only;
+        the steps are what run, and ``forward`` is compiled where they call it)."""
+        if self._model is self._module:
+            return CompiledSteps(self._module, compiler)
         _start_graphs_at_the_steps()
-        return compiler(StepForward(self._module) if self._model is self._module else self._model)
+        return compiler(self._model)
 
     def setup_optimizers(self, optimizers: list[Optimizer]) -> list[Optimizer]:
         return optimizers
