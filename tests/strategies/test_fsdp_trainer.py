@@ -47,6 +47,7 @@ SCENARIOS = (
     "resume_sharded",
     "export",
     "true_half",
+    "compiled",
     "crash",
 )  # crash ends the job
 pytestmark = pytest.mark.timeout(150)
@@ -353,3 +354,13 @@ def test_bf16_true_shards_train_in_bfloat16(runs):
         assert result["shards"] == {torch.bfloat16} and result["default_dtype"] == torch.float32
         assert result["losses"][-1] < result["losses"][0], result["losses"]
     assert rank0["saved"] == {torch.bfloat16}  # the whole weights, gathered in bfloat16
+
+
+def test_a_compiled_fsdp_fit_trains_and_validates_as_the_eager_one(runs):
+    """``trainer.fit(torch.compile(module))`` under fsdp (backend aot_eager): the root compiled around the sharded
+    module ends with the eager fit's whole weights and validation results (101 samples: uneven ranks)."""
+    for rank in runs["compiled"]:
+        assert rank["graphs"] > 0
+        assert rank["compiled"]["validate"] == rank["eager"]["validate"]
+    rank0 = runs["compiled"][0]
+    assert max_abs_diff(rank0["eager"]["final"], rank0["compiled"]["final"]) < 1e-6

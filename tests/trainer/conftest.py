@@ -24,6 +24,7 @@ SCENARIOS = (
     "gathers",
     "tuner",
     "profiling",
+    "compiled",
     "unused",
 )  # unused ends in an error on every rank
 

@@ -164,7 +164,9 @@ def test_fit_without_training_data_and_validate_without_validation_data():
 
 
 def test_fit_with_a_plain_module():
-    with pytest.raises(TandemUserCodeError, match=r"expects a tandem.TrainingModule, got Linear"):
+    with pytest.raises(
+        TandemUserCodeError, match=r"expects a tandem.TrainingModule \(or torch.compile of one\), got Linear"
+    ):
         quiet_trainer().fit(torch.nn.Linear(2, 2), loader())
 
 

@@ -92,6 +92,7 @@ class DataParallelStrategy(Strategy):
     supported_accelerators = ("cuda",)
     max_devices = None
     supports_manual_optimization = False  # the step runs once per replica
+    supports_compile = False  # replicas rebuilt in threads every step; Lightning refuses it too
 
     def __init__(
         self,

@@ -12,6 +12,7 @@ import datetime
 import re
 import weakref
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import torch
@@ -24,7 +25,8 @@ from tandem.strategies.layer_sync import TorchSyncBatchNorm
 from tandem.strategies.parallel import ParallelStrategy
 from tandem.strategies.precision import Precision
 from tandem.strategies.registry import register_strategy
-from tandem.strategies.strategy import StepForward
+from tandem.strategies.strategy import CompiledSteps, StepForward
+from tandem.utilities.compile import Compiler
 from tandem.utilities.exceptions import TandemConfigError, out_of_range
 
 
@@ -107,6 +109,7 @@ class DDPStrategy(ParallelStrategy):
         self.ddp_comm_hook = ddp_comm_hook
         self.ddp_comm_state = ddp_comm_state
         self._manual = False  # the module uses manual optimization (set when the module is wrapped)
+        self._compiled_evaluation: CompiledSteps | None = None  # the step methods compiled, for evaluation
 
     def _check_configuration(self) -> None:
         super()._check_configuration()
@@ -133,13 +136,23 @@ class DDPStrategy(ParallelStrategy):
             step_forward.register_forward_hook(_no_reduction_after_step(weakref.ref(model)))
         return model
 
+    def _compile(self, compiler: Compiler) -> Callable[..., Any]:
+        self._compiled_evaluation = CompiledSteps(self._module, compiler)  # evaluation steps do not run through DDP
+        return super()._compile(compiler)
+
+    def teardown(self) -> None:
+        self._compiled_evaluation = None
+        super().teardown()
+
     # ------------------------------------------------------------------ steps
     def run_step(self, method: str, *args: Any) -> Any:
         """Training steps run through DDP; evaluation steps call the module directly (ranks may have
         different numbers of evaluation batches, and DDP's forward is a collective)."""
         if method != "training_step" or not isinstance(self._model, DistributedDataParallel):
+            evaluation = self._compiled_evaluation
+            step = getattr(self._module, method) if evaluation is None else partial(evaluation, method)
             with self.precision.forward_context():
-                return getattr(self._module, method)(*args)
+                return step(*args)
         if self._manual:  # reset after the previous step (see _no_reduction_after_step)
             self._model.require_backward_grad_sync = self._model.require_forward_param_sync = True
         try:

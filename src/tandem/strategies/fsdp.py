@@ -346,13 +346,14 @@ class FSDPStrategy(ParallelStrategy):
     def run_step(self, method: str, *args: Any) -> Any:
         """Every step is one forward of the FSDP root (parameters gathered around it); evaluation steps also
         record which groups they gathered, for ranks that run out of batches first."""
+        root = self._model if self._compiled is None else self._compiled
         if method == "training_step":
             with self.precision.forward_context():
-                return self._model(method, *args)
+                return root(method, *args)
         self._recording = gathered = []
         try:
             with self.precision.forward_context():
-                output = self._model(method, *args)
+                output = root(method, *args)
         finally:
             self._recording = None
         self._last_step = [(group, self._is_sharded(group)) for group in gathered]

@@ -47,6 +47,7 @@ from tandem.strategies.samplers import (
 )
 from tandem.strategies.side_channel import CallSite, close_channel, current_channel, new_run_id, open_channel
 from tandem.strategies.strategy import ReduceOp, Strategy
+from tandem.utilities.compile import Compiler
 from tandem.utilities.data import has_len, is_iterable_style, rebuild_dataloader
 from tandem.utilities.exceptions import TandemConfigError, bad_choice, incompatible, out_of_range
 from tandem.utilities.rank_zero import rank_zero_warn, set_rank
@@ -253,9 +254,9 @@ class ParallelStrategy(Strategy):
                 "wait for them forever. Run the stage through strategy.launcher.launch(function, ...)."
             )
 
-    def setup(self, module: nn.Module) -> None:
+    def setup(self, module: nn.Module, compiler: Compiler | None = None) -> None:
         self._check("setup")  # wrapping the module (DDP, FSDP) starts with collectives: agree on it first
-        super().setup(module)
+        super().setup(module, compiler)
 
     def _module_to_device(self, module: nn.Module) -> nn.Module:
         """Move the module, and give this process its own copy of any tensor it shares with another process:
@@ -273,6 +274,7 @@ class ParallelStrategy(Strategy):
         Trainer) runs on every rank and uses it again; torch cannot re-create it on the same port
         reliably, and a new port would need a new rendezvous."""
         self._model = self._module
+        self._compiled = None
 
     # ------------------------------------------------------------------ collectives
     def _open_side_channel(self) -> None:

@@ -9,10 +9,11 @@ accepts and refuses the same inputs.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 import shutil
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
@@ -26,6 +27,7 @@ from torch.utils.data import DataLoader
 from tandem.strategies.environments import ClusterEnvironment
 from tandem.strategies.precision import Precision, for_device
 from tandem.utilities.checkpoint import atomic_save, is_sharded_checkpoint, load_checkpoint_file
+from tandem.utilities.compile import Compiler
 from tandem.utilities.data import end_workers_with_process
 from tandem.utilities.exceptions import (
     CheckpointError,
@@ -55,6 +57,34 @@ class StepForward(nn.Module):
 
     def forward(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.module, method)(*args, **kwargs)
+
+
+class CompiledSteps:
+    """A module's step methods, each compiled on its first call (as Lightning's ``from_compiled`` does), called
+    as a :class:`StepForward` is: ``steps("training_step", batch, batch_idx)``."""
+
+    def __init__(self, module: nn.Module, compiler: Compiler) -> None:
+        self.module = module
+        self._compiler = compiler
+        self._steps: dict[str, Callable[..., Any]] = {}
+
+    def __call__(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        step = self._steps.get(method)
+        if step is None:
+            step = self._steps[method] = self._compiler(getattr(self.module, method))
+        return step(*args, **kwargs)
+
+
+@functools.cache
+def _start_graphs_at_the_steps() -> None:
+    """Dynamo compiles from the frames :meth:`StepForward.forward` calls (``training_step``, ...), not from that
+    one trampoline: each step method keeps its own cache of graphs (and its own recompile limit), as when the
+    methods themselves are compiled (Lightning's ``from_compiled``). Called once, when a module comes compiled."""
+    try:
+        from torch._dynamo.decorators import skip  # private: the frame is skipped, the frames it calls are not
+    except ImportError:  # graphs start at StepForward.forward: the same graphs, one cache for all step methods
+        return
+    skip(StepForward.forward)
 
 
 class Strategy:
@@ -94,6 +124,8 @@ class Strategy:
     #: whether every process holds the whole module and all must stay identical (DDP; not FSDP's shards): with
     #: several processes the Trainer then compares them at epoch ends and saves (:mod:`tandem.trainer.replicas`)
     identical_replicas: ClassVar[bool] = False
+    #: whether a ``torch.compile``'d module can run (compiled again around this strategy's wrapper)
+    supports_compile: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -120,6 +152,7 @@ class Strategy:
         self.num_nodes = 1
         self._module: nn.Module | None = None  # the user's module, unwrapped
         self._model: nn.Module | None = None  # what steps run through (may be a wrapper)
+        self._compiled: Callable[..., Any] | None = None  # called as ``_model``; set when the module came compiled
 
     # ------------------------------------------------------------------ configuration (no side effects)
     @classmethod
@@ -232,11 +265,22 @@ class Strategy:
         with torch.device(self.root_device), self.precision.module_init_context():
             yield
 
-    def setup(self, module: nn.Module) -> None:
-        """Move the module to its device, convert its precision, and wrap it for the steps."""
+    def setup(self, module: nn.Module, compiler: Compiler | None = None) -> None:
+        """Move the module to its device, convert its precision, and wrap it for the steps.
+
+        Args:
+            module: the user's module (not a ``torch.compile`` wrapper: see
+                :func:`~tandem.utilities.compile.unwrap_compiled`).
+            compiler: the settings of the ``torch.compile`` call the module came in, or None. The steps then run
+                through the strategy's wrapper compiled with them (DDP: the DDP module, so that dynamo splits
+                the graph at its gradient buckets; FSDP: the root, whose groups' hooks run between the compiled
+                pieces), or, unwrapped, as the module's step methods compiled (:class:`CompiledSteps`); the
+                module itself stays plain.
+        """
         if not isinstance(module, nn.Module):
             raise TandemUserCodeError(f"Strategy.setup expects a torch.nn.Module, got {type(module).__name__}.")
         self._setup(module)
+        self._compiled = None if compiler is None else self._compile(compiler)
 
     def _setup(self, module: nn.Module) -> None:
         self._module = self.precision.convert_module(self._module_to_device(module))
@@ -249,11 +293,21 @@ class Strategy:
         """The object the steps run through; the default is the module itself."""
         return module
 
+    def _compile(self, compiler: Compiler) -> Callable[..., Any]:
+        """What the steps run through, compiled after wrapping: the wrapper (DDP, FSDP), or for a module that is
+        not wrapped, its step methods one by one (``torch.compile`` of a module compiles its ``forward`` only;
+        the steps are what run, and ``forward`` is compiled where they call it)."""
+        if self._model is self._module:
+            return CompiledSteps(self._module, compiler)
+        _start_graphs_at_the_steps()
+        return compiler(self._model)
+
     def setup_optimizers(self, optimizers: list[Optimizer]) -> list[Optimizer]:
         return optimizers
 
     def teardown(self) -> None:
         """Release what setup took; the module stays on its device."""
+        self._compiled = None
 
     @property
     def module(self) -> nn.Module:
@@ -306,7 +360,12 @@ class Strategy:
     def run_step(self, method: str, *args: Any) -> Any:
         """Call ``training_step`` / ``validation_step`` / ``test_step`` / ``predict_step`` in the precision's
         forward context (autocast, or the default dtype of a "true" precision)."""
-        step = getattr(self._module, method) if self._model is self._module else partial(self._model, method)
+        if self._compiled is not None:
+            step = partial(self._compiled, method)
+        elif self._model is self._module:
+            step = getattr(self._module, method)
+        else:
+            step = partial(self._model, method)
         if not self.precision.has_forward_context:
             return step(*args)
         with self.precision.forward_context():

@@ -386,6 +386,17 @@ class BarebonesLog:
         return {}  # nothing collected
 
 
+class CompiledStepLog:
+    """What ``self.log`` writes into while the steps run compiled (``trainer.fit(torch.compile(model))``): the
+    collector, called outside dynamo's graphs (a graph break at each ``self.log``). Logging is Python bookkeeping:
+    traced, it would break the graph inside the collector anyway, and recompile at each new name, hook or stage
+    until dynamo's recompile limit gives up on it with a warning."""
+
+    def __init__(self, collector: MetricCollector | BarebonesLog) -> None:
+        self.log = torch.compiler.disable(collector.log)
+        self.state_dict = collector.state_dict
+
+
 _STORE = {"sanity_check": "validate"}
 #: what names logged from one of several evaluation loaders end with (then the loader's index; Lightning's)
 LOADER_SUFFIX = "/dataloader_idx_"

@@ -24,7 +24,7 @@ from tandem.trainer import checkpointing, data, optim, preemption
 from tandem.trainer.config import BAREBONES, OPT_OUT_DEFAULTS, TrainerConfig, check_barebones, check_unknown_arguments
 from tandem.trainer.evaluation import EvaluationLoop, format_results
 from tandem.trainer.hooks import HookDispatcher
-from tandem.trainer.logging import BarebonesLog, LogSink, MetricCollector
+from tandem.trainer.logging import BarebonesLog, CompiledStepLog, LogSink, MetricCollector
 from tandem.trainer.loops import FitLoop, LoopContext
 from tandem.trainer.nonfinite import NonFiniteGuard, check_reaction, nonfinite_parameters
 from tandem.trainer.optim import LRSchedulerConfig
@@ -33,6 +33,7 @@ from tandem.trainer.profiling import active, resolve_profiler, timed_transfer
 from tandem.trainer.state import LoopState, TrainerState
 from tandem.trainer.trial import Trial, TrialParts, open_trial
 from tandem.utilities.checkpoint import to_weights_only
+from tandem.utilities.compile import Compiler, unwrap_compiled
 from tandem.utilities.exceptions import Preempted, TandemConfigError, TandemUserCodeError, TunerExit, incompatible
 from tandem.utilities.rank_zero import rank_zero_info, rank_zero_print, rank_zero_warn
 
@@ -242,8 +243,9 @@ class Trainer:
         loop_state = LoopState()
         self._hooks = HookDispatcher(self.state)
         self._metrics = MetricCollector(self.strategy, self.state)
+        self._collector: MetricCollector | BarebonesLog = BarebonesLog() if barebones else self._metrics
         #: what ``self.log`` writes into (the module's ``log`` calls its ``log``)
-        self.metric_collector: MetricCollector | BarebonesLog = BarebonesLog() if barebones else self._metrics
+        self.metric_collector: MetricCollector | BarebonesLog | CompiledStepLog = self._collector
         self._sink = LogSink(loggers, self._metrics, self.strategy, loop_state)
         self._nonfinite = NonFiniteGuard(on_nonfinite, self.strategy, self._config)
         context = LoopContext(
@@ -251,7 +253,8 @@ class Trainer:
         )
         self._evaluation = EvaluationLoop(context)
         self.fit_loop = FitLoop(context, self._evaluation, _preemption_stop(self), loop_state)
-        self._module: TrainingModule | None = None  # the module of the latest run (validate() without a model)
+        # the module of the latest run, as given (torch.compile'd or not), for validate() without a model
+        self._module: TrainingModule | torch.nn.Module | None = None
         self._ckpt_path: str | None = None
         # what the latest fit's loaders were built from (train, evaluation, datamodule): a trial builds them again
         self._fit_sources: tuple[Any, Any, Any] | None = None
@@ -272,7 +275,9 @@ class Trainer:
         """Train ``model``.
 
         Args:
-            model: the module to train.
+            model: the module to train, or ``torch.compile(module)``: the module is what runs (hooks, ``self.log``
+                and checkpoints see it, with no ``_orig_mod.`` prefix), and its steps run compiled with the same
+                settings, around the strategy's wrapper (as for ``validate`` / ``test`` / ``predict``).
             train_dataloaders: a DataLoader, or a DataModule (as ``fit(model, dm)``); without data, the
                 module's ``train_dataloader()`` / ``val_dataloader()`` are used.
             val_dataloaders: one loader, a list or a dict of loaders.
@@ -375,10 +380,19 @@ class Trainer:
         datamodule: DataModule | None = None,
         ckpt_path: str | os.PathLike | None = None,
     ) -> Any:
-        if not isinstance(model, TrainingModule):
+        module, compiler = unwrap_compiled(model)  # torch.compile(model): the module runs, compiled after wrapping
+        if not isinstance(module, TrainingModule):
+            got = type(module).__name__ if compiler is None else f"torch.compile({type(module).__name__})"
             raise TandemUserCodeError(
-                f"Trainer.{fn} expects a tandem.TrainingModule, got {type(model).__name__}. "
+                f"Trainer.{fn} expects a tandem.TrainingModule (or torch.compile of one), got {got}. "
                 "Subclass tandem.TrainingModule instead of torch.nn.Module."
+            )
+        if compiler is not None and not self.strategy.supports_compile:
+            raise incompatible(
+                f"a torch.compile'd module with strategy={self.strategy.name!r}",
+                "only strategies that keep one module per process (single_device, ddp, fsdp) run compiled modules",
+                f"Use strategy='ddp', or pass the module uncompiled: trainer.{fn}(model) instead of "
+                f"trainer.{fn}(torch.compile(model)).",
             )
         self._module = model
         run = (
@@ -388,11 +402,12 @@ class Trainer:
         )
         return run(
             fn,
-            model,
+            module,
             train_dataloaders=train_dataloaders,
             eval_dataloaders=eval_dataloaders,
             datamodule=datamodule,
             ckpt_path=ckpt_path,
+            compiler=compiler,
         )
 
     def _run_stage(
@@ -404,14 +419,16 @@ class Trainer:
         eval_dataloaders: Any = None,
         datamodule: DataModule | None = None,
         ckpt_path: str | os.PathLike | None = None,
+        compiler: Compiler | None = None,
     ) -> Any:
         """Runs in every process: set up, restore, loop, tear down. The side channel's collective check names
-        ``fn`` as the entry point of every collective inside."""
+        ``fn`` as the entry point of every collective inside. ``compiler``: the settings of the
+        ``torch.compile`` call ``model`` came in (the strategy compiles its wrapper with them)."""
         self.state.fn, self.state.status, self.state.should_stop = fn, "running", False
         with entry_point(fn):
             try:
                 self._ckpt_path = None
-                self._setup(fn, model, train_dataloaders, eval_dataloaders, datamodule)
+                self._setup(fn, model, train_dataloaders, eval_dataloaders, datamodule, compiler)
                 if ckpt_path is not None:
                     self._ckpt_path = checkpointing.restore(self, ckpt_path, fn)
                 if fn == "fit":
@@ -498,7 +515,9 @@ class Trainer:
         return open_trial(self, parts, callbacks, max_steps)
 
     # ================================================================== set-up
-    def _setup(self, fn: str, model: TrainingModule, train: Any, evaluation: Any, datamodule: Any) -> None:
+    def _setup(
+        self, fn: str, model: TrainingModule, train: Any, evaluation: Any, datamodule: Any, compiler: Compiler | None
+    ) -> None:
         """In Lightning's order: processes, prepare_data, the setup hooks, configure_model, the module onto its
         device, data, optimizers."""
         if datamodule is not None and (train is not None or evaluation is not None):
@@ -540,7 +559,8 @@ class Trainer:
         # counts its evaluation batches (the loggers' step of evaluation step values) from 0.
         self._metrics.clear_published()
         self._evaluation.seen_batches.clear()
-        self.strategy.setup(model)
+        self.strategy.setup(model, compiler)
+        self.metric_collector = self._collector if compiler is None else CompiledStepLog(self._collector)
 
         load_data = functools.partial(self._load_data, fn, model, train, evaluation, datamodule)
         load_data()

@@ -18,6 +18,7 @@ group; each rank saves what it saw to ``<out>/<scenario>-rank<r>.pt`` for the te
                     alone calling the sharded module or its state_dict() gets an error naming the ways out
     true_half       precision="bf16-true" with trainer.init_module(empty_init=True): bfloat16 shards, the loss
                     falls, the checkpoint holds bfloat16 weights
+    compiled        trainer.fit(torch.compile(module)) trains and validates as the eager fit
     crash           (last: it ends the job) rank 1 raises at its third step
 """
 
@@ -184,6 +185,31 @@ def evaluation(out: Path) -> dict[str, Any]:
     result["one_sample"] = one.validate(lonely, DataLoader(dataset(1, seed=2), batch_size=1))
     result["one_sample_weights"] = full_weights(one)
     return result
+
+
+def compiled(out: Path) -> dict[str, Any]:
+    """The same fit eager and as ``trainer.fit(torch.compile(module))`` (backend aot_eager: no C++ builds here):
+    the FSDP root compiled, its groups' hooks running between the compiled pieces; then a validation."""
+    graphs: list[int] = []
+    aot_eager = torch._dynamo.lookup_backend("aot_eager")
+
+    def backend(graph: torch.fx.GraphModule, example_inputs: list) -> Any:
+        graphs.append(len(graph.graph.nodes))
+        return aot_eager(graph, example_inputs)
+
+    results: dict[str, Any] = {}
+    for name in ("eager", "compiled"):
+        torch.manual_seed(0)
+        model = Net()
+        trainer = tandem.Trainer(strategy=FSDPStrategy(auto_wrap_policy={nn.Linear}), max_epochs=1, **QUIET)
+        given = torch.compile(model, backend=backend) if name == "compiled" else model
+        trainer.fit(given, DataLoader(dataset(TRAIN_SAMPLES), batch_size=BATCH))
+        results[name] = {
+            "final": full_weights(trainer),
+            "validate": trainer.validate(given, val_loader(), verbose=False),
+        }
+    results["graphs"] = len(graphs)
+    return results
 
 
 # ---------------------------------------------------------------------------------------------- init
@@ -369,7 +395,8 @@ def true_half(out: Path) -> dict[str, Any]:
 
 
 SCENARIOS = {
-    f.__name__: f for f in (equivalence, evaluation, init, resume_full, resume_sharded, export, true_half, crash)
+    f.__name__: f
+    for f in (equivalence, evaluation, init, resume_full, resume_sharded, export, true_half, compiled, crash)
 }
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ those files against single-process references.
     gathers    self.all_gather(sync_grads=True) carries gradients back to every rank
     tuner      Tuner(trainer).lr_find: rank 0's results on every rank, the weights back, the fit after with the rate
     profiling  Trainer(profiler=...): a report file per rank, or one report printed by rank 0
+    compiled   trainer.fit(torch.compile(module)) trains as the eager fit (the DDP module compiled)
     unused     (last) the GAN under plain ddp: a clear error naming ddp_find_unused_parameters_true
 """
 
@@ -263,6 +264,36 @@ def profiling(out: Path) -> dict[str, Any]:
     return {"counts": {action: len(d) for action, d in profiler.recorded_durations.items()}}
 
 
+def compiled(out: Path) -> dict[str, Any]:
+    """The same fit eager and as ``trainer.fit(torch.compile(module))``, accumulating 2 batches (``no_sync``): the
+    DDP module compiled around the module (dynamo's DDPOptimizer splits the training graph at DDP's gradient
+    buckets), validation steps compiled on their own. Backend aot_eager (dynamo and AOT autograd, eager kernels: no C++ builds in this launch), with
+    the graphs counted; the checkpoint has the module's plain names."""
+    aot_eager = torch._dynamo.lookup_backend("aot_eager")
+    graphs: list[int] = []
+
+    def backend(graph: torch.fx.GraphModule, example_inputs: list) -> Any:
+        graphs.append(len(graph.graph.nodes))
+        return aot_eager(graph, example_inputs)
+
+    results: dict[str, Any] = {}
+    for name in ("eager", "compiled"):
+        torch.manual_seed(0)
+        module = Regression()
+        trainer = tandem.Trainer(strategy="ddp", max_epochs=2, accumulate_grad_batches=2, **QUIET)
+        data = manual_modules.loader(manual_modules.BATCH)
+        trainer.fit(torch.compile(module, backend=backend) if name == "compiled" else module, data, data)
+        trainer.save_checkpoint(out / f"{name}.ckpt")
+        checkpoint = torch.load(out / f"{name}.ckpt", weights_only=False)
+        results[name] = {
+            "final": weights(module),
+            "metrics": _floats(trainer),
+            "keys": sorted(checkpoint["state_dict"]),
+        }
+    results["graphs"] = len(graphs)
+    return results
+
+
 def _floats(trainer: tandem.Trainer) -> dict[str, float]:
     return {k: float(v) for k, v in trainer.callback_metrics.items()}
 
@@ -278,7 +309,8 @@ def unused(out: Path) -> dict[str, Any]:
 
 
 SCENARIOS = {
-    f.__name__: f for f in (manual, loaders, ports, nonfinite, memory, stopping, gathers, tuner, profiling, unused)
+    f.__name__: f
+    for f in (manual, loaders, ports, nonfinite, memory, stopping, gathers, tuner, profiling, compiled, unused)
 }
 
 if __name__ == "__main__":
