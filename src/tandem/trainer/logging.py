@@ -50,6 +50,8 @@ class _Entry:
     epoch_value: torch.Tensor | None = None  # the aggregate, once computed
     dirty: bool = field(default=False)  # logged since epoch_value was computed
     step_unsynced: bool = field(default=False)  # a sync_dist step value not yet reduced across processes
+    hook: str | None = None  # the hook of the latest call, whose logging rule was checked (see check_log_call)
+    loader: int | None = None  # the evaluation loader it was first logged from (None: training, epoch hooks)
 
     def accumulate(self, value: torch.Tensor, weight: int) -> None:
         if self.reduce_fx in ("mean", "sum"):
@@ -137,12 +139,14 @@ class MetricCollector:
             )
             buffer.append((name, value if is_metric(value) else self._as_tensor(name, value), options))
             return
-        if self.dataloader_idx is not None and add_dataloader_idx:  # several evaluation loaders (Lightning's names)
-            name = f"{name}/dataloader_idx_{self.dataloader_idx}"
+        loader = self.dataloader_idx
+        if loader is not None and add_dataloader_idx:  # several evaluation loaders (Lightning's names)
+            name = f"{name}/dataloader_idx_{loader}"
         if rank_zero_only:  # logged on rank 0 alone: a collective would wait for the others forever
             sync_dist = False
+        hook = current_hook()
         if on_step is None or on_epoch is None:
-            in_step_hook = current_hook() in STEP_HOOKS
+            in_step_hook = hook in STEP_HOOKS
             on_step = in_step_hook if on_step is None else on_step
             on_epoch = (not in_step_hook) if on_epoch is None else on_epoch
         if isinstance(value, torch.Tensor) and value.ndim == 0:  # the common case, kept cheap
@@ -157,8 +161,17 @@ class MetricCollector:
         if entries is None:
             entries = self._stores[stage] = {}
         entry = entries.get(name)
-        if entry is None:
-            entry = entries[name] = _Entry(on_step, on_epoch, prog_bar, logger, sync_dist, reduce_fx, metric=metric)
+        # The rules are checked once per name and hook (and evaluation loader, for add_dataloader_idx=False):
+        # on the steps in between, this test is all the checking there is.
+        if entry is None or entry.hook != hook or (not add_dataloader_idx and entry.loader != loader):
+            check_log_call(name, hook, on_step, on_epoch, add_dataloader_idx, loader, entry, self._state.stage)
+            if entry is None:
+                entry = entries[name] = _Entry(
+                    on_step, on_epoch, prog_bar, logger, sync_dist, reduce_fx, metric=metric, loader=loader
+                )
+            elif entry.loader is None:
+                entry.loader = loader
+            entry.hook = hook
         if metric is not None:
             entry.metric = metric
             entry.dirty = entry.dirty or on_epoch
@@ -346,6 +359,105 @@ class MetricCollector:
 
 
 _STORE = {"sanity_check": "validate"}
+
+
+# ---------------------------------------------------------------------- where self.log may be called
+#: hooks whose ``self.log`` values would go nowhere (Lightning's ``_FxValidator`` refuses them too): before
+#: the first stage starts or after its values were published, in prediction (which publishes nothing), and
+#: around checkpoints and exceptions
+NO_LOGGING_HOOKS = frozenset(
+    {
+        "on_fit_start",
+        "on_fit_end",
+        "on_sanity_check_start",
+        "on_sanity_check_end",
+        "on_train_end",
+        "on_validation_end",
+        "on_test_end",
+        "on_predict_start",
+        "on_predict_end",
+        "on_predict_epoch_start",
+        "on_predict_epoch_end",
+        "on_predict_batch_start",
+        "on_predict_batch_end",
+        "predict_step",
+        "on_save_checkpoint",
+        "on_load_checkpoint",
+        "on_exception",
+    }
+)
+#: hooks that run once per stage or epoch: they log epoch values only (``on_step=True`` has no step to belong to)
+EPOCH_ONLY_HOOKS = frozenset(
+    {
+        "on_train_start",
+        "on_validation_start",
+        "on_test_start",
+        "on_train_epoch_start",
+        "on_train_epoch_end",
+        "on_validation_epoch_start",
+        "on_validation_epoch_end",
+        "on_test_epoch_start",
+        "on_test_epoch_end",
+    }
+)
+_SUFFIX = "/dataloader_idx_"
+
+
+def check_log_call(
+    name: str,
+    hook: str | None,
+    on_step: bool,
+    on_epoch: bool,
+    add_dataloader_idx: bool,
+    loader: int | None,
+    entry: _Entry | None,
+    stage: str | None,
+) -> None:
+    """Refuse a ``self.log`` call whose value would be lost or mixed up (Lightning's rules, its ``_FxValidator``
+    table included). Called for a name's first value in a stage's epoch, and again when the hook or (with
+    ``add_dataloader_idx=False``) the evaluation loader changes."""
+    shown = name.rsplit(_SUFFIX, 1)[0] if add_dataloader_idx and loader is not None else name  # as the user wrote it
+    if hook is None or hook in NO_LOGGING_HOOKS:
+        where = (
+            f"inside {hook}"
+            if hook is not None
+            else "outside the hooks the Trainer runs (e.g. in setup, teardown, configure_model, configure_optimizers, "
+            "prepare_data, lr_scheduler_step, a dataloader or batch-transfer hook, or after the run)"
+        )
+        why = (
+            "prediction publishes no logged values"
+            if stage == "predict" or (hook or "").startswith(("on_predict", "predict"))
+            else "the value would never reach callback_metrics or the loggers"
+        )
+        raise TandemUserCodeError(
+            f"self.log({shown!r}, ...) was called {where}, where logging is not supported: {why}. Log from the "
+            "training / validation / test steps or their batch and epoch hooks, or write to the logger directly "
+            "(self.logger.log_metrics({...}, step=...) or self.logger.experiment)."
+        )
+    if hook in EPOCH_ONLY_HOOKS and (on_step or not on_epoch):
+        raise TandemUserCodeError(
+            f"self.log({shown!r}, ..., on_step={on_step}, on_epoch={on_epoch}) inside {hook}: this hook runs once, not "
+            "per step, so it logs epoch values only. Leave on_step and on_epoch at their defaults there (or pass "
+            "on_step=False, on_epoch=True), or log per-step values from training_step or on_train_batch_end."
+        )
+    user_suffixes = shown.count(_SUFFIX)
+    if user_suffixes:
+        raise TandemUserCodeError(
+            f"self.log({shown!r}, ...): the name holds {_SUFFIX!r}, which tandem adds itself when there are several "
+            f"evaluation loaders (and splits results by). Log the plain name ({shown.split(_SUFFIX)[0]!r}), or with "
+            "add_dataloader_idx=False a name of your own without that part."
+        )
+    if entry is not None and not add_dataloader_idx and loader is not None and entry.loader not in (None, loader):
+        raise TandemUserCodeError(
+            f"self.log({name!r}, ..., add_dataloader_idx=False) in {hook} for dataloader {loader}, but {name!r} was "
+            f"already logged from dataloader {entry.loader} in this {_STAGE_WORDS.get(stage, stage)} run: the loaders' "
+            "values would be averaged into one number, reported for each. Give each loader its own name (e.g. "
+            f'f"{name}_{{dataloader_idx}}"), or drop add_dataloader_idx=False (tandem then names them '
+            f"'{name}/dataloader_idx_N')."
+        )
+
+
+_STAGE_WORDS = {"sanity_check": "sanity-check validation", "validate": "validation"}
 
 
 class LogSink:

@@ -66,6 +66,7 @@ class FitLoop:
         self.data = StageData(TRAIN)
         self.optimization = Optimization()  # the fit's (set when a fit starts)
         self.batch_transfer: Any = None  # the batch-transfer hooks of the module or DataModule, when overridden
+        self._store_ready = False  # the training values' store was emptied for the coming epoch
 
     def __getstate__(self) -> dict[str, Any]:  # ddp_spawn pickles the Trainer, which binds ``preempt`` again
         return {**self.__dict__, "_preempt": None}
@@ -103,6 +104,10 @@ class FitLoop:
         context = self.context
         if self.evaluation.records["validate"].loaders and context.config.num_sanity_val_steps != 0:
             self.evaluation.run("validate", sanity=True)
+        loop = self.state
+        context.metrics.reset(loop.resume_train_metrics)  # before on_train_start: its values belong to the first epoch
+        loop.resume_train_metrics = None
+        self._store_ready = True
         context.hooks.call("on_train_start")
         while not self._done():
             self._run_epoch()
@@ -144,8 +149,9 @@ class FitLoop:
         context, loop = self.context, self.state
         strategy, metrics, hooks, config = context.strategy, context.metrics, context.hooks, context.config
         module = strategy.module
-        metrics.reset(loop.resume_train_metrics)
-        loop.resume_train_metrics = None
+        if not self._store_ready:  # each epoch starts empty; the first one in run(), before on_train_start
+            metrics.reset()
+        self._store_ready = False
         loader = self.data.loaders[0]
         sampler = find_sampler(loader) if isinstance(loader, torch.utils.data.DataLoader) else None
         if hasattr(sampler, "set_epoch"):
