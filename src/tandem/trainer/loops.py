@@ -168,6 +168,7 @@ class FitLoop:
             batches = self._agreed_batches(batches, n)
         val_every = self._val_check_batches()
         max_steps = config.max_steps
+        first_batch, first_step = loop.batches_done, loop.global_step
         for batch_idx, batch in enumerate(batches, start=loop.batches_done):
             if batch_idx >= n:
                 break
@@ -181,6 +182,7 @@ class FitLoop:
             if 0 <= max_steps <= loop.global_step or context.state.should_stop and not several and self._min_reached():
                 break  # with several processes, should_stop is agreed on at the end of the epoch (below)
         loop.epoch_finished = True
+        self.optimization.check_epoch_steps(loop.epoch, loop.batches_done - first_batch, loop.global_step - first_step)
         train_epoch_metrics = metrics.epoch_metrics()
         if self._validates_this_epoch():
             self.evaluation.run("validate")
