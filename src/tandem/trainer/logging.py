@@ -71,6 +71,7 @@ class PublishedStep:
 
     values: dict[str, torch.Tensor]
     loss_finite: list[bool]
+    empty_batches: list[Any] = field(default_factory=list)  # each process's note (rank order), see publish_step
 
 
 class MetricCollector:
@@ -226,19 +227,21 @@ class MetricCollector:
     def _distributed(self) -> bool:
         return self._strategy.world_size > 1
 
-    def publish_step(self, loss_finite: bool = True) -> PublishedStep:
+    def publish_step(self, loss_finite: bool = True, empty_batch: Any = None) -> PublishedStep:
         """Publish the step values: reduce the ``sync_dist`` ones across processes (every process calls
         this at the same step), then return those logged with on_step since the last call, for the
         loggers, and clear the 'updated' marks. ``loss_finite`` (this process's verdict on the step's loss)
-        comes back from every process, in rank order."""
+        and ``empty_batch`` (its note of an empty batch trained on, or None) come back from every process, in
+        rank order."""
         entries = self._stores.get(self.stage, {})
-        verdicts = self._sync(entries, epoch=False, loss_finite=loss_finite) if self._distributed else [loss_finite]
+        note = (loss_finite, empty_batch)
+        notes = self._sync(entries, epoch=False, note=note) if self._distributed else [note]
         out = {}
         for name, entry in entries.items():
             if entry.updated and entry.on_step and entry.logger and entry.step_value is not None:
                 out[f"{name}_step" if entry.on_epoch else name] = entry.step_value
             entry.updated = False
-        return PublishedStep(out, verdicts)
+        return PublishedStep(out, [finite for finite, _ in notes], [empty for _, empty in notes])
 
     def epoch_metrics(self) -> dict[str, torch.Tensor]:
         """Aggregate every on_epoch value of the stage (reducing across processes where asked; every
@@ -282,14 +285,15 @@ class MetricCollector:
             return None
         return entry.total / entry.count if entry.reduce_fx == "mean" else entry.total
 
-    def _sync(self, entries: dict[str, _Entry], epoch: bool, loss_finite: bool = True) -> list[bool]:
+    def _sync(self, entries: dict[str, _Entry], epoch: bool, note: Any = None) -> list[Any]:
         """Reduce across processes, by name, every value some process needs reduced now.
 
         Epoch ends (``epoch=True``): synced epoch aggregates and torchmetrics ``Metric`` objects logged
         since they were last computed on any process, plus synced step values not yet reduced. Publishing
         steps: the synced step values. A process that never logged a name contributes the identity and
-        receives the result (its entry is created with the options the other processes used). ``loss_finite``
-        is gathered with the names; every process's is returned, in rank order.
+        receives the result (its entry is created with the options the other processes used). ``note`` (the
+        loss's verdict and an empty-batch note, at publishing steps) is gathered with the names; every process's
+        is returned, in rank order.
         """
         mine: dict[str, tuple[str, bool, tuple[bool, bool, bool, bool]]] = {}
         for name, entry in entries.items():
@@ -302,8 +306,8 @@ class MetricCollector:
                 mine[f"metric/{name}"] = ("metric", entry.dirty, flags)
             elif entry.sync_dist and (entry.total is not None or entry.dirty):
                 mine[f"epoch/{name}"] = (entry.reduce_fx, entry.dirty, flags)
-        gathered = self._strategy.all_gather_object((mine, loss_finite))
-        everyone, verdicts = [g[0] for g in gathered], [g[1] for g in gathered]
+        gathered = self._strategy.all_gather_object((mine, note))
+        everyone, notes = [g[0] for g in gathered], [g[1] for g in gathered]
         wanted = _agree(everyone)
         for key in wanted:  # decided from what every process sent: all raise together, none hangs
             if key.startswith("metric/") and not all(key in theirs for theirs in everyone):
@@ -329,7 +333,7 @@ class MetricCollector:
                 entry.epoch_value, entry.dirty = reduced[key], False
             elif reduced[key] is not None:
                 self._publish_step(name, entry, reduced[key])
-        return verdicts
+        return notes
 
     def _publish_step(self, name: str, entry: _Entry, value: torch.Tensor) -> None:
         entry.step_value, entry.step_unsynced = value, False

@@ -20,7 +20,8 @@ from tandem.strategies.side_channel import preemption_vote
 from tandem.trainer.nonfinite import loss_is_finite, nonfinite_parameters
 from tandem.trainer.optimization import Optimization
 from tandem.trainer.state import TRAIN, LoopState, StageData
-from tandem.utilities.data import find_sampler, has_len
+from tandem.utilities.data import find_sampler, has_len, is_empty_batch
+from tandem.utilities.exceptions import empty_batch
 from tandem.utilities.preemption import PREEMPTION
 from tandem.utilities.rank_zero import rank_zero_warn
 from tandem.utilities.seed import capture_rng_state, restore_rng_state
@@ -67,6 +68,7 @@ class FitLoop:
         self.optimization = Optimization()  # the fit's (set when a fit starts)
         self.batch_transfer: Any = None  # the batch-transfer hooks of the module or DataModule, when overridden
         self._store_ready = False  # the training values' store was emptied for the coming epoch
+        self.empty_batch: tuple[int, int, int] | None = None  # (rank, epoch, batch_idx) not yet acted on (ddp)
 
     def __getstate__(self) -> dict[str, Any]:  # ddp_spawn pickles the Trainer, which binds ``preempt`` again
         return {**self.__dict__, "_preempt": None}
@@ -107,7 +109,7 @@ class FitLoop:
         loop = self.state
         context.metrics.reset(loop.resume_train_metrics)  # before on_train_start: its values belong to the first epoch
         loop.resume_train_metrics = None
-        self._store_ready = True
+        self._store_ready, self.empty_batch = True, None
         context.hooks.call("on_train_start")
         while not self._done():
             self._run_epoch()
@@ -191,7 +193,10 @@ class FitLoop:
         # One reduction, two agreements: one rank asking to stop stops them all (a rank that left the loop alone
         # would hang the others), and NaN / inf in any rank's parameters is acted on by every rank.
         nonfinite = nonfinite_parameters(module)
-        stop, anywhere = strategy.reduce(torch.tensor([int(context.state.should_stop), int(bool(nonfinite))]), "sum")
+        flags = torch.tensor([int(context.state.should_stop), int(bool(nonfinite)), int(self.empty_batch is not None)])
+        stop, anywhere, empty = strategy.reduce(flags, "sum")
+        if empty > 0:  # an empty batch on some rank since the last publishing step: all ranks learn which, and raise
+            raise empty_batch([note for note in strategy.all_gather_object(self.empty_batch) if note], several=True)
         context.state.should_stop = bool(stop > 0)
         context.nonfinite.check_epoch_end(nonfinite, bool(anywhere > 0), loop.epoch, loop.global_step)
         train_epoch_metrics.update(metrics.epoch_metrics())  # values logged in on_train_epoch_end hooks
@@ -209,10 +214,14 @@ class FitLoop:
         transfer = self.batch_transfer
         batch = strategy.batch_to_device(batch) if transfer is None else transfer(batch, 0)
         context.metrics.set_batch(batch)
+        empty = is_empty_batch(batch)  # host-side shapes: no device sync
         loop.plan_batch(batch_idx, config.accumulate_grad_batches, config.log_every_n_steps, optimization.automatic)
         if "on_train_batch_start" in hooks.registered:  # hooks nobody overrides are not even called
             hooks.call("on_train_batch_start", batch, batch_idx)
+        steps = loop.global_step
         output, loss = optimization.run(batch, batch_idx)
+        if empty and (loss is not None or loop.global_step != steps):  # trained on (training_step did not skip it)
+            self._found_empty_batch(batch_idx)
         if loop.log_step and (context.sink.loggers or strategy.world_size > 1):
             self._publish_step(loss)
         loop.batches_done = batch_idx + 1
@@ -223,9 +232,21 @@ class FitLoop:
         """Loggers get the step values, sync_dist ones reduced first. The step's loss is read then too, and the
         processes' verdicts on it travel with that reduction."""
         context = self.context
-        published = context.metrics.publish_step(loss_is_finite(loss))
+        published = context.metrics.publish_step(loss_is_finite(loss), self.empty_batch)
+        if self.empty_batch is not None or any(published.empty_batches):  # named before its NaN loss is
+            raise empty_batch([note for note in published.empty_batches if note], several=True)
         context.sink.log_metrics(published.values)
         context.nonfinite.check_loss(published.loss_finite, published.values, self.state.global_step)
+
+    def _found_empty_batch(self, batch_idx: int) -> None:
+        """Training batch ``batch_idx`` held no samples and was trained on. With one process that is an error now;
+        with several, every rank must stop together: the finding travels with the next publishing step's gathering,
+        or the epoch end's reduction, and all ranks raise there (no collective of its own)."""
+        strategy, loop = self.context.strategy, self.state
+        if strategy.world_size == 1:
+            raise empty_batch([(0, loop.epoch, batch_idx)], several=False)
+        if self.empty_batch is None:
+            self.empty_batch = (strategy.global_rank, loop.epoch, batch_idx)
 
     # ------------------------------------------------------------------ the epoch's batches
     def _epoch_batches(self) -> Iterator[Any]:
