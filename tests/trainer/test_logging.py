@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -120,6 +122,22 @@ def test_collector_reduces_sums_and_counts_across_processes():
         )
     values = collector.epoch_metrics()
     assert values["m"].item() == pytest.approx(34.0 / 12.0)
+
+
+def test_epoch_values_without_sync_dist_under_several_processes_warn_once():
+    """As Lightning: an epoch value each process aggregates alone is rank 0's share; say so, naming sync_dist."""
+    options = dict(on_step=None, on_epoch=None, prog_bar=False, logger=True, reduce_fx="mean", batch_size=2)
+    collector = MetricCollector(TwoRanks({}), TrainerState(stage="validate"))
+    with running_hook("validation_step"):
+        collector.log("alone", torch.tensor(1.0), sync_dist=False, **options)
+        collector.log("synced", torch.tensor(1.0), sync_dist=True, **options)
+        collector.log("rank0", torch.tensor(1.0), sync_dist=False, rank_zero_only=True, **options)
+    collector._strategy.other_packed = {"sum": torch.tensor([0.0, 0.0], dtype=torch.float64)}
+    with pytest.warns(UserWarning, match=r"without sync_dist=True under 2 processes: \['alone'\].*sync_dist=True"):
+        collector.epoch_metrics()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        collector.epoch_metrics()  # once
 
 
 def test_log_outside_a_trainer_is_ignored_with_one_warning(monkeypatch):

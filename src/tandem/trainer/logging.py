@@ -24,6 +24,7 @@ import torch
 from tandem.trainer.hooks import STEP_HOOKS, current_hook
 from tandem.utilities.exceptions import TandemUserCodeError, bad_choice
 from tandem.utilities.logged_values import is_metric, replica_logs, to_float
+from tandem.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
     from tandem.strategies.strategy import Strategy
@@ -52,6 +53,7 @@ class _Entry:
     step_unsynced: bool = field(default=False)  # a sync_dist step value not yet reduced across processes
     hook: str | None = None  # the hook of the latest call, whose logging rule was checked (see check_log_call)
     loader: int | None = None  # the evaluation loader it was first logged from (None: training, epoch hooks)
+    rank_zero_only: bool = False  # logged on rank 0 alone (never reduced, on purpose)
 
     def accumulate(self, value: torch.Tensor, weight: int) -> None:
         if self.reduce_fx in ("mean", "sum"):
@@ -97,6 +99,7 @@ class MetricCollector:
         self.callback_metrics: dict[str, torch.Tensor] = {}
         self.logged_metrics: dict[str, float] = {}
         self.progress_bar_metrics: dict[str, torch.Tensor] = {}
+        self._unsynced_warned = False  # epoch values each process aggregated alone were reported (once)
 
     @property
     def stage(self) -> str:
@@ -168,7 +171,15 @@ class MetricCollector:
             check_log_call(name, hook, on_step, on_epoch, add_dataloader_idx, loader, entry, self._state.stage)
             if entry is None:
                 entry = entries[name] = _Entry(
-                    on_step, on_epoch, prog_bar, logger, sync_dist, reduce_fx, metric=metric, loader=loader
+                    on_step,
+                    on_epoch,
+                    prog_bar,
+                    logger,
+                    sync_dist,
+                    reduce_fx,
+                    metric=metric,
+                    loader=loader,
+                    rank_zero_only=rank_zero_only,
                 )
             elif entry.loader is None:
                 entry.loader = loader
@@ -250,6 +261,8 @@ class MetricCollector:
         entries = self._stores.get(self.stage, {})
         if self._distributed:
             self._sync(entries, epoch=True)
+            if not self._unsynced_warned:
+                self._warn_unsynced(entries)
         out, values = {}, {}
         for name, entry in entries.items():
             if not entry.on_epoch:
@@ -269,6 +282,23 @@ class MetricCollector:
                 out[key] = value
         self._epoch_values[self.stage] = values
         return out
+
+    def _warn_unsynced(self, entries: dict[str, _Entry]) -> None:
+        """Epoch values aggregated by each process alone (no ``sync_dist``): what is published is rank 0's share of
+        the data. Said once per Trainer, as Lightning says it (once per name)."""
+        names = sorted(
+            n
+            for n, e in entries.items()
+            if e.on_epoch and not e.sync_dist and e.metric is None and not e.rank_zero_only
+        )
+        if names:
+            self._unsynced_warned = True
+            rank_zero_warn(
+                f"Epoch values logged without sync_dist=True under {self._strategy.world_size} processes: {names}. "
+                "Each process aggregates only the batches it saw, and what callbacks, loggers and the results show "
+                "is rank 0's share. Log them with self.log(name, value, sync_dist=True) to reduce them across "
+                "processes (once per epoch), or use a torchmetrics Metric. (Shown once.)"
+            )
 
     def stage_values(self) -> dict[str, torch.Tensor]:
         """Every epoch value of the current stage's last epoch (what ``validate`` / ``test`` return)."""
