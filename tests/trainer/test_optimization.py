@@ -224,6 +224,20 @@ def test_stepping_by_hand_and_returning_none_counts_each_step(tmp_path):
     assert trainer.global_step == 2  # max_steps sees them
 
 
+def test_stepping_by_hand_where_the_trainer_steps_or_accumulates_is_an_error():
+    with pytest.raises(
+        TandemUserCodeError, match=r"on an accumulation micro-batch \(Trainer\(accumulate_grad_batches=2"
+    ):
+        quiet_trainer(max_steps=2, accumulate_grad_batches=2).fit(StepsByHand(return_loss=False), loader())
+
+    class StepsInAHook(TinyModule):
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            self.optimizers().step()
+
+    with pytest.raises(TandemUserCodeError, match=r"optimizer.step\(\) was called in on_train_batch_end under auto"):
+        quiet_trainer(max_steps=2).fit(StepsInAHook(), loader())
+
+
 def test_an_epoch_that_returns_none_for_every_batch_warns_once():
     class SkipsAll(TinyModule):
         def training_step(self, batch, batch_idx):

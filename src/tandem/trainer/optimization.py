@@ -143,10 +143,7 @@ class AutomaticOptimization(Optimization):
         if not loop.stepping:  # an accumulation micro-step: gradients stay local (DDP skips its all-reduce)
             with strategy.no_backward_sync(strategy.model, enabled=True):
                 output = self._training_step(batch, batch_idx)
-                loss = self._backward(output)
-            if self._hand_steps:
-                self._count_hand_steps()
-            return output, loss
+                return output, self._backward(output)
         if self._optimizer_step is not None:
             return self._run_in_closure(batch, batch_idx)
         args = (batch, batch_idx) if self.takes_batch_idx else (batch,)
@@ -226,6 +223,13 @@ class AutomaticOptimization(Optimization):
                 f"training_step called optimizer.step() itself under strategy={strategy.name!r}, whose steps run in "
                 "replicas of the module (once per replica). Return the loss and let the Trainer step, or use "
                 "strategy='ddp'."
+            )
+        if not self.loop.stepping:  # DDP's gradient sync is held back on these batches: the ranks would diverge
+            raise TandemUserCodeError(
+                "training_step called optimizer.step() itself on an accumulation micro-batch (Trainer("
+                f"accumulate_grad_batches={self.context.config.accumulate_grad_batches})): the Trainer accumulates "
+                "and steps for you there. Return the loss and remove your step, or remove accumulate_grad_batches "
+                "and set self.automatic_optimization = False to step every N batches yourself."
             )
 
         def run_closure() -> Any:
