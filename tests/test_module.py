@@ -3,6 +3,8 @@ save_hyperparameters(logger=False), self.log(rank_zero_only=...)."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -43,6 +45,42 @@ def test_load_from_checkpoint_rebuilds_the_module_from_its_hyperparameters(tmp_p
     torch.save({"plain": 1}, tmp_path / "plain.pt")  # a file tandem did not write
     with pytest.raises(Exception, match="not a tandem checkpoint"):
         TinyModule.load_from_checkpoint(tmp_path / "plain.pt")
+
+
+def test_load_from_checkpoint_on_an_instance_is_a_type_error_naming_the_fix(tmp_path):
+    import inspect
+
+    model = TinyModule(lr=0.05)
+    trainer = quiet_trainer(max_steps=1)
+    trainer.fit(model, loader())
+    trainer.save_checkpoint(tmp_path / "model.ckpt")
+    fresh = TinyModule()
+    before = {k: v.clone() for k, v in fresh.state_dict().items()}
+    with pytest.raises(TypeError, match=r"model = TinyModule.load_from_checkpoint\(path\).*model.load_state_dict"):
+        fresh.load_from_checkpoint(tmp_path / "model.ckpt")
+    assert max_abs_diff(fresh.state_dict(), before) == 0.0
+    assert "checkpoint_path" in inspect.signature(fresh.load_from_checkpoint).parameters  # still inspectable
+    data = tandem.DataModule()
+    with pytest.raises(TypeError, match=r"an instance.*`datamodule = DataModule.load_from_checkpoint\(path\)`"):
+        data.load_from_checkpoint(tmp_path / "model.ckpt")
+    assert isinstance(tandem.DataModule.load_from_checkpoint(tmp_path / "model.ckpt"), tandem.DataModule)
+
+
+def test_save_hyperparameters_warns_for_module_arguments():
+    with pytest.warns(UserWarning, match=r"'encoder' is an nn.Module.*save_hyperparameters\(ignore=\['encoder'\]\)"):
+        model = Unignored(nn.Linear(8, 16))
+    assert set(model.hparams) == {"encoder", "hidden"}  # warned, not changed
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        WithEncoder(nn.Linear(8, 16))  # the fix: ignored, no warning
+
+
+class Unignored(WithEncoder):
+    def __init__(self, encoder: nn.Module, hidden: int = 16) -> None:
+        tandem.TrainingModule.__init__(self)
+        self.save_hyperparameters()
+        self.encoder = encoder
+        self.head = nn.Linear(hidden, 3)
 
 
 def test_load_from_checkpoint_names_arguments_that_were_not_saved(tmp_path):

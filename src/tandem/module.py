@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import inspect
 import itertools
 import os
@@ -18,13 +19,49 @@ from torch.utils.data import DataLoader, Dataset
 
 from tandem.strategies.strategy import CLIP_ALGORITHMS
 from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError, bad_choice
-from tandem.utilities.rank_zero import rank_zero_print
+from tandem.utilities.rank_zero import rank_zero_print, rank_zero_warn
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
     from tandem.trainer.optim import TrainingOptimizer
     from tandem.trainer.trainer import Trainer
+
+
+class class_only:  # noqa: N801 - a decorator, like classmethod
+    """A classmethod that refuses to be called on an instance (Lightning's ``_restricted_classmethod``).
+
+    ``model.load_from_checkpoint(path)`` builds and returns a *new* module and leaves ``model`` as it was; the
+    call on an instance is nearly always the mistake of expecting ``model`` to change, so it raises a TypeError
+    naming the fix. Reading the attribute (``inspect.signature(model.load_from_checkpoint)``) still works.
+    """
+
+    def __init__(self, func: Any) -> None:
+        self.__func__ = func
+        functools.update_wrapper(self, func)
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        owner = type(instance) if owner is None else owner
+        bound = self.__func__.__get__(owner, type(owner))  # as classmethod binds it
+        if instance is None:
+            return bound
+
+        @functools.wraps(self.__func__)
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            raise TypeError(_instance_call_message(owner, self.__func__.__name__))
+
+        return refuse
+
+
+def _instance_call_message(cls: type, method: str) -> str:
+    name, module = cls.__name__, issubclass(cls, TrainingModule)
+    fix = f"Call it on the class and keep what it returns: `{'model' if module else 'datamodule'} = {name}.{method}(path)`"
+    if module:
+        fix += ', or load the weights into this instance: `model.load_state_dict(torch.load(path)["state_dict"])`'
+    return (
+        f"{name}.{method} was called on an instance: it is a classmethod that returns a new {name} and leaves the "
+        f"instance unchanged, so the loaded state would be lost. {fix}."
+    )
 
 
 def logs_per_step(hook: Any) -> Any:
@@ -69,7 +106,17 @@ class HyperparametersMixin:
         ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
         if names:
             init_args = {k: v for k, v in init_args.items() if k in names}
-        self._hparams = AttributeDict({k: v for k, v in init_args.items() if k not in ignored})
+        init_args = {k: v for k, v in init_args.items() if k not in ignored}
+        for name, value in init_args.items():
+            if isinstance(value, nn.Module):
+                rank_zero_warn(
+                    f"save_hyperparameters(): the argument {name!r} is an nn.Module ({type(value).__name__}); its "
+                    "weights are saved with the module's state_dict in every checkpoint already, and as a "
+                    "hyperparameter the whole object would be pickled into the checkpoint and sent to the loggers. "
+                    f"Leave it out: self.save_hyperparameters(ignore=[{name!r}]) (load_from_checkpoint then needs "
+                    f"it passed again: load_from_checkpoint(path, {name}=...))."
+                )
+        self._hparams = AttributeDict(init_args)
         self._hparams_initial = copy.deepcopy(self._hparams)
 
     @property
@@ -407,9 +454,11 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
             rank_zero_only: the call is made on rank 0 only (the value is never reduced across processes).
             add_dataloader_idx: with several evaluation loaders, name the value ``name/dataloader_idx_N``.
         """
-        if self._trainer is None:
-            return  # called outside a Trainer run (e.g. a unit test calling training_step): nothing to collect
-        self._trainer.metric_collector.log(
+        trainer = self._trainer
+        if trainer is None:  # outside a Trainer run (e.g. a unit test calling training_step): nothing to collect
+            _warn_log_without_trainer(name)
+            return
+        trainer.metric_collector.log(
             name,
             value,
             on_step,
@@ -528,7 +577,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
             self.train(mode)
 
     # ------------------------------------------------------------------ loading
-    @classmethod
+    @class_only
     def load_from_checkpoint(
         cls,
         checkpoint_path: str | os.PathLike,
@@ -665,6 +714,21 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
     def on_before_zero_grad(self, optimizer: torch.optim.Optimizer) -> None: ...
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None: ...
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None: ...
+
+
+_LOG_WITHOUT_TRAINER_WARNED = False
+
+
+def _warn_log_without_trainer(name: str) -> None:
+    """Once per process: ``self.log`` was called on a module no Trainer runs, so the value went nowhere."""
+    global _LOG_WITHOUT_TRAINER_WARNED
+    if not _LOG_WITHOUT_TRAINER_WARNED:
+        _LOG_WITHOUT_TRAINER_WARNED = True
+        rank_zero_warn(
+            f"self.log({name!r}, ...) was called on a module that is not attached to a Trainer, so the value is "
+            "dropped (as are later ones). Logging works inside trainer.fit / validate / test; outside a Trainer "
+            "(e.g. calling training_step in a unit test) this is expected. (Shown once.)"
+        )
 
 
 def _collect_init_args(frame: Any, cls: type) -> dict[str, Any]:
@@ -850,7 +914,7 @@ class DataModule(HyperparametersMixin, DataHooks):
                 setattr(datamodule, name, (lambda d=datasets, s=name == "train_dataloader": loaders(d, s)))
         return datamodule
 
-    @classmethod
+    @class_only
     def load_from_checkpoint(cls, checkpoint_path: str | os.PathLike, **kwargs: Any) -> Self:
         """A DataModule rebuilt from a checkpoint of a fit that used one: ``cls(**saved hparams, **kwargs)``,
         with its ``load_state_dict`` given the saved state."""

@@ -192,3 +192,53 @@ def test_bad_checkpoint_paths(tmp_path):
     garbage.write_text("not a checkpoint")
     with pytest.raises(CheckpointError, match=r"garbage.ckpt' could not be read"):
         quiet_trainer().validate(TinyModule(), loader(), ckpt_path=garbage)
+
+
+def _filtering_loader() -> torch.utils.data.DataLoader:
+    """Batches of 16; a collate_fn that drops the samples of the second batch (index 1) entirely."""
+    calls = []
+
+    def collate(samples):
+        calls.append(len(calls))
+        x, y = torch.utils.data.default_collate(samples)
+        return (x[:0], y[:0]) if calls[-1] == 1 else (x, y)
+
+    return loader(64, 16, collate_fn=collate)
+
+
+def test_an_empty_training_batch_is_named_with_one_process_and_no_logger():
+    with pytest.raises(
+        TandemUserCodeError,
+        match=r"Training batch 1 of epoch 0 holds no samples.*collate_fn.*__len__"
+        r".*drop_last=True.*return None",
+    ):
+        quiet_trainer(max_epochs=1).fit(TinyModule(), _filtering_loader())
+
+
+def test_an_empty_training_batch_that_training_step_skips_is_not_an_error():
+    class Skips(TinyModule):
+        def training_step(self, batch, batch_idx):
+            return None if len(batch[0]) == 0 else super().training_step(batch, batch_idx)
+
+    trainer = quiet_trainer(max_epochs=1)
+    trainer.fit(Skips(), _filtering_loader())
+    assert trainer.global_step == 3
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("case", "step"), [("publish", 3), ("epoch_end", 4)])
+def test_an_empty_batch_on_one_ddp_rank_stops_every_rank_with_its_name(tmp_path, case, step):
+    """Rank 1 alone gets an empty batch (index 2): both ranks raise the same error at the same step, found in the
+    next publishing step's gathering ("publish") or, after the last one, in the epoch end's reduction; no hang."""
+    from pathlib import Path
+
+    from helpers import launch_free_env, run_python
+
+    script = Path(__file__).parent / "scripts" / "empty_batch_run.py"
+    done = run_python([str(script), str(tmp_path), case], timeout=90, cwd=tmp_path, env=launch_free_env())
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for rank in (0, 1):
+        result = torch.load(tmp_path / f"empty-rank{rank}.pt", weights_only=False)
+        assert result["type"] == "TandemUserCodeError", result
+        assert "Training batch 2 of epoch 0 on rank 1 holds no samples" in result["error"]
+        assert "NaN or inf" not in result["error"] and result["step"] == step

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -11,6 +13,7 @@ from tandem.loggers.logger import Logger
 from tandem.trainer.hooks import running_hook
 from tandem.trainer.logging import MetricCollector
 from tandem.trainer.state import TrainerState
+from tandem.utilities.exceptions import TandemUserCodeError
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -123,10 +126,120 @@ def test_collector_reduces_sums_and_counts_across_processes():
     assert values["m"].item() == pytest.approx(34.0 / 12.0)
 
 
-def test_log_outside_a_trainer_is_ignored():
+def test_epoch_values_without_sync_dist_under_several_processes_warn_once():
+    """As Lightning: an epoch value each process aggregates alone is rank 0's share; say so, naming sync_dist."""
+    options = dict(on_step=None, on_epoch=None, prog_bar=False, logger=True, reduce_fx="mean", batch_size=2)
+    collector = MetricCollector(TwoRanks({}), TrainerState(stage="validate"))
+    with running_hook("validation_step"):
+        collector.log("alone", torch.tensor(1.0), sync_dist=False, **options)
+        collector.log("synced", torch.tensor(1.0), sync_dist=True, **options)
+        collector.log("rank0", torch.tensor(1.0), sync_dist=False, rank_zero_only=True, **options)
+    collector._strategy.other_packed = {"sum": torch.tensor([0.0, 0.0], dtype=torch.float64)}
+    with pytest.warns(UserWarning, match=r"without sync_dist=True under 2 processes: \['alone'\].*sync_dist=True"):
+        collector.epoch_metrics()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        collector.epoch_metrics()  # once
+
+
+def test_log_outside_a_trainer_is_ignored_with_one_warning(monkeypatch):
+    import tandem.module
+
+    monkeypatch.setattr(tandem.module, "_LOG_WITHOUT_TRAINER_WARNED", False)
     module = TinyModule()
     x, y = next(iter(loader()))
-    module.training_step((x, y), 0)  # must not raise without a trainer
+    with pytest.warns(UserWarning, match=r"self.log\('train_loss', ...\).*not attached to a Trainer") as record:
+        module.training_step((x, y), 0)  # must not raise without a trainer
+        module.training_step((x, y), 1)
+    assert len([w for w in record if "not attached to a Trainer" in str(w.message)]) == 1
+
+
+def two_loaders():
+    return [loader(32, 16), loader(16, 16)]
+
+
+def test_one_name_from_two_loaders_with_add_dataloader_idx_false_is_an_error():
+    class Shared(TinyModule):
+        def validation_step(self, batch, batch_idx, dataloader_idx=0):
+            self.log("val_loss", float(dataloader_idx), add_dataloader_idx=False)
+
+    with pytest.raises(TandemUserCodeError, match=r"dataloader 1, but 'val_loss' was already logged from dataloader 0"):
+        quiet_trainer().validate(Shared(), two_loaders())
+
+    class OwnNames(TinyModule):  # the fix the message names
+        def validation_step(self, batch, batch_idx, dataloader_idx=0):
+            self.log(f"val_loss_{dataloader_idx}", float(dataloader_idx), add_dataloader_idx=False)
+
+        def on_validation_epoch_end(self):
+            self.log("val_loss", 5.0, add_dataloader_idx=False)  # no loader runs here: one value, no mix-up
+
+    first, second = quiet_trainer().validate(OwnNames(), two_loaders())
+    assert first["val_loss_0"] == 0.0 and second["val_loss_1"] == 1.0 and first["val_loss"] == 5.0
+
+
+@pytest.mark.parametrize(
+    ("hook", "options"),
+    [
+        ("on_train_epoch_end", {"on_step": True}),
+        ("on_validation_epoch_end", {"on_step": True}),
+        ("on_train_epoch_start", {"on_epoch": False}),
+        ("on_train_start", {"on_step": True, "on_epoch": False}),
+    ],
+)
+def test_step_values_in_once_per_epoch_hooks_are_an_error(hook, options):
+    def log(self):
+        self.log("x", 1.0, **options)
+
+    module = type("Logs", (TinyModule,), {hook: log})()
+    with pytest.raises(TandemUserCodeError, match=rf"inside {hook}: this hook runs once, not per step"):
+        quiet_trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=1).fit(module, loader(), loader(16))
+
+
+@pytest.mark.parametrize(
+    ("hook", "where"),
+    [
+        ("predict_step", "inside predict_step"),
+        ("on_predict_epoch_end", "inside on_predict_epoch_end"),
+        ("on_fit_start", "inside on_fit_start"),
+        ("on_train_end", "inside on_train_end"),
+        ("on_validation_end", "inside on_validation_end"),
+        ("setup", "outside the hooks the Trainer runs"),
+        ("configure_optimizers", "outside the hooks the Trainer runs"),
+    ],
+)
+def test_log_where_the_value_would_go_nowhere_is_an_error(hook, where):
+    def method(self, *args, **kwargs):
+        self.log("x", 1.0)
+        return getattr(TinyModule, hook)(self, *args, **kwargs)
+
+    module = type("Logs", (TinyModule,), {hook: method})()
+    trainer = quiet_trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=1)
+    with pytest.raises(TandemUserCodeError, match=rf"self.log\('x', ...\) was called {where}.*, where logging is not"):
+        if hook.startswith(("predict", "on_predict")):
+            trainer.predict(module, loader(16))
+        else:
+            trainer.fit(module, loader(), loader(16))
+
+
+def test_values_logged_in_on_train_start_reach_the_first_epoch():
+    class AtStart(TinyModule):
+        def on_train_start(self):
+            self.log("at_start", 3.0)
+
+    logger = RecordingLogger()
+    trainer = quiet_trainer(max_epochs=2, limit_train_batches=2, logger=logger)
+    trainer.fit(AtStart(), loader())
+    assert float(trainer.callback_metrics["at_start"]) == 3.0
+    assert [m["epoch"] for _, m in logger.records if "at_start" in m] == [0]  # the first epoch's, once
+
+
+def test_a_name_holding_the_dataloader_suffix_is_an_error():
+    class Suffixed(TinyModule):
+        def validation_step(self, batch, batch_idx, dataloader_idx=0):
+            self.log(f"val_loss/dataloader_idx_{dataloader_idx}", 1.0)
+
+    with pytest.raises(TandemUserCodeError, match=r"'val_loss/dataloader_idx_0', ...\): the name holds"):
+        quiet_trainer().validate(Suffixed(), two_loaders())
 
 
 def test_hparams_from_init_arguments():

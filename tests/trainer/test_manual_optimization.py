@@ -255,3 +255,29 @@ def test_manual_optimization_under_ddp_equals_one_process_with_twice_the_batch(c
         run = result[name]
         assert run["steps"] == trainer.global_step == (32 if name == "gan" else 16)
         assert max_abs_diff(run["final"], model.state_dict()) <= 1e-6, max_abs_diff(run["final"], model.state_dict())
+
+
+def test_manual_epoch_without_a_counted_step_warns_naming_self_optimizers():
+    class RawStep(tandem.TrainingModule):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+            self.net = nn.Linear(8, 3)
+
+        def training_step(self, batch, batch_idx):
+            opt = self.optimizers(use_pl_optimizer=False)  # the classic mistake: the torch optimizer itself
+            opt.zero_grad()
+            self.manual_backward(F.cross_entropy(self.net(batch[0]), batch[1]))
+            opt.step()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    with pytest.warns(
+        UserWarning,
+        match=r"(?s)No optimizer step was counted in training epoch 0 \(2 batches; "
+        r"global_step stays at 0\), although backward ran.*opt.step\(\).*self.optimizers\(\)",
+    ):
+        trainer = quiet_trainer(max_epochs=1, limit_train_batches=2)
+        trainer.fit(RawStep(), loader())
+    assert trainer.global_step == 0

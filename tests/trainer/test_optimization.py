@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import TinyModule, loader, max_abs_diff, quiet_trainer
+from tandem.utilities.checkpoint import load_checkpoint_file
 from tandem.utilities.exceptions import TandemUserCodeError
 
 pytestmark = pytest.mark.timeout(60)
@@ -176,3 +177,72 @@ def test_lr_scheduler_step_override_and_epoch_frequency():
 
     quiet_trainer(max_steps=6).fit(Custom(), loader(64, 8))
     assert steps == [(2, None), (4, None), (6, None)]
+
+
+class StepsByHand(TinyModule):
+    """Steps ``self.optimizers()`` itself in ``training_step`` under automatic optimization."""
+
+    def __init__(self, return_loss: bool) -> None:
+        super().__init__()
+        self.return_loss = return_loss
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        opt.zero_grad()
+        loss = F.cross_entropy(self(batch[0]), batch[1])
+        loss.backward()
+        opt.step()
+        return loss if self.return_loss else None
+
+
+def test_stepping_by_hand_and_returning_the_loss_is_a_double_step_error():
+    with pytest.raises(
+        TandemUserCodeError,
+        match=r"stepped an optimizer itself.*also returned a loss.*two steps.*"
+        r"automatic_optimization = False.*manual_backward.*return None",
+    ):
+        quiet_trainer(max_steps=2).fit(StepsByHand(return_loss=True), loader())
+
+
+def test_stepping_by_hand_and_returning_none_counts_each_step(tmp_path):
+    torch.manual_seed(0)
+    model = StepsByHand(return_loss=False)
+    reference = copy.deepcopy(model)
+    trainer = quiet_trainer(max_epochs=1, limit_train_batches=3, enable_checkpointing=True, default_root_dir=tmp_path)
+    trainer.fit(model, loader())
+    assert trainer.global_step == 3  # one per optimizer step (Lightning leaves it at 0 here)
+    (saved,) = (tmp_path / "checkpoints").glob("*.ckpt")
+    assert load_checkpoint_file(saved)["loops"]["global_step"] == 3
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)  # the same steps, by hand
+    for x, y in list(loader())[:3]:
+        optimizer.zero_grad()
+        F.cross_entropy(reference(x), y).backward()
+        optimizer.step()
+    assert max_abs_diff(model.state_dict(), reference.state_dict()) < 1e-6  # stepped once per batch, not twice
+    trainer = quiet_trainer(max_steps=2)
+    trainer.fit(StepsByHand(return_loss=False), loader())
+    assert trainer.global_step == 2  # max_steps sees them
+
+
+def test_stepping_by_hand_where_the_trainer_steps_or_accumulates_is_an_error():
+    with pytest.raises(
+        TandemUserCodeError, match=r"on an accumulation micro-batch \(Trainer\(accumulate_grad_batches=2"
+    ):
+        quiet_trainer(max_steps=2, accumulate_grad_batches=2).fit(StepsByHand(return_loss=False), loader())
+
+    class StepsInAHook(TinyModule):
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            self.optimizers().step()
+
+    with pytest.raises(TandemUserCodeError, match=r"optimizer.step\(\) was called in on_train_batch_end under auto"):
+        quiet_trainer(max_steps=2).fit(StepsInAHook(), loader())
+
+
+def test_an_epoch_that_returns_none_for_every_batch_warns_once():
+    class SkipsAll(TinyModule):
+        def training_step(self, batch, batch_idx):
+            return None
+
+    with pytest.warns(UserWarning, match=r"No optimizer step was counted in training epoch 0.*returned None") as got:
+        quiet_trainer(max_epochs=2, limit_train_batches=2).fit(SkipsAll(), loader())
+    assert len([w for w in got if "No optimizer step" in str(w.message)]) == 1

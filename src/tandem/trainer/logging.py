@@ -53,6 +53,9 @@ class _Entry:
     epoch_value: torch.Tensor | None = None  # the aggregate, once computed
     dirty: bool = field(default=False)  # logged since epoch_value was computed
     step_unsynced: bool = field(default=False)  # a sync_dist step value not yet reduced across processes
+    hook: str | None = None  # the hook of the latest call, whose logging rule was checked (see check_log_call)
+    loader: int | None = None  # the evaluation loader it was first logged from (None: training, epoch hooks)
+    rank_zero_only: bool = False  # logged on rank 0 alone (never reduced, on purpose)
 
     def accumulate(self, value: torch.Tensor, weight: int) -> None:
         if self.reduce_fx in ("mean", "sum"):
@@ -74,6 +77,7 @@ class PublishedStep:
     values: dict[str, torch.Tensor]
     loss_finite: list[bool]
     stop_asked: bool = False
+    empty_batches: list[Any] = field(default_factory=list)  # each process's note (rank order), see publish_step
 
 
 class MetricCollector:
@@ -99,6 +103,7 @@ class MetricCollector:
         self.callback_metrics: dict[str, torch.Tensor] = {}
         self.logged_metrics: dict[str, float] = {}
         self.progress_bar_metrics: dict[str, torch.Tensor] = {}
+        self._unsynced_warned = False  # epoch values each process aggregated alone were reported (once)
 
     @property
     def stage(self) -> str:
@@ -142,12 +147,14 @@ class MetricCollector:
             )
             buffer.append((name, value if is_metric(value) else self._as_tensor(name, value), options))
             return
-        if self.dataloader_idx is not None and add_dataloader_idx:  # several evaluation loaders (Lightning's names)
-            name = f"{name}{LOADER_SUFFIX}{self.dataloader_idx}"
+        loader = self.dataloader_idx
+        if loader is not None and add_dataloader_idx:  # several evaluation loaders (Lightning's names)
+            name = f"{name}{LOADER_SUFFIX}{loader}"
         if rank_zero_only:  # logged on rank 0 alone: a collective would wait for the others forever
             sync_dist = False
+        hook = current_hook()
         if on_step is None or on_epoch is None:
-            in_step_hook = current_hook() in STEP_HOOKS
+            in_step_hook = hook in STEP_HOOKS
             on_step = in_step_hook if on_step is None else on_step
             on_epoch = (not in_step_hook) if on_epoch is None else on_epoch
         if isinstance(value, torch.Tensor) and value.ndim == 0:  # the common case, kept cheap
@@ -164,8 +171,25 @@ class MetricCollector:
         if entries is None:
             entries = self._stores[stage] = {}
         entry = entries.get(name)
-        if entry is None:
-            entry = entries[name] = _Entry(on_step, on_epoch, prog_bar, logger, sync_dist, reduce_fx, metric=metric)
+        # The rules are checked once per name and hook (and evaluation loader, for add_dataloader_idx=False):
+        # on the steps in between, this test is all the checking there is.
+        if entry is None or entry.hook != hook or (not add_dataloader_idx and entry.loader != loader):
+            check_log_call(name, hook, on_step, on_epoch, add_dataloader_idx, loader, entry, self._state.stage)
+            if entry is None:
+                entry = entries[name] = _Entry(
+                    on_step,
+                    on_epoch,
+                    prog_bar,
+                    logger,
+                    sync_dist,
+                    reduce_fx,
+                    metric=metric,
+                    loader=loader,
+                    rank_zero_only=rank_zero_only,
+                )
+            elif entry.loader is None:
+                entry.loader = loader
+            entry.hook = hook
         if metric is not None:
             entry.metric = metric
             entry.dirty = entry.dirty or on_epoch
@@ -222,17 +246,21 @@ class MetricCollector:
     def _distributed(self) -> bool:
         return self._strategy.world_size > 1
 
-    def publish_step(self, loss_finite: bool = True, stop: bool = False) -> PublishedStep:
+    def publish_step(self, loss_finite: bool = True, stop: bool = False, empty_batch: Any = None) -> PublishedStep:
         """Publish the step values: reduce the ``sync_dist`` ones across processes (every process calls
         this at the same step), then return those logged with on_step since the last call, for the
-        loggers, and clear the 'updated' marks. ``loss_finite`` (this process's verdict on the step's loss)
-        comes back from every process, in rank order; ``stop`` (this process asks to stop) from any."""
+        loggers, and clear the 'updated' marks. This process's notes come back from every process, in rank order,
+        travelling in the same gathering: ``loss_finite`` (its verdict on the step's loss), ``stop`` (it asks to
+        stop) and ``empty_batch`` (its note of an empty batch trained on, or None)."""
         entries = self._stores.get(self.stage, {})
-        if not self._distributed:
-            return PublishedStep(self._updated_step_values(entries), [loss_finite], stop)
-        verdicts = self._sync(entries, epoch=False, verdict=(loss_finite, stop))
-        values = self._updated_step_values(entries)
-        return PublishedStep(values, [finite for finite, _ in verdicts], any(asked for _, asked in verdicts))
+        note = (loss_finite, stop, empty_batch)
+        notes = self._sync(entries, epoch=False, note=note) if self._distributed else [note]
+        return PublishedStep(
+            self._updated_step_values(entries),
+            [finite for finite, _, _ in notes],
+            any(asked for _, asked, _ in notes),
+            [empty for _, _, empty in notes],
+        )
 
     def evaluation_step_values(self) -> dict[str, torch.Tensor]:
         """The ``on_step`` values the evaluation batch that just ran logged, for the loggers: this process's own
@@ -256,6 +284,8 @@ class MetricCollector:
         entries = self._stores.get(self.stage, {})
         if self._distributed:
             self._sync(entries, epoch=True)
+            if not self._unsynced_warned:
+                self._warn_unsynced(entries)
         out, values = {}, {}
         for name, entry in entries.items():
             if not entry.on_epoch:
@@ -276,6 +306,23 @@ class MetricCollector:
         self._epoch_values[self.stage] = values
         return out
 
+    def _warn_unsynced(self, entries: dict[str, _Entry]) -> None:
+        """Epoch values aggregated by each process alone (no ``sync_dist``): what is published is rank 0's share of
+        the data. Said once per Trainer, as Lightning says it (once per name)."""
+        names = sorted(
+            n
+            for n, e in entries.items()
+            if e.on_epoch and not e.sync_dist and e.metric is None and not e.rank_zero_only
+        )
+        if names:
+            self._unsynced_warned = True
+            rank_zero_warn(
+                f"Epoch values logged without sync_dist=True under {self._strategy.world_size} processes: {names}. "
+                "Each process aggregates only the batches it saw, and what callbacks, loggers and the results show "
+                "is rank 0's share. Log them with self.log(name, value, sync_dist=True) to reduce them across "
+                "processes (once per epoch), or use a torchmetrics Metric. (Shown once.)"
+            )
+
     def stage_values(self) -> dict[str, torch.Tensor]:
         """Every epoch value of the current stage's last epoch (what ``validate`` / ``test`` return)."""
         return dict(self._epoch_values.get(self.stage, {}))
@@ -291,14 +338,15 @@ class MetricCollector:
             return None
         return entry.total / entry.count if entry.reduce_fx == "mean" else entry.total
 
-    def _sync(self, entries: dict[str, _Entry], epoch: bool, verdict: Any = None) -> list[Any]:
+    def _sync(self, entries: dict[str, _Entry], epoch: bool, note: Any = None) -> list[Any]:
         """Reduce across processes, by name, every value some process needs reduced now.
 
         Epoch ends (``epoch=True``): synced epoch aggregates and torchmetrics ``Metric`` objects logged
         since they were last computed on any process, plus synced step values not yet reduced. Publishing
         steps: the synced step values. A process that never logged a name contributes the identity and
-        receives the result (its entry is created with the options the other processes used). ``verdict`` is
-        gathered with the names; every process's is returned, in rank order.
+        receives the result (its entry is created with the options the other processes used). ``note`` (the
+        loss's verdict and an empty-batch note, at publishing steps) is gathered with the names; every process's
+        is returned, in rank order.
         """
         mine: dict[str, tuple[str, bool, tuple[bool, bool, bool, bool]]] = {}
         for name, entry in entries.items():
@@ -311,8 +359,8 @@ class MetricCollector:
                 mine[f"metric/{name}"] = ("metric", entry.dirty, flags)
             elif entry.sync_dist and (entry.total is not None or entry.dirty):
                 mine[f"epoch/{name}"] = (entry.reduce_fx, entry.dirty, flags)
-        gathered = self._strategy.all_gather_object((mine, verdict))
-        everyone, verdicts = [g[0] for g in gathered], [g[1] for g in gathered]
+        gathered = self._strategy.all_gather_object((mine, note))
+        everyone, notes = [g[0] for g in gathered], [g[1] for g in gathered]
         wanted = _agree(everyone)
         for key in wanted:  # decided from what every process sent: all raise together, none hangs
             if key.startswith("metric/") and not all(key in theirs for theirs in everyone):
@@ -338,7 +386,7 @@ class MetricCollector:
                 entry.epoch_value, entry.dirty = reduced[key], False
             elif reduced[key] is not None:
                 self._publish_step(name, entry, reduced[key])
-        return verdicts
+        return notes
 
     def _publish_step(self, name: str, entry: _Entry, value: torch.Tensor) -> None:
         entry.step_value, entry.step_unsynced = value, False
@@ -407,6 +455,105 @@ def _forked(name: str, kind: str) -> str:
     loaders ``loss_step/dataloader_idx_1`` (the loader's suffix stays last)."""
     base, suffix, index = name.partition(LOADER_SUFFIX)
     return f"{base}_{kind}{suffix}{index}"
+
+
+# ---------------------------------------------------------------------- where self.log may be called
+#: hooks whose ``self.log`` values would go nowhere (Lightning's ``_FxValidator`` refuses them too): before
+#: the first stage starts or after its values were published, in prediction (which publishes nothing), and
+#: around checkpoints and exceptions
+NO_LOGGING_HOOKS = frozenset(
+    {
+        "on_fit_start",
+        "on_fit_end",
+        "on_sanity_check_start",
+        "on_sanity_check_end",
+        "on_train_end",
+        "on_validation_end",
+        "on_test_end",
+        "on_predict_start",
+        "on_predict_end",
+        "on_predict_epoch_start",
+        "on_predict_epoch_end",
+        "on_predict_batch_start",
+        "on_predict_batch_end",
+        "predict_step",
+        "on_save_checkpoint",
+        "on_load_checkpoint",
+        "on_exception",
+    }
+)
+#: hooks that run once per stage or epoch: they log epoch values only (``on_step=True`` has no step to belong to)
+EPOCH_ONLY_HOOKS = frozenset(
+    {
+        "on_train_start",
+        "on_validation_start",
+        "on_test_start",
+        "on_train_epoch_start",
+        "on_train_epoch_end",
+        "on_validation_epoch_start",
+        "on_validation_epoch_end",
+        "on_test_epoch_start",
+        "on_test_epoch_end",
+    }
+)
+_SUFFIX = "/dataloader_idx_"
+
+
+def check_log_call(
+    name: str,
+    hook: str | None,
+    on_step: bool,
+    on_epoch: bool,
+    add_dataloader_idx: bool,
+    loader: int | None,
+    entry: _Entry | None,
+    stage: str | None,
+) -> None:
+    """Refuse a ``self.log`` call whose value would be lost or mixed up (Lightning's rules, its ``_FxValidator``
+    table included). Called for a name's first value in a stage's epoch, and again when the hook or (with
+    ``add_dataloader_idx=False``) the evaluation loader changes."""
+    shown = name.rsplit(_SUFFIX, 1)[0] if add_dataloader_idx and loader is not None else name  # as the user wrote it
+    if hook is None or hook in NO_LOGGING_HOOKS:
+        where = (
+            f"inside {hook}"
+            if hook is not None
+            else "outside the hooks the Trainer runs (e.g. in setup, teardown, configure_model, configure_optimizers, "
+            "prepare_data, lr_scheduler_step, a dataloader or batch-transfer hook, or after the run)"
+        )
+        why = (
+            "prediction publishes no logged values"
+            if stage == "predict" or (hook or "").startswith(("on_predict", "predict"))
+            else "the value would never reach callback_metrics or the loggers"
+        )
+        raise TandemUserCodeError(
+            f"self.log({shown!r}, ...) was called {where}, where logging is not supported: {why}. Log from the "
+            "training / validation / test steps or their batch and epoch hooks, or write to the logger directly "
+            "(self.logger.log_metrics({...}, step=...) or self.logger.experiment)."
+        )
+    if hook in EPOCH_ONLY_HOOKS and (on_step or not on_epoch):
+        raise TandemUserCodeError(
+            f"self.log({shown!r}, ..., on_step={on_step}, on_epoch={on_epoch}) inside {hook}: this hook runs once, not "
+            "per step, so it logs epoch values only. Leave on_step and on_epoch at their defaults there (or pass "
+            "on_step=False, on_epoch=True), or log per-step values from training_step or on_train_batch_end."
+        )
+    user_suffixes = shown.count(_SUFFIX)
+    if user_suffixes:
+        raise TandemUserCodeError(
+            f"self.log({shown!r}, ...): the name holds {_SUFFIX!r}, which tandem adds itself when there are several "
+            f"evaluation loaders (and splits results by). Log the plain name ({shown.split(_SUFFIX)[0]!r}), or with "
+            "add_dataloader_idx=False a name of your own without that part."
+        )
+    if entry is not None and not add_dataloader_idx and loader is not None and entry.loader not in (None, loader):
+        raise TandemUserCodeError(
+            f"self.log({name!r}, ..., add_dataloader_idx=False) in {hook} for dataloader {loader}, but {name!r} was "
+            f"already logged from dataloader {entry.loader} in this {_STAGE_WORDS.get(stage, stage)} run: the loaders' "
+            "values would be averaged into one number, reported for each. Give each loader its own name (e.g. "
+            f'f"{name}_{{dataloader_idx}}"), or drop add_dataloader_idx=False (tandem then names them '
+            f"'{name}/dataloader_idx_N')."
+        )
+
+
+_STAGE_WORDS = {"sanity_check": "sanity-check validation", "validate": "validation"}
 
 
 class LogSink:

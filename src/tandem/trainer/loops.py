@@ -22,7 +22,8 @@ from tandem.trainer.optimization import Optimization
 from tandem.trainer.profiling import TRAIN_NEXT_BATCH, timed, timed_batches
 from tandem.trainer.replicas import ReplicaCheck
 from tandem.trainer.state import TRAIN, LoopState, StageData
-from tandem.utilities.data import find_sampler, has_len
+from tandem.utilities.data import find_sampler, has_len, is_empty_batch
+from tandem.utilities.exceptions import empty_batch
 from tandem.utilities.preemption import PREEMPTION
 from tandem.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from tandem.utilities.seed import capture_rng_state, isolate_rng, restore_rng_state
@@ -76,6 +77,8 @@ class FitLoop:
         self._loaded_at = 0  # the epoch the loaders were built for
         self._stop_agreed = False  # every process knows that one asked to stop (several processes)
         self._optimize = self.optimization.run  # the fit's optimization of a batch (timed when profiling)
+        self._store_ready = False  # the training values' store was emptied for the coming epoch
+        self.empty_batch: tuple[int, int, int] | None = None  # (rank, epoch, batch_idx) not yet acted on (ddp)
 
     def __getstate__(self) -> dict[str, Any]:  # ddp_spawn pickles the Trainer, which binds ``preempt`` again
         return {**self.__dict__, "_preempt": None, "reload_data": None, "_optimize": None}
@@ -122,6 +125,10 @@ class FitLoop:
         if self.evaluation.records["validate"].loaders and context.config.num_sanity_val_steps != 0:
             with isolate_rng():  # as Lightning: the check draws no training randomness (a loader's iter seeds)
                 self.evaluation.run("validate", sanity=True)
+        loop = self.state
+        context.metrics.reset(loop.resume_train_metrics)  # before on_train_start: its values belong to the first epoch
+        loop.resume_train_metrics = None
+        self._store_ready, self.empty_batch = True, None
         context.hooks.call("on_train_start")
         while not self._done():
             if profiler is None:
@@ -182,8 +189,9 @@ class FitLoop:
         if self.reload_data is not None and loop.epoch - self._loaded_at >= every and not loop.batches_done:
             self.reload_data()  # Lightning's: train_dataloader() / val_dataloader() again every n epochs
             self._loaded_at = loop.epoch
-        metrics.reset(loop.resume_train_metrics)
-        loop.resume_train_metrics = None
+        if not self._store_ready:  # each epoch starts empty; the first one in run(), before on_train_start
+            metrics.reset()
+        self._store_ready = False
         loader = self.data.loaders[0]
         sampler = find_sampler(loader) if isinstance(loader, torch.utils.data.DataLoader) else None
         if hasattr(sampler, "set_epoch"):
@@ -205,6 +213,7 @@ class FitLoop:
         offset = loop.batches_in_earlier_epochs if config.check_val_every_n_epoch is None else 0
         max_steps = config.max_steps
         batches = self.replicas.watch_first_batch(strategy, sampler, batches)
+        first_batch, first_step = loop.batches_done, loop.global_step
         for batch_idx, batch in enumerate(batches, start=loop.batches_done):
             if batch_idx >= n:
                 break
@@ -220,6 +229,7 @@ class FitLoop:
             if 0 <= max_steps <= loop.global_step or stop and self._min_reached():
                 break  # with several processes, should_stop is agreed at publishing steps and the epoch's end (below)
         loop.epoch_finished = True
+        self.optimization.check_epoch_steps(loop.epoch, loop.batches_done - first_batch, loop.global_step - first_step)
         train_epoch_metrics = metrics.epoch_metrics()
         by_total = config.check_val_every_n_epoch is None and val_every  # then the epoch's end may not be due
         if self._validates_this_epoch() and (not by_total or (offset + loop.batches_done) % val_every == 0):
@@ -229,7 +239,10 @@ class FitLoop:
         # One reduction, two agreements: one rank asking to stop stops them all (a rank that left the loop alone
         # would hang the others), and NaN / inf in any rank's parameters is acted on by every rank.
         nonfinite = nonfinite_parameters(module)
-        stop, anywhere = strategy.reduce(torch.tensor([int(context.state.should_stop), int(bool(nonfinite))]), "sum")
+        flags = torch.tensor([int(context.state.should_stop), int(bool(nonfinite)), int(self.empty_batch is not None)])
+        stop, anywhere, empty = strategy.reduce(flags, "sum")
+        if empty > 0:  # an empty batch on some rank since the last publishing step: all ranks learn which, and raise
+            raise empty_batch([note for note in strategy.all_gather_object(self.empty_batch) if note], several=True)
         context.state.should_stop = bool(stop > 0)
         context.nonfinite.check_epoch_end(nonfinite, bool(anywhere > 0), loop.epoch, loop.global_step)
         self.replicas.check_epoch_end(strategy, loop.epoch)
@@ -250,6 +263,7 @@ class FitLoop:
         batch = strategy.batch_to_device(batch) if transfer is None else transfer(batch, 0)
         context.metrics.set_batch(batch)
         loop.logger_step = loop.batches_stepped
+        empty = is_empty_batch(batch)  # host-side shapes: no device sync
         loop.plan_batch(batch_idx, config.accumulate_grad_batches, config.log_every_n_steps, optimization.automatic)
         # hooks nobody overrides are not even called; the module's returning -1 ends the epoch here (Lightning's)
         if "on_train_batch_start" in hooks.registered and _ends_epoch(
@@ -257,7 +271,10 @@ class FitLoop:
         ):
             loop.no_step()
             return False
+        steps = loop.global_step
         output, loss = self._optimize(batch, batch_idx)
+        if empty and (loss is not None or loop.global_step != steps):  # trained on (training_step did not skip it)
+            self._found_empty_batch(batch_idx)
         if loop.log_step and (context.sink.loggers or strategy.world_size > 1):
             self._publish_step(loss)
         loop.batches_done = batch_idx + 1
@@ -269,11 +286,23 @@ class FitLoop:
         """Loggers get the step values, sync_dist ones reduced first. The step's loss is read then too, and the
         processes' verdicts on it travel with that reduction."""
         context = self.context
-        published = context.metrics.publish_step(loss_is_finite(loss), context.state.should_stop)
+        published = context.metrics.publish_step(loss_is_finite(loss), context.state.should_stop, self.empty_batch)
+        if self.empty_batch is not None or any(published.empty_batches):  # named before its NaN loss is
+            raise empty_batch([note for note in published.empty_batches if note], several=True)
         context.sink.log_metrics(published.values)
         context.nonfinite.check_loss(published.loss_finite, published.values, self.state.global_step)
         if published.stop_asked:  # every rank learnt it in the same gathering: all stop at this step (max_time)
             context.state.should_stop = self._stop_agreed = True
+
+    def _found_empty_batch(self, batch_idx: int) -> None:
+        """Training batch ``batch_idx`` held no samples and was trained on. With one process that is an error now;
+        with several, every rank must stop together: the finding travels with the next publishing step's gathering,
+        or the epoch end's reduction, and all ranks raise there (no collective of its own)."""
+        strategy, loop = self.context.strategy, self.state
+        if strategy.world_size == 1:
+            raise empty_batch([(0, loop.epoch, batch_idx)], several=False)
+        if self.empty_batch is None:
+            self.empty_batch = (strategy.global_rank, loop.epoch, batch_idx)
 
     # ------------------------------------------------------------------ the epoch's batches
     def _epoch_batches(self) -> Iterator[Any]:

@@ -17,7 +17,7 @@ import torch
 from torch.optim import Optimizer
 
 from tandem.module import is_overridden
-from tandem.trainer.hooks import enter_hook, leave_hook, running_hook
+from tandem.trainer.hooks import current_hook, enter_hook, leave_hook, running_hook
 from tandem.trainer.optim import LRSchedulerConfig, TrainingOptimizer, parse_optimizers
 from tandem.trainer.profiling import StrategyCalls, module_action, timed
 from tandem.utilities.exceptions import TandemUserCodeError, missing_metric
@@ -62,6 +62,7 @@ class Optimization:
         step = weakref.WeakMethod(self.step)
         self.training_optimizers = [TrainingOptimizer(o, step) for o in self.optimizers]  # self.optimizers()
         self.has_gradients = False  # backward ran since the last optimizer step (automatic)
+        self._no_step_warned = False  # an epoch without an optimizer step was reported (once per fit)
 
     def run(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor | None]:
         """The body of one training batch: returns what ``training_step`` returned and its loss (or None)."""
@@ -78,6 +79,24 @@ class Optimization:
     def step_schedulers(self, interval: str) -> None:
         """Step the schedulers of ``interval`` ("step" or "epoch") that are due; manual optimization's module
         steps its own."""
+
+    def check_epoch_steps(self, epoch: int, batches: int, steps: int) -> None:
+        """At the end of training epoch ``epoch``: ``batches`` batches ran and took ``steps`` optimizer steps. None
+        at all is nearly always a mistake that trains nothing, or trains without the Trainer knowing (``global_step``
+        stays, so ``max_steps``, step-based checkpoints and the loggers' steps do not advance): warn once per fit."""
+        if steps or not batches or self._no_step_warned or not self.optimizers:
+            return
+        self._no_step_warned = True
+        with_grads = any(p.grad is not None for o in self.optimizers for g in o.param_groups for p in g["params"])
+        rank_zero_warn(
+            f"No optimizer step was counted in training epoch {epoch} ({batches} batches; global_step stays at "
+            f"{self.loop.global_step}), although {'backward ran' if with_grads else 'the batches ran'}. "
+            f"{self._no_step_advice} A step of the torch optimizer itself (self.optimizers(use_pl_optimizer=False), "
+            "trainer.optimizers, or an optimizer kept from configure_optimizers) is not seen by the Trainer: step the "
+            "ones self.optimizers() returns. (Shown once.)"
+        )
+
+    _no_step_advice = ""
 
     def _training_step(self, batch: Any, batch_idx: int) -> Any:
         args = (batch, batch_idx) if self.takes_batch_idx else (batch,)
@@ -110,6 +129,12 @@ class AutomaticOptimization(Optimization):
         super().__init__(*args, **kwargs)
         self._optimizer_step, self._zero_grad, self._clip = optimizer_step, zero_grad, clip
         self._last_step_taken = False  # the latest step() was not skipped by the float16 scaler
+        self._hand_steps = 0  # steps training_step took itself in the current batch (see _hand_step)
+
+    _no_step_advice = (
+        "Under automatic optimization the Trainer steps after each batch whose training_step returns the loss (a "
+        "tensor, or a dict with 'loss'); training_step returned None for every batch, which skips it."
+    )
 
     def run(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor | None]:
         """Forward and backward for one micro-batch; the optimizer step when the batch plan says so.
@@ -135,6 +160,8 @@ class AutomaticOptimization(Optimization):
             optimizer = self.optimizers[0]
             self._prepare_step(optimizer)
             self._finish_step(optimizer, batch_idx, calls.optimizer_step(optimizer))
+        elif self._hand_steps:
+            self._count_hand_steps()
         else:
             loop.no_step()
         return output, loss
@@ -156,12 +183,30 @@ class AutomaticOptimization(Optimization):
                 f"{type(self.context.strategy.module).__name__}.optimizer_step did not run the closure, so "
                 "training_step and backward never ran. Call optimizer.step(closure=optimizer_closure) in your override."
             )
+        if self._hand_steps:
+            raise TandemUserCodeError(
+                "training_step stepped an optimizer itself (self.optimizers().step()) while the module also overrides "
+                "optimizer_step, which steps after it: two steps per batch. Step in one place: in optimizer_step "
+                "(training_step returns the loss), or set self.automatic_optimization = False and step in "
+                "training_step."
+            )
         self._finish_step(optimizer.optimizer, batch_idx, self._last_step_taken)
         return result[-1]
 
     def step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any) -> None:
         """``optimizer.step(closure)`` inside the module's ``optimizer_step`` override (the step is counted when
-        the override returns)."""
+        the override returns); anywhere else, a step ``training_step`` takes itself (:meth:`_hand_step`)."""
+        hook = current_hook()
+        if hook != "optimizer_step":
+            if hook != _TRAINING_STEP:
+                raise TandemUserCodeError(
+                    f"optimizer.step() was called in {hook or 'code the Trainer does not run'} under automatic "
+                    "optimization, where the Trainer steps after training_step. Step in an optimizer_step override "
+                    "(optimizer.step(closure=optimizer_closure)), or set self.automatic_optimization = False and step "
+                    "in training_step."
+                )
+            self._hand_step(optimizer, closure, **kwargs)
+            return
 
         def run_closure() -> Any:
             result = closure() if closure is not None else None
@@ -170,9 +215,48 @@ class AutomaticOptimization(Optimization):
 
         self._last_step_taken = self.calls.optimizer_step(optimizer, run_closure, **kwargs)
 
+    def _hand_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None, **kwargs: Any) -> None:
+        """``self.optimizers().step()`` called by ``training_step`` itself under automatic optimization (after its own
+        ``loss.backward()``). Taken through the strategy and counted toward ``global_step``, as under manual
+        optimization (Lightning takes it but does not count it, so its ``global_step`` stays at 0); the batch must
+        then return None, or the Trainer would step a second time (see :meth:`_backward`)."""
+        strategy = self.context.strategy
+        if not strategy.supports_manual_optimization:
+            raise TandemUserCodeError(
+                f"training_step called optimizer.step() itself under strategy={strategy.name!r}, whose steps run in "
+                "replicas of the module (once per replica). Return the loss and let the Trainer step, or use "
+                "strategy='ddp'."
+            )
+        if not self.loop.stepping:  # DDP's gradient sync is held back on these batches: the ranks would diverge
+            raise TandemUserCodeError(
+                "training_step called optimizer.step() itself on an accumulation micro-batch (Trainer("
+                f"accumulate_grad_batches={self.context.config.accumulate_grad_batches})): the Trainer accumulates "
+                "and steps for you there. Return the loss and remove your step, or remove accumulate_grad_batches "
+                "and set self.automatic_optimization = False to step every N batches yourself."
+            )
+
+        def run_closure() -> Any:
+            with torch.enable_grad():
+                result = closure() if closure is not None else None
+            self._prepare_step(optimizer)
+            return result
+
+        self.calls.optimizer_step(optimizer, run_closure, **kwargs)
+        self.loop.global_step += 1
+        self._hand_steps += 1
+
+    def _count_hand_steps(self) -> None:
+        """A batch whose ``training_step`` stepped by hand (and returned None): it counts as a stepping batch."""
+        self._hand_steps = 0
+        self.loop.batches_stepped += 1
+        if self.lr_scheduler_configs:
+            self.step_schedulers("step")
+
     def _backward(self, output: Any) -> torch.Tensor | None:
         loss = _loss_from(output)
         if loss is not None:
+            if self._hand_steps:
+                raise _double_step(self._hand_steps)
             context = self.context
             hooks, k = context.hooks, context.config.accumulate_grad_batches
             if "on_before_backward" in hooks.registered:  # hooks nobody overrides are not even called
@@ -243,6 +327,10 @@ class ManualOptimization(Optimization):
     counts toward ``global_step``, each batch toward the loggers' step (as in Lightning)."""
 
     automatic = False
+    _no_step_advice = (
+        "Under manual optimization (automatic_optimization = False) training_step steps the optimizers itself: "
+        "opt = self.optimizers(); opt.zero_grad(); self.manual_backward(loss); opt.step()."
+    )
 
     def run(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor | None]:
         output = self._training_step(batch, batch_idx)
@@ -332,6 +420,16 @@ def configure_optimization(
         optimizer_step=optimizer_step,
         zero_grad=zero_grad,
         clip=clip,
+    )
+
+
+def _double_step(steps: int) -> TandemUserCodeError:
+    return TandemUserCodeError(
+        f"training_step stepped an optimizer itself ({steps} x self.optimizers().step()) and also returned a loss, "
+        "under automatic optimization: the Trainer would run backward on that loss and step again, two steps per "
+        "batch. Step in one place: return the loss and remove your backward / step / zero_grad calls (the Trainer "
+        "does them); or set self.automatic_optimization = False in __init__ and use self.manual_backward(loss) and "
+        "opt.step() (training_step may then return the loss, for the loggers); or return None after stepping."
     )
 
 

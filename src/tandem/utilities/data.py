@@ -210,3 +210,22 @@ def extract_batch_size(batch: Any) -> int:
         if size:
             return size
     return 0
+
+
+def is_empty_batch(batch: Any) -> bool:
+    """The batch holds no samples: its first tensor (the batch itself, or the first item of a tuple, list or dict)
+    has 0 rows, and so has every other tensor :func:`extract_batch_size` looks at. Reads host-side shapes only
+    (no device sync); batches of other shapes are taken as not empty. Called on every training batch, so the
+    common case is a few C-level calls (``torch.Tensor``'s own ``isinstance`` check runs Python code: the C base
+    class is tested instead)."""
+    first, kind = batch, type(batch)
+    if kind is tuple or kind is list:
+        first = batch[0] if batch else None
+    elif kind is dict:
+        first = next(iter(batch.values()), None)
+    if not isinstance(first, _TENSOR_BASE):
+        return False
+    return not first.numel() and first.ndim > 0 and extract_batch_size(batch) == 0
+
+
+_TENSOR_BASE = getattr(torch._C, "TensorBase", torch.Tensor)  # what isinstance(t, torch.Tensor) tests, in C

@@ -132,6 +132,23 @@ def non_finite(found: str, precision: str) -> NonFiniteError:
     )
 
 
+def empty_batch(found: list[tuple[int, int, int]], several: bool) -> TandemUserCodeError:
+    """Training batches with no samples were trained on: ``found`` holds (rank, epoch, batch_idx) of each."""
+    rank, epoch, batch_idx = found[0]
+    where = f"Training batch {batch_idx} of epoch {epoch}"
+    if several:
+        where += f" on rank {rank}" + (f" (and on rank(s) {[r for r, _, _ in found[1:]]})" if len(found) > 1 else "")
+    return TandemUserCodeError(
+        f"{where} holds no samples (dim 0 of its tensors is 0), and training_step trained on it: a loss over no "
+        "samples is NaN (a mean) or 0 (a sum), and the step learns nothing from it. Usual causes: a collate_fn that "
+        "filters samples and can drop them all; a Dataset whose __len__ is larger than the data it yields (the last "
+        "batches read past its end); a batch_sampler or IterableDataset that yields an empty batch. Fix the "
+        "dataset's length or the collate_fn, drop a short last batch with DataLoader(drop_last=True), or, with one "
+        "process and automatic optimization, skip such batches: return None from training_step when the batch "
+        "is empty."
+    )
+
+
 def incompatible(what: str, reason: str, fix: str) -> TandemConfigError:
     """Arguments that are each valid but cannot work together (or need something that is absent)."""
     return TandemConfigError(f"{what}: {reason}. {fix}")
