@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 import time
@@ -219,6 +220,9 @@ def test_pytorch_profiler_follows_a_given_schedule_over_training_steps(tmp_path)
         (dict(table_kwargs={"row_limit": 3}), r"'row_limit' is not an argument of EventList.table"),
     ],
 )
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 def test_pytorch_profiler_arguments_are_checked(kwargs, match):
+    """A refused profiler says why, and its collection later raises nothing (its __del__ has nothing to undo)."""
     with pytest.raises(TandemConfigError, match=match):
         PyTorchProfiler(**kwargs)
+    gc.collect()

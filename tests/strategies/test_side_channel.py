@@ -141,3 +141,44 @@ def test_the_call_site_of_a_collective_asked_through_apply_to_collection_is_the_
     line = sys._getframe().f_lineno - 1
     assert site.user == f"test_side_channel.py:{line} in {sys._getframe().f_code.co_name}"
     assert site.tag == "all_gather@user code"
+
+
+
+_EXIT_WHILE_BEATING = """
+import socket, threading, time
+import torch.distributed as dist
+from tandem.strategies import side_channel
+
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+store = dist.TCPStore("127.0.0.1", port, 1, True, wait_for_workers=False)
+slow = dist.TCPStore("127.0.0.1", port, 1, False)  # a connection of its own: the main thread is not held up
+
+post = side_channel.SideChannel._post_beat
+def slow_post(self, status, blocked_for, where):  # the watcher's beat is a stream of C++ store calls (a busy store)
+    if threading.current_thread() is self._watcher:
+        for _ in range(2000):
+            slow.set("busy", "x" * 100)
+    post(self, status, blocked_for, where)
+side_channel.SideChannel._post_beat = slow_post
+side_channel._BEAT_S = 0.0
+side_channel.open_channel(store, rank=0, world_size=1, run_id="exit")
+time.sleep(0.5)
+"""
+
+
+def test_a_process_ends_cleanly_while_its_watcher_talks_to_the_store():
+    """A daemon thread still inside a C++ store call at interpreter exit aborts the process (SIGABRT, "terminate
+    called without an active exception") when the call returns during finalization; the other ranks read it as a
+    crash of this rank (seen under load, when rank 0's store answers slowly). Closing the channel at exit waits for
+    the watcher to finish its beat. Without that wait this script aborts nearly every time."""
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_WHILE_BEATING],
+        env=launch_free_env(OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "terminate called" not in done.stderr

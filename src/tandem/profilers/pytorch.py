@@ -172,7 +172,6 @@ class PyTorchProfiler(Profiler):
         table_kwargs: dict[str, Any] | None = None,
         **profiler_kwargs: Any,
     ) -> None:
-        super().__init__(dirpath=dirpath, filename=filename)
         self._group_by_input_shapes = group_by_input_shapes and profiler_kwargs.get("record_shapes", False)
         self._emit_nvtx = emit_nvtx
         self._export_to_chrome = export_to_chrome
@@ -213,6 +212,7 @@ class PyTorchProfiler(Profiler):
                     f"PyTorchProfiler(schedule=...) returned {action!r} for step 0; a schedule returns a "
                     "torch.profiler.ProfilerAction (build it with torch.profiler.schedule(...))."
                 )
+        super().__init__(dirpath=dirpath, filename=filename)  # after the checks: __del__ tears down only a built one
         self._user_schedule = schedule is not None
         self._schedule = ScheduleWrapper(schedule or _default_schedule())
         self._record_all = False  # this run has too few steps for the default schedule: every step is recorded

@@ -85,6 +85,7 @@ __all__ = [
 _PREEMPTION_WAIT_S = 60.0
 #: how often the watcher posts this rank's beat (and a waiting rank looks for one that will never arrive)
 _BEAT_S = 1.0
+_WATCHER_JOIN_S = 10.0  # the longest close() waits for the watcher's store call to return
 
 _TANDEM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # src/tandem
 _STRATEGIES_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -375,6 +376,11 @@ class SideChannel:
             PREEMPTION.teardown = None
         with contextlib.suppress(Exception):  # the store may already be closed at interpreter exit
             self._post_beat(status, 0.0, "")
+        if threading.current_thread() is not self._watcher:
+            # Wait for the watcher to leave its store call: a daemon thread still inside C++ when the interpreter
+            # finalizes is ended by pthread_exit, which aborts the process ("terminate called without an active
+            # exception", SIGABRT) and reads to the other ranks as a crash of this one.
+            self._watcher.join(_WATCHER_JOIN_S)
 
 
 @dataclass

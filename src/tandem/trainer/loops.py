@@ -117,7 +117,8 @@ class FitLoop:
         context = self.context
         self._loaded_at, self._stop_agreed = self.state.epoch, False
         if self._done():  # before any work: a finished Trainer fit again, or max_epochs / max_steps of 0
-            _warn_nothing_to_train(self.state, context.config)
+            if self._limit_reached():  # else should_stop was set (a Timer out of time): who set it says why
+                _warn_nothing_to_train(self.state, context.config)
             return
         profiler = context.profiler
         optimize = self.optimization.run
@@ -152,12 +153,13 @@ class FitLoop:
         return "`trainer.should_stop` was set (by a callback such as EarlyStopping or Timer, or by the module)."
 
     def _done(self) -> bool:
-        loop, context = self.state, self.context
-        return (
-            (context.state.should_stop and self._min_reached())
-            or loop.epoch >= context.config.epoch_limit
-            or 0 <= context.config.max_steps <= loop.global_step
-        )
+        context = self.context
+        return (context.state.should_stop and self._min_reached()) or self._limit_reached()
+
+    def _limit_reached(self) -> bool:
+        """``max_epochs`` or ``max_steps`` is reached."""
+        loop, config = self.state, self.context.config
+        return loop.epoch >= config.epoch_limit or 0 <= config.max_steps <= loop.global_step
 
     def _min_reached(self) -> bool:
         """``min_epochs`` / ``min_steps`` are met, so ``should_stop`` may end the fit."""
