@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import stat
 import threading
@@ -143,7 +144,7 @@ def test_a_preemption_stop_writes_last_ckpt_before_the_job_is_requeued(tmp_path,
     bin_dir.mkdir()
     last = tmp_path / "checkpoints" / "last.ckpt"
     scontrol = bin_dir / "scontrol"
-    scontrol.write_text(f'#!/bin/sh\ntest -f {last} && echo present >> {tmp_path / "scontrol.txt"}\n')
+    scontrol.write_text(f"#!/bin/sh\ntest -f {last} && echo present >> {tmp_path / 'scontrol.txt'}\n")
     scontrol.chmod(scontrol.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
@@ -182,3 +183,15 @@ def test_a_process_killed_during_a_background_write_keeps_the_previous_file(tmp_
     trainer.fit(TinyModule(), loader(), ckpt_path=str(kept))
     assert trainer.global_step == 12 and not stale.exists()
     assert not [p for p in Path(trainer.log_dir).rglob("*.tmp")]
+
+
+def test_the_plugin_travels_to_a_spawned_process_without_its_thread(tmp_path):
+    """ddp_spawn pickles the strategy: the copy gets its own thread when it first saves."""
+    writer = AsyncCheckpointIO()
+    writer.save_checkpoint(_checkpoint(1.0), tmp_path / "a.ckpt")
+    copy = pickle.loads(pickle.dumps(writer))
+    assert copy.pending_path is None
+    copy.save_checkpoint(_checkpoint(2.0), tmp_path / "b.ckpt")
+    copy.teardown()
+    writer.teardown()
+    assert [load_checkpoint_file(tmp_path / n)["state_dict"]["w"][0] for n in ("a.ckpt", "b.ckpt")] == [1.0, 2.0]
