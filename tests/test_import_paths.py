@@ -30,7 +30,7 @@ assert "psutil" not in sys.modules  # imported only when CPU statistics are read
 from tandem.loggers import CSVLogger, Logger, TensorBoardLogger
 from tandem.profilers import AdvancedProfiler, PassThroughProfiler, Profiler, PyTorchProfiler, SimpleProfiler
 from tandem.tuner import Tuner
-from tandem.strategies import DDPStrategy, DataParallelStrategy, SingleDeviceStrategy, Strategy
+from tandem.strategies import AsyncCheckpointIO, DDPStrategy, DataParallelStrategy, SingleDeviceStrategy, Strategy
 assert "rich" not in sys.modules
 assert CoreTrainingModule is TrainingModule and CoreDataModule is DataModule and TrainerFromTrainer is Trainer
 assert seed_from_utilities is seed_everything and CallbackFromCallbacks is Callback

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import tandem
-from tandem.strategies import DDPStrategy, Precision, SingleDeviceStrategy, available_strategies
+from tandem.strategies import AsyncCheckpointIO, DDPStrategy, Precision, SingleDeviceStrategy, available_strategies
 from tandem.strategies.environments import LocalEnvironment, SLURMEnvironment
 from tandem.strategies.layer_sync import TorchSyncBatchNorm
 from tandem.strategies.registry import resolve_strategy
@@ -73,6 +73,9 @@ def test_plugins_are_sorted_by_kind():
     assert one.sync_batchnorm and one.precision.precision == "32-true" and one.cluster_environment is None
     trainer = tandem.Trainer(accelerator="cpu", logger=False, plugins=[SLURMEnvironment(auto_requeue=False)])
     assert not trainer.strategy.cluster_environment.auto_requeue  # one process keeps it too (the requeue rule)
+    writer = AsyncCheckpointIO()
+    assert resolve_strategy("ddp", "cpu", 2, 1, "32-true", plugins=[writer]).checkpoint_io is writer
+    assert one.checkpoint_io is None  # without the plugin, checkpoints are written before the save returns
 
 
 def test_a_precision_plugin_is_kept_as_given_on_the_cpu(recwarn):
@@ -105,8 +108,16 @@ def test_a_precision_plugin_is_kept_as_given_on_the_cpu(recwarn):
         ),
         ("auto", "32-true", [Precision("64-true"), Precision("bf16-true")], "got two precision plugins"),
         ("auto", "32-true", [LocalEnvironment(), SLURMEnvironment()], "got two cluster environment plugins"),
+        ("auto", "32-true", [AsyncCheckpointIO(), AsyncCheckpointIO()], "got two checkpoint io plugins"),
     ],
-    ids=["precision_and_plugin", "strategy_precision_and_plugin", "two_environments", "two_precisions", "two_envs"],
+    ids=[
+        "precision_and_plugin",
+        "strategy_precision_and_plugin",
+        "two_environments",
+        "two_precisions",
+        "two_envs",
+        "two_checkpoint_io",
+    ],
 )
 def test_plugins_that_conflict_are_errors(strategy, precision, plugins, match):
     with pytest.raises(TandemConfigError, match=match):
@@ -127,11 +138,11 @@ class _MyCheckpointIO:  # Lightning's CheckpointIO interface
         ("bf16-true", r"plugins are objects, not names. For a precision write Trainer\(precision='bf16-true'\)"),
         (
             _MyCheckpointIO(),
-            "looks like a checkpoint IO plugin, which tandem does not have.*override its save_checkpoint",
+            "looks like a checkpoint IO plugin; tandem has one, tandem.strategies.AsyncCheckpointIO.*override its save_checkpoint",
         ),
         (
             object(),
-            r"not a plugin tandem knows. Expected a tandem.strategies.Precision.*SLURMEnvironment.*TorchSyncBatchNorm",
+            r"not a plugin tandem knows. Expected a tandem.strategies.Precision.*SLURMEnvironment.*TorchSyncBatchNorm.*AsyncCheckpointIO",
         ),
     ],
     ids=["name", "checkpoint_io", "other"],

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tandem.callbacks.callback import Callback
+from tandem.loggers.logger import Logger
 from tandem.utilities.checkpoint import check_writable_folder
 from tandem.utilities.exceptions import (
     FileWriteError,
@@ -361,6 +362,11 @@ class ModelCheckpoint(Callback):
             raise _Skipped  # Trainer(on_nonfinite="warn") refused to write non-finite parameters
         self._last_global_step_saved = trainer.global_step
         if trainer.is_global_zero:  # e.g. MLFlowLogger(log_model="all") logs the new file
+            readers = [
+                lg for lg in trainer.loggers if type(lg).after_save_checkpoint is not Logger.after_save_checkpoint
+            ]
+            if readers and trainer.strategy.checkpoint_io is not None:
+                trainer.strategy.checkpoint_io.wait_for(path)  # written in the background: on the disk first
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(self)
 

@@ -1,5 +1,6 @@
 """Strategies: where the module runs and how processes cooperate. Found by name through the registry."""
 
+from tandem.strategies.checkpoint_io import AsyncCheckpointIO
 from tandem.strategies.data_parallel import DataParallelStrategy
 from tandem.strategies.ddp import DDPStrategy
 from tandem.strategies.fsdp import FSDPStrategy
@@ -11,6 +12,7 @@ from tandem.strategies.single_device import SingleDeviceStrategy
 from tandem.strategies.strategy import Strategy
 
 __all__ = [
+    "AsyncCheckpointIO",
     "DDPStrategy",
     "DataParallelStrategy",
     "FSDPStrategy",

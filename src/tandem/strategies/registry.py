@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tandem.strategies.checkpoint_io import AsyncCheckpointIO
 from tandem.strategies.environments import ClusterEnvironment
 from tandem.strategies.layer_sync import TorchSyncBatchNorm
 from tandem.strategies.precision import Precision
@@ -22,8 +23,8 @@ if TYPE_CHECKING:
 ACCELERATORS = ("auto", "cpu", "cuda", "gpu")
 _ACCEPTED_PLUGINS = (
     "a tandem.strategies.Precision (e.g. Precision('bf16-true')), a cluster environment from "
-    "tandem.strategies.environments (e.g. SLURMEnvironment(auto_requeue=False)), or "
-    "tandem.strategies.layer_sync.TorchSyncBatchNorm()"
+    "tandem.strategies.environments (e.g. SLURMEnvironment(auto_requeue=False)), "
+    "tandem.strategies.layer_sync.TorchSyncBatchNorm(), or tandem.strategies.AsyncCheckpointIO()"
 )
 
 
@@ -120,6 +121,7 @@ class Plugins:
     precision: Precision | None = None
     cluster_environment: ClusterEnvironment | None = None
     sync_batchnorm: bool = False
+    checkpoint_io: AsyncCheckpointIO | None = None
 
 
 def sort_plugins(plugins: Any) -> Plugins:
@@ -135,6 +137,8 @@ def sort_plugins(plugins: Any) -> Plugins:
             kind = "cluster_environment"
         elif isinstance(plugin, TorchSyncBatchNorm):
             kind = "sync_batchnorm"
+        elif isinstance(plugin, AsyncCheckpointIO):
+            kind = "checkpoint_io"
         else:
             raise _refused_plugin(plugin)
         if kind in found:
@@ -143,7 +147,9 @@ def sort_plugins(plugins: Any) -> Plugins:
                 f"{plugin!r}. Give at most one of each kind."
             )
         found[kind] = plugin
-    return Plugins(found.get("precision"), found.get("cluster_environment"), "sync_batchnorm" in found)
+    return Plugins(
+        found.get("precision"), found.get("cluster_environment"), "sync_batchnorm" in found, found.get("checkpoint_io")
+    )
 
 
 def _refused_plugin(plugin: Any) -> TandemConfigError:
@@ -155,9 +161,10 @@ def _refused_plugin(plugin: Any) -> TandemConfigError:
         )
     if all(callable(getattr(plugin, m, None)) for m in ("save_checkpoint", "load_checkpoint", "remove_checkpoint")):
         return TandemConfigError(
-            f"Trainer(plugins=[{kind}(...)]) looks like a checkpoint IO plugin, which tandem does not have: the "
-            "strategy writes checkpoints (atomically, on global rank 0). To change how, subclass the strategy and "
-            "override its save_checkpoint / load_checkpoint / remove_checkpoint, and pass it as strategy=."
+            f"Trainer(plugins=[{kind}(...)]) looks like a checkpoint IO plugin; tandem has one, "
+            "tandem.strategies.AsyncCheckpointIO() (writes in the background). Otherwise the strategy writes "
+            "checkpoints (atomically, on global rank 0): to change how, subclass the strategy and override its "
+            "save_checkpoint / load_checkpoint / remove_checkpoint, and pass it as strategy=."
         )
     return TandemConfigError(
         f"Trainer(plugins=[{kind}(...)]) is not a plugin tandem knows. Expected {_ACCEPTED_PLUGINS}. "
@@ -187,8 +194,8 @@ def resolve_strategy(
             default is refused (say it in one place).
         plugins: the Trainer's ``plugins`` (see :func:`sort_plugins`): a ``Precision`` takes the place of
             ``precision`` (giving both is an error, as is a strategy instance built with its own precision), a
-            cluster environment that of the strategy's ``cluster_environment``, and ``TorchSyncBatchNorm()``
-            means ``sync_batchnorm=True``.
+            cluster environment that of the strategy's ``cluster_environment``, ``TorchSyncBatchNorm()``
+            means ``sync_batchnorm=True``, and ``AsyncCheckpointIO()`` has checkpoints written in the background.
 
     Example::
 
@@ -227,6 +234,7 @@ def resolve_strategy(
         use_distributed_sampler,
         sync_batchnorm or sorted_plugins.sync_batchnorm,
         sorted_plugins.cluster_environment,
+        sorted_plugins.checkpoint_io,
     )
     return instance
 

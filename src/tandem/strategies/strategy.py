@@ -24,6 +24,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
+from tandem.strategies.checkpoint_io import AsyncCheckpointIO
 from tandem.strategies.environments import ClusterEnvironment
 from tandem.strategies.precision import Precision, for_device
 from tandem.utilities.checkpoint import atomic_save, is_sharded_checkpoint, load_checkpoint_file
@@ -143,6 +144,9 @@ class Strategy:
         #: ``cluster_environment`` argument); None: read from the environment variables. One process uses it only
         #: for what a pre-emption stop does (``SLURMEnvironment(auto_requeue=False)``).
         self.cluster_environment: ClusterEnvironment | None = None
+        #: ``AsyncCheckpointIO()`` from ``Trainer(plugins=[...])``: rank 0 writes checkpoints in the background;
+        #: None: it writes them before ``save_checkpoint`` returns
+        self.checkpoint_io: AsyncCheckpointIO | None = None
         # what the instance was built with (None: left open to the Trainer's arguments)
         self._given: dict[str, Any] = {
             "precision": None if precision is None else self.precision.precision,
@@ -175,6 +179,7 @@ class Strategy:
         use_distributed_sampler: bool = True,
         sync_batchnorm: bool = False,
         cluster_environment: ClusterEnvironment | None = None,
+        checkpoint_io: AsyncCheckpointIO | None = None,
     ) -> None:
         """Fill in what the Trainer's arguments decide and the instance left open (called once, by
         ``resolve_strategy``), then :meth:`_check_configuration`. ``precision`` is a name (the Trainer's
@@ -196,6 +201,8 @@ class Strategy:
                     "Give it in one place: in plugins=[...] or the strategy's cluster_environment argument.",
                 )
             self.cluster_environment = cluster_environment
+        if checkpoint_io is not None:
+            self.checkpoint_io = checkpoint_io
         self.use_distributed_sampler = _settle(
             "use_distributed_sampler", self._given["use_distributed_sampler"], use_distributed_sampler, True
         )
@@ -499,13 +506,19 @@ class Strategy:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path) -> None:
-        """Every rank calls this with the state it built; global rank 0 writes atomically; all ranks meet after."""
+        """Every rank calls this with the state it built; global rank 0 writes atomically (with
+        ``AsyncCheckpointIO``: copies it and writes in the background); all ranks meet after."""
         if self.is_global_zero:
-            atomic_save(checkpoint, path)
+            if self.checkpoint_io is not None:
+                self.checkpoint_io.save_checkpoint(checkpoint, path)
+            else:
+                atomic_save(checkpoint, path)
         self.barrier("save_checkpoint")
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Read a checkpoint file onto the CPU (a sharded checkpoint directory needs the strategy that wrote it)."""
+        if self.checkpoint_io is not None:
+            self.checkpoint_io.wait_for(path)  # a file still being written in the background
         if is_sharded_checkpoint(path):
             raise sharded_checkpoint_error(path, self.name)
         return load_checkpoint_file(path)  # a plain folder is named as one there
@@ -513,6 +526,8 @@ class Strategy:
     def remove_checkpoint(self, path: str | Path) -> None:
         """Delete a checkpoint file (or a sharded checkpoint's directory), on global rank 0."""
         if self.is_global_zero:
+            if self.checkpoint_io is not None:
+                self.checkpoint_io.wait_for(path)
             path = Path(path)
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)

@@ -49,6 +49,8 @@ def stop(trainer: Trainer) -> NoReturn:
     signum = PREEMPTION.signum or signal.SIGTERM
     path = checkpointing.last_checkpoint_path(trainer)
     trainer.save_checkpoint(path)  # the loop state says exactly where to continue
+    if trainer.strategy.checkpoint_io is not None:
+        trainer.strategy.checkpoint_io.wait()  # written in the background: on the disk before the job ends
     PREEMPTION.done()
     preemption_vote().new_round()
     name = signal.Signals(signum).name

@@ -444,11 +444,13 @@ class Trainer:
                     result = None
                 else:
                     result = self._evaluation.run(fn)
+                self._wait_for_checkpoint_write()  # a failed background write fails the run
             except TunerExit:  # a Tuner's search is done (it put the state back): the fit ends there, finished
                 self.state.status = "finished"
                 self._finish(fn, "success")
                 return None
             except BaseException as exception:
+                self._wait_for_checkpoint_write(exception)
                 self.state.status = "interrupted"
                 self._hooks.call("on_exception", exception)
                 stopped = isinstance(exception, (KeyboardInterrupt, Preempted))
@@ -459,6 +461,20 @@ class Trainer:
             self._finish(fn, "success")
             self._finish_profiling(fn, report=True)
         return result
+
+    def _wait_for_checkpoint_write(self, exception: BaseException | None = None) -> None:
+        """Wait for the checkpoint written in the background (``AsyncCheckpointIO``), raising its error; while
+        ``exception`` ends the run, that error becomes a note on it instead."""
+        writer = self.strategy.checkpoint_io
+        if writer is None:
+            return
+        if exception is None:
+            writer.wait()
+            return
+        try:
+            writer.wait()
+        except Exception as error:
+            exception.add_note(f"[tandem] The background checkpoint write also failed: {type(error).__name__}: {error}")
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` once, on global rank 0 (as ``self.print`` in a module)."""
@@ -649,7 +665,8 @@ class Trainer:
     # ================================================================== checkpoints
     def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool = False) -> bool:
         """Write a checkpoint. Every rank must call this (it builds the state on each); rank 0 writes it
-        atomically; all ranks meet at a barrier after.
+        atomically; all ranks meet at a barrier after. With ``plugins=[AsyncCheckpointIO()]``, during a run rank 0
+        copies the state and writes it in the background (the run waits for it before it returns).
 
         Parameters holding NaN or inf are never written: ``on_nonfinite="raise"`` raises a ``NonFiniteError``,
         ``"warn"`` skips the save with a warning and returns False (a file already at ``filepath`` stays).
@@ -676,6 +693,8 @@ class Trainer:
                 self._nonfinite.refuse_save(nonfinite, filepath, self.global_step)
                 return False
             self.strategy.save_checkpoint(to_weights_only(self._checkpoint_state(weights_only)), filepath)
+            if self.state.status != "running":  # outside a run nothing overlaps the write, and nothing reports it
+                self._wait_for_checkpoint_write()
             return True
 
     def _checkpoint_state(self, weights_only: bool = False) -> dict[str, Any]:

@@ -111,6 +111,33 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
     atomic_write(path, lambda f: torch.save(obj, f), what="checkpoint")
 
 
+def host_copy(obj: Any) -> Any:
+    """A copy of ``obj`` that later changes to the training state cannot reach: every tensor copied to host
+    memory (a CPU tensor cloned, a GPU tensor copied over), and the dicts, lists, tuples and sets around them
+    built again. What a background write saves (:class:`~tandem.strategies.AsyncCheckpointIO`) while the next
+    steps change the parameters and optimizer states in place. A tensor that appears twice is copied once."""
+    copies: dict[int, torch.Tensor] = {}
+
+    def copy(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            if id(value) not in copies:
+                value_ = value.detach()
+                copies[id(value)] = value_.clone() if value_.device.type == "cpu" else value_.cpu()
+            return copies[id(value)]
+        kind = type(value)
+        if kind in _SAFE_MAPPINGS:
+            return kind((k, copy(v)) for k, v in value.items())
+        if isinstance(value, dict):  # a dict subclass: its own copy, with the values copied
+            copied = value.copy()
+            copied.update((k, copy(v)) for k, v in value.items())
+            return copied
+        if kind in (list, tuple, set, frozenset):
+            return kind(copy(v) for v in value)
+        return value  # numbers, strings and the other immutable leaves a checkpoint holds
+
+    return copy(obj)
+
+
 def check_writable_folder(folder: str | os.PathLike, what: str = "") -> None:
     """Raise :class:`FileWriteError` now if files cannot be created in ``folder`` (or where it would be made).
 

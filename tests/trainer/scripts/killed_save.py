@@ -1,16 +1,18 @@
 """A run killed in the middle of its second checkpoint save, for the tests of what a later save and a resume
 remove.
 
-usage: killed_save.py ROOT {file,sharded}
+usage: killed_save.py ROOT {file,sharded,async}
 
 Two epochs under the default layout (ROOT/tandem_logs/version_0/checkpoints/, one checkpoint an epoch):
-``file`` on one device, ``sharded`` under FSDPStrategy(state_dict_type="sharded") on one process. The second
-save writes its whole temporary (the file's bytes, or every shard), prints "writing" and waits for the test's
+``file`` on one device, ``sharded`` under FSDPStrategy(state_dict_type="sharded") on one process, ``async`` as
+``file`` with plugins=[AsyncCheckpointIO()] (the second file is written in the background thread, and the
+training goes on until the next save waits for it). The second save writes its whole temporary (the file's bytes, or every shard), prints "writing" and waits for the test's
 SIGKILL, so the temporary is left exactly as a writer killed mid-save leaves it.
 """
 
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,7 +22,7 @@ import torch.distributed.checkpoint as dcp
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: helpers
 import tandem  # noqa: E402
 from helpers import TinyModule, loader  # noqa: E402
-from tandem.strategies import FSDPStrategy  # noqa: E402
+from tandem.strategies import AsyncCheckpointIO, FSDPStrategy  # noqa: E402
 from tandem.strategies.environments import find_free_port  # noqa: E402
 from tandem.utilities.checkpoint import CHECKPOINT_MARKER  # noqa: E402
 
@@ -36,16 +38,19 @@ def stalling(save):
             for f in args[:1]:
                 if hasattr(f, "flush"):
                     f.flush()
-            print("writing", flush=True)
+            background = threading.current_thread() is not threading.main_thread()
+            print("writing" if background == BACKGROUND else f"writing, background={background}", flush=True)
             time.sleep(300)
         return result
 
     return wrapper
 
 
+BACKGROUND = len(sys.argv) > 2 and sys.argv[2] == "async"
+
 if __name__ == "__main__":
     root, kind = sys.argv[1], sys.argv[2]
-    if kind == "file":
+    if kind in ("file", "async"):
         real_save = torch.save
         stall = stalling(real_save)
         torch.save = lambda obj, *a, **k: (stall if isinstance(obj, dict) and CHECKPOINT_MARKER in obj else real_save)(
@@ -63,6 +68,7 @@ if __name__ == "__main__":
         devices=1,
         max_epochs=2,
         default_root_dir=root,
+        plugins=[AsyncCheckpointIO()] if kind == "async" else None,
         enable_progress_bar=False,
         enable_model_summary=False,
     )
