@@ -15,16 +15,20 @@ import pytest
 
 from helpers import launch_free_env
 from tandem.strategies.ddp import DDPStrategy
+from tandem.strategies.environments import find_free_port
 from tandem.utilities.exceptions import TandemConfigError
 
 SCRIPT = Path(__file__).parent / "scripts" / "hang_runs.py"
 HANG_TIMEOUT = 3.0
 
 
-def _run(mode: str, out: Path) -> tuple[subprocess.CompletedProcess, float, str]:
+def _run(mode: str, out: Path, torchrun: bool = False) -> tuple[subprocess.CompletedProcess, float, str]:
+    """One job of ``hang_runs.py``: (the finished process, seconds it took, what rank 0's fit raised)."""
     start = time.monotonic()
+    run = ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d"]
+    run += ["--rdzv-endpoint", f"127.0.0.1:{find_free_port()}"] if torchrun else []
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), mode, str(out), str(HANG_TIMEOUT)],
+        [sys.executable, *(run if torchrun else []), str(SCRIPT), mode, str(out), str(HANG_TIMEOUT)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -82,6 +86,16 @@ def test_a_one_rank_all_reduce_is_a_hang_error_naming_the_users_line(tmp_path):
 
 
 @pytest.mark.timeout(60)
+def test_under_torchrun_rank_zeros_broken_collective_raises_the_hang_error(tmp_path):
+    """No tandem launcher in rank 0: the hang reaches its main thread as its all-reduce breaks (rank 1 ended)."""
+    done, elapsed, raised = _run("all_reduce1", tmp_path, torchrun=True)
+    _ended_as_a_hang(done, elapsed, raised)
+    assert re.match(
+        r"1 train training_step 0 2 2 hang_runs.py:\d+ in training_step torch's all_reduce", _row(raised, 1)
+    )
+
+
+@pytest.mark.timeout(60)
 def test_a_data_loader_blocked_on_one_rank_is_a_hang_error(tmp_path):
     done, elapsed, raised = _run("slow_data1", tmp_path)
     _ended_as_a_hang(done, elapsed, raised)
@@ -96,3 +110,12 @@ def test_hang_timeout_must_be_a_positive_timedelta():
         DDPStrategy(hang_timeout=datetime.timedelta(0))
     assert DDPStrategy().hang_timeout == datetime.timedelta(minutes=5)
     assert DDPStrategy(hang_timeout=None).hang_timeout is None
+
+
+@pytest.mark.timeout(60)
+def test_a_slow_rank_before_the_loop_is_no_hang(tmp_path):
+    """Rank 0 in setup() for twice hang_timeout (a download) while rank 1 waits: no loop runs yet, so no hang."""
+    done, _, raised = _run("slow_setup0", tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not raised and "No rank made progress" not in done.stderr
+    assert (tmp_path / "done0").exists() and (tmp_path / "done1").exists()

@@ -271,8 +271,11 @@ class _Watchdog:
             if self.failure is not None or self.stopping:
                 return False
             self.failure = child
+        channel = current_channel()
+        why = "after the hang this rank declared" if channel is not None and channel.hang is not None else ""
         print(
-            f"[tandem] rank {child.rank} {_how_it_ended(child.proc.returncode)}; stopping the other ranks.",
+            f"[tandem] rank {child.rank} {_how_it_ended(child.proc.returncode)}{' ' + why if why else ''}; stopping "
+            "the other ranks.",
             file=sys.stderr,
             flush=True,
         )

@@ -469,8 +469,10 @@ class SideChannel:
         )
         print(f"[tandem] {self.hang}\n[tandem] rank 0's stack:", file=sys.stderr, flush=True)
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-        # no teardown announced here: a rank waiting in the collective check would fail on it before its watcher
-        # prints its stack (tandem's launcher announces it as it stops the ranks)
+        # The job is torn down (a SIGTERM that follows, torchrun's, ends a rank at once), but this rank's status stays
+        # "running": a rank waiting in the collective check would fail on it before its watcher prints its stack.
+        self._tore_down = True
+        self._beat_store.compare_set(self.key("teardown"), "", f"rank 0 declared a hang after {stalled_for:.0f} s")
         self._beat_store.set(self.key("hang"), "1")
         if not _REPORTER:  # under tandem's launcher, it raises HangError in the main thread (it sees the ranks end)
             threading.Thread(target=self._end_if_not_raised, name="tandem-hang", daemon=True).start()

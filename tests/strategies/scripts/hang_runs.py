@@ -6,8 +6,8 @@ Modes:
     all_reduce1     rank 1 alone calls torch.distributed.all_reduce in training_step at batch 2 (on a group of both
                     ranks made in setup: on the default group gloo pairs it with DDP's all-reduce and aborts on the
                     size mismatch instead of hanging)
-    slow_data1      rank 1's Dataset.__getitem__ sleeps (for 10 minutes) at its third batch
-    fit             no mistake: 40 steps, no hang
+    slow_data1      rank 1's Dataset.__getitem__ sleeps (for 10 minutes) at its third batch (slow_data0: rank 0's)
+    slow_setup0     no mistake: rank 0 spends 2 x hang_timeout in setup() (a download, say), before the loop starts
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class Points(Dataset):
         return 256
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if MODE == "slow_data1" and dist.get_rank() == 1 and self.calls == 8:
+        if MODE.startswith("slow_data") and dist.get_rank() == int(MODE[-1]) and self.calls == 8:
             time.sleep(600)  # the mistake: a data loader that blocks on one rank
         self.calls += 1
         g = torch.Generator().manual_seed(index)
@@ -67,6 +67,8 @@ class Model(tandem.TrainingModule):
         return None
 
     def setup(self, stage: str) -> None:
+        if MODE == "slow_setup0" and dist.get_rank() == 0:
+            time.sleep(2 * HANG_TIMEOUT)  # not a hang: no loop runs yet, the other rank waits in tandem's set-up
         self.group = dist.new_group([0, 1]) if MODE == "all_reduce1" else None
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
