@@ -17,6 +17,15 @@ use it:
 - :attr:`SideChannel.preemption_vote` (:class:`PreemptionVote`, reached with :func:`preemption_vote`):
   after SIGTERM / SIGUSR1, which may reach one rank only, every rank stops at the same step.
 
+The beats also carry each rank's place: the stage, epoch, batch and step its fit loop publishes with
+:func:`placed` (a callable the watcher reads once a beat: nothing runs per step), and, sampled from the main
+thread's stack, the hook it is in and the user's line. With a ``hang_timeout`` (the strategy's), rank 0's watcher
+watches for a hang anywhere, not only in tandem's own collectives: when, during a fit, no rank's place or stack
+moves for that long (DDP's all-reduce after one rank skipped ``backward``, a ``torch.distributed`` call on one
+rank, a data loader blocked on one rank), it prints a table of where each rank is and its own stack; the other
+ranks print theirs (``faulthandler``) and end with :data:`HANG_EXIT`, and rank 0 raises :class:`HangError`
+with the table (its collective breaks as they end; under tandem's launcher the launcher raises it).
+
 The channel also carries how the job ends. A rank posts how it left (``ended its script normally (after
 Trainer.fit returned)``, ``(sys.exit(0) at train.py:12 in training_step inside Trainer.fit)``, ``failed
 (ValueError: ...)``); a rank whose collective then breaks inside torch (gloo's "Connection closed by peer")
