@@ -84,6 +84,7 @@ class DDPStrategy(ParallelStrategy):
         use_distributed_sampler: bool | None = None,
         start_method: str = "popen",
         collective_check_timeout: datetime.timedelta | None = datetime.timedelta(seconds=60),
+        hang_timeout: datetime.timedelta | None = datetime.timedelta(minutes=5),
         cluster_environment: ClusterEnvironment | None = None,
     ) -> None:
         super().__init__(
@@ -94,6 +95,7 @@ class DDPStrategy(ParallelStrategy):
             use_distributed_sampler=use_distributed_sampler,
             start_method=start_method,
             collective_check_timeout=collective_check_timeout,
+            hang_timeout=hang_timeout,
             cluster_environment=cluster_environment,
             sync_batchnorm=sync_batchnorm,
         )

@@ -129,6 +129,7 @@ class FSDPStrategy(ParallelStrategy):
         use_distributed_sampler: bool | None = None,
         start_method: str = "popen",
         collective_check_timeout: datetime.timedelta | None = datetime.timedelta(seconds=60),
+        hang_timeout: datetime.timedelta | None = datetime.timedelta(minutes=5),
         cluster_environment: ClusterEnvironment | None = None,
     ) -> None:
         super().__init__(
@@ -139,6 +140,7 @@ class FSDPStrategy(ParallelStrategy):
             use_distributed_sampler=use_distributed_sampler,
             start_method=start_method,
             collective_check_timeout=collective_check_timeout,
+            hang_timeout=hang_timeout,
             cluster_environment=cluster_environment,
         )
         self.auto_wrap_policy = _check_policy("auto_wrap_policy", auto_wrap_policy)

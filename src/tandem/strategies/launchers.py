@@ -47,10 +47,16 @@ import torch.multiprocessing as mp
 from lightning_utilities.core.apply_func import apply_to_collection
 
 from tandem.strategies.environments import LocalEnvironment
-from tandem.strategies.side_channel import announce_teardown, broke_in_torch, error_summary, report_for_the_job
+from tandem.strategies.side_channel import (
+    announce_teardown,
+    broke_in_torch,
+    current_channel,
+    error_summary,
+    report_for_the_job,
+)
 from tandem.utilities.checkpoint import atomic_save
 from tandem.utilities.excepthook import on_uncaught_exception
-from tandem.utilities.exceptions import Preempted, RankFailedError, TandemConfigError, TandemUserCodeError
+from tandem.utilities.exceptions import HangError, Preempted, RankFailedError, TandemConfigError, TandemUserCodeError
 from tandem.utilities.preemption import EXIT_CODES as PREEMPTED_EXIT_CODES
 from tandem.utilities.preemption import PREEMPTION
 from tandem.utilities.processes import end_with_parent, load_libc
@@ -265,8 +271,11 @@ class _Watchdog:
             if self.failure is not None or self.stopping:
                 return False
             self.failure = child
+        channel = current_channel()
+        why = "after the hang this rank declared" if channel is not None and channel.hang is not None else ""
         print(
-            f"[tandem] rank {child.rank} {_how_it_ended(child.proc.returncode)}; stopping the other ranks.",
+            f"[tandem] rank {child.rank} {_how_it_ended(child.proc.returncode)}{' ' + why if why else ''}; stopping "
+            "the other ranks.",
             file=sys.stderr,
             flush=True,
         )
@@ -327,8 +336,12 @@ class _Watchdog:
         os._exit(_exit_code(child.proc.returncode) if child is not None else 1)
 
     # ------------------------------------------------------------------ the launching thread
-    def error(self, echo: BaseException | None = None) -> RankFailedError:
-        """The RankFailedError for the recorded failure, with the failing rank's traceback."""
+    def error(self, echo: BaseException | None = None) -> RankFailedError | HangError:
+        """The RankFailedError for the recorded failure, with the failing rank's traceback; the HangError when this
+        process declared a hang (the started ranks then printed their stacks and ended)."""
+        channel = current_channel()
+        if channel is not None and channel.hang is not None:
+            return HangError(channel.hang)
         child = self.failure
         message = _failure_message("", child.rank, child.proc.returncode, _read_error_record(child.error_file))
         if echo is not None and _is_echo(echo):  # raised from None: its first line is enough
@@ -349,6 +362,10 @@ class _Watchdog:
         first, and ``error`` is most likely its echo), or None to re-raise ``error``. Stops every started rank."""
         if isinstance(error, Preempted):
             return None  # every rank stopped at the same step and exits with the same code; they are not stopped
+        if isinstance(error, HangError):  # raised as it is: its table says where each rank was
+            self._main_failing = self.reported = True
+            self.stop("rank 0 declared a hang")
+            return None
         self._main_failing = True  # the watchdog will not interrupt this thread any more
         reason = f"rank {self.rank} failed ({error_summary(error)})"
         if isinstance(error, RankFailedError) and not error.args:  # raised by the wake-up signal (or async)

@@ -74,6 +74,11 @@ class ParallelStrategy(Strategy):
             a rank that sits this long in another collective (or whose script ended) is reported instead
             of waiting for ``timeout`` (see :mod:`tandem.strategies.side_channel`). None turns the
             check off.
+        hang_timeout: when no rank makes progress (its loop's place, its Python stack) for this long during a fit,
+            every rank prints its Python stack and rank 0 raises :class:`~tandem.utilities.exceptions.HangError`
+            with a table of where each rank was (stage, hook, step, batch, the user's line it is blocked in),
+            instead of waiting for ``timeout``: a rank that skipped ``backward``, a ``torch.distributed`` call on
+            one rank, a data loader blocked on one rank. None turns it off.
         sync_batchnorm: convert BatchNorm layers to SyncBatchNorm, for the subclasses that can. None: the
             Trainer's ``sync_batchnorm``.
         cluster_environment: how this process learns its rank (a
@@ -94,6 +99,7 @@ class ParallelStrategy(Strategy):
         start_method: str = "popen",
         collective_check_timeout: datetime.timedelta | None = datetime.timedelta(seconds=60),
         *,
+        hang_timeout: datetime.timedelta | None = datetime.timedelta(minutes=5),
         sync_batchnorm: bool | None = None,
         cluster_environment: ClusterEnvironment | None = None,
     ) -> None:
@@ -116,7 +122,12 @@ class ParallelStrategy(Strategy):
             raise out_of_range(
                 "collective_check_timeout", collective_check_timeout, "a datetime.timedelta, or None for no check"
             )
+        if hang_timeout is not None and not (
+            isinstance(hang_timeout, datetime.timedelta) and hang_timeout.total_seconds() > 0
+        ):
+            raise out_of_range("hang_timeout", hang_timeout, "a positive datetime.timedelta, or None for no watch")
         self.collective_check_timeout = collective_check_timeout
+        self.hang_timeout = hang_timeout
         self.process_group_backend = process_group_backend
         self.timeout = timeout
         self.start_method = start_method
@@ -281,7 +292,10 @@ class ParallelStrategy(Strategy):
         """Give the new process group its side channel (every rank calls this right after joining it; an
         earlier group's channel is closed)."""
         run_id = self._broadcast(new_run_id(), 0)  # one token per group: an earlier group's keys are never read
-        open_channel(dist.distributed_c10d._get_default_store(), dist.get_rank(), dist.get_world_size(), run_id)
+        channel = open_channel(
+            dist.distributed_c10d._get_default_store(), dist.get_rank(), dist.get_world_size(), run_id
+        )
+        channel.hang_timeout = self.hang_timeout.total_seconds() if self.hang_timeout is not None else None
 
     def _check(self, op: str) -> None:
         """Agree with the other ranks that this collective is the one they enter next (the side channel's

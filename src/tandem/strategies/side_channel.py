@@ -17,6 +17,15 @@ use it:
 - :attr:`SideChannel.preemption_vote` (:class:`PreemptionVote`, reached with :func:`preemption_vote`):
   after SIGTERM / SIGUSR1, which may reach one rank only, every rank stops at the same step.
 
+The beats also carry each rank's place: the stage, epoch, batch and step its fit loop publishes with
+:func:`placed` (a callable the watcher reads once a beat: nothing runs per step), and, sampled from the main
+thread's stack, the hook it is in and the user's line. With a ``hang_timeout`` (the strategy's), rank 0's watcher
+watches for a hang anywhere, not only in tandem's own collectives: when, during a fit, no rank's place or stack
+moves for that long (DDP's all-reduce after one rank skipped ``backward``, a ``torch.distributed`` call on one
+rank, a data loader blocked on one rank), it prints a table of where each rank is and its own stack; the other
+ranks print theirs (``faulthandler``) and end with :data:`HANG_EXIT`, and rank 0 raises :class:`HangError`
+with the table (its collective breaks as they end; under tandem's launcher the launcher raises it).
+
 The channel also carries how the job ends. A rank posts how it left (``ended its script normally (after
 Trainer.fit returned)``, ``(sys.exit(0) at train.py:12 in training_step inside Trainer.fit)``, ``failed
 (ValueError: ...)``); a rank whose collective then breaks inside torch (gloo's "Connection closed by peer")
@@ -47,25 +56,28 @@ from __future__ import annotations
 import atexit
 import contextlib
 import contextvars
+import faulthandler
 import os
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
 from tandem.utilities.excepthook import on_uncaught_exception, remove_listener
-from tandem.utilities.exceptions import CollectiveMismatchError, RankFailedError
+from tandem.utilities.exceptions import CollectiveMismatchError, HangError, RankFailedError
 from tandem.utilities.preemption import PREEMPTION, Position
 
 __all__ = [
     "CallSite",
     "CollectiveCheck",
     "CollectiveMismatchError",
+    "HANG_EXIT",
     "LocalVote",
+    "Place",
     "TORN_DOWN_EXIT",
     "announce_teardown",
     "broke_in_torch",
@@ -77,6 +89,7 @@ __all__ = [
     "entry_point",
     "new_run_id",
     "open_channel",
+    "placed",
     "preemption_vote",
     "report_for_the_job",
 ]
@@ -100,6 +113,18 @@ _LIBRARIES = (f"{os.sep}torch{os.sep}", f"{os.sep}lightning_utilities{os.sep}")
 _ANNOUNCE_WAIT_S = 2.0
 #: how a rank whose main thread waited in a collective ends when the job is torn down (as by SIGTERM: 128 + 15)
 TORN_DOWN_EXIT = 143
+#: how a rank other than 0 ends after a hang was declared (its stack printed; rank 0 raises HangError); timeout(1)'s
+HANG_EXIT = 124
+#: seconds rank 0's main thread has, after a hang was declared, to raise HangError before the process ends itself
+_HANG_RESPONSE_S = 10.0
+#: where a rank's loop is, as the watcher reads it: (stage, epoch, batch in the epoch, global step)
+Place = tuple[str | None, int, int, int]
+_HOOK_NAMES = frozenset(
+    {"training_step", "validation_step", "test_step", "predict_step", "backward", "optimizer_step"}
+    | {"optimizer_zero_grad", "configure_optimizers", "prepare_data", "setup", "teardown"}
+)
+_DATA_LOADING = f"{os.sep}torch{os.sep}utils{os.sep}data{os.sep}"
+_THIS_FILE = os.path.abspath(__file__).removesuffix("c")  # side_channel.py
 _FIX_LIMITS = (
     "Every rank must make the same Trainer calls with the same limits (max_epochs, max_steps, limit_*_batches), "
     "and none may end its script (sys.exit, return) while the others still train."
@@ -143,6 +168,28 @@ def entry_point(name: str) -> Iterator[None]:
             _CHANNEL.left = f"after Trainer.{name} returned"
     finally:
         _ENTRY_POINT.reset(token)
+
+
+@contextlib.contextmanager
+def placed(place: Callable[[], Place]) -> Iterator[None]:
+    """Inside the block, ``place()`` says where this rank's loop is: (stage, epoch, batch, global step). The
+    watcher thread calls it once a beat (nothing runs per step: it reads the loop's own counters); a hang's table
+    shows it. Nothing happens without a side channel.
+
+    Example::
+
+        with placed(lambda: (state.stage, loop.epoch, loop.batches_done, loop.global_step)):
+            ...  # the fit
+    """
+    channel = _CHANNEL
+    if channel is None:
+        yield
+        return
+    previous, channel.place = channel.place, place
+    try:
+        yield
+    finally:
+        channel.place = previous
 
 
 # ---------------------------------------------------------------------------------------------- call sites
@@ -242,6 +289,13 @@ class SideChannel:
         #: how this rank last left a Trainer entry point ("after Trainer.fit returned", "sys.exit(0) at ...
         #: inside Trainer.fit"): what the other ranks are told when its script ends
         self.left = ""
+        #: where this rank's loop is (see :func:`placed`); read by the watcher, once a beat
+        self.place: Callable[[], Place] | None = None
+        #: seconds without progress on any rank after which rank 0 declares a hang (None: never)
+        self.hang_timeout: float | None = None
+        #: the hang rank 0 declared (the table of where each rank was), or None
+        self.hang: str | None = None
+        self._stalled: tuple[Any, float] | None = None  # rank 0: the ranks' places and since when they stand still
         self._stop = threading.Event()
         self.collective_check = CollectiveCheck(self)
         self.preemption_vote = PreemptionVote(self)
@@ -260,8 +314,7 @@ class SideChannel:
         key = self.key("beat", rank)
         if not self.store.check([key]):
             return None
-        status, blocked, where, last = self.store.get(key).decode().split("\n", 3)
-        return _Beat(status, float(blocked), where, last)
+        return _Beat.parse(self.store.get(key))
 
     def _failed(self, kind: type[BaseException], error: BaseException, tb: Any) -> None:
         """Uncaught exception: this rank fails, so the job is torn down (the others end at once, see torn_down)."""
@@ -305,7 +358,9 @@ class SideChannel:
         """``error`` ends this rank's Trainer.``entry``. When it is a collective that broke inside torch because
         another rank left (its script ended or failed; gloo's "Connection closed by peer"), the
         :class:`RankFailedError` that names that rank, how it left and where this rank was; else None."""
-        if isinstance(error, (RankFailedError, CollectiveMismatchError)) or not broke_in_torch(error):
+        if self.hang is not None and not isinstance(error, (HangError, KeyboardInterrupt)):
+            return HangError(self.hang)  # this rank's collective broke because the others ended after the hang
+        if isinstance(error, (RankFailedError, CollectiveMismatchError, HangError)) or not broke_in_torch(error):
             return None
         deadline = time.monotonic() + _ANNOUNCE_WAIT_S  # it posts before its sockets close; let the post land
         while not (gone := self._departed()):
@@ -343,22 +398,102 @@ class SideChannel:
         that rank will never come, and no signal handler runs in a thread blocked in C++."""
         where, since = "", time.monotonic()
         while not self._stop.wait(_BEAT_S):
-            now_where, blocked = _main_thread_position(self._main_frame())
+            now_where, blocked, user, hook = _main_thread_place(self._main_frame())
             if now_where != where:
                 where, since = now_where, time.monotonic()
             blocked_for = time.monotonic() - since if blocked else 0.0
             try:
-                self._post_beat(self._status, blocked_for, where)
+                self._post_beat(self._status, blocked_for, where, self._place_text(), hook, user)
                 self.preemption_vote._share(self._beat_store)
                 if blocked and not (self._tore_down or _REPORTER) and self._beat_store.check([self.key("stopping")]):
                     os._exit(TORN_DOWN_EXIT)  # as SIGTERM's default action would (128 + 15)
+                if self.hang_timeout is not None:
+                    self._look_for_hang()
             except Exception:  # the store is gone (the job is ending): nothing more to report
                 return
 
-    def _post_beat(self, status: str, blocked_for: float, where: str) -> None:
+    def _place_text(self) -> str:
+        place = self.place
+        if place is None:
+            return ""
+        stage, epoch, batch, step = place()
+        return f"{stage or '-'} {epoch} {batch} {step}"
+
+    def _post_beat(
+        self, status: str, blocked_for: float, where: str, place: str = "", hook: str = "", user: str = ""
+    ) -> None:
+        last = self.collective_check.last
         self._beat_store.set(
-            self.key("beat", self.rank), f"{status}\n{blocked_for:.1f}\n{where}\n{self.collective_check.last}"
+            self.key("beat", self.rank), f"{status}\n{blocked_for:.1f}\n{where}\n{place}\n{hook}\n{user}\n{last}"
         )
+
+    # ------------------------------------------------------------------ hangs
+    def _look_for_hang(self) -> None:
+        """Watcher thread, once a beat. Rank 0: when no rank's place or stack moved for ``hang_timeout`` seconds
+        while some rank is in a loop, declare the hang (:meth:`_declare_hang`). Every other rank: when rank 0
+        declared one, print this rank's stack and end (its collectives then break on rank 0, which raises)."""
+        store = self._beat_store
+        if self.rank != 0:
+            if store.check([self.key("hang")]):
+                print(f"[tandem] rank {self.rank}: rank 0 declared a hang; this rank's stack:", file=sys.stderr)
+                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+                sys.stderr.flush()
+                os._exit(HANG_EXIT)
+            return
+        if self.hang is not None:
+            return
+        keys = [self.key("beat", r) for r in range(self.world_size)]
+        if not store.check(keys):
+            return
+        beats = [_Beat.parse(value) for value in _multi_get(store, keys)]
+        if any(b.status != "running" for b in beats) or not any(b.place for b in beats):
+            self._stalled = None  # a rank left (the other clients report it), or no loop runs (set-up, a download)
+            return
+        now = time.monotonic()
+        snapshot = tuple((b.place, b.where) for b in beats)
+        if self._stalled is None or self._stalled[0] != snapshot:
+            self._stalled = (snapshot, now)
+        elif now - self._stalled[1] >= self.hang_timeout:
+            self._declare_hang(beats, now - self._stalled[1])
+
+    def _declare_hang(self, beats: list[_Beat], stalled_for: float) -> None:
+        """Rank 0: print the table of where each rank is and this rank's stack, tell the other ranks (they print
+        theirs and end), and make the main thread raise :class:`HangError`."""
+        rows = [("rank", "stage", "hook", "epoch", "step", "batch", "blocked at (your code)", "innermost frame")]
+        for r, beat in enumerate(beats):
+            stage, epoch, batch, step = (beat.place or "- - - -").split(" ")
+            rows.append((str(r), stage, beat.hook or "-", epoch, step, batch, beat.user or "-", beat.where or "-"))
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+        table = "\n".join(
+            "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1] for row in rows
+        )
+        self.hang = (
+            f"No rank made progress for {stalled_for:.0f} s (hang_timeout={self.hang_timeout:g} s): the job was "
+            "stopped instead of waiting for the process-group timeout. Where each rank was:\n"
+            f"{table}\n"
+            "A rank waiting in torch's collective or backward pass waits for a rank that never enters the same one: "
+            "every rank must run the same collectives in the same order (call backward on every rank in every "
+            "step; call torch.distributed collectives on every rank), and no rank may block on its own (a data "
+            "loader or a lock). Each rank's Python stack is printed above. Raise DDPStrategy(hang_timeout=...) if "
+            "a step or a data fetch really takes this long."
+        )
+        print(f"[tandem] {self.hang}\n[tandem] rank 0's stack:", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        # The job is torn down (a SIGTERM that follows, torchrun's, ends a rank at once), but this rank's status stays
+        # "running": a rank waiting in the collective check would fail on it before its watcher prints its stack.
+        self._tore_down = True
+        self._beat_store.compare_set(self.key("teardown"), "", f"rank 0 declared a hang after {stalled_for:.0f} s")
+        self._beat_store.set(self.key("hang"), "1")
+        if not _REPORTER:  # under tandem's launcher, it raises HangError in the main thread (it sees the ranks end)
+            threading.Thread(target=self._end_if_not_raised, name="tandem-hang", daemon=True).start()
+
+    def _end_if_not_raised(self) -> None:
+        """Rank 0 not under tandem's launcher: its main thread raises HangError when its collective breaks (the
+        other ranks ended); a main thread blocked elsewhere gets ``_HANG_RESPONSE_S``, then the process ends."""
+        time.sleep(_HANG_RESPONSE_S)
+        print(f"[tandem] HangError: {self.hang}\n[tandem] rank 0 did not respond; exiting.", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(HANG_EXIT)
 
     def _main_frame(self) -> FrameType | None:
         # Returned, never kept in the watcher's variables: a frame held while the watcher sleeps would keep a
@@ -389,6 +524,14 @@ class _Beat:
     blocked_for: float
     where: str
     last: str
+    place: str = ""  # "stage epoch batch step", or "" outside a loop
+    hook: str = ""
+    user: str = ""  # the user's line the main thread is in
+
+    @classmethod
+    def parse(cls, value: bytes) -> _Beat:
+        status, blocked, where, place, hook, user, last = value.decode().split("\n", 6)
+        return cls(status, float(blocked), where, last, place, hook, user)
 
     @property
     def where_text(self) -> str:
@@ -414,6 +557,32 @@ def error_summary(error: BaseException) -> str:
     text = str(error).strip().splitlines()[0] if str(error).strip() else ""
     text = text.split(". This is typically caused by")[0]  # gloo's advice to read the other rank's log
     return f"{type(error).__name__}: {text[:300]}" if text else type(error).__name__
+
+
+def _main_thread_place(frame: FrameType | None) -> tuple[str, bool, str, str]:
+    """:func:`_main_thread_position`, the user's line and the hook the main thread is in (the innermost frame named
+    after a hook or step method outside torch; "fetching a batch" inside a data loader; "backward" in autograd). A
+    wait in the collective check shows as its caller (its polling loop would look like progress)."""
+    checking = frame is not None and frame.f_code.co_filename == _THIS_FILE
+    while frame is not None and _in(frame, _STRATEGIES_DIR):
+        frame = frame.f_back
+    where, blocked = _main_thread_position(frame)
+    if checking:
+        user = _user_site(frame)
+        where = "tandem's collective check" + (f", called at {user}" if user else "")
+    hook, inner = "", frame
+    while inner is not None:
+        name, file = inner.f_code.co_name, inner.f_code.co_filename
+        if _DATA_LOADING in file:
+            hook = "fetching a batch"
+            break
+        if not _in_library(inner) and (name.startswith("on_") or name in _HOOK_NAMES):
+            hook = name
+            break
+        inner = inner.f_back
+    if not hook and frame is not None and f"{os.sep}torch{os.sep}autograd{os.sep}" in frame.f_code.co_filename:
+        hook = "backward"
+    return where, blocked, _user_site(frame), hook
 
 
 def _main_thread_position(frame: FrameType | None, lineno: int | None = None) -> tuple[str, bool]:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tandem.strategies.side_channel import preemption_vote
+from tandem.strategies.side_channel import placed, preemption_vote
 from tandem.trainer.nonfinite import loss_is_finite, nonfinite_parameters
 from tandem.trainer.optimization import Optimization
 from tandem.trainer.profiling import TRAIN_NEXT_BATCH, timed, timed_batches
@@ -114,6 +114,11 @@ class FitLoop:
     # ------------------------------------------------------------------ the fit
     def run(self, announce: bool = True) -> None:
         """The fit from where :attr:`state` is; ``announce``: say why it stopped (a search's trials do not)."""
+        state, loop = self.context.state, self.state  # where the fit is, for a hang's report (read once a second)
+        with placed(lambda: (state.stage, loop.epoch, loop.batches_done, loop.global_step)):
+            self._run(announce)
+
+    def _run(self, announce: bool) -> None:
         context = self.context
         self._loaded_at, self._stop_agreed = self.state.epoch, False
         if self._done():  # before any work: a finished Trainer fit again, or max_epochs / max_steps of 0

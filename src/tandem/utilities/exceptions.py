@@ -39,6 +39,12 @@ class CollectiveMismatchError(RuntimeError):
     (raised by the side channel's collective check, :mod:`tandem.strategies.side_channel`)."""
 
 
+class HangError(RuntimeError):
+    """No rank of the job made progress for the strategy's ``hang_timeout``: rank 0 raises this instead of
+    waiting for the process-group timeout. The message is a table of where each rank was (stage, hook, epoch,
+    step, batch and the user's line it was blocked in); each rank printed its Python stack above it."""
+
+
 class Preempted(SystemExit):  # noqa: N818 (Lightning's SIGTERMException is a SystemExit too)
     """The fit stopped for a pre-emption signal after saving ``last.ckpt``; the process exits with
     ``128 + signum`` (143 for SIGTERM, 138 for SIGUSR1). A ``SystemExit``: ``except Exception`` does not
