@@ -143,7 +143,6 @@ def test_the_call_site_of_a_collective_asked_through_apply_to_collection_is_the_
     assert site.tag == "all_gather@user code"
 
 
-
 _EXIT_WHILE_BEATING = """
 import socket, threading, time
 import torch.distributed as dist
