@@ -96,6 +96,17 @@ def test_under_torchrun_rank_zeros_broken_collective_raises_the_hang_error(tmp_p
 
 
 @pytest.mark.timeout(60)
+def test_a_hang_in_validate_alone_is_a_hang_error_naming_the_batch(tmp_path):
+    done, elapsed, raised = _run("validate_all_reduce1", tmp_path)
+    _ended_as_a_hang(done, elapsed, raised)
+    # rank 0 ran its 32 batches (index 31) and waits in the epoch end's reduction for rank 1
+    assert re.match(r"0 validate - 0 0 31 .*tandem's collective check", _row(raised, 0)), _row(raised, 0)
+    assert re.match(
+        r"1 validate validation_step 0 0 2 hang_runs.py:\d+ in validation_step torch's all_reduce", _row(raised, 1)
+    )
+
+
+@pytest.mark.timeout(60)
 def test_a_data_loader_blocked_on_one_rank_is_a_hang_error(tmp_path):
     done, elapsed, raised = _run("slow_data1", tmp_path)
     _ended_as_a_hang(done, elapsed, raised)

@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tandem.strategies.side_channel import placed
 from tandem.trainer.data import check_dataloader_idx, takes_batch_idx
 from tandem.trainer.hooks import running_hook
 from tandem.trainer.logging import LOADER_SUFFIX
 from tandem.trainer.profiling import NEXT_BATCH, StrategyCalls, timed_batches
-from tandem.trainer.state import EVAL_STAGES, StageData
+from tandem.trainer.state import EVAL_STAGES, LoopState, StageData
 from tandem.utilities.logged_values import to_float
 
 if TYPE_CHECKING:
@@ -32,16 +33,18 @@ class EvaluationLoop:
 
     Args:
         context: what the loops work with (strategy, hooks, collector, config, log sink).
+        training: the training loop's state: the epoch and global step a hang's report shows.
     """
 
-    def __init__(self, context: LoopContext) -> None:
-        self.context = context
+    def __init__(self, context: LoopContext, training: LoopState | None = None) -> None:
+        self.context, self._training = context, training or LoopState()
         self.records: dict[str, StageData] = {fn: StageData(names) for fn, names in EVAL_STAGES.items()}
         self.batch_transfer: Any = None  # the batch-transfer hooks of the module or DataModule, when overridden
         self.return_predictions = True
         # Batches run per (stage, loader) since the Trainer's entry point began, not counting the sanity check: the
         # step of the ``on_step`` values an evaluation batch logs (Lightning's, counted across a fit's validations).
         self.seen_batches: dict[tuple[str, int], int] = {}
+        self._at = [0]  # the batch this rank evaluates, for a hang's report
 
     def run(self, stage: str, sanity: bool = False) -> Any:
         """One pass over ``stage``'s loaders. Returns one dict of epoch metrics per loader, or the predictions
@@ -54,7 +57,9 @@ class EvaluationLoop:
         keep = stage == "predict" and self.return_predictions
         was_training = module.training
         module.eval()
-        with hooks.running("sanity_check" if sanity else stage):
+        training, at, place = self._training, self._at, "sanity_check" if sanity else stage
+        at[0] = 0
+        with hooks.running(place), placed(lambda: (place, training.epoch, at[0], training.global_step)):
             metrics.reset()
             if sanity:
                 hooks.call("on_sanity_check_start")
@@ -104,7 +109,9 @@ class EvaluationLoop:
         if profiler is not None:  # the profiling variant, chosen once per loader
             batches = timed_batches(batches, profiler, NEXT_BATCH[names.name])
             run_step = StrategyCalls(strategy, profiler).run_step
+        at = self._at
         for batch_idx, batch in enumerate(batches):
+            at[0] = batch_idx
             batch = strategy.batch_to_device(batch) if transfer is None else transfer(batch, index)
             metrics.set_batch(batch)
             hooks.call(start, batch, batch_idx, *extra)

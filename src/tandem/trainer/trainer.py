@@ -251,7 +251,7 @@ class Trainer:
         context = LoopContext(
             self.strategy, self._hooks, self._metrics, self._config, self.state, self._sink, self._nonfinite
         )
-        self._evaluation = EvaluationLoop(context)
+        self._evaluation = EvaluationLoop(context, loop_state)
         self.fit_loop = FitLoop(context, self._evaluation, _preemption_stop(self), loop_state)
         # the module of the latest run, as given (torch.compile'd or not), for validate() without a model
         self._module: TrainingModule | torch.nn.Module | None = None

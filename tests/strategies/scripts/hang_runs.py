@@ -6,6 +6,8 @@ Modes:
     all_reduce1     rank 1 alone calls torch.distributed.all_reduce in training_step at batch 2 (on a group of both
                     ranks made in setup: on the default group gloo pairs it with DDP's all-reduce and aborts on the
                     size mismatch instead of hanging)
+    validate_all_reduce1  trainer.validate alone: rank 1 calls torch.distributed.all_reduce in validation_step at
+                    batch 2
     slow_data1      rank 1's Dataset.__getitem__ sleeps (for 10 minutes) at its third batch (slow_data0: rank 0's)
     slow_setup0     no mistake: rank 0 spends 2 x hang_timeout in setup() (a download, say), before the loop starts
 """
@@ -66,10 +68,15 @@ class Model(tandem.TrainingModule):
         opt.step()
         return None
 
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        if MODE == "validate_all_reduce1" and self.trainer.global_rank == 1 and batch_idx == 2:
+            dist.all_reduce(torch.ones(1), group=self.group)  # the mistake, in a validation run
+        self.log("val_loss", F.cross_entropy(self.net(batch[0]), batch[1]), sync_dist=True)
+
     def setup(self, stage: str) -> None:
         if MODE == "slow_setup0" and dist.get_rank() == 0:
             time.sleep(2 * HANG_TIMEOUT)  # not a hang: no loop runs yet, the other rank waits in tandem's set-up
-        self.group = dist.new_group([0, 1]) if MODE == "all_reduce1" else None
+        self.group = dist.new_group([0, 1]) if MODE.endswith("all_reduce1") else None
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -89,7 +96,10 @@ def main() -> None:
     )
     start = time.monotonic()
     try:
-        trainer.fit(Model(), DataLoader(Points(), batch_size=4))
+        if MODE.startswith("validate"):
+            trainer.validate(Model(), DataLoader(Points(), batch_size=4))
+        else:
+            trainer.fit(Model(), DataLoader(Points(), batch_size=4))
     except BaseException as err:
         if trainer.global_rank == 0:
             (OUT / "raised0").write_text(f"{time.monotonic() - start:.1f}\n{type(err).__name__}: {err}")
