@@ -21,7 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 #: every variable a launcher (torchrun, srun, tandem's own) sets; process tests start without them
 LAUNCH_VARIABLES = re.compile(
     r"^(RANK|LOCAL_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|GROUP_RANK|NODE_RANK|MASTER_ADDR|MASTER_PORT|OMP_NUM_THREADS"
-    r"|TANDEM_.*|TORCHELASTIC_.*|SLURM_.*)$"
+    r"|TANDEM_.*|TORCHELASTIC_.*|SLURM_.*|OMPI_.*|PMI_.*|PMIX_.*|MPI_LOCAL.*|MV2_.*|HYDI_.*|JSM_NAMESPACE_.*|LSB_.*"
+    r"|KUBERNETES_.*)$"
 )
 
 

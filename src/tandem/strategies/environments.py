@@ -31,6 +31,37 @@ i.e. ``SLURM_JOB_NAME`` is not ``bash`` or ``interactive``)::
                      ``Trainer(plugins=[SLURMEnvironment(auto_requeue=False)])`` turns that off, and
                      ``requeue_signal=signal.SIGTERM`` requeues on SIGTERM instead
 
+LSF's ``jsrun`` (detected by all of ``LSB_JOBID``, ``LSB_DJOB_RANKFILE``, ``JSM_NAMESPACE_LOCAL_RANK``,
+``JSM_NAMESPACE_SIZE``)::
+
+    JSM_NAMESPACE_RANK, JSM_NAMESPACE_SIZE, JSM_NAMESPACE_LOCAL_RANK   rank, world size, local rank
+    LSB_DJOB_RANKFILE  one host per line, the launch node first: the host of rank r is line r + 2; the node
+                       rank is that host's index among the distinct hosts; the first of them is MASTER_ADDR
+    MASTER_PORT      if unset: 10000 + the last four digits of LSB_JOBID
+
+MPI's ``mpirun`` / ``mpiexec``, without mpi4py (detected by a rank and a size variable of one family). Inside a
+SLURM allocation, SLURM's variables are read only when srun started the MPI ranks itself (``srun --mpi=pmi2``:
+``SLURM_STEP_NUM_TASKS`` equals the MPI size); the processes of an ``mpirun`` there inherit one SLURM_PROCID,
+so MPI's variables are read instead::
+
+    Open MPI    OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, _NODE_RANK
+    MPICH, Intel MPI (Hydra)   PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS
+    MVAPICH2    MV2_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE
+    MASTER_ADDR, MASTER_PORT   needed on several nodes (``mpirun -x MASTER_ADDR=<rank 0's host> -x
+                     MASTER_PORT=29500``; MPICH: ``-genv``). On one node the address is 127.0.0.1 and the port,
+                     unless set, is derived from the pid of the launcher's process that started this node's ranks
+                     (the same for all of them): 20000 + that pid % 20000
+    Without a node-rank variable, ranks are taken to be placed in blocks: node rank = rank // local size.
+
+Kubeflow's PyTorchJob (v1; detected by ``KUBERNETES_SERVICE_HOST`` or ``KUBERNETES_PORT`` with ``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` and no ``LOCAL_RANK``): one process per pod, so the node
+rank is ``RANK`` and the local rank 0; ``Trainer(devices=1, num_nodes=<pods>)``. For several devices per pod,
+run torchrun inside each pod (then torchrun's variables are read).
+
+A process whose variables are partial (``RANK`` or ``WORLD_SIZE`` without ``LOCAL_RANK`` outside Kubeflow,
+``LOCAL_RANK`` without ``RANK`` or ``WORLD_SIZE``) was started by a launcher tandem does not know: it is an error
+naming what is missing, never a silent rank 0 that starts ranks of its own.
+
 tandem's launcher (otherwise). The first process is rank 0 of its node; it exports to the ranks it
 starts RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT and
 TANDEM_LAUNCHER_PID (its own pid: a started rank ends itself when that process is gone) and
@@ -62,9 +93,21 @@ _LOCAL_ADDRESS = "127.0.0.1"
 ERROR_FILE_VARIABLE = "TANDEM_ERROR_FILE"
 
 
+#: where a launcher puts this process's global rank, most specific first (MPI's before SLURM's: an mpirun inside a
+#: SLURM allocation inherits the batch step's SLURM_PROCID)
+_RANK_VARIABLES = (
+    "RANK",
+    "OMPI_COMM_WORLD_RANK",
+    "PMI_RANK",
+    "MV2_COMM_WORLD_RANK",
+    "JSM_NAMESPACE_RANK",
+    "SLURM_PROCID",
+)
+
+
 def rank_from_environment() -> int:
     """The global rank a launcher gave this process, or 0 when none did."""
-    for name in ("RANK", "SLURM_PROCID"):
+    for name in _RANK_VARIABLES:
         value = os.environ.get(name)
         if value is not None and value.isdigit():
             return int(value)
@@ -88,6 +131,11 @@ class ClusterEnvironment:
     """
 
     name: ClassVar[str] = ""
+    #: how to make the Trainer's devices and num_nodes match the job this launcher started
+    shape_hint: ClassVar[str] = (
+        "Set devices to the processes per node (torchrun --nproc-per-node, srun --ntasks-per-node, the ranks mpirun "
+        "starts per node) and num_nodes to the number of nodes."
+    )
 
     @classmethod
     def detect(cls) -> bool:
@@ -219,7 +267,13 @@ class SLURMEnvironment(ClusterEnvironment):
     def detect(cls) -> bool:
         if "SLURM_PROCID" not in os.environ or _int("SLURM_NTASKS", 1) < 2:
             return False
-        return os.environ.get("SLURM_JOB_NAME") not in ("bash", "interactive")
+        if os.environ.get("SLURM_JOB_NAME") in ("bash", "interactive"):
+            return False
+        # With MPI's variables too: srun started the ranks itself (srun --mpi=pmi2: one task per MPI rank), or an
+        # mpirun inside the allocation did, and its processes inherited one SLURM_PROCID. Decided from variables
+        # every process of the job has alike, so all of them take the same environment.
+        mpi = MPIEnvironment.family()
+        return mpi is None or os.environ.get("SLURM_STEP_NUM_TASKS") == os.environ[mpi[1]]
 
     @property
     def world_size(self) -> int:
@@ -268,6 +322,184 @@ def requeues(signum: int, environment: ClusterEnvironment | None = None) -> bool
     environment given to the Trainer or strategy is a :class:`SLURMEnvironment` that says otherwise."""
     slurm = environment if isinstance(environment, SLURMEnvironment) else SLURMEnvironment()
     return slurm.auto_requeue and signum == slurm.requeue_signal
+
+
+class LSFEnvironment(ClusterEnvironment):
+    """Processes started by LSF's ``jsrun`` (Lightning's ``LSFEnvironment``)."""
+
+    name = "lsf"
+
+    @classmethod
+    def detect(cls) -> bool:
+        required = ("LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_SIZE")
+        return all(v in os.environ for v in required)
+
+    @property
+    def world_size(self) -> int:
+        return _int("JSM_NAMESPACE_SIZE")
+
+    @property
+    def global_rank(self) -> int:
+        return _int("JSM_NAMESPACE_RANK")
+
+    @property
+    def local_rank(self) -> int:
+        return _int("JSM_NAMESPACE_LOCAL_RANK")
+
+    @property
+    def node_rank(self) -> int:
+        hosts = self._rank_hosts()
+        return list(dict.fromkeys(hosts)).index(hosts[self.global_rank])
+
+    @property
+    def main_address(self) -> str:
+        return os.environ.get("MASTER_ADDR") or self._rank_hosts()[0]
+
+    @property
+    def main_port(self) -> int:
+        if "MASTER_PORT" in os.environ:
+            return _int("MASTER_PORT")
+        job_id = os.environ["LSB_JOBID"]
+        return 10000 + int(job_id[-4:]) if job_id[-4:].isdigit() else 12910
+
+    def _rank_hosts(self) -> list[str]:
+        """The host of each rank: the rank file's lines after the first (the launch node)."""
+        path = os.environ["LSB_DJOB_RANKFILE"]
+        try:
+            with open(path) as file:
+                hosts = [line.strip() for line in file if line.strip()][1:]
+        except OSError as error:
+            raise TandemConfigError(f"LSF: cannot read LSB_DJOB_RANKFILE={path!r}: {error.strerror}.") from error
+        if len(hosts) < self.world_size:
+            raise TandemConfigError(
+                f"LSF: LSB_DJOB_RANKFILE={path!r} names {len(hosts)} rank host(s) after the launch node, but "
+                f"JSM_NAMESPACE_SIZE is {self.world_size}: start the job with jsrun, one rank per line."
+            )
+        return hosts
+
+
+class MPIEnvironment(ClusterEnvironment):
+    """Processes started by ``mpirun`` / ``mpiexec`` (Open MPI, MPICH, Intel MPI, MVAPICH2), read from the
+    variables each sets; mpi4py is not needed (Lightning's ``MPIEnvironment`` asks it instead)."""
+
+    name = "mpi"
+
+    #: (rank, size, local rank, local size, node rank) variables of each MPI family
+    FAMILIES: ClassVar[tuple[tuple[str, str, str, str, str | None], ...]] = (
+        (
+            "OMPI_COMM_WORLD_RANK",
+            "OMPI_COMM_WORLD_SIZE",
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+            "OMPI_COMM_WORLD_LOCAL_SIZE",
+            "OMPI_COMM_WORLD_NODE_RANK",
+        ),
+        ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", None),
+        (
+            "MV2_COMM_WORLD_RANK",
+            "MV2_COMM_WORLD_SIZE",
+            "MV2_COMM_WORLD_LOCAL_RANK",
+            "MV2_COMM_WORLD_LOCAL_SIZE",
+            None,
+        ),
+    )
+
+    @classmethod
+    def family(cls) -> tuple[str, str, str, str, str | None] | None:
+        """The variables of the MPI that started this process, or None."""
+        return next((f for f in cls.FAMILIES if f[0] in os.environ and f[1] in os.environ), None)
+
+    @classmethod
+    def detect(cls) -> bool:
+        return cls.family() is not None
+
+    def _variables(self) -> tuple[str, str, str, str, str | None]:
+        found = self.family()
+        if found is None:
+            raise KeyError("no MPI rank variables are set")
+        return found
+
+    @property
+    def world_size(self) -> int:
+        return _int(self._variables()[1])
+
+    @property
+    def global_rank(self) -> int:
+        return _int(self._variables()[0])
+
+    @property
+    def local_rank(self) -> int:
+        return _int(self._variables()[2], self.global_rank % max(1, self.local_size))  # block placement
+
+    @property
+    def local_size(self) -> int:
+        _, size, _, local_size, _ = self._variables()
+        return _int(local_size, _int(size))
+
+    @property
+    def node_rank(self) -> int:
+        node_rank = self._variables()[4]
+        if node_rank is not None and node_rank in os.environ:
+            return _int(node_rank)
+        return self.global_rank // max(1, self.local_size)  # ranks placed in blocks, as mpirun does by default
+
+    @property
+    def _one_node(self) -> bool:
+        _, size, _, local_size, _ = self._variables()
+        return local_size not in os.environ or _int(local_size) == _int(size)
+
+    @property
+    def main_address(self) -> str:
+        if "MASTER_ADDR" in os.environ:
+            return os.environ["MASTER_ADDR"]
+        if self._one_node:
+            return _LOCAL_ADDRESS
+        raise TandemConfigError(
+            f"mpirun started {self.world_size} processes on several nodes ({self.local_size} on this one), and "
+            "without mpi4py tandem cannot learn rank 0's host: set MASTER_ADDR (rank 0's host) and MASTER_PORT for "
+            "every process, e.g. mpirun -x MASTER_ADDR=node01 -x MASTER_PORT=29500 ... (MPICH, Intel MPI: "
+            "mpiexec -genv MASTER_ADDR node01 -genv MASTER_PORT 29500 ...)."
+        )
+
+    @property
+    def main_port(self) -> int:
+        if "MASTER_PORT" in os.environ:
+            return _int("MASTER_PORT")
+        self.main_address  # noqa: B018 - several nodes without MASTER_ADDR / MASTER_PORT: the error naming both
+        return 20000 + os.getppid() % 20000  # the launcher's process on this node: the same for all its ranks
+
+
+class KubeflowEnvironment(ClusterEnvironment):
+    """A Kubeflow PyTorchJob (v1): one process per pod, with ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
+    ``MASTER_PORT`` set by the operator and no ``LOCAL_RANK`` (Lightning's ``KubeflowEnvironment``). Several
+    devices per pod: run torchrun inside the pod."""
+
+    name = "kubeflow"
+    shape_hint = (
+        "A Kubeflow PyTorchJob runs one process per pod: use devices=1 and num_nodes=<the number of pods>; for "
+        "several devices per pod, run torchrun inside each pod (then devices=<processes per pod>)."
+    )
+
+    @classmethod
+    def detect(cls) -> bool:
+        in_kubernetes = "KUBERNETES_SERVICE_HOST" in os.environ or "KUBERNETES_PORT" in os.environ
+        required = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+        return in_kubernetes and all(v in os.environ for v in required) and "LOCAL_RANK" not in os.environ
+
+    @property
+    def world_size(self) -> int:
+        return _int("WORLD_SIZE")
+
+    @property
+    def global_rank(self) -> int:
+        return _int("RANK")
+
+    @property
+    def local_rank(self) -> int:
+        return 0
+
+    @property
+    def node_rank(self) -> int:
+        return _int("RANK")
 
 
 class LocalEnvironment(ClusterEnvironment):
@@ -357,16 +589,41 @@ class LocalEnvironment(ClusterEnvironment):
 
 
 def select_environment(num_processes: int = 1, num_nodes: int = 1) -> ClusterEnvironment:
-    """The environment that describes this process: torchrun, then SLURM, else tandem's launcher.
+    """The environment that describes this process: torchrun, SLURM, LSF, MPI, Kubeflow, else tandem's launcher.
 
     Args:
         num_processes: processes per node the strategy expects (used by tandem's launcher).
         num_nodes: nodes the strategy expects.
     """
-    for cls in (TorchElasticEnvironment, SLURMEnvironment):
+    for cls in (TorchElasticEnvironment, SLURMEnvironment, LSFEnvironment, MPIEnvironment, KubeflowEnvironment):
         if cls.detect():
             return cls()
+    _check_complete()
     return LocalEnvironment(num_processes, num_nodes)
+
+
+def _check_complete() -> None:
+    """No known launcher was detected: refuse partial rank variables, which an unknown launcher set (a process
+    taking itself for rank 0 and starting ranks of its own would train the job twice)."""
+    present = [v for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK") if v in os.environ]
+    if not present:
+        return
+    if "LOCAL_RANK" in os.environ:
+        missing = [v for v in ("RANK", "WORLD_SIZE") if v not in os.environ]
+    elif os.environ.get("RANK", "0") == "0" and os.environ.get("WORLD_SIZE", "1") == "1":
+        return  # a lone process that says it is rank 0 of 1
+    else:
+        missing = ["LOCAL_RANK"] + [v for v in ("RANK", "WORLD_SIZE") if v not in os.environ]
+    if not missing:
+        return
+    given = ", ".join(f"{v}={os.environ[v]}" for v in present)
+    raise TandemConfigError(
+        f"This process has {given} but not {', '.join(missing)}: it was started by a launcher tandem does not "
+        "recognise (torchrun, srun, mpirun, jsrun and Kubeflow are detected), and guessing would make it a rank 0 "
+        "that starts ranks of its own. Set RANK, WORLD_SIZE, LOCAL_RANK (and LOCAL_WORLD_SIZE, MASTER_ADDR, "
+        "MASTER_PORT, NODE_RANK) for every process, start the job with torchrun, or unset them to let tandem "
+        "start the ranks."
+    )
 
 
 def expand_nodelist(nodelist: str) -> list[str]:

@@ -248,8 +248,7 @@ class ParallelStrategy(Strategy):
             raise TandemConfigError(
                 f"the {environment.name} environment describes {environment.world_size} processes, but the "
                 f"Trainer expects devices × num_nodes = {self.num_processes} × {self.num_nodes} = {expected}. "
-                "Set devices to the processes per node (torchrun --nproc-per-node, srun --ntasks-per-node) "
-                "and num_nodes to the number of nodes."
+                f"{environment.shape_hint}"
             )
         if not isinstance(environment, LocalEnvironment):
             return
