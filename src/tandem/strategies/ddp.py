@@ -55,7 +55,7 @@ class DDPStrategy(ParallelStrategy):
         use_distributed_sampler: replace the samplers of the dataloaders as described in this module;
             False leaves them alone (shard the data yourself). None: the Trainer's
             ``use_distributed_sampler`` (True by default).
-        start_method: "popen" (re-run the script) or "spawn" (torch.multiprocessing).
+        start_method: "popen" (re-run the script), "spawn" or "fork" (torch.multiprocessing, per stage).
         cluster_environment: how each process learns its rank; None detects it (see
             :class:`~tandem.strategies.parallel.ParallelStrategy`).
 
@@ -234,6 +234,18 @@ def _prepare_for_backward(model: DistributedDataParallel, loss: torch.Tensor) ->
 
 register_strategy("ddp", DDPStrategy, "one process per device; re-runs the script (or joins torchrun / srun)")
 register_strategy("ddp_spawn", DDPStrategy, "one process per device, spawned per stage", start_method="spawn")
+register_strategy(
+    "ddp_fork",
+    DDPStrategy,
+    "one process per device, forked per stage (classes defined in __main__ work)",
+    start_method="fork",
+)
+register_strategy(
+    "ddp_notebook",
+    DDPStrategy,
+    "ddp_fork, for Jupyter: the notebook's own classes reach the ranks",
+    start_method="fork",
+)
 register_strategy(
     "ddp_find_unused_parameters_true",
     DDPStrategy,

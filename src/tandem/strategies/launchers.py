@@ -635,6 +635,16 @@ class SpawnLauncher:
         self.start_method = start_method
 
     def launch(self, function: Callable[..., Any], *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
+        if self.start_method == "fork" and torch.cuda.is_initialized():
+            raise TandemConfigError(
+                "strategy='ddp_notebook' / 'ddp_fork' starts the ranks by forking this process, and CUDA is already "
+                "initialised in it (a tensor or module was put on a GPU, or a torch.cuda call ran before the "
+                "Trainer): a forked process cannot use CUDA then. Restart the kernel and keep every CUDA call "
+                "inside the Trainer (the module on the CPU until fit), or use strategy='ddp_spawn' with the "
+                "classes in an importable module."
+            )
+        if self.start_method == "spawn":
+            _check_importable_by_spawn([*args, *kwargs.values(), *(getattr(trainer, "callbacks", None) or [])])
         if getattr(mp.current_process(), "_inheriting", False):
             # A spawned process imports the user's script again; without the __main__ guard that import
             # reached this line. End quietly: the caller sees the exit code and explains (once).
@@ -736,6 +746,21 @@ class SpawnLauncher:
         first = killed[0] if killed else with_record[0][1] if with_record else failed[0]
         rank = self.environment.node_rank * self.num_processes + first
         return RankFailedError(_failure_message("ddp_spawn: ", rank, processes[first].exitcode, records[first]))
+
+
+def _check_importable_by_spawn(objects: list[Any]) -> None:
+    """A spawned process finds each class by importing its module; a class defined in the ``__main__`` of an
+    interactive session (a notebook, ``python -c``) cannot be found that way."""
+    if getattr(sys.modules.get("__main__"), "__file__", None) is not None:
+        return  # a script: the spawned process imports it again (under its __main__ guard)
+    found = next((type(o) for o in objects if type(o).__module__ == "__main__"), None)
+    if found is not None:
+        raise TandemConfigError(
+            f"strategy='ddp_spawn' starts fresh processes that import each class by name, and {found.__name__} is "
+            "defined in this interactive session (a notebook cell, python -c), which they cannot import. Use "
+            "strategy='ddp_notebook', which forks this process so the class comes along, or move the class into a "
+            ".py module and import it."
+        )
 
 
 def _preempted_error(code: int, folder: str) -> Preempted:

@@ -53,7 +53,9 @@ from tandem.utilities.exceptions import TandemConfigError, bad_choice, incompati
 from tandem.utilities.rank_zero import rank_zero_warn, set_rank
 from tandem.utilities.seed import global_seed
 
-START_METHODS = ("popen", "spawn")
+START_METHODS = ("popen", "spawn", "fork")
+#: start methods whose ranks run in processes started per stage (torch.multiprocessing), not the re-run script
+PER_STAGE_START_METHODS = ("spawn", "fork")
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
 
@@ -67,7 +69,8 @@ class ParallelStrategy(Strategy):
         timeout: how long a collective may wait for the other ranks before failing.
         use_distributed_sampler: shard the dataloaders as described in this module; False leaves them
             alone (shard the data yourself). None: the Trainer's ``use_distributed_sampler``.
-        start_method: "popen" (re-run the script) or "spawn" (torch.multiprocessing, per stage).
+        start_method: "popen" (re-run the script), "spawn" or "fork" (torch.multiprocessing, per stage; "fork"
+            is for notebooks, whose classes a spawned process cannot import).
         collective_check_timeout: tandem's own collectives (set-up, epoch and evaluation ends, checkpoint
             saves, metric reduction; not the per-step gradient sync) are first agreed on through the
             process group's store: ranks entering different ones fail at once with both sides named, and
@@ -199,11 +202,11 @@ class ParallelStrategy(Strategy):
         environment = self.environment
         if not isinstance(environment, LocalEnvironment) or self.world_size == 1:
             return None  # torchrun / srun started the processes, or there is only one
-        if self.start_method == "spawn":
+        if self.start_method in PER_STAGE_START_METHODS:
             return (
                 None
                 if environment.creates_processes_externally
-                else launchers.SpawnLauncher(environment, self.num_processes)
+                else launchers.SpawnLauncher(environment, self.num_processes, self.start_method)
             )
         return launchers.ScriptLauncher(environment, self.num_processes)
 

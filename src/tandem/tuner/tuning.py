@@ -160,7 +160,10 @@ class Tuner:
     ) -> None:
         """A fit with ``callback`` first, ended by it after its search."""
         trainer = self._trainer
-        if getattr(trainer.strategy, "start_method", None) == "spawn" and trainer.strategy.launcher is not None:
+        if (
+            getattr(trainer.strategy, "start_method", None) in ("spawn", "fork")
+            and trainer.strategy.launcher is not None
+        ):
             raise incompatible(
                 f"Tuner with strategy={trainer.strategy.name!r}",
                 "the search runs in spawned processes, and the value it finds would not come back to this one",
