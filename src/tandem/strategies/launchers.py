@@ -46,10 +46,11 @@ import torch
 import torch.multiprocessing as mp
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from tandem.strategies.environments import LocalEnvironment
+from tandem.strategies.environments import LocalEnvironment, find_free_port
 from tandem.strategies.side_channel import (
     announce_teardown,
     broke_in_torch,
+    close_channel,
     current_channel,
     error_summary,
     report_for_the_job,
@@ -90,6 +91,37 @@ def script_command() -> list[str]:
             "(an interactive session, a notebook or python -c). Use strategy='ddp_spawn', or run a script."
         )
     return [sys.executable, os.path.abspath(sys.argv[0]), *sys.argv[1:]]
+
+
+def child_command(local_rank: int) -> tuple[list[str], str | None]:
+    """The command (and working directory) that starts local rank ``local_rank``: this program again, or, under a
+    Hydra app, this Hydra job: the program with the job's own overrides, in the parent's resolved run folder
+    (``hydra.run.dir``), without ``-m`` / sweep arguments and without writing Hydra's config files again (as
+    Lightning does). Re-running ``sys.argv`` unchanged would give each rank a run folder of its own and, under
+    ``-m``, a sweep of its own."""
+    command = script_command()
+    hydra_config = _hydra_config()
+    if hydra_config is None:
+        return command, None
+    from hydra.utils import get_original_cwd
+
+    program = command[: 3 if command[1] == "-m" else 2]
+    return [
+        *program,
+        *hydra_config.overrides.task,  # this job's values (a sweep's, resolved), not the sweep
+        f'hydra.run.dir="{hydra_config.runtime.output_dir}"',
+        "hydra.output_subdir=null",  # rank 0 wrote the job's .hydra folder
+        f"hydra.job.name={hydra_config.job.name}_rank{local_rank}",  # its own log file beside rank 0's
+    ], get_original_cwd()
+
+
+def _hydra_config() -> Any:
+    """The running Hydra job's config, or None outside a Hydra app (Hydra is never imported here)."""
+    if "hydra" not in sys.modules:
+        return None
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get() if HydraConfig.initialized() else None
 
 
 # ---------------------------------------------------------------------------------------------- error records
@@ -239,6 +271,15 @@ class _Watchdog:
             time.sleep(_POLL_S / 2)
             pending = [c for c in pending if c.proc.poll() is None and not failed(c)]
         return [c for c in self.children if failed(c)]
+
+    def wait_for_end(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for every started rank to end; stop those still running then."""
+        deadline = time.monotonic() + seconds
+        while any(c.proc.poll() is None for c in self.children) and time.monotonic() < deadline:
+            time.sleep(_POLL_S / 2)
+        self.stop("the ranks' Hydra job ended")
+        if self._thread is not None:
+            self._thread.join()
 
     def wait_for_failure(self, seconds: float) -> _Child | None:
         """A started rank that failed, waiting up to ``seconds`` for one while any is still running."""
@@ -452,6 +493,20 @@ def _thread_alive(ident: int | None) -> bool:
 
 
 _WATCHDOG = _Watchdog()  # one per process: a script's later Trainers reuse the ranks started by the first
+_STARTED_FOR: dict[str, str | None] = {"hydra_job": None}  # the Hydra job (its run folder) the ranks were started for
+_JOB_END_WAIT_S = 60.0  # how long a sweep's next job waits for the previous job's ranks to end
+
+
+def leave_process_group() -> None:
+    """Close the side channel and destroy the default process group (free the DDP wrappers holding it first)."""
+    import gc
+
+    import torch.distributed as dist
+
+    gc.collect()
+    close_channel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def processes_started() -> bool:
@@ -501,7 +556,7 @@ class ScriptLauncher:
                 _watch_parent(self.environment.launcher_pid)
             if self.environment.error_file is not None:
                 _record_uncaught_errors(self.environment.error_file, self.environment.launcher_pid)
-        elif not _WATCHDOG.children and self.num_processes > 1:
+        elif self.num_processes > 1 and (not _WATCHDOG.children or self._next_hydra_job()):
             self._start_children()
         try:
             return function(*args, **kwargs)
@@ -515,16 +570,33 @@ class ScriptLauncher:
                 raise failure from None  # the message names the broken collective; the backend's text once
             raise failure  # noqa: B904 (rank 0's own error stays attached as the context: nothing is cut)
 
+    def _next_hydra_job(self) -> bool:
+        """A Hydra sweep (``-m``) moved on to its next job: the ranks started for the previous one ran that job
+        only and ended. Leave their process group, so that this job starts its ranks and joins a new group."""
+        global _WATCHDOG
+        hydra_config = _hydra_config()
+        if hydra_config is None or hydra_config.runtime.output_dir == _STARTED_FOR["hydra_job"]:
+            return False
+        _WATCHDOG.wait_for_end(_JOB_END_WAIT_S)
+        leave_process_group()
+        _WATCHDOG = _Watchdog()
+        if self.environment.num_nodes == 1:
+            os.environ["MASTER_PORT"] = str(find_free_port())  # the last job's port may still be held
+        return True
+
     def _start_children(self) -> None:
-        command = script_command()
+        hydra_config = _hydra_config()
+        _STARTED_FOR["hydra_job"] = hydra_config.runtime.output_dir if hydra_config is not None else None
         libc = load_libc()
         folder = tempfile.mkdtemp(prefix="tandem-errors-")
         children = []
         for local_rank in range(1, self.num_processes):
             rank = self.environment.node_rank * self.num_processes + local_rank
             error_file = os.path.join(folder, f"rank{rank}.txt")
+            command, cwd = child_command(local_rank)
             proc = subprocess.Popen(
                 command,
+                cwd=cwd,
                 env=self.environment.child_environment(local_rank, error_file),
                 preexec_fn=_die_with_parent(os.getpid(), libc),
             )
