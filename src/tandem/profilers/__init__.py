@@ -6,20 +6,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tandem.profilers.base import PassThroughProfiler
 from tandem.profilers.profiler import Profiler
 from tandem.profilers.simple import SimpleProfiler
+from tandem.utilities.lazy import lazy_attributes
 
-__all__ = ["AdvancedProfiler", "PassThroughProfiler", "Profiler", "PyTorchProfiler", "SimpleProfiler"]
+if TYPE_CHECKING:
+    from tandem.profilers.advanced import AdvancedProfiler
+    from tandem.profilers.pytorch import PyTorchProfiler
 
 _LAZY = {"AdvancedProfiler": "tandem.profilers.advanced", "PyTorchProfiler": "tandem.profilers.pytorch"}
 
+__all__ = ["AdvancedProfiler", "PassThroughProfiler", "Profiler", "PyTorchProfiler", "SimpleProfiler"]
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())
