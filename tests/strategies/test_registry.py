@@ -170,3 +170,20 @@ def test_built_in_strategy_names_are_listed_before_their_modules_are_imported_an
     result = run_python(["-c", script])
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resolved DDPStrategy" in result.stdout
+
+
+def test_a_strategy_registered_under_a_built_in_name_replaces_it_even_before_the_built_in_was_imported():
+    script = (
+        "from tandem.strategies import register_strategy\n"
+        "from tandem.strategies.registry import resolve_strategy\n"
+        "from tandem.strategies.single_device import SingleDeviceStrategy\n"
+        "class Mine(SingleDeviceStrategy):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "register_strategy('ddp', Mine, 'mine')\n"
+        "import tandem.strategies.ddp\n"
+        "print('built', type(resolve_strategy('ddp', 'cpu', 1, 1, '32-true')).__name__)\n"
+    )
+    result = run_python(["-c", script])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "built Mine" in result.stdout

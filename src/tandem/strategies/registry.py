@@ -51,6 +51,9 @@ _BUILT_IN = {
 
 def register_strategy(name: str, cls: type, description: str, **init_kwargs: Any) -> None:
     """Make ``Trainer(strategy=name)`` build ``cls(**init_kwargs)``."""
+    built_in = _BUILT_IN.get(name)
+    if built_in is not None and cls.__module__ != built_in:  # a user's entry replaces the built-in, as before
+        importlib.import_module(built_in)  # the built-in registers first, so it cannot overwrite the user's later
     _REGISTRY[name] = _Entry(cls, description, init_kwargs)
 
 
