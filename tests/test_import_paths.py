@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from helpers import run_python
@@ -51,59 +53,98 @@ def test_lightning_import_paths_work_and_lightning_class_names_say_what_to_renam
     assert "tandem.core has no LightningDataModule: tandem calls it DataModule" in result.stdout
 
 
-# What `import tandem` and a first `Trainer()` may load beyond torch's own imports (top-level packages). A new
-# entry here is a start-up cost every user pays: add one only if a first Trainer really needs it.
-ALLOWED_AT_IMPORT = {"faulthandler", "hmac", "lightning_utilities", "packaging", "secrets", "sysconfig", "tandem"}
-# Loaded on first use only: integrations, the CLI and the tuner, the heavy profilers, the progress-bar libraries.
-LAZY = (
+# What `import tandem` must leave for first use: optional integrations, the CLI, the tuner, the heavy profilers,
+# the strategies and loggers a run does not name. Prefixes of module names; checked against what `import tandem`
+# adds after `import torch` (torch itself imports tqdm, for torch.hub).
+NOT_ON_IMPORT = (
     "tensorboard",
+    "tensorboardX",
     "omegaconf",
+    "yaml",
     "tqdm",
     "rich",
     "torchmetrics",
     "mlflow",
     "wandb",
     "onnx",
-    "onnxscript",
     "matplotlib",
+    "pandas",
     "psutil",
-    "hydra",
-    "ray",
-    "jsonargparse",
-    "yaml",
     "cProfile",
     "tandem.cli",
     "tandem.tuner",
-    "tandem.profilers.advanced",
     "tandem.profilers.pytorch",
+    "tandem.profilers.advanced",
+    "tandem.loggers.tensorboard",
     "tandem.loggers.mlflow",
     "tandem.loggers.wandb",
-    "tandem.callbacks.batch_size_finder",
+    "tandem.loggers.csv",
+    "tandem.strategies.ddp",
+    "tandem.strategies.fsdp",
+    "tandem.strategies.data_parallel",
+    "tandem.strategies.single_device",
     "tandem.callbacks.lr_finder",
-    "tandem.callbacks.weight_averaging",
+    "tandem.callbacks.batch_size_finder",
+    "tandem.callbacks.model_checkpoint",
+    "tandem.callbacks.tqdm_progress",
+    "tandem.callbacks.rich_progress",
+    "torch.distributed.fsdp",
 )
-IMPORT_PROBE = """
+
+ADDED_BY_IMPORT = """
 import json, sys
 import torch
 before = set(sys.modules)
 import tandem
-at_import = set(sys.modules) - before
-tandem.Trainer()
-print(json.dumps({"at_import": sorted(at_import), "after_trainer": sorted(set(sys.modules) - before)}))
+after_import = set(sys.modules)
+tandem.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+print(json.dumps({"import": sorted(after_import - before), "trainer": sorted(set(sys.modules) - before)}))
 """
 
 
-def test_import_tandem_and_a_first_trainer_load_only_what_they_need():
-    """A regression guard on start-up: the packages `import tandem` adds to torch's, and the modules that stay
-    unloaded through a first `Trainer()` (benchmarks/import_time.py measures the time)."""
-    import json
+def _loaded(modules: list[str], prefixes: tuple[str, ...]) -> list[str]:
+    return [name for name in modules if any(name == p or name.startswith(p + ".") for p in prefixes)]
 
-    result = run_python(["-c", IMPORT_PROBE])
+
+def test_import_tandem_loads_nothing_a_first_trainer_does_not_need():
+    result = run_python(["-c", ADDED_BY_IMPORT])
     assert result.returncode == 0, result.stderr[-3000:]
-    loaded = json.loads(result.stdout.strip().splitlines()[-1])
-    added = {name.partition(".")[0] for name in loaded["at_import"]}
-    assert added <= ALLOWED_AT_IMPORT, f"import tandem now also loads {sorted(added - ALLOWED_AT_IMPORT)}"
-    after = set(loaded["after_trainer"])
-    early = [name for name in LAZY if name in after]
-    assert not early, f"loaded by import tandem + Trainer() although only needed on first use: {early}"
-    assert "tandem.loggers.tensorboard" not in loaded["at_import"]  # the default logger's module: with the Trainer
+    added = json.loads(result.stdout.strip().splitlines()[-1])
+    assert any(name == "tandem.trainer.trainer" for name in added["import"])
+    assert _loaded(added["import"], NOT_ON_IMPORT) == [], "import tandem loaded modules that should wait for first use"
+    # the first Trainer loads the strategy it builds, and still none of the optional integrations
+    assert "tandem.strategies.single_device" in added["trainer"]
+    optional = tuple(p for p in NOT_ON_IMPORT if p != "tandem.strategies.single_device")
+    assert _loaded(added["trainer"], optional) == [], "Trainer(...) loaded modules it does not use"
+    # and no top-level package beyond these: a new one is a start-up cost every user pays
+    packages = {name.partition(".")[0] for name in added["import"]}
+    allowed = {"faulthandler", "hmac", "lightning_utilities", "packaging", "secrets", "sysconfig", "tandem"}
+    assert packages <= allowed, f"import tandem now also loads {sorted(packages - allowed)}"
+
+
+PUBLIC_NAMES = """
+import importlib, sys
+packages = ["tandem", "tandem.callbacks", "tandem.core", "tandem.loggers", "tandem.profilers", "tandem.strategies",
+            "tandem.trainer", "tandem.tuner", "tandem.utilities", "tandem.cli"]
+for package in packages:
+    module = importlib.import_module(package)
+    listed = set(dir(module))
+    for name in module.__all__:
+        assert name in listed, f"{package}.__dir__() does not list {name}"
+        namespace = {}
+        exec(f"from {package} import {name} as value", namespace)  # a lazy name resolves on this first read
+        assert namespace["value"] is getattr(module, name), (package, name)
+    try:
+        getattr(module, "NoSuchName")
+    except AttributeError:
+        pass
+    else:
+        raise AssertionError(f"{package}.NoSuchName resolved")
+print("all names resolve", len(packages))
+"""
+
+
+def test_every_name_in_each_packages_all_resolves_lazy_ones_included():
+    result = run_python(["-c", PUBLIC_NAMES])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "all names resolve 10" in result.stdout

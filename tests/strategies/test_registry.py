@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import tandem
+from helpers import run_python
 from tandem.strategies import AsyncCheckpointIO, DDPStrategy, Precision, SingleDeviceStrategy, available_strategies
 from tandem.strategies.environments import LocalEnvironment, SLURMEnvironment
 from tandem.strategies.layer_sync import TorchSyncBatchNorm
@@ -150,3 +151,39 @@ class _MyCheckpointIO:  # Lightning's CheckpointIO interface
 def test_plugins_tandem_does_not_have_are_refused_naming_what_it_accepts(plugin, match):
     with pytest.raises(TandemConfigError, match=match):
         tandem.Trainer(accelerator="cpu", logger=False, plugins=[plugin])
+
+
+def test_built_in_strategy_names_are_listed_before_their_modules_are_imported_and_resolve_on_lookup():
+    script = (
+        "import sys\n"
+        "from tandem.strategies import available_strategies\n"
+        "from tandem.strategies.registry import resolve_strategy\n"
+        "names = available_strategies()\n"
+        "assert {'single_device', 'dp', 'ddp', 'ddp_spawn', 'ddp_find_unused_parameters_true', 'fsdp'} <= set(names)\n"
+        "assert 'tandem.strategies.ddp' not in sys.modules and 'tandem.strategies.fsdp' not in sys.modules\n"
+        "strategy = resolve_strategy('ddp_spawn', 'cpu', 2, 1, '32-true')\n"
+        "from tandem.strategies import DDPStrategy\n"
+        "assert type(strategy) is DDPStrategy and strategy.start_method == 'spawn'\n"
+        "assert 'tandem.strategies.fsdp' not in sys.modules\n"
+        "print('resolved', type(strategy).__name__)\n"
+    )
+    result = run_python(["-c", script])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resolved DDPStrategy" in result.stdout
+
+
+def test_a_strategy_registered_under_a_built_in_name_replaces_it_even_before_the_built_in_was_imported():
+    script = (
+        "from tandem.strategies import register_strategy\n"
+        "from tandem.strategies.registry import resolve_strategy\n"
+        "from tandem.strategies.single_device import SingleDeviceStrategy\n"
+        "class Mine(SingleDeviceStrategy):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "register_strategy('ddp', Mine, 'mine')\n"
+        "import tandem.strategies.ddp\n"
+        "print('built', type(resolve_strategy('ddp', 'cpu', 1, 1, '32-true')).__name__)\n"
+    )
+    result = run_python(["-c", script])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "built Mine" in result.stdout

@@ -1,6 +1,6 @@
 """Loggers: where metrics and hyperparameters go. TensorBoard and CSV write into
-``<save_dir>/<name>/version_<n>``; MLflow and W&B log to a run of their service (their packages are
-imported only when such a logger is made)."""
+``<save_dir>/<name>/version_<n>``; MLflow and W&B log to a run of their service. Each logger's module is
+imported when its name is first read, and its service's package only when such a logger is made."""
 
 from __future__ import annotations
 
@@ -15,15 +15,20 @@ if TYPE_CHECKING:
     from tandem.loggers.tensorboard import TensorBoardLogger
     from tandem.loggers.wandb import WandbLogger
 
-__all__ = ["CSVLogger", "Logger", "MLFlowLogger", "TensorBoardLogger", "WandbLogger"]
+_LAZY = {
+    "CSVLogger": "tandem.loggers.csv",
+    "Logger": "tandem.loggers.logger",
+    "MLFlowLogger": "tandem.loggers.mlflow",
+    "TensorBoardLogger": "tandem.loggers.tensorboard",
+    "WandbLogger": "tandem.loggers.wandb",
+}
 
-__getattr__, __dir__ = lazy_attributes(
-    __name__,
-    {
-        "CSVLogger": "tandem.loggers.csv",
-        "Logger": "tandem.loggers.logger",
-        "MLFlowLogger": "tandem.loggers.mlflow",
-        "TensorBoardLogger": "tandem.loggers.tensorboard",
-        "WandbLogger": "tandem.loggers.wandb",
-    },
-)
+__all__ = [
+    "CSVLogger",
+    "Logger",
+    "MLFlowLogger",
+    "TensorBoardLogger",
+    "WandbLogger",
+]
+
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())

@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from tandem.profilers.advanced import AdvancedProfiler
     from tandem.profilers.pytorch import PyTorchProfiler
 
+_LAZY = {"AdvancedProfiler": "tandem.profilers.advanced", "PyTorchProfiler": "tandem.profilers.pytorch"}
+
 __all__ = ["AdvancedProfiler", "PassThroughProfiler", "Profiler", "PyTorchProfiler", "SimpleProfiler"]
 
-__getattr__, __dir__ = lazy_attributes(
-    __name__, {"AdvancedProfiler": "tandem.profilers.advanced", "PyTorchProfiler": "tandem.profilers.pytorch"}
-)
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())

@@ -6,6 +6,7 @@ nothing, so every mistake is reported before a process or file is created.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,15 +37,37 @@ class _Entry:
 
 
 _REGISTRY: dict[str, _Entry] = {}
+# The built-in names and the module that registers each: imported on the first lookup of the name, so that
+# `import tandem` loads no strategy a run does not ask for.
+_BUILT_IN = {
+    "single_device": "tandem.strategies.single_device",
+    "dp": "tandem.strategies.data_parallel",
+    "ddp": "tandem.strategies.ddp",
+    "ddp_spawn": "tandem.strategies.ddp",
+    "ddp_fork": "tandem.strategies.ddp",
+    "ddp_notebook": "tandem.strategies.ddp",
+    "ddp_find_unused_parameters_true": "tandem.strategies.ddp",
+    "fsdp": "tandem.strategies.fsdp",
+}
 
 
 def register_strategy(name: str, cls: type, description: str, **init_kwargs: Any) -> None:
     """Make ``Trainer(strategy=name)`` build ``cls(**init_kwargs)``."""
+    built_in = _BUILT_IN.get(name)
+    if built_in is not None and cls.__module__ != built_in:  # a user's entry replaces the built-in, as before
+        importlib.import_module(built_in)  # the built-in registers first, so it cannot overwrite the user's later
     _REGISTRY[name] = _Entry(cls, description, init_kwargs)
 
 
 def available_strategies() -> list[str]:
-    return sorted(_REGISTRY)
+    return sorted(set(_REGISTRY) | set(_BUILT_IN))
+
+
+def _lookup(name: str) -> _Entry | None:
+    """The registered entry for ``name``, importing the built-in strategy's module on first use."""
+    if name not in _REGISTRY and name in _BUILT_IN:
+        importlib.import_module(_BUILT_IN[name])  # its module-level register_strategy call fills the entry
+    return _REGISTRY.get(name)
 
 
 def resolve_accelerator(accelerator: str) -> str:
@@ -214,9 +237,9 @@ def resolve_strategy(
         if name == "auto":
             single = len(resolve_devices(accelerator, devices)) == 1 and num_nodes == 1
             name = "single_device" if single else "ddp"
-        if name not in _REGISTRY:
+        entry = _lookup(name)
+        if entry is None:
             raise bad_choice("strategy", strategy, ["auto", *available_strategies()])
-        entry = _REGISTRY[name]
         instance = entry.cls(**entry.init_kwargs)
     else:
         names = ", ".join(["auto", *available_strategies()])

@@ -1,30 +1,44 @@
-"""Package attributes imported on first use (PEP 562), so ``import tandem`` loads only what a first ``Trainer(...)``
-needs: ``from tandem.callbacks import ModelCheckpoint`` still works, and imports its module then."""
+"""Package ``__init__`` files that import their public names on first use (PEP 562), so that ``import tandem``
+loads only what the first ``Trainer(...)`` needs."""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 
-def lazy_attributes(package: str, modules: dict[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """A package's ``__getattr__`` and ``__dir__`` for ``modules`` (public name -> the module that defines it).
+def lazy_attributes(
+    package: str,
+    names: Mapping[str, str],
+    namespace: dict[str, Any],
+    missing: Callable[[str, str], Exception] | None = None,
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """A module's ``__getattr__`` and ``__dir__`` for names that live in submodules.
+
+    Args:
+        package: the package's ``__name__``.
+        names: public name -> the module that defines it; imported when the name is first read, then cached in
+            ``namespace``, so later reads cost nothing.
+        namespace: the package's ``globals()``.
+        missing: builds the error for any other name (default: the usual AttributeError).
 
     Example::
 
-        __getattr__, __dir__ = lazy_attributes(__name__, {"ModelCheckpoint": "tandem.callbacks.model_checkpoint"})
+        __getattr__, __dir__ = lazy_attributes(__name__, {"DDPStrategy": "tandem.strategies.ddp"}, globals())
     """
-    namespace = importlib.import_module(package).__dict__
 
-    def __getattr__(name: str) -> Any:  # noqa: N807 (the module attribute hook's name)
-        if name not in modules:
+    def __getattr__(name: str) -> Any:
+        module = names.get(name)
+        if module is None:
+            if missing is not None:
+                raise missing(package, name)
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(modules[name]), name)
-        namespace[name] = value  # found directly from now on
+        value = getattr(importlib.import_module(module), name)
+        namespace[name] = value
         return value
 
-    def __dir__() -> list[str]:  # noqa: N807
-        return sorted({*namespace, *modules})
+    def __dir__() -> list[str]:
+        return sorted(set(namespace) | set(names))
 
     return __getattr__, __dir__
