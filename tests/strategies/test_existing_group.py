@@ -32,3 +32,15 @@ def test_world_size_mismatch_names_both_sizes(runs: Path) -> None:
     for rank in (0, 1):
         text = (runs / f"mismatch_{rank}.txt").read_text()
         assert "world size 2" in text and "2 × 1 = 2" not in text and "3 × 1 = 3" in text
+
+
+@pytest.mark.timeout(300)
+def test_fit_inside_ray_train_matches_the_ddp_run(runs: Path) -> None:
+    """Ray's TorchTrainer starts the workers and initialises the group; tandem's ddp joins it (about 20 s)."""
+    pytest.importorskip("ray.train.torch")
+    env = launch_free_env(PYTHONPATH=f"{SCRIPT.parents[3] / 'src'}:{SCRIPT.parents[2]}", RAY_USAGE_STATS_ENABLED="0")
+    result = run_python([str(SCRIPT.parent / "ray_fit.py"), str(runs)], env=env, timeout=280)
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    weights = [torch.load(runs / f"ray_{rank}.pt") for rank in (0, 1)]
+    assert max_abs_diff(weights[0], weights[1]) == 0.0
+    assert max_abs_diff(weights[0], torch.load(runs / "ref.pt")) == 0.0
