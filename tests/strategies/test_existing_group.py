@@ -44,3 +44,6 @@ def test_fit_inside_ray_train_matches_the_ddp_run(runs: Path) -> None:
     weights = [torch.load(runs / f"ray_{rank}.pt") for rank in (0, 1)]
     assert max_abs_diff(weights[0], weights[1]) == 0.0
     assert max_abs_diff(weights[0], torch.load(runs / "ref.pt")) == 0.0
+    metrics, files = (runs / "ray_result.txt").read_text().splitlines()  # RayTrainReportCallback's last report
+    assert "train_loss" in metrics and "epoch" in metrics
+    assert files == "['checkpoint.ckpt']"

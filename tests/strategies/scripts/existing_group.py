@@ -23,10 +23,10 @@ from tandem.strategies.side_channel import current_channel  # noqa: E402
 from tandem.utilities.exceptions import TandemConfigError  # noqa: E402
 
 
-def fit(devices: int = 2) -> torch.nn.Module:
+def fit(devices: int = 2, callbacks: list | None = None) -> torch.nn.Module:
     tandem.seed_everything(7)
     model = TinyModule()
-    trainer = quiet_trainer(strategy="ddp", devices=devices, max_epochs=2)
+    trainer = quiet_trainer(strategy="ddp", devices=devices, max_epochs=2, callbacks=callbacks)
     trainer.fit(model, loader(64, batch_size=8, shuffle=True))
     return model
 

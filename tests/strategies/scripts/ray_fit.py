@@ -6,6 +6,7 @@ initialised and saves its weights to OUT/ray_<rank>.pt.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -22,7 +23,9 @@ def worker(config: dict) -> None:
     import torch.distributed as dist
     from existing_group import fit
 
-    model = fit()
+    from tandem.integrations.ray import RayTrainReportCallback
+
+    model = fit(callbacks=[RayTrainReportCallback()])
     torch.save(model.state_dict(), Path(config["out"]) / f"ray_{dist.get_rank()}.pt")
 
 
@@ -35,5 +38,8 @@ if __name__ == "__main__":
         scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
         run_config=RunConfig(storage_path=str(Path(out) / "ray_results"), name="tandem"),
     )
-    trainer.fit()
+    result = trainer.fit()
+    (Path(out) / "ray_result.txt").write_text(
+        f"{sorted(result.metrics)}\n{sorted(os.listdir(result.checkpoint.path)) if result.checkpoint else None}"
+    )
     ray.shutdown()
