@@ -43,3 +43,25 @@ def test_fit_resumes_from_a_checkpoint_saved_to_a_url(memory) -> None:
     resumed = quiet_trainer(max_epochs=2)
     resumed.fit(TinyModule(), loader(), ckpt_path="memory://tandem-test/run/epoch1.ckpt")
     assert resumed.global_step == 2 * trainer.global_step
+
+
+def test_model_checkpoint_keeps_top_k_at_a_url_and_last_resumes(memory) -> None:
+    from tandem.callbacks import Callback, ModelCheckpoint
+
+    starts = []
+
+    class StartStep(Callback):
+        def on_train_start(self, trainer, module) -> None:
+            starts.append(trainer.global_step)
+
+    def trainer(epochs: int) -> object:
+        callback = ModelCheckpoint(dirpath="memory://tandem-test/mc", save_last=True, save_top_k=1)
+        return quiet_trainer(max_epochs=epochs, enable_checkpointing=True, callbacks=[callback, StartStep()])
+
+    first = trainer(2)
+    first.fit(TinyModule(), loader())
+    names = sorted(entry.rsplit("/", 1)[-1] for entry in memory.ls("/tandem-test/mc", detail=False))
+    assert names == ["epoch=1-step=8.ckpt", "last.ckpt"]  # epoch 0's file was removed from the URL
+    resumed = trainer(3)
+    resumed.fit(TinyModule(), loader(), ckpt_path="last")  # found at the URL
+    assert starts == [0, 8] and resumed.global_step == 12

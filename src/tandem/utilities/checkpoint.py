@@ -22,6 +22,7 @@ by :func:`to_weights_only` before the save, so every tandem checkpoint reads wit
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import pickle
 import re
@@ -139,6 +140,36 @@ def _remote_write(url: str, write: Callable[[IO[bytes]], None], what: str) -> No
         if isinstance(err, OSError):
             raise write_failed(url, err, what, kept=False) from None
         raise
+
+
+def remove_file(path: str | os.PathLike) -> None:
+    """Delete a file or a folder (a sharded checkpoint), local or at an fsspec URL; a missing one is fine."""
+    if is_url(path):
+        fs, inner = url_filesystem(os.fspath(path))
+        if fs.exists(inner):
+            fs.rm(inner, recursive=fs.isdir(inner))
+        return
+    path = Path(path)
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def glob_files(pattern: str) -> list[str]:
+    """The files matching the glob ``pattern``, local or at an fsspec URL (then given back as URLs)."""
+    if not is_url(pattern):
+        return glob.glob(pattern)
+    fs, inner = url_filesystem(pattern)
+    return [fs.unstrip_protocol(p) for p in fs.glob(inner)]
+
+
+def modified_time(path: str) -> float:
+    """When the file at ``path`` (local, or an fsspec URL) last changed, in seconds since the epoch."""
+    if not is_url(path):
+        return os.path.getmtime(path)
+    fs, inner = url_filesystem(path)
+    return fs.modified(inner).timestamp()
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
