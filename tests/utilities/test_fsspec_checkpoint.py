@@ -65,3 +65,24 @@ def test_model_checkpoint_keeps_top_k_at_a_url_and_last_resumes(memory) -> None:
     resumed = trainer(3)
     resumed.fit(TinyModule(), loader(), ckpt_path="last")  # found at the URL
     assert starts == [0, 8] and resumed.global_step == 12
+
+
+def test_default_root_dir_url_holds_last_and_resumes(memory) -> None:
+    from tandem.callbacks import Callback
+
+    starts = []
+
+    class StartStep(Callback):
+        def on_train_start(self, trainer, module) -> None:
+            starts.append(trainer.global_step)
+
+    def trainer(epochs: int) -> object:
+        root = "memory://tandem-test/root"
+        return quiet_trainer(
+            max_epochs=epochs, enable_checkpointing=True, default_root_dir=root, callbacks=[StartStep()]
+        )
+
+    trainer(1).fit(TinyModule(), loader())
+    assert memory.isfile("/tandem-test/root/checkpoints/last.ckpt")
+    trainer(2).fit(TinyModule(), loader(), ckpt_path="last")
+    assert starts == [0, 4]
