@@ -85,6 +85,8 @@ import signal
 import socket
 from typing import ClassVar
 
+import torch.distributed as dist
+
 from tandem.utilities.exceptions import TandemConfigError
 from tandem.utilities.preemption import SIGNALS
 from tandem.utilities.rank_zero import rank_zero_warn
@@ -586,6 +588,44 @@ class LocalEnvironment(ClusterEnvironment):
     def export_rank(self, local_rank: int) -> None:
         """Make this process local rank ``local_rank`` (a spawned process, which inherits no variables)."""
         os.environ.update(self.rank_variables(local_rank))
+
+
+class ProcessGroupEnvironment(ClusterEnvironment):
+    """A default process group that someone else already initialised (Ray Train's ``TorchTrainer``, or a
+    script's own ``torch.distributed.init_process_group``): ranks come from the group itself, tandem starts
+    no processes and leaves the group alone at the end.
+
+    Args:
+        num_processes: processes per node (the strategy's devices): the local rank when LOCAL_RANK is not set.
+    """
+
+    name = "existing process group"
+
+    def __init__(self, num_processes: int = 1) -> None:
+        self.num_processes = max(num_processes, 1)
+
+    @classmethod
+    def detect(cls) -> bool:
+        return dist.is_available() and dist.is_initialized()
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size()
+
+    @property
+    def global_rank(self) -> int:
+        return dist.get_rank()
+
+    @property
+    def local_rank(self) -> int:
+        return _int("LOCAL_RANK", self.global_rank % self.num_processes)
+
+    @property
+    def node_rank(self) -> int:
+        return _int("NODE_RANK", self.global_rank // self.num_processes)
+
+    def export_rendezvous(self) -> None:
+        """Nothing to export: the group is already joined."""
 
 
 def select_environment(num_processes: int = 1, num_nodes: int = 1) -> ClusterEnvironment:

@@ -34,6 +34,7 @@ from tandem.strategies import launchers
 from tandem.strategies.environments import (
     ClusterEnvironment,
     LocalEnvironment,
+    ProcessGroupEnvironment,
     select_environment,
     threads_per_process,
 )
@@ -173,6 +174,8 @@ class ParallelStrategy(Strategy):
     def _select_environment(self) -> ClusterEnvironment:
         if self.cluster_environment is not None:
             return self.cluster_environment
+        if joined_external_group():
+            return ProcessGroupEnvironment(self.num_processes)
         return select_environment(self.num_processes, self.num_nodes)
 
     @property
@@ -235,6 +238,7 @@ class ParallelStrategy(Strategy):
                 world_size=environment.world_size,
                 timeout=self.timeout,
             )
+            _GROUPS_CREATED.add(id(dist.distributed_c10d._get_default_group()))
             atexit.register(_destroy_process_group)
             self._open_side_channel()
         elif dist.get_world_size() != environment.world_size:
@@ -243,10 +247,21 @@ class ParallelStrategy(Strategy):
                 f"strategy={self.name!r} expects {environment.world_size}. Use the same devices and num_nodes "
                 "for every Trainer in a script."
             )
+        elif current_channel() is None and joined_external_group():
+            self._open_side_channel()  # a group Ray Train or the script created: tandem never destroys it
+            atexit.register(close_channel)
         set_rank(self.global_rank)
 
     def _check_environment(self, environment: ClusterEnvironment) -> None:
         expected = self.num_processes * self.num_nodes
+        if isinstance(environment, ProcessGroupEnvironment) and environment.world_size != expected:
+            raise TandemConfigError(
+                f"this process joined a process group of world size {environment.world_size} before the fit (Ray "
+                f"Train, or init_process_group in the script), but the Trainer expects devices × num_nodes = "
+                f"{self.num_processes} × {self.num_nodes} = {expected}. Set devices and num_nodes so that their "
+                f"product is {environment.world_size} (with Ray Train: devices=<workers per node>, "
+                "num_nodes=<nodes>), or start the group with that many processes."
+            )
         if environment.world_size != expected:
             raise TandemConfigError(
                 f"the {environment.name} environment describes {environment.world_size} processes, but the "
@@ -293,10 +308,16 @@ class ParallelStrategy(Strategy):
     def _open_side_channel(self) -> None:
         """Give the new process group its side channel (every rank calls this right after joining it; an
         earlier group's channel is closed)."""
+        try:
+            store = dist.distributed_c10d._get_default_store()
+        except (AttributeError, RuntimeError, ValueError):  # a private torch API; a group without a store
+            rank_zero_warn(
+                "tandem found no store in the existing process group, so the collective check and the hang "
+                "watch are off (collective_check_timeout and hang_timeout have no effect)."
+            )
+            return
         run_id = self._broadcast(new_run_id(), 0)  # one token per group: an earlier group's keys are never read
-        channel = open_channel(
-            dist.distributed_c10d._get_default_store(), dist.get_rank(), dist.get_world_size(), run_id
-        )
+        channel = open_channel(store, dist.get_rank(), dist.get_world_size(), run_id)
         channel.hang_timeout = self.hang_timeout.total_seconds() if self.hang_timeout is not None else None
 
     def _check(self, op: str) -> None:
@@ -424,6 +445,20 @@ class ParallelStrategy(Strategy):
         return interleave_predictions(self.all_gather_object(local), layout)
 
 
+_GROUPS_CREATED: set[int] = set()  # ids of the default groups that setup_environment created
+
+
+def joined_external_group() -> bool:
+    """Whether this process is in a default process group that tandem did not create (Ray Train's
+    ``TorchTrainer``, or the script's own ``init_process_group``): tandem joins it, starts no processes and
+    never destroys it."""
+    return (
+        dist.is_available()
+        and dist.is_initialized()
+        and id(dist.distributed_c10d._get_default_group()) not in _GROUPS_CREATED
+    )
+
+
 def _destroy_process_group() -> None:
     """At exit, while the interpreter is still whole, free the process group that setup_environment joined.
 
@@ -433,5 +468,5 @@ def _destroy_process_group() -> None:
     """
     gc.collect()
     close_channel()
-    if dist.is_initialized():
+    if dist.is_initialized() and not joined_external_group():
         dist.destroy_process_group()

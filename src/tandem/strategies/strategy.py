@@ -12,7 +12,6 @@ import contextlib
 import functools
 import itertools
 import math
-import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
 from pathlib import Path
@@ -27,7 +26,7 @@ from torch.utils.data import DataLoader
 from tandem.strategies.checkpoint_io import AsyncCheckpointIO
 from tandem.strategies.environments import ClusterEnvironment
 from tandem.strategies.precision import Precision, for_device
-from tandem.utilities.checkpoint import atomic_save, is_sharded_checkpoint, load_checkpoint_file
+from tandem.utilities.checkpoint import atomic_save, is_sharded_checkpoint, load_checkpoint_file, remove_file
 from tandem.utilities.compile import Compiler
 from tandem.utilities.data import end_workers_with_process
 from tandem.utilities.exceptions import (
@@ -528,11 +527,7 @@ class Strategy:
         if self.is_global_zero:
             if self.checkpoint_io is not None:
                 self.checkpoint_io.wait_for(path)
-            path = Path(path)
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
+            remove_file(path)
 
 
 def _settle(name: str, given: Any, trainer: Any, default: Any) -> Any:

@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import glob
 import os
 from typing import TYPE_CHECKING, Any
 
 from tandem.trainer.replicas import check_replicas
-from tandem.utilities.checkpoint import CHECKPOINT_MARKER, remove_stale_temporaries_in
+from tandem.utilities.checkpoint import CHECKPOINT_MARKER, glob_files, modified_time, remove_stale_temporaries_in
 from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError
 from tandem.utilities.rank_zero import rank_zero_warn
 from tandem.utilities.seed import capture_rng_state
@@ -153,13 +152,13 @@ def find_last_checkpoint(trainer: Trainer) -> str | None:
     candidates = []
     for callback in trainer.checkpoint_callbacks:
         if callback.dirpath:
-            candidates += glob.glob(os.path.join(callback.dirpath, "last*.ckpt"))
+            candidates += glob_files(os.path.join(callback.dirpath, "last*.ckpt"))
     # The run folder's version changes with each launch; "last" means the newest last.ckpt of any version.
     roots = [lg.root_dir for lg in trainer.loggers if lg.root_dir is not None] or [trainer.default_root_dir]
     for root in roots:
-        candidates += glob.glob(os.path.join(root, "*", "checkpoints", "last*.ckpt"))
-        candidates += glob.glob(os.path.join(root, "checkpoints", "last*.ckpt"))
-    candidates = sorted(set(candidates), key=os.path.getmtime)
+        candidates += glob_files(os.path.join(root, "*", "checkpoints", "last*.ckpt"))
+        candidates += glob_files(os.path.join(root, "checkpoints", "last*.ckpt"))
+    candidates = sorted(set(candidates), key=modified_time)
     if not candidates:
         rank_zero_warn("ckpt_path='last' found no last.ckpt yet; training starts from scratch.")
         return None

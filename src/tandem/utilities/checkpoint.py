@@ -22,6 +22,7 @@ by :func:`to_weights_only` before the save, so every tandem checkpoint reads wit
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import pickle
 import re
@@ -80,6 +81,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None], wh
         write: writes the contents to the open binary file it is given.
         what: the file's role for error messages, e.g. "checkpoint".
     """
+    if is_url(path):
+        _remote_write(os.fspath(path), write, what)
+        return
     path = Path(path)
     existed = path.exists()
     try:
@@ -102,6 +106,70 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None], wh
             raise
         raise write_failed(path, cause, what, kept=existed) from None
     _sync_folder(path.parent)
+
+
+def is_url(path: str | os.PathLike) -> bool:
+    """Whether ``path`` names an fsspec filesystem (``memory://``, ``s3://``, ``gs://``) rather than a local file."""
+    return isinstance(path, str) and "://" in path and not path.startswith("file://")
+
+
+def url_filesystem(url: str) -> tuple[Any, str]:
+    """The fsspec filesystem of ``url`` and the path inside it (``s3://`` needs s3fs, ``gs://`` gcsfs)."""
+    try:
+        import fsspec
+    except ImportError:
+        raise CheckpointError(f"{url!r} is a URL; reading or writing URLs needs fsspec: pip install fsspec") from None
+    return fsspec.core.url_to_fs(url)
+
+
+def _remote_write(url: str, write: Callable[[IO[bytes]], None], what: str) -> None:
+    """Write to a temporary name next to ``url``, then ``fs.mv`` it onto ``url``. Not atomic on object stores
+    (S3, GCS copy and delete): a reader may briefly find no file, but never a half-written one under ``url``."""
+    fs, path = url_filesystem(url)
+    parent, name = path.rsplit("/", 1) if "/" in path else ("", path)
+    tmp = f"{parent}/.{name}.{_writer_host()}-{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    try:
+        if parent:
+            fs.makedirs(parent, exist_ok=True)
+        with fs.open(tmp, "wb") as f:
+            write(f)
+        fs.mv(tmp, path)
+    except BaseException as err:
+        with contextlib.suppress(Exception):
+            fs.rm(tmp)
+        if isinstance(err, OSError):
+            raise write_failed(url, err, what, kept=False) from None
+        raise
+
+
+def remove_file(path: str | os.PathLike) -> None:
+    """Delete a file or a folder (a sharded checkpoint), local or at an fsspec URL; a missing one is fine."""
+    if is_url(path):
+        fs, inner = url_filesystem(os.fspath(path))
+        if fs.exists(inner):
+            fs.rm(inner, recursive=fs.isdir(inner))
+        return
+    path = Path(path)
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def glob_files(pattern: str) -> list[str]:
+    """The files matching the glob ``pattern``, local or at an fsspec URL (then given back as URLs)."""
+    if not is_url(pattern):
+        return glob.glob(pattern)
+    fs, inner = url_filesystem(pattern)
+    return [fs.unstrip_protocol(p) for p in fs.glob(inner)]
+
+
+def modified_time(path: str) -> float:
+    """When the file at ``path`` (local, or an fsspec URL) last changed, in seconds since the epoch."""
+    if not is_url(path):
+        return os.path.getmtime(path)
+    fs, inner = url_filesystem(path)
+    return fs.modified(inner).timestamp()
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
@@ -557,7 +625,10 @@ def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
     naming the file (missing, a folder, unreadable, damaged, or not a tandem checkpoint).
 
     Checkpoints of earlier tandem versions (with numpy arrays in the RNG state, without a checksum) load too.
+    ``path`` may be an fsspec URL (``memory://``, ``s3://``).
     """
+    if is_url(path):
+        return _load_url(os.fspath(path))
     path = Path(path)
     if path.is_dir():
         raise CheckpointError(_folder_message(path))
@@ -578,6 +649,26 @@ def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
             f"{str(path)!r} is not a tandem checkpoint (no {CHECKPOINT_MARKER!r} key). {_foreign_file_advice(checkpoint)}"
         )
     verify_checksum(checkpoint, path)  # over what was saved: before the values are decoded
+    return from_weights_only(checkpoint)
+
+
+def _load_url(url: str) -> dict[str, Any]:
+    fs, path = url_filesystem(url)
+    if not fs.isfile(path):
+        raise CheckpointError(f"Checkpoint {url!r} does not exist. Check ckpt_path.")
+    try:
+        with fs.open(path, "rb") as f:
+            checkpoint = torch.load(f, map_location="cpu", weights_only=False)
+    except Exception as err:
+        raise CheckpointError(
+            f"Checkpoint {url!r} could not be read ({type(err).__name__}: {err}). The file is truncated, damaged "
+            "or not a torch checkpoint."
+        ) from None
+    if not isinstance(checkpoint, dict) or CHECKPOINT_MARKER not in checkpoint:
+        raise CheckpointError(
+            f"{url!r} is not a tandem checkpoint (no {CHECKPOINT_MARKER!r} key). {_foreign_file_advice(checkpoint)}"
+        )
+    verify_checksum(checkpoint, url)
     return from_weights_only(checkpoint)
 
 
