@@ -1,0 +1,214 @@
+"""Cost of ``self.log`` with the TensorBoard logger against a hand-written loop that logs the same values.
+
+The workload is overhead.py's tiny MLP (one thread) with N metrics logged per step (N = 1, 16, 64, 256 by
+default). The raw loop keeps the N values as detached tensors and, every ``log_every_n_steps`` (50) steps,
+stacks them, converts them once and writes them with a ``SummaryWriter``. tandem calls
+``self.log(name, value)`` N times per step with ``TensorBoardLogger``, ``log_every_n_steps=50`` and the
+progress bar off (one extra row with the progress bar on).
+
+Each measurement is a fresh process (``--worker raw|tandem``); pairs alternate who goes first; the median
+of the per-pair ratios and their spread (min-max) are reported. Same data, same weights, same batch order:
+the final losses must agree.
+
+    python benchmarks/logging_cost.py                       # 3 pairs, 1500 steps, 1/16/64/256 metrics
+    python benchmarks/logging_cost.py --pairs 5 --steps 3000 --metrics 1 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+TARGET_RATIO = 1.05
+BATCH_SIZE = 32
+STEPS_PER_EPOCH = 300
+WARMUP_STEPS = 100
+LOG_EVERY = 50
+LR = 0.05
+
+
+def _data(steps: int):
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    generator = torch.Generator().manual_seed(1234)
+    n = min(steps, STEPS_PER_EPOCH) * BATCH_SIZE
+    x = torch.randn(n, 32, generator=generator)
+    y = (x[:, :10].argmax(dim=1) + (x[:, 10] > 1).long()) % 10
+    return DataLoader(TensorDataset(x, y), batch_size=BATCH_SIZE, shuffle=False)
+
+
+def _mlp():
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def _metric_values(loss, logits, n: int) -> list:
+    """N cheap per-step values derived from the step (the same in both workers)."""
+    values = [loss]
+    for i in range(1, n):
+        values.append(logits[:, i % 10].mean() * (1.0 + i * 1e-3))
+    return values
+
+
+def run_raw(steps: int, n: int, root: str) -> float:
+    import torch
+    from torch.nn import functional as F
+    from torch.utils.tensorboard import SummaryWriter
+
+    names = ["loss"] + [f"m{i:03d}" for i in range(1, n)]
+    writer = SummaryWriter(log_dir=root)
+    loader = _data(steps)
+    model = _mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    model.train()
+    done = 0
+    while done < steps:
+        for x, y in loader:
+            logits = model(x)
+            loss = F.cross_entropy(logits, y)
+            values = [v.detach() for v in _metric_values(loss, logits, n)]
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            done += 1
+            if (done) % LOG_EVERY == 0:  # the global step after this optimizer step
+                floats = torch.stack(values).tolist()  # one conversion per publishing step
+                for name, value in zip(names, floats):
+                    writer.add_scalar(name, value, done - 1)
+            if done == steps:
+                break
+    writer.close()
+    return loss.item()
+
+
+def run_tandem(steps: int, n: int, root: str, progress_bar: bool) -> float:
+    import torch
+    from torch.nn import functional as F
+
+    from tandem import Trainer, TrainingModule
+    from tandem.loggers import TensorBoardLogger
+
+    names = ["loss"] + [f"m{i:03d}" for i in range(1, n)]
+
+    class MLP(TrainingModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = _mlp()
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            logits = self.net(x)
+            loss = F.cross_entropy(logits, y)
+            for name, value in zip(names, _metric_values(loss, logits, n)):
+                self.log(name, value)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=LR)
+
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        max_epochs=-1,
+        logger=TensorBoardLogger(root),
+        log_every_n_steps=LOG_EVERY,
+        enable_checkpointing=False,
+        enable_progress_bar=progress_bar,
+        enable_model_summary=False,
+    )
+    model = MLP()
+    trainer.fit(model, _data(steps))
+    assert trainer.global_step == steps, f"tandem took {trainer.global_step} steps, expected {steps}"
+    return float(trainer.callback_metrics["loss"])
+
+
+def worker(mode: str, steps: int, n: int, progress_bar: bool) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as root:
+
+        def run(s: int, d: str) -> float:
+            return run_raw(s, n, d) if mode == "raw" else run_tandem(s, n, d, progress_bar)
+
+        run(WARMUP_STEPS, f"{root}/warmup")
+        start = time.perf_counter()
+        final_loss = run(steps, f"{root}/timed")
+        loop_s = time.perf_counter() - start
+    print(json.dumps({"mode": mode, "loop_s": loop_s, "final_loss": final_loss}))
+
+
+def _spawn(mode: str, steps: int, n: int, progress_bar: bool) -> dict:
+    cmd = [sys.executable, __file__, "--worker", mode, "--steps", str(steps), "--metrics", str(n)]
+    if progress_bar:
+        cmd.append("--progress-bar")
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        sys.exit(f"the {mode} worker failed (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def measure(n: int, pairs: int, steps: int, progress_bar: bool) -> tuple[float, float, float, float, float]:
+    rows = []
+    for pair in range(pairs):
+        order = ("raw", "tandem") if pair % 2 == 0 else ("tandem", "raw")
+        results = {mode: _spawn(mode, steps, n, progress_bar) for mode in order}
+        raw, tandem = results["raw"], results["tandem"]
+        if abs(raw["final_loss"] - tandem["final_loss"]) > 1e-6:
+            sys.exit(f"{n} metrics: final loss raw {raw['final_loss']} != tandem {tandem['final_loss']}")
+        raw_us, tandem_us = (1e6 * r["loop_s"] / steps for r in (raw, tandem))
+        rows.append((raw_us, tandem_us, tandem_us / raw_us))
+    ratios = [r[2] for r in rows]
+    return (
+        statistics.median(r[0] for r in rows),
+        statistics.median(r[1] for r in rows),
+        statistics.median(ratios),
+        min(ratios),
+        max(ratios),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=3, help="raw/tandem pairs per case")
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--metrics", type=int, nargs="+", default=[1, 16, 64, 256])
+    parser.add_argument("--progress-bar", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=("raw", "tandem"), help=argparse.SUPPRESS)
+    parser.add_argument("--check", action="store_true", help=f"exit 1 if a median ratio exceeds {TARGET_RATIO}")
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker, args.steps, args.metrics[0], args.progress_bar)
+        return
+
+    print(
+        f"logging_cost: MLP 32-64-10, {args.steps} steps, log_every_n_steps={LOG_EVERY}, TensorBoard, 1 thread, "
+        f"{args.pairs} pairs of fresh processes per case"
+    )
+    print(f"{'metrics':>12}  {'raw us/step':>11}  {'tandem us/step':>14}  {'ratio':>6}  {'spread':>13}")
+    cases = [(n, False) for n in args.metrics] + [(args.metrics[0], True)]
+    worst = 0.0
+    for n, bar in cases:
+        raw_us, tandem_us, ratio, lo, hi = measure(n, args.pairs, args.steps, bar)
+        label = f"{n}" + (" +bar" if bar else "")
+        print(f"{label:>12}  {raw_us:>11.1f}  {tandem_us:>14.1f}  {ratio:>6.3f}  {lo:>6.3f}-{hi:<6.3f}", flush=True)
+        if not bar:
+            worst = max(worst, ratio)
+    verdict = "met" if worst <= TARGET_RATIO else "MISSED"
+    print(f"worst median ratio (progress bar off): {worst:.3f}x (target <= {TARGET_RATIO}x: {verdict})")
+    if args.check and worst > TARGET_RATIO:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
