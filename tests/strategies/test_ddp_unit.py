@@ -64,7 +64,7 @@ def _indices(loader: DataLoader) -> list[int]:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"start_method": "fork"}, "start_method='fork' is not valid"),
+        ({"start_method": "forkserver"}, "start_method='forkserver' is not valid"),
         ({"timeout": 30}, "timeout=30 is out of range"),
         ({"bucket_cap_mb": 0}, "bucket_cap_mb=0"),
     ],

@@ -51,7 +51,7 @@ def _mlp() -> nn.Module:
         ({"activation_checkpointing_policy": [nn.Linear, torch.Tensor]}, "activation_checkpointing_policy="),
         ({"state_dict_type": "local"}, "state_dict_type='local' is not valid; expected one of: 'full', 'sharded'"),
         ({"reshard_after_forward": 2}, r"FSDPStrategy\(reshard_after_forward=2\) must be True or False"),
-        ({"start_method": "fork"}, "start_method='fork' is not valid"),
+        ({"start_method": "forkserver"}, "start_method='forkserver' is not valid"),
     ],
 )
 def test_constructor_rejects_bad_arguments(kwargs, match):
