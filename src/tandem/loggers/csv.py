@@ -9,7 +9,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from tandem.loggers.logger import Logger, atomic_write_text
+from tandem.loggers.logger import Logger, atomic_write_text, require_local_folder
 from tandem.utilities.exceptions import out_of_range, write_failed
 from tandem.utilities.rank_zero import rank_zero_only
 
@@ -48,6 +48,7 @@ class CSVLogger(Logger):
     ) -> None:
         if not isinstance(flush_logs_every_n_steps, int) or flush_logs_every_n_steps < 1:
             raise out_of_range("CSVLogger: flush_logs_every_n_steps", flush_logs_every_n_steps, "an int >= 1")
+        require_local_folder("CSVLogger", save_dir)
         super().__init__(save_dir, name, version)
         self._flush_every = flush_logs_every_n_steps
         self._pending: list[dict[str, Any]] = []

@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from tandem.utilities.checkpoint import atomic_write
+from tandem.utilities.checkpoint import atomic_write, is_url
 from tandem.utilities.exceptions import TandemConfigError
 from tandem.utilities.rank_zero import rank_zero_only
 
@@ -271,3 +271,14 @@ def load_hparams_yaml(path: str | os.PathLike) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_container(OmegaConf.load(path))
+
+
+def require_local_folder(logger: str, save_dir: str | os.PathLike) -> None:
+    """``logger`` writes a local folder: a URL ``save_dir`` (``memory://``, ``s3://``) is refused, not lost."""
+    if is_url(save_dir):
+        raise TandemConfigError(
+            f"{logger}(save_dir={os.fspath(save_dir)!r}): this logger writes a local folder, and its files would not "
+            "reach that URL. Give it a local save_dir (with Trainer(default_root_dir=<URL>), pass "
+            f"logger={logger}('<a local folder>') or logger=False); checkpoints can still go to the URL "
+            "(default_root_dir, ModelCheckpoint(dirpath=...))."
+        )

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tandem.loggers.logger import Logger, NoOpExperiment, flatten_params
+from tandem.loggers.logger import Logger, NoOpExperiment, flatten_params, require_local_folder
 from tandem.utilities.rank_zero import rank_zero_only, rank_zero_warn
 
 if TYPE_CHECKING:
@@ -52,6 +52,7 @@ class TensorBoardLogger(Logger):
         log_graph: bool = False,
         **summary_writer_kwargs: Any,
     ) -> None:
+        require_local_folder("TensorBoardLogger", save_dir)
         super().__init__(save_dir, name, version)
         self._log_graph = log_graph
         self._summary_writer_kwargs = summary_writer_kwargs
