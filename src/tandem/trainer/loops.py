@@ -140,7 +140,7 @@ class FitLoop:
         loop = self.state
         context.metrics.reset(loop.resume_train_metrics)  # before on_train_start: its values belong to the first epoch
         loop.resume_train_metrics = None
-        self._store_ready, self.empty_batch = True, None
+        self._store_ready, self.empty_batch, self._bad = True, None, None
         context.hooks.call("on_train_start")
         while not self._done():
             if profiler is None:
@@ -294,14 +294,15 @@ class FitLoop:
         output, loss = self._optimize(batch, batch_idx)
         if empty and (loss is not None or loop.global_step != steps):  # trained on (training_step did not skip it)
             self._found_empty_batch(batch_idx)
-        rollback = context.nonfinite.rollback  # not None: every publishing step checks the losses, logger or not
+        # under on_nonfinite="rollback" every publishing step checks the losses, with loggers or without
+        rollback = loop.log_step and context.nonfinite.rollback
         publish = loop.log_step and (context.sink.loggers or strategy.world_size > 1 or rollback is not None)
         if publish and not self._publish_step(loss):
             return False  # a bad batch since the last check: the epoch loop rolls back and replays
         loop.batches_done = batch_idx + 1
         if "on_train_batch_end" in hooks.registered:
             hooks.call("on_train_batch_end", optimization.hook_outputs(output, loss), batch, batch_idx)
-        if publish and rollback is not None and rollback.snapshot_due():  # a clean check
+        if rollback and rollback.snapshot_due():  # a clean check, the one to copy the state at
             rollback.take(strategy, optimization, loop, context.metrics)
         return True
 

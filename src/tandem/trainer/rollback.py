@@ -245,7 +245,7 @@ class RollbackGuard:
             for i, o in enumerate(optimization.optimizers)
         ]
         self._snapshot = _Snapshot(
-            loop=copy.deepcopy(loop.state_dict()),
+            loop=loop.state_dict(),  # plain values and the epoch's RNG state, which is replaced, never changed
             rng=capture_rng_state(),
             metrics=metrics.state_dict(),  # its tensors are replaced, never changed in place
             tensors=kept,
@@ -291,7 +291,7 @@ class RollbackGuard:
         for config, state in zip(optimization.lr_scheduler_configs, snapshot.schedulers):
             config.scheduler.load_state_dict(copy.deepcopy(state))
         strategy.precision.load_state_dict(copy.deepcopy(snapshot.precision))
-        loop.load_state_dict(copy.deepcopy(snapshot.loop))
+        loop.load_state_dict(snapshot.loop)
         loop.resume_rng = snapshot.rng  # restored once the replay's batch order is drawn again
         metrics.reset(snapshot.metrics)
         self._losses = list(snapshot.losses)
