@@ -19,6 +19,7 @@ SCENARIOS = (
     "loaders",
     "ports",
     "nonfinite",
+    "rollback",
     "memory",
     "stopping",
     "gathers",

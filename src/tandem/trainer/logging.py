@@ -78,6 +78,7 @@ class PublishedStep:
     loss_finite: list[bool]
     stop_asked: bool = False
     empty_batches: list[Any] = field(default_factory=list)  # each process's note (rank order), see publish_step
+    windows: list[Any] = field(default_factory=list)  # on_nonfinite="rollback": each process's losses since a check
 
 
 class MetricCollector:
@@ -246,20 +247,24 @@ class MetricCollector:
     def _distributed(self) -> bool:
         return self._strategy.world_size > 1
 
-    def publish_step(self, loss_finite: bool = True, stop: bool = False, empty_batch: Any = None) -> PublishedStep:
+    def publish_step(
+        self, loss_finite: bool = True, stop: bool = False, empty_batch: Any = None, window: Any = None
+    ) -> PublishedStep:
         """Publish the step values: reduce the ``sync_dist`` ones across processes (every process calls
         this at the same step), then return those logged with on_step since the last call, for the
         loggers, and clear the 'updated' marks. This process's notes come back from every process, in rank order,
         travelling in the same gathering: ``loss_finite`` (its verdict on the step's loss), ``stop`` (it asks to
-        stop) and ``empty_batch`` (its note of an empty batch trained on, or None)."""
+        stop), ``empty_batch`` (its note of an empty batch trained on, or None) and ``window`` (under
+        on_nonfinite="rollback", its losses since the last check)."""
         entries = self._stores.get(self.stage, {})
-        note = (loss_finite, stop, empty_batch)
+        note = (loss_finite, stop, empty_batch, window)
         notes = self._sync(entries, epoch=False, note=note) if self._distributed else [note]
         return PublishedStep(
             self._updated_step_values(entries),
-            [finite for finite, _, _ in notes],
-            any(asked for _, asked, _ in notes),
-            [empty for _, _, empty in notes],
+            [finite for finite, _, _, _ in notes],
+            any(asked for _, asked, _, _ in notes),
+            [empty for _, _, empty, _ in notes],
+            [losses for _, _, _, losses in notes],
         )
 
     def evaluation_step_values(self) -> dict[str, torch.Tensor]:

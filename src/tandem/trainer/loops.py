@@ -21,6 +21,7 @@ from tandem.trainer.nonfinite import loss_is_finite, nonfinite_parameters
 from tandem.trainer.optimization import Optimization
 from tandem.trainer.profiling import TRAIN_NEXT_BATCH, timed, timed_batches
 from tandem.trainer.replicas import ReplicaCheck
+from tandem.trainer.rollback import skipping
 from tandem.trainer.state import TRAIN, LoopState, StageData
 from tandem.utilities.data import find_sampler, has_len, is_empty_batch
 from tandem.utilities.exceptions import empty_batch
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from tandem.trainer.hooks import HookDispatcher
     from tandem.trainer.logging import LogSink, MetricCollector
     from tandem.trainer.nonfinite import NonFiniteGuard
+    from tandem.trainer.rollback import RollbackRecord
     from tandem.trainer.state import TrainerState
 
 
@@ -79,6 +81,7 @@ class FitLoop:
         self._optimize = self.optimization.run  # the fit's optimization of a batch (timed when profiling)
         self._store_ready = False  # the training values' store was emptied for the coming epoch
         self.empty_batch: tuple[int, int, int] | None = None  # (rank, epoch, batch_idx) not yet acted on (ddp)
+        self._bad: RollbackRecord | None = None  # on_nonfinite="rollback": a publishing check found a bad batch
 
     def __getstate__(self) -> dict[str, Any]:  # ddp_spawn pickles the Trainer, which binds ``preempt`` again
         return {**self.__dict__, "_preempt": None, "reload_data": None, "_optimize": None}
@@ -128,13 +131,16 @@ class FitLoop:
         profiler = context.profiler
         optimize = self.optimization.run
         self._optimize = optimize if profiler is None else timed(optimize, profiler, "run_training_batch")
+        rollback = context.nonfinite.rollback
+        if rollback is not None:  # each batch's loss recorded on its device (only then: no cost otherwise)
+            self._optimize = rollback.recording(self._optimize)
         if self.evaluation.records["validate"].loaders and context.config.num_sanity_val_steps != 0:
             with isolate_rng():  # as Lightning: the check draws no training randomness (a loader's iter seeds)
                 self.evaluation.run("validate", sanity=True)
         loop = self.state
         context.metrics.reset(loop.resume_train_metrics)  # before on_train_start: its values belong to the first epoch
         loop.resume_train_metrics = None
-        self._store_ready, self.empty_batch = True, None
+        self._store_ready, self.empty_batch, self._bad = True, None, None
         context.hooks.call("on_train_start")
         while not self._done():
             if profiler is None:
@@ -221,20 +227,26 @@ class FitLoop:
         max_steps = config.max_steps
         batches = self.replicas.watch_first_batch(strategy, sampler, batches)
         first_batch, first_step = loop.batches_done, loop.global_step
-        for batch_idx, batch in enumerate(batches, start=loop.batches_done):
-            if batch_idx >= n:
-                break
-            if not self._run_batch(batch, batch_idx):
-                break
-            # not after the epoch's last batch (known there in an evened epoch too): the epoch-end validation follows
-            due = val_every and (offset + batch_idx + 1) % val_every == 0 and batch_idx + 1 < loop.epoch_batches
-            if due and self._validates_this_epoch():
-                self.evaluation.run("validate")
-            if PREEMPTION.signum is not None:  # a signal: one read per batch
-                self._stop_if_preempted()
-            stop = context.state.should_stop and (not several or self._stop_agreed)
-            if 0 <= max_steps <= loop.global_step or stop and self._min_reached():
-                break  # with several processes, should_stop is agreed at publishing steps and the epoch's end (below)
+        rollback = context.nonfinite.rollback
+        if rollback is not None:  # a rollback goes back at most to here
+            rollback.take(strategy, self.optimization, loop, metrics)
+        indexed: Iterator[tuple[int, Any]] | None = enumerate(batches, start=loop.batches_done)
+        while indexed is not None:
+            for batch_idx, batch in indexed:
+                if batch_idx >= n:
+                    break
+                if not self._run_batch(batch, batch_idx):
+                    break
+                # not after the epoch's last batch (known there in an evened epoch too): the epoch-end validation
+                due = val_every and (offset + batch_idx + 1) % val_every == 0 and batch_idx + 1 < loop.epoch_batches
+                if due and self._validates_this_epoch():
+                    self.evaluation.run("validate")
+                if PREEMPTION.signum is not None:  # a signal: one read per batch
+                    self._stop_if_preempted()
+                stop = context.state.should_stop and (not several or self._stop_agreed)
+                if 0 <= max_steps <= loop.global_step or stop and self._min_reached():
+                    break  # several processes: should_stop is agreed at publishing steps and the epoch's end (below)
+            indexed = None if rollback is None else self._replay_after_bad_batch(loader)
         loop.epoch_finished = True
         self.optimization.check_epoch_steps(loop.epoch, loop.batches_done - first_batch, loop.global_step - first_step)
         train_epoch_metrics = metrics.epoch_metrics()
@@ -282,24 +294,60 @@ class FitLoop:
         output, loss = self._optimize(batch, batch_idx)
         if empty and (loss is not None or loop.global_step != steps):  # trained on (training_step did not skip it)
             self._found_empty_batch(batch_idx)
-        if loop.log_step and (context.sink.loggers or strategy.world_size > 1):
-            self._publish_step(loss)
+        # under on_nonfinite="rollback" every publishing step checks the losses, with loggers or without
+        rollback = loop.log_step and context.nonfinite.rollback
+        publish = loop.log_step and (context.sink.loggers or strategy.world_size > 1 or rollback is not None)
+        if publish and not self._publish_step(loss):
+            return False  # a bad batch since the last check: the epoch loop rolls back and replays
         loop.batches_done = batch_idx + 1
         if "on_train_batch_end" in hooks.registered:
             hooks.call("on_train_batch_end", optimization.hook_outputs(output, loss), batch, batch_idx)
+        if rollback and rollback.snapshot_due():  # a clean check, the one to copy the state at
+            rollback.take(strategy, optimization, loop, context.metrics)
         return True
 
-    def _publish_step(self, loss: torch.Tensor | None) -> None:
-        """Loggers get the step values, sync_dist ones reduced first. The step's loss is read then too, and the
-        processes' verdicts on it travel with that reduction."""
-        context = self.context
-        published = context.metrics.publish_step(loss_is_finite(loss), context.state.should_stop, self.empty_batch)
+    def _publish_step(self, loss: torch.Tensor | None) -> bool:
+        """Loggers get the step values, sync_dist ones reduced first. The step's loss is read then too (under
+        on_nonfinite="rollback", every loss since the last check), and the processes' verdicts on it travel with
+        that reduction. False: a bad batch was found, to roll back past (nothing is logged)."""
+        context, rollback = self.context, self.context.nonfinite.rollback
+        window = None if rollback is None else rollback.read()
+        finite = loss_is_finite(loss) if window is None else True
+        published = context.metrics.publish_step(finite, context.state.should_stop, self.empty_batch, window)
         if self.empty_batch is not None or any(published.empty_batches):  # named before its NaN loss is
             raise empty_batch([note for note in published.empty_batches if note], several=True)
-        context.sink.log_metrics(published.values)
-        context.nonfinite.check_loss(published.loss_finite, published.values, self.state.global_step)
         if published.stop_asked:  # every rank learnt it in the same gathering: all stop at this step (max_time)
             context.state.should_stop = self._stop_agreed = True
+        if rollback is not None:
+            self._bad = rollback.decide(published.windows, self.state.global_step, self.state.epoch)
+            if self._bad is not None:
+                return False
+        context.sink.log_metrics(published.values)
+        context.nonfinite.check_loss(published.loss_finite, published.values, self.state.global_step)
+        return True
+
+    def _replay_after_bad_batch(self, loader: Any) -> Iterator[tuple[int, Any]] | None:
+        """on_nonfinite="rollback", where the epoch's batches stopped: the losses not checked yet are checked (one
+        gathering); after a bad batch, here or at a publishing step, every rank rolls back to the snapshot and gets
+        the batches to replay (without the bad ones). None: all clean, the epoch goes on to its end."""
+        context, loop = self.context, self.state
+        strategy, rollback = context.strategy, context.nonfinite.rollback
+        bad, self._bad = self._bad, None
+        if bad is None and rollback.unchecked:  # alike on every rank: each recorded every batch
+            bad = rollback.decide(strategy.all_gather_object(rollback.read()), loop.global_step, loop.epoch)
+        if bad is None:
+            return None
+        found_at = loop.logger_step  # the loggers' step of the batch that found it
+        record, skipped = rollback.roll_back(bad, strategy, self.optimization, loop, context.metrics)
+        context.sink.log_metrics({**record.metrics(), "epoch": record.epoch}, found_at)
+        rank_zero_warn(f"on_nonfinite='rollback': rolled back: {record}.")
+        batches = self._epoch_batches(replay=True)
+        if context.profiler is not None:
+            batches = timed_batches(batches, context.profiler, TRAIN_NEXT_BATCH)
+        several, accumulate = strategy.world_size > 1, context.config.accumulate_grad_batches
+        if (several or accumulate > 1) and not has_len(loader):
+            batches = self._agreed_batches(batches, self.data.num_batches[0])
+        return skipping(batches, loop.batches_done, skipped)
 
     def _found_empty_batch(self, batch_idx: int) -> None:
         """Training batch ``batch_idx`` held no samples and was trained on. With one process that is an error now;
@@ -312,21 +360,27 @@ class FitLoop:
             self.empty_batch = (strategy.global_rank, loop.epoch, batch_idx)
 
     # ------------------------------------------------------------------ the epoch's batches
-    def _epoch_batches(self) -> Iterator[Any]:
+    def _epoch_batches(self, replay: bool = False) -> Iterator[Any]:
         """The epoch's batches. A mid-epoch resume replays the order from the epoch's recorded RNG state and
-        skips the done batches' indices without loading them."""
+        skips the done batches' indices without loading them; so does a ``replay`` after a rollback (then from
+        any point of the epoch, its start included)."""
         loop, loader = self.state, self.data.loaders[0]
         skip = loop.batches_done
-        if not skip:
+        if not skip and not replay:
             loop.epoch_start_rng = capture_rng_state()
             return iter(loader)
         skippable = self.data.skippable
         if skippable is None:
-            rank_zero_warn(
-                f"Resuming in the middle of an epoch from a dataloader that cannot skip ahead (an iterable dataset "
-                f"or a custom loader): tandem reads and discards its first {skip} batches to continue where the "
-                "checkpoint stopped. The order matches only if the dataset yields the same sequence each time."
-            )
+            if replay:  # read again from the start: the same sequence if the dataset yields it again
+                if loop.epoch_start_rng is not None:
+                    restore_rng_state(loop.epoch_start_rng)
+            else:
+                rank_zero_warn(
+                    f"Resuming in the middle of an epoch from a dataloader that cannot skip ahead (an iterable "
+                    f"dataset or a custom loader): tandem reads and discards its first {skip} batches to continue "
+                    "where the checkpoint stopped. The order matches only if the dataset yields the same sequence "
+                    "each time."
+                )
             iterator = iter(loader)
             for _ in range(skip):
                 next(iterator, None)

@@ -19,7 +19,11 @@ non-finite loss counts only when it persists: at two publishing steps in a row.
 ``"raise"`` (the default) stops every rank with a :class:`~tandem.utilities.exceptions.NonFiniteError` naming
 the step, what was found (on which ranks) and what to try. ``"warn"`` warns once and trains on, but never
 writes a checkpoint whose parameters are not finite: such a save is skipped with a warning
-(``trainer.save_checkpoint`` returns False), so the last good checkpoint stays.
+(``trainer.save_checkpoint`` returns False), so the last good checkpoint stays. ``"rollback"`` (or a
+:class:`~tandem.trainer.rollback.Rollback`) checks every batch's loss at the same places and rolls every rank back
+past the batch that produced a bad one (see :mod:`tandem.trainer.rollback`); a save that meets non-finite
+parameters before the check that rolls back is skipped as under ``"warn"``, and non-finite parameters found
+with every loss clean raise as under ``"raise"``.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from tandem.trainer.rollback import Rollback, RollbackGuard
 from tandem.utilities.exceptions import bad_choice, non_finite, non_finite_advice
 from tandem.utilities.rank_zero import rank_zero_warn
 
@@ -40,15 +45,24 @@ if TYPE_CHECKING:
     from tandem.strategies.strategy import Strategy
     from tandem.trainer.config import TrainerConfig
 
-ON_NONFINITE = ("raise", "warn")
+ON_NONFINITE = ("raise", "warn", "rollback")
 _SHOWN = 5  # names listed in a message
 
 
 def check_reaction(value: Any) -> str:
-    """``Trainer(on_nonfinite=...)``, validated."""
-    if value not in ON_NONFINITE:
-        raise bad_choice("on_nonfinite", value, ON_NONFINITE)
+    """``Trainer(on_nonfinite=...)``, validated: the reaction's name (a ``Rollback`` is ``"rollback"``)."""
+    if isinstance(value, Rollback):
+        return "rollback"
+    if not isinstance(value, str) or value not in ON_NONFINITE:
+        raise bad_choice("on_nonfinite", value, ON_NONFINITE, "Or pass Rollback(...) to set how it rolls back.")
     return value
+
+
+def rollback_settings(value: str | Rollback) -> Rollback | None:
+    """The rollback settings ``Trainer(on_nonfinite=...)`` asks for (None: it does not roll back)."""
+    if isinstance(value, Rollback):
+        return value
+    return Rollback() if check_reaction(value) == "rollback" else None
 
 
 def loss_is_finite(loss: torch.Tensor | None) -> bool:
@@ -79,15 +93,19 @@ class NonFiniteGuard:
     """What one Trainer found during the current fit, and how it reacts (see the module docstring).
 
     Args:
-        reaction: ``"raise"`` or ``"warn"`` (``Trainer(on_nonfinite=...)``).
+        reaction: ``"raise"``, ``"warn"``, ``"rollback"`` or a :class:`~tandem.trainer.rollback.Rollback`
+            (``Trainer(on_nonfinite=...)``).
         strategy: the Trainer's (its process count and precision shape the messages and the float16 rule).
         config: the Trainer's loop settings (``log_every_n_steps`` is named in messages).
     """
 
-    def __init__(self, reaction: str, strategy: Strategy, config: TrainerConfig) -> None:
+    def __init__(self, reaction: str | Rollback, strategy: Strategy, config: TrainerConfig) -> None:
+        settings = rollback_settings(reaction)
         self.reaction = check_reaction(reaction)
         self._strategy, self._config = strategy, config
         self._paused = False
+        #: "rollback": records every batch's loss, checks them at publishing steps and rolls back (the fit loop's)
+        self.rollback = RollbackGuard(settings, strategy) if settings is not None else None
         self.reset()
 
     @contextlib.contextmanager
@@ -96,10 +114,14 @@ class NonFiniteGuard:
         purpose (the tuner's learning-rate range test) runs inside."""
         saved = dict(self.__dict__)
         self._paused = True
+        if self.rollback is not None:
+            self.rollback.paused = True
         try:
             yield
         finally:
             self.__dict__.update(saved)
+            if self.rollback is not None:
+                self.rollback.paused = False
 
     def reset(self) -> None:
         """A new fit: nothing found yet."""
@@ -107,6 +129,8 @@ class NonFiniteGuard:
         self.found: str | None = None  # the first finding of this fit (under "warn", training went on after it)
         self._pending: tuple[int, list[int]] | None = None  # "16-mixed": a non-finite loss waiting to persist
         self._save_warned = False  # "warn": a skipped save was reported (later ones are skipped quietly)
+        if self.rollback is not None:
+            self.rollback.reset()
 
     # ------------------------------------------------------------------ the loss, at publishing steps
     def check_loss(self, finite: list[bool], published: Mapping[str, Any], step: int) -> None:
@@ -156,7 +180,13 @@ class NonFiniteGuard:
         )
         if self.reaction == "raise":
             raise non_finite(found, self._precision)
-        if self.found is None:
+        if self.reaction == "rollback":  # the next check finds the loss that made them so, and rolls back
+            if not self._save_warned:
+                rank_zero_warn(
+                    f"on_nonfinite='rollback': {found} The next check of the losses rolls back to the last clean "
+                    "state. Later checkpoints meeting NaN or inf parameters are skipped without a warning."
+                )
+        elif self.found is None:
             self._react(found)
         elif not self._save_warned:
             rank_zero_warn(
@@ -173,7 +203,7 @@ class NonFiniteGuard:
     def _react(self, found: str) -> None:
         if self._paused:
             return
-        if self.reaction == "raise":
+        if self.reaction != "warn":  # "rollback" found it without a bad loss: no batch to leave out
             raise non_finite(found, self._precision)
         if self.found is None:  # warn once per fit; each skipped checkpoint warns on its own
             self.found = found

@@ -30,6 +30,7 @@ from tandem.trainer.nonfinite import NonFiniteGuard, check_reaction, nonfinite_p
 from tandem.trainer.optim import LRSchedulerConfig
 from tandem.trainer.optimization import configure_optimization
 from tandem.trainer.profiling import active, resolve_profiler, timed_transfer
+from tandem.trainer.rollback import Rollback, RollbackRecord
 from tandem.trainer.state import LoopState, TrainerState
 from tandem.trainer.trial import Trial, TrialParts, open_trial
 from tandem.utilities.checkpoint import to_weights_only
@@ -84,9 +85,13 @@ class Trainer:
         inference_mode: accepted for Lightning programs; tandem evaluates under ``torch.no_grad()`` either way.
         detect_anomaly: run fits under ``torch.autograd.detect_anomaly()`` (slow; finds NaN sources).
         on_nonfinite: what a NaN or inf loss or parameter does: ``"raise"`` stops every rank with a
-            ``NonFiniteError`` naming the step and what to try; ``"warn"`` warns and trains on. Either way no
-            checkpoint of non-finite parameters is written (under ``"warn"`` that save is skipped). Checked where
-            values are read anyway: at logging steps (the loss), epoch ends and checkpoint saves (the parameters).
+            ``NonFiniteError`` naming the step and what to try; ``"warn"`` warns and trains on; ``"rollback"`` (or
+            ``Rollback(...)``, which can also roll back loss spikes) keeps a copy of the training state at clean
+            logging steps and, after a batch with a NaN or inf loss on any rank, puts it back on every rank and
+            replays without that batch (``trainer.rollbacks`` lists them). No checkpoint of non-finite parameters
+            is ever written (under ``"warn"`` and ``"rollback"`` that save is skipped). Checked where values are
+            read anyway: at logging steps (the loss; under ``"rollback"`` every batch's, recorded on the device),
+            epoch ends and checkpoint saves (the parameters).
         sync_batchnorm: turn BatchNorm layers into SyncBatchNorm (strategies that run several processes).
         use_distributed_sampler: let a distributed strategy replace the samplers to shard the data
             (False: shard it yourself).
@@ -164,7 +169,7 @@ class Trainer:
         benchmark: bool | None = None,
         inference_mode: bool = True,
         detect_anomaly: bool = False,
-        on_nonfinite: str = "raise",
+        on_nonfinite: str | Rollback = "raise",
         sync_batchnorm: bool = False,
         fast_dev_run: bool | int = False,
         use_distributed_sampler: bool = True,
@@ -214,7 +219,12 @@ class Trainer:
             overfit_batches=overfit_batches,
             reload_dataloaders_every_n_epochs=reload_dataloaders_every_n_epochs,
         )
-        check_reaction(on_nonfinite)
+        if check_reaction(on_nonfinite) == "rollback" and log_every_n_steps == 0:
+            raise incompatible(
+                f"on_nonfinite={on_nonfinite!r} with log_every_n_steps=0",
+                "a rollback checks the losses at the logging steps, and there are none",
+                "Set log_every_n_steps to how often to check (e.g. 50), or use on_nonfinite='raise'",
+            )
         #: times the run's hooks, steps and loop phases (a ``PassThroughProfiler`` records nothing)
         self.profiler: Profiler = resolve_profiler(profiler)
         self.strategy: Strategy = resolve_strategy(
@@ -978,6 +988,12 @@ class Trainer:
     @property
     def on_nonfinite(self) -> str:
         return self._nonfinite.reaction
+
+    @property
+    def rollbacks(self) -> list[RollbackRecord]:
+        """The rollbacks of the latest fit under ``on_nonfinite="rollback"``, oldest first (empty otherwise)."""
+        rollback = self._nonfinite.rollback
+        return [] if rollback is None else list(rollback.history)
 
     # ------------------------------------------------------------------ what is running
     @property

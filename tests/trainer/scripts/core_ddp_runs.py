@@ -11,6 +11,9 @@ those files against single-process references.
     nonfinite  rank 1's loss turns NaN at step 8 (on_nonfinite="warn": "raise" would end the job): both ranks
                find it at the same check and train on; the checkpoints written before stay, none of NaN
                weights is written
+    rollback   on_nonfinite="rollback": NaN samples in two of the epoch's batches, on rank 1 only (one found at a
+               publishing step, one at the epoch's end): every rank rolls back past them in both epochs, and no
+               checkpoint holds a NaN
     memory     with Python's garbage collector off, a finished fit's module, Trainer and optimizer are freed
                as soon as the script drops them
     stopping   should_stop asked on one rank mid-epoch, and max_time: every rank stops at the same step
@@ -162,6 +165,51 @@ def nonfinite(out: Path) -> dict[str, Any]:
     }
 
 
+#: on_nonfinite="rollback": the samples made NaN, both on rank 1 (odd indices): batch 4 (found at the publishing
+#: step of batch 5) and batch 7 (the epoch's last, found at the epoch's end), every epoch
+ROLLBACK_NAN_SAMPLES = (33, 57)
+
+
+def rollback(out: Path) -> dict[str, Any]:
+    """Rank 1's batches 4 and 7 of each epoch hold a NaN sample; log_every_n_steps=3."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from tandem.callbacks import ModelCheckpoint
+    from tandem.utilities.checkpoint import load_checkpoint_file
+
+    x, z = manual_modules.dataset().tensors
+    x = x.clone()
+    x[list(ROLLBACK_NAN_SAMPLES)] = math.nan
+    data = DataLoader(TensorDataset(x, z), batch_size=manual_modules.BATCH, shuffle=False)
+    folder = out / "rollback"  # a save at every step: the one after batch 4 meets NaN weights, and is skipped
+    checkpoint = ModelCheckpoint(dirpath=folder, every_n_train_steps=1, save_last=True, save_top_k=-1)
+    trainer = tandem.Trainer(
+        strategy="ddp",
+        max_epochs=2,
+        log_every_n_steps=3,
+        callbacks=[checkpoint],
+        on_nonfinite="rollback",
+        **{**QUIET, "enable_checkpointing": True},
+    )
+    torch.manual_seed(0)
+    module = Regression()
+    initial = weights(module)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(module, data)
+    files = sorted(os.listdir(folder))
+    states = [load_checkpoint_file(folder / name)["state_dict"] for name in files]
+    return {
+        "initial": initial,
+        "final": weights(module),
+        "step": trainer.global_step,
+        "rollbacks": [(r.step, r.epoch, r.batch_idx, r.restored_step, r.skipped, r.reason) for r in trainer.rollbacks],
+        "files": files,
+        "files_finite": all(bool(torch.isfinite(v).all()) for state in states for v in state.values()),
+        "warnings": [str(w.message) for w in caught if "rollback" in str(w.message)],
+    }
+
+
 def memory(out: Path) -> dict[str, Any]:
     """A finished DDP fit leaves no reference cycle: with the collector off, dropping the Trainer, the module
     and the loaders frees them at once (the DDP wrapper, hooks and optimizer wrappers included)."""
@@ -310,7 +358,20 @@ def unused(out: Path) -> dict[str, Any]:
 
 SCENARIOS = {
     f.__name__: f
-    for f in (manual, loaders, ports, nonfinite, memory, stopping, gathers, tuner, profiling, compiled, unused)
+    for f in (
+        manual,
+        loaders,
+        ports,
+        nonfinite,
+        rollback,
+        memory,
+        stopping,
+        gathers,
+        tuner,
+        profiling,
+        compiled,
+        unused,
+    )
 }
 
 if __name__ == "__main__":
