@@ -32,7 +32,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -210,8 +209,9 @@ class RollbackGuard:
                 continue
             loss = sum(given) / len(given)
             if settings.spike_zscore is not None and len(recent) >= settings.spike_window:
-                mean = statistics.fmean(recent)
-                spread = max(statistics.pstdev(recent), 0.01 * abs(mean), 1e-12)
+                mean = math.fsum(recent) / len(recent)  # not the statistics module: it pulls decimal at import
+                deviation = math.sqrt(math.fsum((v - mean) ** 2 for v in recent) / len(recent))
+                spread = max(deviation, 0.01 * abs(mean), 1e-12)
                 zscore = (loss - mean) / spread
                 if zscore > settings.spike_zscore:
                     reason = (
