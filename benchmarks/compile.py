@@ -22,38 +22,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from overhead import BATCH_SIZE, LR, _data, _mlp  # noqa: E402  (the same data and MLP)
+
 TARGET_RATIO = 1.05
-BATCH_SIZE = 32
-STEPS_PER_EPOCH = 300
-LR = 0.05
 MODES = ("raw", "raw_compiled", "tandem_compiled")
 
 
 # ---------------------------------------------------------------------------- workers (one per process)
-def _data(steps: int):
-    import torch
-    from torch.utils.data import DataLoader, TensorDataset
-
-    generator = torch.Generator().manual_seed(1234)
-    n = min(steps, STEPS_PER_EPOCH) * BATCH_SIZE
-    x = torch.randn(n, 32, generator=generator)
-    y = (x[:, :10].argmax(dim=1) + (x[:, 10] > 1).long()) % 10
-    return DataLoader(TensorDataset(x, y), batch_size=BATCH_SIZE, shuffle=False)
-
-
-def _mlp():
-    import torch
-    from torch import nn
-
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
-
-
 def run_raw(steps: int, warmup: int, compiled: bool) -> tuple[float, float]:
     """The hand-written loop; returns (seconds of the steps after ``warmup``, last loss)."""
     import torch

@@ -95,21 +95,11 @@ _LOCAL_ADDRESS = "127.0.0.1"
 ERROR_FILE_VARIABLE = "TANDEM_ERROR_FILE"
 
 
-#: where a launcher puts this process's global rank, most specific first (MPI's before SLURM's: an mpirun inside a
-#: SLURM allocation inherits the batch step's SLURM_PROCID)
-_RANK_VARIABLES = (
-    "RANK",
-    "OMPI_COMM_WORLD_RANK",
-    "PMI_RANK",
-    "MV2_COMM_WORLD_RANK",
-    "JSM_NAMESPACE_RANK",
-    "SLURM_PROCID",
-)
-
-
 def rank_from_environment() -> int:
-    """The global rank a launcher gave this process, or 0 when none did."""
-    for name in _RANK_VARIABLES:
+    """The global rank a launcher gave this process, or 0 when none did. MPI's rank is read before SLURM's: an
+    mpirun inside a SLURM allocation inherits the batch step's SLURM_PROCID."""
+    mpi_ranks = [family[0] for family in MPIEnvironment.FAMILIES]
+    for name in ("RANK", *mpi_ranks, "JSM_NAMESPACE_RANK", "SLURM_PROCID"):
         value = os.environ.get(name)
         if value is not None and value.isdigit():
             return int(value)
@@ -453,21 +443,25 @@ class MPIEnvironment(ClusterEnvironment):
     def main_address(self) -> str:
         if "MASTER_ADDR" in os.environ:
             return os.environ["MASTER_ADDR"]
-        if self._one_node:
-            return _LOCAL_ADDRESS
-        raise TandemConfigError(
-            f"mpirun started {self.world_size} processes on several nodes ({self.local_size} on this one), and "
-            "without mpi4py tandem cannot learn rank 0's host: set MASTER_ADDR (rank 0's host) and MASTER_PORT for "
-            "every process, e.g. mpirun -x MASTER_ADDR=node01 -x MASTER_PORT=29500 ... (MPICH, Intel MPI: "
-            "mpiexec -genv MASTER_ADDR node01 -genv MASTER_PORT 29500 ...)."
-        )
+        self._check_one_node()
+        return _LOCAL_ADDRESS
 
     @property
     def main_port(self) -> int:
         if "MASTER_PORT" in os.environ:
             return _int("MASTER_PORT")
-        self.main_address  # noqa: B018 - several nodes without MASTER_ADDR / MASTER_PORT: the error naming both
+        self._check_one_node()
         return 20000 + os.getppid() % 20000  # the launcher's process on this node: the same for all its ranks
+
+    def _check_one_node(self) -> None:
+        """Without MASTER_ADDR / MASTER_PORT, only a one-node job can agree on its rendezvous."""
+        if not self._one_node:
+            raise TandemConfigError(
+                f"mpirun started {self.world_size} processes on several nodes ({self.local_size} on this one), and "
+                "without mpi4py tandem cannot learn rank 0's host: set MASTER_ADDR (rank 0's host) and MASTER_PORT "
+                "for every process, e.g. mpirun -x MASTER_ADDR=node01 -x MASTER_PORT=29500 ... (MPICH, Intel MPI: "
+                "mpiexec -genv MASTER_ADDR node01 -genv MASTER_PORT 29500 ...)."
+            )
 
 
 class KubeflowEnvironment(ClusterEnvironment):

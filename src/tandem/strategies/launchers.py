@@ -50,7 +50,6 @@ from tandem.strategies.environments import LocalEnvironment, find_free_port
 from tandem.strategies.side_channel import (
     announce_teardown,
     broke_in_torch,
-    close_channel,
     current_channel,
     error_summary,
     report_for_the_job,
@@ -78,19 +77,25 @@ _WAKE_SIGNAL = signal.SIGRTMIN + 5 if hasattr(signal, "SIGRTMIN") else signal.SI
 
 def script_command() -> list[str]:
     """The command that re-runs this program: ``python script.py args`` or ``python -m module args``."""
+    return [*_program(), *sys.argv[1:]]
+
+
+def _program() -> list[str]:
+    """``python script.py`` or ``python -m module``: this program, without its arguments."""
     import __main__
 
     spec = getattr(__main__, "__spec__", None)
     if spec is not None and spec.name not in ("__main__", "__mp_main__"):
         name = spec.name[: -len(".__main__")] if spec.name.endswith(".__main__") else spec.name
-        return [sys.executable, "-m", name, *sys.argv[1:]]
+        return [sys.executable, "-m", name]
     main_file = getattr(__main__, "__file__", None)
     if main_file is None or sys.argv[0] in ("", "-c"):
         raise TandemConfigError(
             "strategy='ddp' starts the other ranks by re-running your script, but this program has no script "
-            "(an interactive session, a notebook or python -c). Use strategy='ddp_spawn', or run a script."
+            "(an interactive session, a notebook or python -c). Use strategy='ddp_notebook' (it forks this process, "
+            "so classes defined here come along) or 'ddp_spawn' (classes from importable modules), or run a script."
         )
-    return [sys.executable, os.path.abspath(sys.argv[0]), *sys.argv[1:]]
+    return [sys.executable, os.path.abspath(sys.argv[0])]
 
 
 def child_command(local_rank: int) -> tuple[list[str], str | None]:
@@ -99,15 +104,13 @@ def child_command(local_rank: int) -> tuple[list[str], str | None]:
     (``hydra.run.dir``), without ``-m`` / sweep arguments and without writing Hydra's config files again (as
     Lightning does). Re-running ``sys.argv`` unchanged would give each rank a run folder of its own and, under
     ``-m``, a sweep of its own."""
-    command = script_command()
     hydra_config = _hydra_config()
     if hydra_config is None:
-        return command, None
+        return script_command(), None
     from hydra.utils import get_original_cwd
 
-    program = command[: 3 if command[1] == "-m" else 2]
     return [
-        *program,
+        *_program(),
         *hydra_config.overrides.task,  # this job's values (a sweep's, resolved), not the sweep
         f'hydra.run.dir="{hydra_config.runtime.output_dir}"',
         "hydra.output_subdir=null",  # rank 0 wrote the job's .hydra folder
@@ -228,6 +231,7 @@ class _Watchdog:
         self.reported = False  # RankFailedError was raised in the launching thread
         self._main_failing = False  # the launching thread is in launch()'s error handling
         self._main_done = False  # the interpreter is exiting: nothing left to raise into
+        self.hydra_job: str | None = None  # the run folder of the Hydra job the ranks were started for
         self._force_wake = False  # raise even inside an except / finally block (it has taken too long)
         self._main_ident = threading.main_thread().ident
         self._signal_installed = False
@@ -493,20 +497,7 @@ def _thread_alive(ident: int | None) -> bool:
 
 
 _WATCHDOG = _Watchdog()  # one per process: a script's later Trainers reuse the ranks started by the first
-_STARTED_FOR: dict[str, str | None] = {"hydra_job": None}  # the Hydra job (its run folder) the ranks were started for
 _JOB_END_WAIT_S = 60.0  # how long a sweep's next job waits for the previous job's ranks to end
-
-
-def leave_process_group() -> None:
-    """Close the side channel and destroy the default process group (free the DDP wrappers holding it first)."""
-    import gc
-
-    import torch.distributed as dist
-
-    gc.collect()
-    close_channel()
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def processes_started() -> bool:
@@ -575,8 +566,10 @@ class ScriptLauncher:
         only and ended. Leave their process group, so that this job starts its ranks and joins a new group."""
         global _WATCHDOG
         hydra_config = _hydra_config()
-        if hydra_config is None or hydra_config.runtime.output_dir == _STARTED_FOR["hydra_job"]:
+        if hydra_config is None or hydra_config.runtime.output_dir == _WATCHDOG.hydra_job:
             return False
+        from tandem.strategies.parallel import leave_process_group  # parallel imports this module
+
         _WATCHDOG.wait_for_end(_JOB_END_WAIT_S)
         leave_process_group()
         _WATCHDOG = _Watchdog()
@@ -586,7 +579,7 @@ class ScriptLauncher:
 
     def _start_children(self) -> None:
         hydra_config = _hydra_config()
-        _STARTED_FOR["hydra_job"] = hydra_config.runtime.output_dir if hydra_config is not None else None
+        _WATCHDOG.hydra_job = hydra_config.runtime.output_dir if hydra_config is not None else None
         libc = load_libc()
         folder = tempfile.mkdtemp(prefix="tandem-errors-")
         children = []

@@ -239,7 +239,7 @@ class ParallelStrategy(Strategy):
                 timeout=self.timeout,
             )
             _GROUPS_CREATED.add(id(dist.distributed_c10d._get_default_group()))
-            atexit.register(_destroy_process_group)
+            atexit.register(leave_process_group)
             self._open_side_channel()
         elif dist.get_world_size() != environment.world_size:
             raise TandemConfigError(
@@ -459,8 +459,9 @@ def joined_external_group() -> bool:
     )
 
 
-def _destroy_process_group() -> None:
-    """At exit, while the interpreter is still whole, free the process group that setup_environment joined.
+def leave_process_group() -> None:
+    """Close the side channel and destroy the process group setup_environment created (one tandem did not create
+    stays): at exit, while the interpreter is still whole, and between the jobs of a Hydra sweep.
 
     DistributedDataParallel wrappers sit in reference cycles that hold the group; if they are only freed
     while the interpreter shuts down, a gloo worker thread may need the GIL then, and the process aborts

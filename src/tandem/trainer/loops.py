@@ -295,14 +295,14 @@ class FitLoop:
         if empty and (loss is not None or loop.global_step != steps):  # trained on (training_step did not skip it)
             self._found_empty_batch(batch_idx)
         # under on_nonfinite="rollback" every publishing step checks the losses, with loggers or without
-        rollback = loop.log_step and context.nonfinite.rollback
+        rollback = context.nonfinite.rollback if loop.log_step else None
         publish = loop.log_step and (context.sink.loggers or strategy.world_size > 1 or rollback is not None)
         if publish and not self._publish_step(loss):
             return False  # a bad batch since the last check: the epoch loop rolls back and replays
         loop.batches_done = batch_idx + 1
         if "on_train_batch_end" in hooks.registered:
             hooks.call("on_train_batch_end", optimization.hook_outputs(output, loss), batch, batch_idx)
-        if rollback and rollback.snapshot_due():  # a clean check, the one to copy the state at
+        if rollback is not None and rollback.snapshot_due():  # a clean check, the one to copy the state at
             rollback.take(strategy, optimization, loop, context.metrics)
         return True
 
