@@ -37,7 +37,7 @@ LSF's ``jsrun`` (detected by all of ``LSB_JOBID``, ``LSB_DJOB_RANKFILE``, ``JSM_
     JSM_NAMESPACE_RANK, JSM_NAMESPACE_SIZE, JSM_NAMESPACE_LOCAL_RANK   rank, world size, local rank
     LSB_DJOB_RANKFILE  one host per line, the launch node first: the host of rank r is line r + 2; the node
                        rank is that host's index among the distinct hosts; the first of them is MASTER_ADDR
-    MASTER_PORT      if unset: 10000 + the last four digits of LSB_JOBID
+    MASTER_PORT      if unset: 10000 + LSB_JOBID % 1000 (Lightning's rule)
 
 MPI's ``mpirun`` / ``mpiexec``, without mpi4py (detected by a rank and a size variable of one family). Inside a
 SLURM allocation, SLURM's variables are read only when srun started the MPI ranks itself (``srun --mpi=pmi2``:
@@ -352,7 +352,7 @@ class LSFEnvironment(ClusterEnvironment):
         if "MASTER_PORT" in os.environ:
             return _int("MASTER_PORT")
         job_id = os.environ["LSB_JOBID"]
-        return 10000 + int(job_id[-4:]) if job_id[-4:].isdigit() else 12910
+        return 10000 + int(job_id) % 1000 if job_id.isdigit() else 12910  # Lightning's rule
 
     def _rank_hosts(self) -> list[str]:
         """The host of each rank: the rank file's lines after the first (the launch node)."""
