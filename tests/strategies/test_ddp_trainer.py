@@ -8,10 +8,12 @@ here, in the test process. Only ``ddp_spawn``, which does not re-run the script,
 
 from __future__ import annotations
 
+import csv
 import math
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -31,6 +33,7 @@ SCENARIOS = (
     "logging",
     "decisions",
     "resume",
+    "elastic",
     "prediction_writer",
     "uneven",
     "true_half",
@@ -54,6 +57,7 @@ def common() -> ModuleType:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Every scenario's per-rank results, and the job's captured output."""
     out = tmp_path_factory.mktemp("ddp_trainer")
+    one_process = _elastic_one_process(out)  # elastic: the 1 -> 2 checkpoint, before the launch
     env = launch_free_env()  # tandem picks the threads
     done = subprocess.run(
         [sys.executable, str(SCRIPTS / "ddp_trainer_runs.py"), *SCENARIOS, "--out", str(out), "--hang-after", "90"],
@@ -64,10 +68,29 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         cwd=out,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    results: dict[str, Any] = {"out": out, "output": done.stdout + done.stderr}
+    results: dict[str, Any] = {"out": out, "output": done.stdout + done.stderr, "elastic_one_process": one_process}
     for name in SCENARIOS:
         results[name] = [torch.load(out / f"{name}-rank{r}.pt", weights_only=False) for r in (0, 1)]
     return results
+
+
+def _elastic_one_process(out: Path) -> dict[str, torch.Tensor]:
+    """One process x batch 8, shuffled, 2 epochs, saving ``elastic-one.ckpt`` mid-epoch 1: its final weights."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from ddp_trainer_common import ELASTIC_STEP, TRAIN_SAMPLES, Net, SaveAtStep, dataset, elastic_trainer, weights
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    seed = os.environ.get("TANDEM_GLOBAL_SEED")
+    tandem.seed_everything(11)
+    model = Net("adam", lr=0.01)
+    saver = SaveAtStep(ELASTIC_STEP, str(out / "elastic-one.ckpt"))
+    trainer = elastic_trainer(callbacks=[saver], csv=out / "elastic-csv-one")
+    trainer.fit(model, DataLoader(dataset(TRAIN_SAMPLES), batch_size=8, shuffle=True))
+    os.environ.pop("TANDEM_GLOBAL_SEED")  # the launched ranks seed themselves
+    if seed is not None:
+        os.environ["TANDEM_GLOBAL_SEED"] = seed
+    return weights(model)
 
 
 def _fit_one_process(common: ModuleType, optimizer: str, k: int) -> tuple[dict, dict]:
@@ -282,6 +305,50 @@ def test_resume_is_exact_and_identical_on_every_rank(runs):
     for index, state in optimizers[0].items():
         for key, value in state.items():
             assert torch.equal(value, optimizers[1][index][key])
+
+
+def _csv_rows(folder: Path) -> list[tuple[int, int]]:
+    """(step, epoch) of every row of every version's metrics.csv under ``folder``, in the order written."""
+    rows = []
+    for version in sorted(folder.glob("version_*"), key=lambda p: int(p.name.split("_")[1])):
+        for row in csv.DictReader((version / "metrics.csv").open()):
+            rows.append((int(row["step"]), int(float(row["epoch"]))))
+    return rows
+
+
+@pytest.mark.timeout(150)
+def test_two_ranks_resume_on_one_process_with_twice_the_batch_as_if_never_interrupted(runs, common, tmp_path):
+    """Elastic resume 2 -> 1: a checkpoint saved mid-epoch by 2 ranks x batch 4 (shuffled), resumed on one process x
+    batch 8, ends with the weights of the uninterrupted 2-rank run; the step, epoch and CSV rows continue."""
+    whole = runs["elastic"][0]["whole"]
+    assert max_abs_diff(whole, runs["elastic"][1]["whole"]) == 0.0
+    tandem.seed_everything(99)  # the checkpoint decides the order, not this process's seed
+    model = common.Net("adam", lr=0.01)
+    csv_folder = runs["out"] / "elastic-csv-two"
+    trainer = common.elastic_trainer(csv=csv_folder)
+    loader = DataLoader(common.dataset(common.TRAIN_SAMPLES), batch_size=2 * common.BATCH, shuffle=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(model, loader, ckpt_path=runs["out"] / "elastic-two.ckpt")
+    assert not [w for w in caught if "global batch" in str(w.message)]  # kept: nothing to warn about
+    assert trainer.global_step == 48 and trainer.current_epoch == 2
+    assert max_abs_diff(common.weights(model), whole) <= 1e-6, max_abs_diff(common.weights(model), whole)
+    uninterrupted, resumed = _csv_rows(csv_folder)[:48], _csv_rows(csv_folder)[48:]
+    assert uninterrupted == [(step, step // 24) for step in range(48)]
+    assert resumed == uninterrupted[common.ELASTIC_STEP :]  # no gap, no repeat
+
+
+@pytest.mark.timeout(150)
+def test_one_process_resumes_on_two_ranks_with_half_the_batch_as_if_never_interrupted(runs, common):
+    """Elastic resume 1 -> 2: one process x batch 8 saved mid-epoch, 2 ranks x batch 4 continue; both ranks end
+    with the uninterrupted one-process run's weights; the one-process run's CSV continues on rank 0."""
+    expected = runs["elastic_one_process"]
+    for result in runs["elastic"]:
+        assert result["global_step"] == 48
+        assert max_abs_diff(result["from_one"], expected) <= 1e-6, max_abs_diff(result["from_one"], expected)
+    rows = _csv_rows(runs["out"] / "elastic-csv-one")
+    assert rows[:48] == [(step, step // 24) for step in range(48)]
+    assert rows[48:] == rows[common.ELASTIC_STEP : 48]  # no gap, no repeat
 
 
 @pytest.mark.timeout(150)

@@ -45,6 +45,7 @@ SCENARIOS = (
     "init",
     "resume_full",
     "resume_sharded",
+    "elastic",
     "export",
     "true_half",
     "compiled",
@@ -291,6 +292,27 @@ def test_checkpoints_written_by_two_ranks_resume_in_one_process(runs, scripts, m
         if dist.is_initialized():
             dist.destroy_process_group()
     assert rank0["restored_step"] == 24
+
+
+def test_a_sharded_checkpoint_of_two_ranks_resumes_mid_epoch_on_one_with_twice_the_batch(runs, scripts, monkeypatch):
+    """Elastic resume 2 -> 1 under FSDP: the sharded directory saved mid-epoch by 2 ranks x batch 4 (resharded by
+    torch.distributed.checkpoint) continues on one FSDP process x batch 8 to the uninterrupted run's weights."""
+    (common, fsdp_runs), expected = scripts, runs["elastic"][0]["whole"]
+    clear_launch_variables(monkeypatch)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(find_free_port()))
+    loader = DataLoader(common.dataset(fsdp_runs.RESUME_SAMPLES), batch_size=2 * common.BATCH, shuffle=True)
+    tandem.seed_everything(99)  # the checkpoint decides the order
+    strategy = FSDPStrategy(auto_wrap_policy={nn.Linear}, state_dict_type="sharded")
+    trainer = quiet_trainer(strategy=strategy, devices=1, max_epochs=2)
+    try:
+        trainer.fit(common.Net("adam", lr=0.01), loader, ckpt_path=runs["out"] / "elastic-fsdp.ckpt")
+        assert trainer.global_step == 24
+        got = fsdp_runs.full_weights(trainer)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert max_abs_diff(got, expected) <= 1e-6, max_abs_diff(got, expected)
 
 
 def test_a_killed_sharded_save_is_removed_by_the_next_save_in_its_folder(tmp_path, monkeypatch):

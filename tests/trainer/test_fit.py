@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 
 import tandem
 from helpers import TinyModule, float16_mixed, loader, make_data, max_abs_diff, quiet_trainer
@@ -50,9 +50,13 @@ def test_parity_with_a_hand_written_loop_shuffled_dropout_adam_steplr():
     torch.set_rng_state(state)
     opt = torch.optim.Adam(reference.parameters(), lr=0.01)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-    data = loader(64, 16, shuffle=True)
+    # one process shuffles as N processes would together: a permutation seeded with seed + epoch
+    dataset = loader(64, 16).dataset
+    sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=3)
+    data = DataLoader(dataset, batch_size=16, sampler=sampler)
     reference.train()
-    for _ in range(3):
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
         for x, y in data:
             loss = F.cross_entropy(reference(x), y)
             loss.backward()

@@ -402,6 +402,8 @@ class ParallelStrategy(Strategy):
                 dataloader = shard_training(dataloader, replicas, rank, seed)
             else:
                 dataloader = shard_evaluation(dataloader, replicas, rank)
+        elif shards is None:  # one process: the order several would share, as on a single device
+            dataloader = super()._process_dataloader(dataloader, stage)
         if stage == "fit" and shards is not None:
             dataloader = self._even_batches(dataloader, shardable)
         return dataloader

@@ -1,7 +1,10 @@
 """Samplers that shard a DDP job's data, and the reordering that undoes the sharding of predictions.
 
-Training: the user's sampler becomes a :class:`~torch.utils.data.DistributedSampler` (shuffling only if
-theirs shuffled, with the same drop_last), or is wrapped in a :class:`DistributedSamplerWrapper`.
+Training: the user's sampler becomes a :class:`GlobalOrderSampler` (a DistributedSampler, shuffling only if
+theirs shuffled, with the same drop_last), or is wrapped in a :class:`DistributedSamplerWrapper`. Either way an
+epoch's global order is a function of the seed and the epoch alone, and rank r of N takes its items r, r+N, ...;
+so global batch k is the block ``order[k·B·N : (k+1)·B·N]`` whatever N is, and a checkpoint of N processes can
+continue on N' at the exact next sample (``start``). One process uses the same order (:func:`ordered_training`).
 
 Evaluation and predict: :class:`EvalDistributedSampler` gives rank r the samples r, r+N, r+2N, ... of the
 order one process would see, each exactly once and without padding, so sums and counts reduced across
@@ -12,6 +15,7 @@ predictions from every rank's outputs.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator, Mapping, Sized
 from typing import Any
 
@@ -30,7 +34,45 @@ from tandem.utilities.exceptions import incompatible
 from tandem.utilities.rank_zero import rank_zero_warn
 
 
-class DistributedSamplerWrapper(DistributedSampler):
+class GlobalOrderSampler(DistributedSampler):
+    """A DistributedSampler (same order, padding and ``drop_last``) that can begin an epoch at item ``start``
+    of the global order, on any number of replicas: the elastic resume's way in. ``start`` is consumed by the
+    next ``__iter__``; the remaining items are padded (with the epoch's first ones) or cut to a multiple of
+    the replicas, so every rank gets as many as the others."""
+
+    start = 0
+
+    def global_order(self) -> list[Any]:
+        """The epoch's items in global order: a permutation seeded with ``seed + epoch``, or the dataset's order."""
+        if self.shuffle:
+            generator = torch.Generator()
+            generator.manual_seed(self.seed + self.epoch)
+            return torch.randperm(len(self.dataset), generator=generator).tolist()  # type: ignore[arg-type]
+        return list(range(len(self.dataset)))  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Any]:
+        start, self.start = self.start, 0
+        return iter(shard_order(self.global_order(), start, self.num_replicas, self.rank, self.drop_last))
+
+    def remaining(self, start: int) -> int:
+        """How many items this rank draws in an epoch that begins at global item ``start``."""
+        left = max(0, len(self.dataset) - start)  # type: ignore[arg-type]
+        return left // self.num_replicas if self.drop_last else math.ceil(left / self.num_replicas)
+
+
+def shard_order(order: list[Any], start: int, replicas: int, rank: int, drop_last: bool) -> list[Any]:
+    """Rank ``rank``'s items of ``order[start:]``: every ``replicas``-th, after cutting the rest to a multiple of
+    ``replicas`` (``drop_last``) or padding it with the order's first items (as DistributedSampler pads)."""
+    rest = order[start:]
+    if drop_last:
+        rest = rest[: len(rest) // replicas * replicas]
+    elif rest and len(rest) % replicas:
+        padding = replicas - len(rest) % replicas
+        rest += (order * math.ceil(padding / len(order)))[:padding]
+    return rest[rank::replicas]
+
+
+class DistributedSamplerWrapper(GlobalOrderSampler):
     """Shards the indices a user's sampler draws: every rank draws the whole sequence, then keeps its share.
 
     The draw happens under the torch seed ``seed + epoch`` so that every rank draws the same sequence
@@ -43,11 +85,10 @@ class DistributedSamplerWrapper(DistributedSampler):
         )
         self.sampler = sampler
 
-    def __iter__(self) -> Iterator[Any]:
+    def global_order(self) -> list[Any]:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed + self.epoch)
-            drawn = list(self.sampler)
-        return (drawn[i] for i in super().__iter__())
+            return list(self.sampler)
 
     def set_epoch(self, epoch: int) -> None:
         super().set_epoch(epoch)
@@ -116,17 +157,29 @@ def shard_training(loader: DataLoader, num_replicas: int, rank: int, seed: int) 
     if isinstance(sampler, DistributedSampler):
         return loader
     if type(sampler) is SequentialSampler or _is_plain_random(sampler):
-        new: Sampler = DistributedSampler(
-            loader.dataset,
-            num_replicas=num_replicas,
-            rank=rank,
-            shuffle=type(sampler) is RandomSampler,
-            seed=seed,
-            drop_last=loader.drop_last,
-        )
+        new: Sampler = _global_order(loader, num_replicas, rank, seed)
     else:
         new = DistributedSamplerWrapper(sampler, num_replicas, rank, seed, loader.drop_last)
     return rebuild_dataloader(loader, sampler=new)
+
+
+def ordered_training(loader: DataLoader, seed: int) -> DataLoader:
+    """One process's training loader drawing the order N processes would share: a plain RandomSampler or
+    SequentialSampler becomes a :class:`GlobalOrderSampler` of one replica (the same order as theirs, seeded with
+    ``seed + epoch``), so a checkpoint continues exactly on any number of processes. Other samplers stay."""
+    if not isinstance(loader, DataLoader) or type(loader.batch_sampler) is not BatchSampler:
+        return loader
+    sampler = loader.sampler
+    if type(sampler) is not SequentialSampler and not _is_plain_random(sampler):
+        return loader
+    return rebuild_dataloader(loader, sampler=_global_order(loader, 1, 0, seed))
+
+
+def _global_order(loader: DataLoader, num_replicas: int, rank: int, seed: int) -> GlobalOrderSampler:
+    shuffle = type(loader.sampler) is RandomSampler
+    return GlobalOrderSampler(
+        loader.dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=loader.drop_last
+    )
 
 
 def shard_evaluation(loader: DataLoader, num_replicas: int, rank: int) -> DataLoader:

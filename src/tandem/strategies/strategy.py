@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader
 from tandem.strategies.checkpoint_io import AsyncCheckpointIO
 from tandem.strategies.environments import ClusterEnvironment
 from tandem.strategies.precision import Precision, for_device
+from tandem.strategies.samplers import ordered_training
 from tandem.utilities.checkpoint import atomic_save, is_sharded_checkpoint, load_checkpoint_file, remove_file
 from tandem.utilities.compile import Compiler
 from tandem.utilities.data import end_workers_with_process
@@ -38,6 +39,7 @@ from tandem.utilities.exceptions import (
     out_of_range,
 )
 from tandem.utilities.rank_zero import set_rank
+from tandem.utilities.seed import order_seed
 
 _NO_CONTEXT = contextlib.nullcontext()
 ReduceOp = str  # "mean" | "sum" | "max" | "min"
@@ -341,7 +343,10 @@ class Strategy:
         return processed
 
     def _process_dataloader(self, dataloader: DataLoader, stage: str) -> DataLoader:
-        return dataloader
+        """One process: the training loader draws the global order N processes would share (elastic resume)."""
+        if stage != "fit" or not self.use_distributed_sampler:
+            return dataloader
+        return ordered_training(dataloader, order_seed())
 
     def evaluation_batches(self, dataloader: Iterable[Any], limit: int | float) -> Iterator[Any]:
         """The batches one evaluation pass runs in this process: the first ``limit`` of ``dataloader``

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tandem.strategies.side_channel import placed, preemption_vote
+from tandem.trainer.elastic import continue_from, data_layout, order_sampler
 from tandem.trainer.nonfinite import loss_is_finite, nonfinite_parameters
 from tandem.trainer.optimization import Optimization
 from tandem.trainer.profiling import TRAIN_NEXT_BATCH, timed, timed_batches
@@ -92,8 +93,10 @@ class FitLoop:
 
     # ------------------------------------------------------------------ checkpoint state
     def state_dict(self) -> dict[str, Any]:
-        """Where training is (``checkpoint["loops"]``)."""
-        return self.state.state_dict()
+        """Where training is (``checkpoint["loops"]``), with the data layout that place is counted in."""
+        config = self.context.config
+        layout = data_layout(self.data, self.context.strategy.world_size, config.accumulate_grad_batches)
+        return self.state.state_dict() if layout is None else {**self.state.state_dict(), "data": layout}
 
     def load_state_dict(
         self, state: dict[str, Any], train_metrics: dict[str, Any] | None = None, rng: dict[str, Any] | None = None
@@ -104,6 +107,9 @@ class FitLoop:
         loop.load_state_dict(state)
         loop.resume_train_metrics = train_metrics if loop.batches_done else None
         loop.resume_rng = rng
+        now = self.state_dict().get("data")
+        if "data" in state and now is not None:  # another device count or batch size: the same place
+            continue_from(state["data"], now, loop, self.data)
 
     @property
     def validates_only_at_epoch_ends(self) -> bool:
@@ -366,6 +372,9 @@ class FitLoop:
         any point of the epoch, its start included)."""
         loop, loader = self.state, self.data.loaders[0]
         skip = loop.batches_done
+        if loop.resume_start is not None and not replay:  # an elastic resume begins inside one of this run's batches
+            order_sampler(self.data).start, loop.resume_start, skip = loop.resume_start, None, 0
+            replay = True  # the epoch's RNG replayed all the same
         if not skip and not replay:
             loop.epoch_start_rng = capture_rng_state()
             return iter(loader)

@@ -47,6 +47,9 @@ class LoopState:
     # Restored from a checkpoint, applied when the loop reaches the point they belong to (not saved).
     resume_rng: dict[str, Any] | None = field(default=None, repr=False)
     resume_train_metrics: dict[str, Any] | None = field(default=None, repr=False)
+    # An elastic resume whose place falls inside one of this run's batches: the global order's item the resumed
+    # epoch begins at (tandem.trainer.elastic; not saved)
+    resume_start: int | None = None
 
     def state_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _SAVED}

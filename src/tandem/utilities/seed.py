@@ -124,6 +124,14 @@ def isolate_rng() -> Iterator[None]:
         restore_rng_state(state)
 
 
+def order_seed() -> int:
+    """The seed of one process's training order: ``seed_everything``'s, else torch's initial seed (a new order
+    each unseeded run, as a RandomSampler gives). Several processes use :func:`global_seed` (0 unseeded, as
+    Lightning), agreed from rank 0; a resume takes the checkpoint's."""
+    value = os.environ.get(_SEED_ENV, "")
+    return int(value) if value.isdigit() else torch.initial_seed() % 2**62
+
+
 def global_seed() -> int:
     """The seed ``seed_everything`` exported (TANDEM_GLOBAL_SEED, which seed_everything sets), else 0."""
     value = os.environ.get("TANDEM_GLOBAL_SEED", "")

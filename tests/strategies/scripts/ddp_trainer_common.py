@@ -88,3 +88,28 @@ class Net(tandem.TrainingModule):
 
 def weights(module: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+#: elastic resume: both runs save in the middle of epoch 1 (24 global batches of 8 an epoch), after batch 10
+ELASTIC_STEP = 34
+
+
+class SaveAtStep(tandem.Callback):
+    """``trainer.save_checkpoint(path)`` at the end of the batch whose optimizer step makes ``global_step`` equal
+    ``step``; the run goes on, so it is also the uninterrupted run."""
+
+    def __init__(self, step: int, path: str) -> None:
+        self.step, self.path = step, path
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step and trainer.is_stepping_batch:
+            trainer.save_checkpoint(self.path)
+
+
+def elastic_trainer(**kwargs) -> tandem.Trainer:
+    """The elastic runs' Trainer: 2 epochs, a CSV row every step (so the resumed rows can be matched)."""
+    from tandem.loggers import CSVLogger
+
+    folder = kwargs.pop("csv")
+    options = dict(accelerator="cpu", enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+    return tandem.Trainer(max_epochs=2, log_every_n_steps=1, logger=CSVLogger(folder, name=""), **options, **kwargs)

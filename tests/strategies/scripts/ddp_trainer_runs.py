@@ -11,6 +11,8 @@ group, and each rank saves what it saw to ``<out>/<scenario>-rank<r>.pt`` for th
                  (logged in different orders, on one rank only, a rank with no evaluation batch)
     decisions    ModelCheckpoint + EarlyStopping monitoring a metric that differs per rank
     resume       2 epochs + resume from last.ckpt to 4 == 4 epochs (shuffle, dropout, Adam); one file per save
+    elastic      2 epochs shuffled, a checkpoint mid-epoch 1 (the test resumes it on one process, batch doubled);
+                 and the one-process checkpoint the test wrote before the launch, resumed on 2 ranks
     prediction_writer  a BasePredictionWriter writing one file per rank: predictions and their dataset indices
     uneven       data of unknown length, 8 training batches on rank 0 and 5 on rank 1 (accumulate 1 and 3, a
                  limit), and 4 and 1 evaluation batches: fit, validate, test and predict
@@ -33,7 +35,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from ddp_trainer_common import BATCH, EVAL_BATCH, EVAL_SAMPLES, TRAIN_SAMPLES, Net, RankSamples, dataset, weights
+from ddp_trainer_common import (
+    BATCH,
+    ELASTIC_STEP,
+    EVAL_BATCH,
+    EVAL_SAMPLES,
+    TRAIN_SAMPLES,
+    Net,
+    RankSamples,
+    SaveAtStep,
+    dataset,
+    elastic_trainer,
+    weights,
+)
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
@@ -398,6 +412,26 @@ def resume(out: Path) -> dict[str, Any]:
     }
 
 
+# ---------------------------------------------------------------------------------------------- elastic
+
+
+def elastic(out: Path) -> dict[str, Any]:
+    """2 ranks x batch 4, shuffled: the whole run, saving ``elastic-two.ckpt`` mid-epoch; then ``elastic-one.ckpt``
+    (one process x batch 8, written by the test before the launch) resumed here on 2 ranks x batch 4."""
+    loader = DataLoader(dataset(TRAIN_SAMPLES), batch_size=BATCH, shuffle=True)
+    tandem.seed_everything(11)
+    model = Net("adam", lr=0.01)
+    saver = SaveAtStep(ELASTIC_STEP, str(out / "elastic-two.ckpt"))
+    trainer = elastic_trainer(strategy="ddp", devices=2, callbacks=[saver], csv=out / "elastic-csv-two")
+    trainer.fit(model, loader)
+    whole = weights(model)
+    tandem.seed_everything(99)  # the checkpoint's order and weights, whatever this run's seed
+    model = Net("adam", lr=0.01)
+    trainer = elastic_trainer(strategy="ddp", devices=2, csv=out / "elastic-csv-one")
+    trainer.fit(model, loader, ckpt_path=out / "elastic-one.ckpt")
+    return {"whole": whole, "from_one": weights(model), "global_step": trainer.global_step}
+
+
 # ---------------------------------------------------------------------------------------------- prediction_writer
 
 
@@ -534,7 +568,18 @@ def mismatch(out: Path) -> dict[str, Any]:
 
 SCENARIOS = {
     f.__name__: f
-    for f in (equivalence, evaluation, logging, decisions, resume, prediction_writer, uneven, true_half, mismatch)
+    for f in (
+        equivalence,
+        evaluation,
+        logging,
+        decisions,
+        resume,
+        elastic,
+        prediction_writer,
+        uneven,
+        true_half,
+        mismatch,
+    )
 }
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ group; each rank saves what it saw to ``<out>/<scenario>-rank<r>.pt`` for the te
     resume_full     2 epochs + resume from last.ckpt to 4 == 4 epochs (shuffle, dropout, Adam), full
                     checkpoints; DDP resumes from FSDP's file
     resume_sharded  the same with sharded checkpoint directories
+    elastic         2 epochs shuffled (sharded checkpoints, no dropout), saving mid-epoch 1: the test resumes that
+                    checkpoint on one FSDP process with the batch doubled
     export          after a sharded fit: save_checkpoint(weights_only=True) writes the whole weights; rank 0
                     alone calling the sharded module or its state_dict() gets an error naming the ways out
     true_half       precision="bf16-true" with trainer.init_module(empty_init=True): bfloat16 shards, the loss
@@ -38,7 +40,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from ddp_trainer_common import BATCH, EVAL_BATCH, EVAL_SAMPLES, TRAIN_SAMPLES, Net, dataset
+from ddp_trainer_common import BATCH, EVAL_BATCH, EVAL_SAMPLES, TRAIN_SAMPLES, Net, SaveAtStep, dataset
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -57,6 +59,7 @@ QUIET = dict(
 )
 FIT = dict(max_epochs=2, accumulate_grad_batches=2, gradient_clip_val=0.5, val_check_interval=0.5)
 RESUME_SAMPLES = 96  # per rank: 12 batches of 4 an epoch
+ELASTIC_STEP = 18  # the elastic scenario's checkpoint: epoch 1, after its 6th batch
 EXPORT_SAMPLES = 16
 
 
@@ -312,6 +315,18 @@ def resume_sharded(out: Path) -> dict[str, Any]:
     return resume(out, "sharded")
 
 
+def elastic(out: Path) -> dict[str, Any]:
+    """2 ranks x batch 4, shuffled, sharded checkpoints: the whole run, saving ``elastic-fsdp.ckpt`` after the
+    ``ELASTIC_STEP``-th step (mid-epoch 1)."""
+    tandem.seed_everything(11)
+    model = Net("adam", lr=0.01)
+    strategy = FSDPStrategy(auto_wrap_policy={nn.Linear}, state_dict_type="sharded")
+    saver = SaveAtStep(ELASTIC_STEP, str(out / "elastic-fsdp.ckpt"))
+    trainer = tandem.Trainer(strategy=strategy, max_epochs=2, callbacks=[saver], **QUIET)
+    trainer.fit(model, DataLoader(dataset(RESUME_SAMPLES), batch_size=BATCH, shuffle=True))
+    return {"whole": full_weights(trainer)}
+
+
 # ---------------------------------------------------------------------------------------------- export
 
 
@@ -396,7 +411,7 @@ def true_half(out: Path) -> dict[str, Any]:
 
 SCENARIOS = {
     f.__name__: f
-    for f in (equivalence, evaluation, init, resume_full, resume_sharded, export, true_half, compiled, crash)
+    for f in (equivalence, evaluation, init, resume_full, resume_sharded, elastic, export, true_half, compiled, crash)
 }
 
 if __name__ == "__main__":

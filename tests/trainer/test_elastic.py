@@ -1,0 +1,136 @@
+"""Elastic resume within one process: the global order one process draws, and a checkpoint continued with another
+batch size (the data layout changes as with another device count). The 2 <-> 1 process resumes run with real
+processes in tests/strategies/test_ddp_trainer.py and test_fsdp_trainer.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset, Sampler, TensorDataset
+
+import tandem
+from helpers import quiet_trainer
+from tandem.utilities.exceptions import TandemConfigError
+
+N = 96  # samples; x[:, 0] is the sample's index
+
+
+def _dataset() -> TensorDataset:
+    x = torch.randn(N, 4, generator=torch.Generator().manual_seed(0))
+    x[:, 0] = torch.arange(N, dtype=torch.float32)
+    return TensorDataset(x, x.sum(1, keepdim=True))
+
+
+class Seen(tandem.TrainingModule):
+    """Records the sample indices of every training batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 1)
+        self.seen: list[list[int]] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        self.seen.append(x[:, 0].long().tolist())
+        return F.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=1e-4)
+
+
+class SaveAt(tandem.Callback):
+    def __init__(self, step: int, path: Path) -> None:
+        self.step, self.path = step, path
+
+    def on_train_batch_end(self, trainer: tandem.Trainer, module: Any, outputs: Any, batch: Any, i: int) -> None:
+        if trainer.global_step == self.step:
+            trainer.save_checkpoint(self.path)
+
+
+def _fit(loader: DataLoader, ckpt: Path | None = None, save: SaveAt | None = None, **kwargs: Any) -> Seen:
+    model = Seen()
+    trainer = quiet_trainer(**{"max_epochs": 2, "callbacks": [save] if save else [], **kwargs})
+    trainer.fit(model, loader, ckpt_path=ckpt)
+    model.trainer_global_step = trainer.global_step
+    return model
+
+
+def _order(seed: int, epoch: int) -> list[int]:
+    return torch.randperm(N, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+
+
+def _flat(batches: list[list[int]]) -> list[int]:
+    return [i for batch in batches for i in batch]
+
+
+def test_one_process_draws_the_global_order_of_the_seed_and_the_epoch():
+    """The order N processes share (DistributedSampler's permutation of seed + epoch), so any device count can
+    continue it; use_distributed_sampler=False keeps the loader's own RandomSampler."""
+    tandem.seed_everything(5)
+    seen = _flat(_fit(DataLoader(_dataset(), batch_size=8, shuffle=True)).seen)
+    assert seen == _order(5, 0) + _order(5, 1)
+    tandem.seed_everything(5)
+    own = _flat(_fit(DataLoader(_dataset(), batch_size=8, shuffle=True), use_distributed_sampler=False).seen)
+    assert sorted(own[:N]) == list(range(N)) and own != seen
+
+
+@pytest.mark.parametrize("batch", [4, 12], ids=["tiles", "inside-a-batch"])
+def test_another_global_batch_continues_at_the_next_item_and_says_so(tmp_path, batch):
+    """Saved after 5 batches of 8 (40 items of epoch 0), resumed with batch 4 (10 of its batches done) or 12 (the
+    place falls inside its 4th batch: the epoch goes on from item 40 all the same)."""
+    tandem.seed_everything(5)
+    _fit(DataLoader(_dataset(), batch_size=8, shuffle=True), save=SaveAt(5, tmp_path / "at5.ckpt"))
+    tandem.seed_everything(123)  # the checkpoint's order, not this seed's
+    with pytest.warns(UserWarning, match=f"global batch changes from 8 .* to {batch} .* at item 40 of epoch 0"):
+        resumed = _fit(DataLoader(_dataset(), batch_size=batch, shuffle=True), ckpt=tmp_path / "at5.ckpt")
+    epoch0 = -(-(N - 40) // batch)  # batches left in epoch 0
+    assert _flat(resumed.seen[:epoch0]) == _order(5, 0)[40:]
+    assert _flat(resumed.seen[epoch0:]) == _order(5, 1)
+    assert resumed.trainer_global_step == 5 + epoch0 + N // batch
+
+
+def test_an_unseeded_run_resumes_in_the_checkpoints_order(tmp_path, monkeypatch):
+    """Without seed_everything one process's order comes from torch's initial seed, a new one each run: the resume
+    takes the checkpoint's, so it continues the same batches."""
+    monkeypatch.delenv("TANDEM_GLOBAL_SEED", raising=False)
+    torch.manual_seed(1)
+    whole = _fit(DataLoader(_dataset(), batch_size=8, shuffle=True), save=SaveAt(5, tmp_path / "at5.ckpt"))
+    torch.manual_seed(2)
+    resumed = _fit(DataLoader(_dataset(), batch_size=8, shuffle=True), ckpt=tmp_path / "at5.ckpt")
+    assert resumed.seen == whole.seen[5:]
+
+
+class Backwards(Sampler):
+    def __iter__(self):
+        return iter(range(N - 1, -1, -1))
+
+    def __len__(self) -> int:
+        return N
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        return iter(_dataset())
+
+
+@pytest.mark.parametrize("kind", ["sampler", "iterable"])
+def test_an_order_tandem_cannot_reshard_refuses_another_layout_mid_epoch(tmp_path, kind):
+    """A sampler of the user's (or an iterable dataset) resumed mid-epoch with another batch size: tandem cannot
+    tell which samples the rest of the epoch holds, and says so instead of restarting the epoch."""
+
+    def data(batch: int) -> DataLoader:
+        if kind == "sampler":
+            return DataLoader(_dataset(), batch_size=batch, sampler=Backwards())
+        return DataLoader(Stream(), batch_size=batch)
+
+    _fit(data(8), save=SaveAt(5, tmp_path / "at5.ckpt"), max_epochs=1)
+    with pytest.raises(TandemConfigError, match="middle of epoch 0.*1 process.* x batch 8 to 1 process.* x batch 4"):
+        _fit(data(4), ckpt=tmp_path / "at5.ckpt")
+    resumed = _fit(data(8), ckpt=tmp_path / "at5.ckpt", max_epochs=1)  # the same layout continues
+    after = list(range(N - 41, N - 49, -1)) if kind == "sampler" else list(range(40, 48))
+    assert _flat(resumed.seen)[:8] == after
