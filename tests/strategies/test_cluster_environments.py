@@ -197,6 +197,18 @@ def test_partial_variables_of_an_unknown_launcher_are_an_error_naming_what_is_mi
         select_environment(2)
 
 
+def test_a_bare_pmix_launcher_is_an_error_not_a_rank_0_per_process(monkeypatch):
+    """prterun exports PMIX_RANK and PMIX_NAMESPACE but no size: every process would have been a local rank 0."""
+    clear_launch_variables(monkeypatch)
+    monkeypatch.setenv("PMIX_RANK", "1")
+    monkeypatch.setenv("PMIX_NAMESPACE", "prterun-node01-4242@1")
+    with pytest.raises(TandemConfigError, match="PMIX_RANK=1 but no rank and size variables"):
+        select_environment(2)
+    for name, value in _open_mpi(2, 2)[1].items():  # Open MPI 5 exports PMIX_RANK too: read as MPI
+        monkeypatch.setenv(name, str(value))
+    assert select_environment(2).global_rank == 1
+
+
 def test_a_lone_process_that_says_it_is_rank_0_of_1_is_fine(monkeypatch):
     clear_launch_variables(monkeypatch)
     monkeypatch.setenv("RANK", "0")

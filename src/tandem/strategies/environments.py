@@ -59,8 +59,9 @@ rank is ``RANK`` and the local rank 0; ``Trainer(devices=1, num_nodes=<pods>)``.
 run torchrun inside each pod (then torchrun's variables are read).
 
 A process whose variables are partial (``RANK`` or ``WORLD_SIZE`` without ``LOCAL_RANK`` outside Kubeflow,
-``LOCAL_RANK`` without ``RANK`` or ``WORLD_SIZE``) was started by a launcher tandem does not know: it is an error
-naming what is missing, never a silent rank 0 that starts ranks of its own.
+``LOCAL_RANK`` without ``RANK`` or ``WORLD_SIZE``, or ``PMIX_RANK`` alone: a bare PMIx launcher such as prterun
+exports no world size) was started by a launcher tandem does not know: it is an error naming what is missing,
+never a silent rank 0 that starts ranks of its own.
 
 tandem's launcher (otherwise). The first process is rank 0 of its node; it exports to the ranks it
 starts RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT and
@@ -640,6 +641,14 @@ def _check_complete() -> None:
     """No known launcher was detected: refuse partial rank variables, which an unknown launcher set (a process
     taking itself for rank 0 and starting ranks of its own would train the job twice)."""
     present = [v for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK") if v in os.environ]
+    if not present and "PMIX_RANK" in os.environ:  # prterun or another bare PMIx launcher: no size to read
+        raise TandemConfigError(
+            f"This process has PMIX_RANK={os.environ['PMIX_RANK']} but no rank and size variables tandem reads: it "
+            "was started by a PMIx launcher (prterun, or an MPI built on PMIx alone), which exports no world size, "
+            "so each process would take itself for a rank 0 and start ranks of its own. Start the job with Open "
+            "MPI's mpirun, MPICH's mpiexec, srun or torchrun, or set RANK, WORLD_SIZE, LOCAL_RANK (and "
+            "LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) for every process."
+        )
     if not present:
         return
     if "LOCAL_RANK" in os.environ:
