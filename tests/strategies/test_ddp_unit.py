@@ -17,6 +17,7 @@ from torch.utils.data import (
     DataLoader,
     DistributedSampler,
     IterableDataset,
+    RandomSampler,
     Sampler,
     TensorDataset,
     WeightedRandomSampler,
@@ -30,6 +31,7 @@ from tandem.strategies.samplers import (
     DistributedSamplerWrapper,
     EvalDistributedSampler,
     FirstItems,
+    GlobalOrderSampler,
     interleave_predictions,
 )
 from tandem.utilities.data import find_sampler
@@ -396,3 +398,35 @@ def test_gather_predictions_without_a_process_group_is_identity(monkeypatch):
     strategy = _strategy()
     loader = strategy.process_dataloader(DataLoader(_dataset(5), batch_size=2), "predict")
     assert strategy.gather_predictions(["a"], loader) == ["a"]
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["global-order", "users-sampler"])
+def test_global_batch_k_is_one_block_of_the_order_for_any_number_of_ranks(wrapped):
+    """Elastic resume's premise: with N ranks of batch B, global batch k is items [k·B·N, (k+1)·B·N) of one
+    order (drawn from seed + epoch), whatever N; and ``start`` begins an epoch at any item of it."""
+    data = range(48)
+
+    def sampler(replicas: int, rank: int) -> GlobalOrderSampler:
+        if wrapped:  # a sampler of the user's drawing from torch's RNG, which the wrapper seeds with seed + epoch
+            return DistributedSamplerWrapper(RandomSampler(data), replicas, rank, seed=3)
+        return GlobalOrderSampler(data, num_replicas=replicas, rank=rank, shuffle=True, seed=3)
+
+    blocks = {}
+    for replicas, batch in ((1, 12), (2, 6), (4, 3)):
+        ranks = [sampler(replicas, r) for r in range(replicas)]
+        for s in ranks:
+            s.set_epoch(1)
+        drawn = [list(s) for s in ranks]
+        blocks[replicas] = [sorted(i for d in drawn for i in d[k * batch : (k + 1) * batch]) for k in range(4)]
+    assert blocks[1] == blocks[2] == blocks[4]
+    one = sampler(1, 0)
+    one.set_epoch(1)
+    order = list(one)
+    assert sorted(order) == list(range(48))
+    later = [sampler(4, r) for r in range(4)]
+    for s in later:
+        s.set_epoch(1)
+        s.start = 30  # inside global batch 2 of 12: the rest of the epoch, padded to a multiple of 4 ranks
+    rest = [list(s) for s in later]
+    assert [len(r) for r in rest] == [5, 5, 5, 5]
+    assert [rest[j % 4][j // 4] for j in range(20)] == order[30:] + order[:2]
