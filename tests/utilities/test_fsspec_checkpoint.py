@@ -86,19 +86,3 @@ def test_default_root_dir_url_holds_last_and_resumes(memory) -> None:
     assert memory.isfile("/tandem-test/root/checkpoints/last.ckpt")
     trainer(2).fit(TinyModule(), loader(), ckpt_path="last")
     assert starts == [0, 4]
-
-
-@pytest.mark.parametrize("kind", ["TensorBoardLogger", "CSVLogger", "default"])
-def test_a_logger_given_a_url_is_refused_not_silently_lost(kind) -> None:
-    """The loggers write local folders: before, a memory:// save_dir lost metrics.csv and the event files
-    silently. Now an error names the fix (a local save_dir, or logger=False)."""
-    import tandem
-    from tandem import loggers
-    from tandem.utilities.exceptions import TandemConfigError
-
-    name = "TensorBoardLogger" if kind == "default" else kind
-    with pytest.raises(TandemConfigError, match=f"{name}\\(save_dir='memory://tandem-test/logs'\\): this logger"):
-        if kind == "default":  # the Trainer's default logger, built in default_root_dir
-            tandem.Trainer(default_root_dir="memory://tandem-test/logs", accelerator="cpu")
-        else:
-            getattr(loggers, kind)("memory://tandem-test/logs")

@@ -9,7 +9,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from tandem.loggers.logger import Logger, atomic_write_text, require_local_folder
+from tandem.loggers.logger import Logger, atomic_write_text, require_url_filesystem
 from tandem.utilities.exceptions import out_of_range, write_failed
 from tandem.utilities.rank_zero import rank_zero_only
 
@@ -26,8 +26,12 @@ class CSVLogger(Logger):
     :meth:`finalize`. A metric name that appears mid-run adds a column: the file is rewritten with the union
     of columns, and earlier rows leave the new cells empty.
 
+    ``save_dir`` may be an fsspec URL (``s3://bucket/runs`` with s3fs, ``gs://...`` with gcsfs): the files are
+    written to a local staging folder and uploaded whole whenever rows are written (see
+    :class:`~tandem.loggers.logger.StagingFolder`).
+
     Args:
-        save_dir: the folder that holds every experiment.
+        save_dir: the folder that holds every experiment: a local path or an fsspec URL.
         name: the experiment's folder under ``save_dir``.
         version: an int (``version_<n>``), a folder name, or ``None`` for the next free ``version_<n>``.
         flush_logs_every_n_steps: write pending rows once the step has advanced this far since the last write.
@@ -48,7 +52,7 @@ class CSVLogger(Logger):
     ) -> None:
         if not isinstance(flush_logs_every_n_steps, int) or flush_logs_every_n_steps < 1:
             raise out_of_range("CSVLogger: flush_logs_every_n_steps", flush_logs_every_n_steps, "an int >= 1")
-        require_local_folder("CSVLogger", save_dir)
+        require_url_filesystem("CSVLogger", save_dir)
         super().__init__(save_dir, name, version)
         self._flush_every = flush_logs_every_n_steps
         self._pending: list[dict[str, Any]] = []
@@ -57,6 +61,7 @@ class CSVLogger(Logger):
 
     @property
     def metrics_file_path(self) -> str:
+        """``<log_dir>/metrics.csv`` (a URL when ``save_dir`` is one)."""
         return os.path.join(self.log_dir, METRICS_FILE)
 
     @rank_zero_only
@@ -75,8 +80,9 @@ class CSVLogger(Logger):
     def save(self) -> None:
         if not self._pending:
             return
-        path = self.metrics_file_path
+        path = os.path.join(self._local_log_dir, METRICS_FILE)
         if self._file_columns is None:
+            self._fetch(METRICS_FILE)  # a resumed run at a URL appends to the file there
             self._file_columns = _read_header(path)
         names = set(self._file_columns or ()).union(*self._pending)
         if self._file_columns is not None and names == set(self._file_columns):
@@ -94,6 +100,7 @@ class CSVLogger(Logger):
             self._file_columns = columns
         self._last_flush_step = self._pending[-1]["step"]
         self._pending = []
+        self._upload()
 
 
 def _cell(name: str, value: Any) -> int | float:

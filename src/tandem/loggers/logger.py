@@ -4,20 +4,28 @@ Loggers write on global rank 0 only and create nothing on disk before their firs
 makes every rank agree on the version with ``logger.version = strategy.broadcast(logger.version)``: a
 logger whose version is a run id from a tracking service (MLflow, W&B) makes the run on rank 0 only, and
 the other ranks learn its id from that broadcast.
+
+A ``save_dir`` may be an fsspec URL (``s3://bucket/runs``, ``gs://...``, ``memory://...``): the logger then
+writes into a local staging folder (:class:`StagingFolder`) and copies the files that changed to the URL at
+each :meth:`Logger.save` and at :meth:`Logger.finalize`; versions are numbered from the folders at the URL.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import re
+import shutil
+import tempfile
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from tandem.utilities.checkpoint import atomic_write, is_url
-from tandem.utilities.exceptions import TandemConfigError
+from tandem.utilities.checkpoint import atomic_write, is_url, url_filesystem
+from tandem.utilities.exceptions import TandemConfigError, write_failed
 from tandem.utilities.rank_zero import rank_zero_only
 
 if TYPE_CHECKING:
@@ -31,7 +39,8 @@ class Logger(ABC):
     """Base class of loggers that write into a versioned folder.
 
     Args:
-        save_dir: the folder that holds every run of every experiment.
+        save_dir: the folder that holds every run of every experiment; a local path or an fsspec URL (the
+            files are then staged locally and uploaded at each :meth:`save` and at :meth:`finalize`).
         name: the experiment's folder under ``save_dir``; ``""`` puts versions directly in ``save_dir``.
         version: an int gives ``version_<n>``, a str is used as the folder name; ``None`` picks the next
             free ``version_<n>`` the first time the version is read.
@@ -60,6 +69,7 @@ class Logger(ABC):
         self._name = name or ""
         self._version = version
         self._hparams: dict[str, Any] = {}
+        self._staging: StagingFolder | None = None  # made at the first write when save_dir is a URL
 
     @property
     def name(self) -> str:
@@ -100,16 +110,32 @@ class Logger(ABC):
         return os.path.join(self.root_dir, folder)
 
     def _next_version(self) -> int:
-        try:
-            names = os.listdir(self.root_dir)
-        except (FileNotFoundError, NotADirectoryError):
-            return 0
-        taken = [
-            int(m.group(1))
-            for n in names
-            if (m := _VERSION_DIR.match(n)) and os.path.isdir(os.path.join(self.root_dir, n))
-        ]
+        root = self.root_dir  # None: a subclass without a folder
+        names = _folders_in(root) if root is not None else []
+        taken = [int(m.group(1)) for name in names if (m := _VERSION_DIR.match(name))]
         return max(taken) + 1 if taken else 0
+
+    @property
+    def _local_log_dir(self) -> str:
+        """Where this logger's writers put its files: :attr:`log_dir`, or for a URL ``save_dir`` the same
+        place in the local staging folder (uploaded by :meth:`_upload`)."""
+        if not is_url(self._save_dir):
+            return self.log_dir
+        if self._staging is None or self._staging.url != self._save_dir:  # the Trainer may give rank 0's
+            self._staging = StagingFolder(self._save_dir)
+        return self._staging.local_path(self.log_dir)
+
+    def _fetch(self, name: str) -> None:
+        """Copy ``<log_dir>/<name>`` from a URL ``save_dir`` into the staging folder, if it is there and not
+        staged yet: a file the logger reads back before writing (a resumed run's ``metrics.csv``)."""
+        if is_url(self._save_dir):
+            local = os.path.join(self._local_log_dir, name)
+            self._staging.fetch(local)
+
+    def _upload(self) -> None:
+        """Copy the staged files that changed since the last upload to a URL ``save_dir``; nothing for a local one."""
+        if self._staging is not None:
+            self._staging.upload()
 
     @abstractmethod
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
@@ -122,7 +148,8 @@ class Logger(ABC):
     def _save_hparams_yaml(self, params: Mapping[str, Any] | argparse.Namespace) -> dict[str, Any]:
         """Merge ``params`` into those logged before and write them all to ``<log_dir>/hparams.yaml``."""
         self._hparams.update(params_to_dict(params))
-        save_hparams_yaml(os.path.join(self.log_dir, HPARAMS_FILE), self._hparams)
+        save_hparams_yaml(os.path.join(self._local_log_dir, HPARAMS_FILE), self._hparams)
+        self._upload()  # once per fit: the file is at a URL save_dir from the start
         return self._hparams
 
     def log_graph(self, model: nn.Module, input_array: Any = None) -> None:  # noqa: B027 (optional override)
@@ -138,14 +165,20 @@ class Logger(ABC):
         """Called by :class:`~tandem.callbacks.ModelCheckpoint` on global rank 0 after each checkpoint file it
         writes (its ``best_model_path``, ``last_model_path`` and ``best_k_models`` already name the new file)."""
 
-    @rank_zero_only  # noqa: B027 (an optional override: loggers that write at once need none)
+    @rank_zero_only
     def save(self) -> None:
-        """Flush what was logged so far to disk."""
+        """Flush what was logged so far to disk (and to a URL ``save_dir``)."""
+        self._upload()
 
     @rank_zero_only
     def finalize(self, status: str) -> None:
         """Flush and release files at the end of a run; ``status`` is "success", "failed" or "interrupted"."""
         self.save()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_staging"] = None  # a spawned process stages in a folder of its own
+        return state
 
     def __repr__(self) -> str:
         name = type(self).__name__
@@ -273,12 +306,124 @@ def load_hparams_yaml(path: str | os.PathLike) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.load(path))
 
 
-def require_local_folder(logger: str, save_dir: str | os.PathLike) -> None:
-    """``logger`` writes a local folder: a URL ``save_dir`` (``memory://``, ``s3://``) is refused, not lost."""
-    if is_url(save_dir):
+def require_url_filesystem(logger: str, save_dir: str | os.PathLike) -> None:
+    """Raise now, naming the package to install, if ``save_dir`` is a URL whose filesystem fsspec cannot open
+    (``s3://`` without s3fs, ``gs://`` without gcsfs, a protocol fsspec does not know)."""
+    if not is_url(save_dir):
+        return
+    url = os.fspath(save_dir)
+    protocol = url.split("://", 1)[0]
+    try:
+        url_filesystem(url)
+    except ImportError as err:  # fsspec knows the protocol; its package is missing
+        from fsspec.registry import known_implementations
+
+        package = known_implementations.get(protocol, {}).get("class", "fsspec").split(".")[0]
         raise TandemConfigError(
-            f"{logger}(save_dir={os.fspath(save_dir)!r}): this logger writes a local folder, and its files would not "
-            "reach that URL. Give it a local save_dir (with Trainer(default_root_dir=<URL>), pass "
-            f"logger={logger}('<a local folder>') or logger=False); checkpoints can still go to the URL "
-            "(default_root_dir, ModelCheckpoint(dirpath=...))."
-        )
+            f"{logger}(save_dir={url!r}): {err}. Install it (pip install {package}) or give a local save_dir."
+        ) from None
+    except ValueError as err:  # "Protocol not known"
+        raise TandemConfigError(
+            f"{logger}(save_dir={url!r}): fsspec has no filesystem for {protocol!r} URLs ({err}). Use a URL fsspec "
+            "knows (s3:// with s3fs, gs:// with gcsfs, az:// with adlfs, ...) or a local save_dir."
+        ) from None
+    except Exception as err:  # fsspec itself missing (CheckpointError), or a filesystem that failed to start
+        raise TandemConfigError(f"{logger}(save_dir={url!r}): {err}") from None
+
+
+def _folders_in(folder: str) -> list[str]:
+    """The names of the sub-folders of ``folder`` (local, or at an fsspec URL); none if it does not exist."""
+    if is_url(folder):
+        fs, inner = url_filesystem(folder)
+        try:
+            entries = fs.ls(inner, detail=True)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return [entry["name"].rstrip("/").rsplit("/", 1)[-1] for entry in entries if entry["type"] == "directory"]
+    try:
+        names = os.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [name for name in names if os.path.isdir(os.path.join(folder, name))]
+
+
+class StagingFolder:
+    """A local temporary folder that stands for the fsspec URL ``url``: writers that need local files (torch's
+    SummaryWriter, the csv module) write into it, and :meth:`upload` copies the files that changed since the last
+    upload to the same place under ``url``.
+
+    Each changed file is uploaded whole (object stores have no append), so a file that grows is sent again at
+    every upload. An upload is not atomic on object stores: a reader may briefly see the older file. The folder
+    is removed when the object is collected or the process ends, never while a later run with the same logger
+    may still append to its files.
+
+    Args:
+        url: the URL the folder mirrors (a logger's ``save_dir``).
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._local: str | None = None
+        self._sent: dict[str, tuple[int, int, int]] = {}  # relative path -> (inode, size, mtime) at its upload
+
+    @property
+    def local(self) -> str:
+        """The staging folder, made on first use."""
+        if self._local is None:
+            self._local = tempfile.mkdtemp(prefix="tandem-logs-")
+            weakref.finalize(self, shutil.rmtree, self._local, True)
+        return self._local
+
+    def local_path(self, url: str) -> str:
+        """Where ``url`` (under :attr:`url`) is staged."""
+        relative = url[len(self.url) :].strip("/")
+        return os.path.join(self.local, *relative.split("/")) if relative else self.local
+
+    def _remote(self, local: str) -> str:
+        relative = os.path.relpath(local, self.local).replace(os.sep, "/")
+        return f"{self.url.rstrip('/')}/{relative}"
+
+    def fetch(self, local: str) -> None:
+        """Download the remote copy of the staged file ``local`` if it exists there and not here."""
+        if os.path.exists(local):
+            return
+        url = self._remote(local)
+        fs, inner = url_filesystem(url)
+        if not fs.isfile(inner):
+            return
+        os.makedirs(os.path.dirname(local), exist_ok=True)
+        fs.get_file(inner, local)
+        self._sent[os.path.relpath(local, self.local)] = _signature(local)
+
+    def upload(self) -> None:
+        """Copy every staged file that is new or changed since its last upload to the URL."""
+        if self._local is None:
+            return
+        for folder, _, names in os.walk(self._local):
+            for name in names:
+                if name.startswith(".") and name.endswith(".tmp"):  # an atomic write in progress
+                    continue
+                local = os.path.join(folder, name)
+                relative = os.path.relpath(local, self._local)
+                with contextlib.suppress(FileNotFoundError):
+                    signature = _signature(local)
+                    if self._sent.get(relative) != signature:
+                        self._put(local)
+                        self._sent[relative] = signature
+
+    def _put(self, local: str) -> None:
+        url = self._remote(local)
+        fs, inner = url_filesystem(url)
+        try:
+            parent = inner.rsplit("/", 1)[0]
+            if parent and parent != inner:
+                fs.makedirs(parent, exist_ok=True)
+            fs.put_file(local, inner)
+        except OSError as err:
+            raise write_failed(url, err, "the log file", kept=False) from None
+
+
+def _signature(path: str) -> tuple[int, int, int]:
+    """What changes when a file is rewritten (a new inode, from os.replace) or appended to (its size)."""
+    stat = os.stat(path)
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns

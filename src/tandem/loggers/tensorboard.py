@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tandem.loggers.logger import Logger, NoOpExperiment, flatten_params, require_local_folder
+from tandem.loggers.logger import Logger, NoOpExperiment, flatten_params, require_url_filesystem
 from tandem.utilities.rank_zero import rank_zero_only, rank_zero_warn
 
 if TYPE_CHECKING:
@@ -27,8 +27,13 @@ class TensorBoardLogger(Logger):
     hyperparameters of every run and the metrics from their scalars. Watch the runs with
     ``tensorboard --logdir <save_dir>``.
 
+    ``save_dir`` may be an fsspec URL (``s3://bucket/runs`` with s3fs, ``gs://...`` with gcsfs,
+    ``memory://...``): the SummaryWriter writes to a local staging folder, and the event files and
+    ``hparams.yaml`` are uploaded whole at each :meth:`save` (every epoch end) and at :meth:`finalize` (also
+    of a failed or interrupted run); see :class:`~tandem.loggers.logger.StagingFolder`.
+
     Args:
-        save_dir: the folder that holds every experiment.
+        save_dir: the folder that holds every experiment: a local path or an fsspec URL.
         name: the experiment's folder under ``save_dir``.
         version: an int (``version_<n>``), a folder name, or ``None`` for the next free ``version_<n>``.
         log_graph: add the model's graph (TensorBoard's GRAPHS tab) at the start of ``fit``, traced with
@@ -52,7 +57,7 @@ class TensorBoardLogger(Logger):
         log_graph: bool = False,
         **summary_writer_kwargs: Any,
     ) -> None:
-        require_local_folder("TensorBoardLogger", save_dir)
+        require_url_filesystem("TensorBoardLogger", save_dir)
         super().__init__(save_dir, name, version)
         self._log_graph = log_graph
         self._summary_writer_kwargs = summary_writer_kwargs
@@ -67,7 +72,7 @@ class TensorBoardLogger(Logger):
         if self._experiment is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._experiment = SummaryWriter(log_dir=self.log_dir, **self._summary_writer_kwargs)
+            self._experiment = SummaryWriter(log_dir=self._local_log_dir, **self._summary_writer_kwargs)
         return self._experiment
 
     @rank_zero_only
@@ -117,6 +122,7 @@ class TensorBoardLogger(Logger):
     def save(self) -> None:
         if self._experiment is not None:
             self._experiment.flush()
+        self._upload()
 
     @rank_zero_only
     def finalize(self, status: str) -> None:
@@ -127,9 +133,10 @@ class TensorBoardLogger(Logger):
             self._experiment.flush()
             self._experiment.close()
             self._experiment = None  # a later run with this logger opens a new event file
+        self._upload()
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
+        state = super().__getstate__()
         state["_experiment"] = None  # a SummaryWriter cannot be pickled (spawned processes)
         return state
 

@@ -210,8 +210,11 @@ def check_writable_folder(folder: str | os.PathLike, what: str = "") -> None:
     """Raise :class:`FileWriteError` now if files cannot be created in ``folder`` (or where it would be made).
 
     Probes the folder, or its nearest existing parent, by creating and removing an empty file: this sees
-    permissions, ACLs and read-only mounts alike, and leaves nothing behind.
+    permissions, ACLs and read-only mounts alike, and leaves nothing behind. An fsspec URL is not probed
+    (that would mean a round trip to the store): its filesystem reports a problem at the first write.
     """
+    if is_url(folder):
+        return
     folder = Path(folder).absolute()
     probe_in = folder
     try:
