@@ -95,6 +95,22 @@ def test_default_root_dir_url_holds_the_default_loggers_files_and_the_checkpoint
     assert os.listdir(tmp_path) == []  # nothing in the working directory
 
 
+def test_the_clis_config_goes_to_a_url_log_dir_and_a_different_one_there_is_refused(memory, tmp_path, monkeypatch):
+    """SaveConfigCallback under a URL default_root_dir: config.yaml at the URL (no local ``memory:`` folder), and a
+    different config already there is found (before, os.path.isfile never saw it)."""
+    from tandem.cli import SaveConfigCallback
+    from tandem.cli.arguments import CLIError
+
+    monkeypatch.chdir(tmp_path)
+    trainer = quiet_trainer(max_epochs=1, logger=True, default_root_dir=f"{URL}/cli")
+    trainer.fit(TinyModule(), loader(), ckpt_path=None)
+    SaveConfigCallback("lr: 0.1\n").setup(trainer, TinyModule(), "fit")
+    assert memory.cat_file(f"{ROOT}/cli/tandem_logs/version_0/config.yaml") == b"lr: 0.1\n"
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(CLIError, match="already holds a different config"):
+        SaveConfigCallback("lr: 0.2\n").setup(trainer, TinyModule(), "fit")
+
+
 def test_a_failed_run_uploads_what_it_logged(memory) -> None:
     class FailsAtStep3(TinyModule):
         def training_step(self, batch, batch_idx):

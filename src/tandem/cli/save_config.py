@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from tandem.callbacks.callback import Callback
 from tandem.cli.arguments import CLIError
 from tandem.loggers.logger import atomic_write_text
+from tandem.utilities.checkpoint import read_text
 
 if TYPE_CHECKING:
     from tandem.module import TrainingModule
@@ -63,8 +64,7 @@ class SaveConfigCallback(Callback):
         problem = trainer.strategy.broadcast(problem)  # rank 0 decides; every rank raises together
         if problem is not None:
             raise CLIError(problem)
-        if trainer.is_global_zero:
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        if trainer.is_global_zero:  # the folder is made by the write (at a URL log_dir too)
             atomic_write_text(path, self.config)
             self.save_config(trainer, module, stage)
         self.already_saved = True
@@ -87,11 +87,9 @@ def input_conflict(path: str, inputs: list[str]) -> str | None:
 
 def config_conflict(path: str, config: str, overwrite: bool) -> str | None:
     """Why ``config`` must not be written to ``path`` (a different config is there), or None."""
-    if overwrite or not os.path.isfile(path):
+    existing = None if overwrite else read_text(path)
+    if existing is None or existing == config:
         return None
-    with open(path, encoding="utf-8") as file:
-        if file.read() == config:
-            return None
     return (
         f"{path} already holds a different config, from another run logging to the same folder. Not overwriting "
         "it: give this run its own folder (another trainer.default_root_dir, or a logger version), remove the "

@@ -122,6 +122,17 @@ def url_filesystem(url: str) -> tuple[Any, str]:
     return fsspec.core.url_to_fs(url)
 
 
+def read_text(path: str | os.PathLike) -> str | None:
+    """The UTF-8 text of the file ``path`` (local or at an fsspec URL), or None when there is no such file."""
+    if is_url(path):
+        fs, inner = url_filesystem(os.fspath(path))
+        return fs.cat_file(inner).decode("utf-8") if fs.isfile(inner) else None
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as file:
+        return file.read()
+
+
 def _remote_write(url: str, write: Callable[[IO[bytes]], None], what: str) -> None:
     """Write to a temporary name next to ``url``, then ``fs.mv`` it onto ``url``. Not atomic on object stores
     (S3, GCS copy and delete): a reader may briefly find no file, but never a half-written one under ``url``."""
