@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
@@ -104,11 +105,8 @@ def test_torchmetrics_metric_is_computed_at_epoch_end():
 
 def test_collector_reduces_sums_and_counts_across_processes():
     """With sync_dist, the epoch mean is (sum of weighted sums) / (sum of counts), not a mean of means."""
-    from tandem.trainer.logging import _pack
-
     flags = (False, True, False, True)
-    strategy = TwoRanks({"epoch/m": ("mean", True, flags)})
-    strategy.other_packed = {"sum": _pack([30.0, 10.0])}  # rank 1: mean 3 over 10 samples
+    strategy = TwoRanks({"epoch/m": ("mean", True, flags)}, {"epoch/m": (30.0, 10.0)})  # rank 1: 3 over 10 samples
     collector = MetricCollector(strategy, TrainerState(stage="validate"))
     with running_hook("validation_step"):
         collector.log(
@@ -134,7 +132,6 @@ def test_epoch_values_without_sync_dist_under_several_processes_warn_once():
         collector.log("alone", torch.tensor(1.0), sync_dist=False, **options)
         collector.log("synced", torch.tensor(1.0), sync_dist=True, **options)
         collector.log("rank0", torch.tensor(1.0), sync_dist=False, rank_zero_only=True, **options)
-    collector._strategy.other_packed = {"sum": torch.tensor([0.0, 0.0], dtype=torch.float64)}
     with pytest.warns(UserWarning, match=r"without sync_dist=True under 2 processes: \['alone'\].*sync_dist=True"):
         collector.epoch_metrics()
     with warnings.catch_warnings():
@@ -260,22 +257,18 @@ class TwoRanks:
     """A stand-in strategy for two processes, to check the pairing logic without processes (the real
     thing runs in tests/strategies/test_ddp_trainer.py).
 
-    ``all_gather_object`` returns this rank's object and ``theirs``; ``reduce`` combines this rank's
-    packed tensor with ``other_packed[op]``, what the other rank would send."""
+    ``all_gather_object`` returns this rank's object and the other rank's: its names ``theirs`` and its values
+    ``their_values`` (name -> value, weight as floats), with this rank's note."""
 
     world_size = 2
 
-    def __init__(self, theirs=None):
+    def __init__(self, theirs=None, their_values=None):
         self.theirs = theirs
-        self.other_packed: dict[str, torch.Tensor] = {}
+        self.their_values = their_values or {}
 
-    def all_gather_object(self, obj):  # the collector sends (names, note); the other rank's note: the same
-        mine, note = obj
-        return [obj, (self.theirs, note)]
-
-    def reduce(self, tensor, op):
-        pick = {"sum": torch.add, "max": torch.maximum, "min": torch.minimum}[op]
-        return pick(tensor, self.other_packed[op])
+    def all_gather_object(self, obj):  # the collector sends (names, note, values)
+        mine, note, values = obj
+        return [obj, (self.theirs, note, self.their_values)]
 
 
 def test_sync_dist_names_with_different_reduce_fx_on_two_ranks_are_an_error():
@@ -286,20 +279,20 @@ def test_sync_dist_names_with_different_reduce_fx_on_two_ranks_are_an_error():
         _agree([{"epoch/x": ("sum", True, flags)}, {"epoch/x": ("max", False, flags)}])
 
 
-def test_reduce_by_name_sends_the_identity_for_missing_values():
-    from tandem.trainer.logging import _pack, reduce_by_name
+def test_combine_by_name_leaves_out_a_rank_without_the_value_on_every_rank_alike():
+    from tandem.trainer.logging import as_floats, combine_by_name
 
     t = torch.tensor
-    # rank 0 has a max "a", a mean "m" (sum 10 over 2), no "s"; rank 1 no "a", "m" (sum 2 over 2), "s" = 7
-    mine = {"a": ("max", t(3.0), None), "m": ("mean", t(10.0), t(2.0)), "s": ("sum", None, None)}
-    strategy = TwoRanks()
-    strategy.other_packed = {
-        "sum": _pack([0.0, 2.0, 2.0, 7.0, 1.0]),  # a: absent; m: (2, 2); s: (7, present)
-        "max": _pack([-float("inf")]),  # a: the identity
-    }
-    out = reduce_by_name(strategy, mine)
+    # rank 0 has a max "a", a mean "m" (sum 10 over 2), no "s"; rank 1 no "a", "m" (sum 2 over 2), "s" = 7, and an
+    # integer max "i" (5 here, 9 there) and a max "n" that is NaN on rank 1
+    local = {"a": (t(3.0), None), "m": (t(10.0), t(2.0)), "i": (t(5), None), "n": (t(1.0), None)}
+    wanted = {name: (op, None) for name, op in (("a", "max"), ("m", "mean"), ("s", "sum"), ("i", "max"), ("n", "max"))}
+    theirs = {"m": (2.0, 2.0), "s": (7.0, None), "i": (9.0, None), "n": (float("nan"), None)}
+    out = combine_by_name(wanted, [as_floats(local), theirs], local)
     assert float(out["a"]) == 3.0 and float(out["m"]) == 3.0 and float(out["s"]) == 7.0
-    assert out["m"].dtype == torch.float32
+    assert out["m"].dtype == torch.float32 and out["i"].dtype == torch.int64 and int(out["i"]) == 9
+    assert math.isnan(float(out["n"]))
+    assert combine_by_name({"z": ("sum", None)}, [{}, {}], {}) == {"z": None}  # logged by no rank
 
 
 def test_validation_step_values_logged_on_step_reach_the_loggers_at_each_loaders_batch_count():

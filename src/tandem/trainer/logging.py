@@ -5,8 +5,9 @@ turned into floats only when a logger or the progress bar needs them. Epoch mean
 weighted sum and a count, reduced across processes as sums and counts, then divided.
 
 Values logged with ``sync_dist=True`` are reduced across processes by name, never by the order they were
-logged in (:func:`reduce_by_name`): the ranks first agree on the union of names, then reduce one packed
-tensor per operation, a rank without a value sending the identity. Epoch values are reduced once per
+logged in: in one gathering, every rank sends the names it needs reduced with its values (read as floats,
+one conversion per rank), and every rank then reduces the union of names the same way, in rank order
+(:func:`combine_by_name`); a rank without a value counts as absent. Epoch values are reduced once per
 epoch end; step values at the steps whose values are published (every ``log_every_n_steps`` steps and
 at the epoch's end), never on the steps in between.
 """
@@ -94,7 +95,7 @@ class MetricCollector:
     """
 
     def __init__(self, strategy: Strategy, state: TrainerState) -> None:
-        self._strategy = strategy  # its collectives reduce sync_dist values (see reduce_by_name)
+        self._strategy = strategy  # its collectives reduce sync_dist values (see combine_by_name)
         self._state = state
         self._stores: dict[str, dict[str, _Entry]] = {}  # per stage: "train", "validate", "test", "predict"
         self._epoch_values: dict[str, dict[str, torch.Tensor]] = {}
@@ -354,32 +355,26 @@ class MetricCollector:
         is returned, in rank order.
         """
         mine: dict[str, tuple[str, bool, tuple[bool, bool, bool, bool]]] = {}
+        local: dict[str, tuple[torch.Tensor | None, torch.Tensor | None]] = {}  # the values and weights sent
         for name, entry in entries.items():
             flags = (entry.on_step, entry.on_epoch, entry.prog_bar, entry.logger)
             if entry.step_unsynced:
                 mine[f"step/{name}"] = (entry.reduce_fx, True, flags)
+                local[f"step/{name}"] = (entry.step_value, None)
             if not epoch or not entry.on_epoch:
                 continue
             if entry.metric is not None:  # torchmetrics syncs inside compute(): every process must call it
                 mine[f"metric/{name}"] = ("metric", entry.dirty, flags)
             elif entry.sync_dist and (entry.total is not None or entry.dirty):
                 mine[f"epoch/{name}"] = (entry.reduce_fx, entry.dirty, flags)
-        gathered = self._strategy.all_gather_object((mine, note))
+                local[f"epoch/{name}"] = (entry.total, entry.count)
+        gathered = self._strategy.all_gather_object((mine, note, as_floats(local)))
         everyone, notes = [g[0] for g in gathered], [g[1] for g in gathered]
         wanted = _agree(everyone)
         for key in wanted:  # decided from what every process sent: all raise together, none hangs
             if key.startswith("metric/") and not all(key in theirs for theirs in everyone):
                 raise _metric_missing(key.split("/", 1)[1], everyone)
-        contributions: dict[str, tuple[str, torch.Tensor | None, torch.Tensor | None]] = {}
-        for key, (op, _) in wanted.items():
-            kind, name = key.split("/", 1)
-            entry = entries.get(name)
-            if kind == "step":
-                value = entry.step_value if entry is not None and entry.step_unsynced else None
-                contributions[key] = (op, value, None if value is None else torch.ones((), dtype=torch.float64))
-            elif kind == "epoch":
-                contributions[key] = (op, None, None) if entry is None else (op, entry.total, entry.count)
-        reduced = reduce_by_name(self._strategy, contributions)
+        reduced = combine_by_name(wanted, [g[2] for g in gathered], local)
         for key, (op, flags) in wanted.items():
             kind, name = key.split("/", 1)
             entry = entries.get(name)
@@ -593,7 +588,6 @@ class LogSink:
 
 
 # ---------------------------------------------------------------------- reduction across processes, by name
-_IDENTITY = {"max": -math.inf, "min": math.inf}
 
 
 def _agree(everyone: list[dict[str, tuple[str, bool, Any]]]) -> dict[str, tuple[str, Any]]:
@@ -617,58 +611,53 @@ def _agree(everyone: list[dict[str, tuple[str, bool, Any]]]) -> dict[str, tuple[
     return dict(sorted(wanted.items()))
 
 
-def reduce_by_name(
-    strategy: Strategy, values: Mapping[str, tuple[str, torch.Tensor | None, torch.Tensor | None]]
-) -> dict[str, torch.Tensor | None]:
-    """Reduce named values across processes; every process passes the same names (sorted, agreed).
+def as_floats(values: Mapping[str, tuple[torch.Tensor | None, torch.Tensor | None]]) -> dict[str, tuple[Any, Any]]:
+    """``values`` (name -> value, weight: 0-dim tensors or None) as float64 Python numbers, in one conversion
+    (one device sync when they live on an accelerator)."""
+    tensors = [t for pair in values.values() for t in pair if t is not None]
+    if not tensors:
+        return {name: (None, None) for name in values}
+    device = next((t.device for t in tensors if isinstance(t, torch.Tensor)), torch.device("cpu"))
+    packed = torch.stack([torch.as_tensor(t).detach().to(device, torch.float64).reshape(()) for t in tensors])
+    floats = iter(packed.tolist())
+    return {name: tuple(None if t is None else next(floats) for t in pair) for name, pair in values.items()}
 
-    ``values[name] = (op, value, weight)``: for ``"mean"`` the weighted sum and the sum of weights,
-    otherwise the value (``weight`` unused); ``value`` is None where this process has nothing to add.
-    Each operation is one collective over one packed float64 tensor; a missing value sends the
-    identity. The result is None for a name no process had, else a tensor in the local value's dtype
-    (float32 where this process had none) on the local value's device.
-    """
-    summed: list[Any] = []  # mean: (sum, weight); sum: (sum, present); max / min: (present,)
-    extremes: dict[str, list[Any]] = {"max": [], "min": []}
-    for op, value, weight in values.values():
-        present = value is not None
-        if op == "mean":
-            summed += [value if present else 0.0, weight if present else 0.0]
-        elif op == "sum":
-            summed += [value if present else 0.0, float(present)]
-        else:
-            summed.append(float(present))
-            extremes[op].append(value if present else _IDENTITY[op])
-    reduced = {
-        op: strategy.reduce(_pack(items), op).cpu().tolist() if items else []
-        for op, items in (("sum", summed), *extremes.items())
-    }
+
+def combine_by_name(
+    wanted: Mapping[str, tuple[str, Any]],
+    everyone: list[dict[str, tuple[Any, Any]]],
+    local: Mapping[str, tuple[torch.Tensor | None, torch.Tensor | None]],
+) -> dict[str, torch.Tensor | None]:
+    """Reduce the ``wanted`` names (name -> operation, options) over what each rank sent (``everyone``, in rank
+    order: name -> value, weight as floats), the same way on every rank. ``"mean"``: the sum of the values over the
+    sum of the weights (a step value weighs 1); ``"sum"``, ``"max"``, ``"min"``: of the values. A rank that did
+    not send a name is absent from it; None for a name no rank had, else a tensor in this rank's dtype (float32
+    where it had none; an integer sum, max or min stays an integer) on its device. NaN propagates."""
     out: dict[str, torch.Tensor | None] = {}
-    index = {"sum": 0, "max": 0, "min": 0}
-    for name, (op, value, _) in values.items():
-        i = index["sum"]
-        if op in ("mean", "sum"):
-            total, second = reduced["sum"][i : i + 2]
-            index["sum"] += 2
-            result = (total / second if op == "mean" else total) if second > 0 else None
-        else:
-            present = reduced["sum"][i]
-            index["sum"] += 1
-            result = reduced[op][index[op]] if present > 0 else None
-            index[op] += 1
-        if result is None:
-            out[name] = None
+    for key, (op, _) in wanted.items():
+        if key.startswith("metric/"):
             continue
+        sent = [theirs[key] for theirs in everyone if key in theirs and theirs[key][0] is not None]
+        if not sent:
+            out[key] = None
+            continue
+        values = [value for value, _ in sent]
+        if op == "mean":
+            weight = sum(1.0 if w is None else w for _, w in sent)
+            result = sum(values) / weight if weight > 0 else None
+        elif op == "sum":
+            result = sum(values)
+        else:
+            nan = next((v for v in values if math.isnan(v)), None)
+            result = nan if nan is not None else (max if op == "max" else min)(values)
+        if result is None:
+            out[key] = None
+            continue
+        value = local.get(key, (None, None))[0]
         keep_integer = value is not None and not value.is_floating_point() and op != "mean"
         dtype = value.dtype if value is not None and (value.is_floating_point() or keep_integer) else torch.float32
-        out[name] = torch.tensor(result, dtype=dtype, device=value.device if value is not None else "cpu")
+        out[key] = torch.tensor(result, dtype=dtype, device=value.device if value is not None else "cpu")
     return out
-
-
-def _pack(items: list[Any]) -> torch.Tensor:
-    """One float64 tensor of ``items`` (numbers and 0-dim tensors), on the device of the first tensor."""
-    device = next((v.device for v in items if isinstance(v, torch.Tensor)), torch.device("cpu"))
-    return torch.stack([torch.as_tensor(v).detach().to(device=device, dtype=torch.float64).reshape(()) for v in items])
 
 
 def _metric_missing(name: str, everyone: list[dict[str, Any]]) -> TandemUserCodeError:

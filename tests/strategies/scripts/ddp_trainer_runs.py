@@ -170,7 +170,7 @@ def evaluation(out: Path) -> dict[str, Any]:
 
 
 class CountingDDP(DDPStrategy):
-    """Counts the reductions (the MetricCollector's collective)."""
+    """Counts the reductions (the MetricCollector's values travel in its gathering, not in one of these)."""
 
     reductions = 0
 
