@@ -24,6 +24,7 @@ the final losses (rank 0's own under ``--ddp``) must agree.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -162,7 +163,8 @@ def _ddp_raw_rank(rank: int, port: int, steps: int, n: int, root: str, result: s
     if rank == 0:
         writer.close()
         Path(result).write_text(json.dumps({"loop_s": fit, "final_loss": loss.item()}))
-    del wrapped
+    del wrapped  # freed now, not while the interpreter shuts down (where gloo may abort the process)
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -59,7 +59,9 @@ def continue_from(saved: dict[str, Any], now: dict[str, Any], loop: LoopState, d
     When the place falls inside one of this run's batches, the sampler starts there (``loop.resume_start``)."""
     sampler = order_sampler(data)
     if saved["seed"] is not None and sampler is not None:
-        sampler.seed = saved["seed"]  # the checkpoint's order, even when this run was seeded otherwise
+        sampler.seed = loop.order_seed = saved[
+            "seed"
+        ]  # the checkpoint's order, even when this run was seeded otherwise
     before, after = _global_batch(saved), _global_batch(now)
     if saved["world_size"] == now["world_size"] and saved["items_per_batch"] == now["items_per_batch"]:
         if saved["accumulate"] != now["accumulate"]:

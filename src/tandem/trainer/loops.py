@@ -208,6 +208,9 @@ class FitLoop:
         if self.reload_data is not None and loop.epoch - self._loaded_at >= every and not loop.batches_done:
             self.reload_data()  # Lightning's: train_dataloader() / val_dataloader() again every n epochs
             self._loaded_at = loop.epoch
+            sampler = order_sampler(self.data)
+            if loop.order_seed is not None and sampler is not None:  # a resumed run keeps the checkpoint's order
+                sampler.seed = loop.order_seed
         if not self._store_ready:  # each epoch starts empty; the first one in run(), before on_train_start
             metrics.reset()
         self._store_ready = False

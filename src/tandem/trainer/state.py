@@ -50,6 +50,7 @@ class LoopState:
     # An elastic resume whose place falls inside one of this run's batches: the global order's item the resumed
     # epoch begins at (tandem.trainer.elastic; not saved)
     resume_start: int | None = None
+    order_seed: int | None = None  # the checkpoint's training-order seed, for loaders built again (not saved)
 
     def state_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _SAVED}
