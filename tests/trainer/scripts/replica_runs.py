@@ -141,4 +141,5 @@ def main(out: Path) -> None:
 
 if __name__ == "__main__":
     faulthandler.dump_traceback_later(100, exit=True)  # a hang fails with its stack shown
+    faulthandler.enable(all_threads=True)  # an abort at exit (seen once, rank 1, SIGABRT) shows every thread's stack
     main(Path(sys.argv[1]))
