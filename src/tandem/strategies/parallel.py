@@ -22,6 +22,7 @@ import atexit
 import datetime
 import gc
 import itertools
+import time
 from typing import Any
 
 import torch
@@ -461,15 +462,24 @@ def joined_external_group() -> bool:
     )
 
 
+#: how long the process waits at exit for gloo's worker threads to drop their last collective (see below)
+_WORKERS_SETTLE_S = 0.1
+
+
 def leave_process_group() -> None:
     """Close the side channel and destroy the process group setup_environment created (one tandem did not create
     stays): at exit, while the interpreter is still whole, and between the jobs of a Hydra sweep.
 
-    DistributedDataParallel wrappers sit in reference cycles that hold the group; if they are only freed
-    while the interpreter shuts down, a gloo worker thread may need the GIL then, and the process aborts
-    ("terminate called without an active exception", SIGABRT) after the script succeeded.
+    Two ways a gloo worker thread can need the GIL while the interpreter shuts down, which aborts the process
+    ("terminate called without an active exception", SIGABRT) after the script succeeded: DistributedDataParallel
+    wrappers in reference cycles that hold the group (collected here), and a worker that has finished the last
+    collective but not yet dropped it. That collective's tensors were made in Python; the worker drops its
+    reference after waking the caller, so on a busy machine the main thread can reach the interpreter's end
+    first (seen in a core dump: ``~AsyncAllgatherWork`` in ``ProcessGroupGloo::runLoop`` taking the GIL during
+    ``Py_FinalizeEx``; about 1 exit in 40 under load). A short sleep lets the workers take the GIL first.
     """
     gc.collect()
+    time.sleep(_WORKERS_SETTLE_S)
     close_channel()
     if dist.is_initialized() and not joined_external_group():
         dist.destroy_process_group()
