@@ -476,7 +476,7 @@ def leave_process_group() -> None:
     collective but not yet dropped it. That collective's tensors were made in Python; the worker drops its
     reference after waking the caller, so on a busy machine the main thread can reach the interpreter's end
     first (seen in a core dump: ``~AsyncAllgatherWork`` in ``ProcessGroupGloo::runLoop`` taking the GIL during
-    ``Py_FinalizeEx``; about 1 exit in 40 under load). A short sleep lets the workers take the GIL first.
+    ``Py_FinalizeEx``; 2 of about 300 exits). A short sleep lets the workers take the GIL first.
     """
     gc.collect()
     time.sleep(_WORKERS_SETTLE_S)
