@@ -130,6 +130,10 @@ class ClusterEnvironment:
         "starts per node) and num_nodes to the number of nodes."
     )
 
+    #: the variables the launcher sets for the world size, the global, local and node rank, which the rank
+    #: properties read (None: a subclass computes that one itself)
+    variables: ClassVar[tuple[str | None, str | None, str | None, str | None]] = (None, None, None, None)
+
     @classmethod
     def detect(cls) -> bool:
         """Whether the current environment variables describe a job of this kind."""
@@ -141,27 +145,41 @@ class ClusterEnvironment:
 
     @property
     def world_size(self) -> int:
-        raise NotImplementedError
+        return self._read(0)
 
     @property
     def global_rank(self) -> int:
-        raise NotImplementedError
+        return self._read(1)
 
     @property
     def local_rank(self) -> int:
-        raise NotImplementedError
+        return self._read(2)
 
     @property
     def node_rank(self) -> int:
-        raise NotImplementedError
+        return self._read(3)
+
+    def _read(self, index: int) -> int:
+        name = self.variables[index]
+        if name is None:
+            raise NotImplementedError(f"{type(self).__name__} names no variable for this value")
+        return _int(name)
 
     @property
     def main_address(self) -> str:
-        return os.environ.get("MASTER_ADDR", _LOCAL_ADDRESS)
+        """MASTER_ADDR when set, else the launcher's own rule (:meth:`_default_address`)."""
+        return os.environ["MASTER_ADDR"] if "MASTER_ADDR" in os.environ else self._default_address()
 
     @property
     def main_port(self) -> int:
-        return _int("MASTER_PORT")
+        """MASTER_PORT when set, else the launcher's own rule (:meth:`_default_port`)."""
+        return _int("MASTER_PORT") if "MASTER_PORT" in os.environ else self._default_port()
+
+    def _default_address(self) -> str:
+        return _LOCAL_ADDRESS
+
+    def _default_port(self) -> int:
+        return _int("MASTER_PORT")  # none: the KeyError names the variable
 
     def export_rendezvous(self) -> None:
         """Put MASTER_ADDR / MASTER_PORT into this process's environment for ``init_method="env://"``."""
@@ -183,22 +201,11 @@ class TorchElasticEnvironment(ClusterEnvironment):
     """Processes started by torchrun / ``python -m torch.distributed.run``."""
 
     name = "torchrun"
+    variables = ("WORLD_SIZE", "RANK", "LOCAL_RANK", None)
 
     @classmethod
     def detect(cls) -> bool:
         return all(v in os.environ for v in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK"))
-
-    @property
-    def world_size(self) -> int:
-        return _int("WORLD_SIZE")
-
-    @property
-    def global_rank(self) -> int:
-        return _int("RANK")
-
-    @property
-    def local_rank(self) -> int:
-        return _int("LOCAL_RANK")
 
     @property
     def node_rank(self) -> int:
@@ -238,6 +245,7 @@ class SLURMEnvironment(ClusterEnvironment):
     """
 
     name = "slurm"
+    variables = ("SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID")
 
     def __init__(self, auto_requeue: bool = True, requeue_signal: signal.Signals | None = None) -> None:
         if not isinstance(auto_requeue, bool):
@@ -268,33 +276,11 @@ class SLURMEnvironment(ClusterEnvironment):
         mpi = MPIEnvironment.family()
         return mpi is None or os.environ.get("SLURM_STEP_NUM_TASKS") == os.environ[mpi[1]]
 
-    @property
-    def world_size(self) -> int:
-        return _int("SLURM_NTASKS")
-
-    @property
-    def global_rank(self) -> int:
-        return _int("SLURM_PROCID")
-
-    @property
-    def local_rank(self) -> int:
-        return _int("SLURM_LOCALID")
-
-    @property
-    def node_rank(self) -> int:
-        return _int("SLURM_NODEID")
-
-    @property
-    def main_address(self) -> str:
-        if "MASTER_ADDR" in os.environ:
-            return os.environ["MASTER_ADDR"]
+    def _default_address(self) -> str:
         nodelist = os.environ.get("SLURM_NODELIST") or os.environ.get("SLURM_JOB_NODELIST", _LOCAL_ADDRESS)
         return expand_nodelist(nodelist)[0]
 
-    @property
-    def main_port(self) -> int:
-        if "MASTER_PORT" in os.environ:
-            return _int("MASTER_PORT")
+    def _default_port(self) -> int:
         job_id = os.environ.get("SLURM_JOB_ID", "")
         return 15000 + int(job_id[-4:]) if job_id[-4:].isdigit() else 12910
 
@@ -321,6 +307,7 @@ class LSFEnvironment(ClusterEnvironment):
     """Processes started by LSF's ``jsrun`` (Lightning's ``LSFEnvironment``)."""
 
     name = "lsf"
+    variables = ("JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_RANK", "JSM_NAMESPACE_LOCAL_RANK", None)
 
     @classmethod
     def detect(cls) -> bool:
@@ -328,30 +315,14 @@ class LSFEnvironment(ClusterEnvironment):
         return all(v in os.environ for v in required)
 
     @property
-    def world_size(self) -> int:
-        return _int("JSM_NAMESPACE_SIZE")
-
-    @property
-    def global_rank(self) -> int:
-        return _int("JSM_NAMESPACE_RANK")
-
-    @property
-    def local_rank(self) -> int:
-        return _int("JSM_NAMESPACE_LOCAL_RANK")
-
-    @property
     def node_rank(self) -> int:
         hosts = self._rank_hosts()
         return list(dict.fromkeys(hosts)).index(hosts[self.global_rank])
 
-    @property
-    def main_address(self) -> str:
-        return os.environ.get("MASTER_ADDR") or self._rank_hosts()[0]
+    def _default_address(self) -> str:
+        return self._rank_hosts()[0]
 
-    @property
-    def main_port(self) -> int:
-        if "MASTER_PORT" in os.environ:
-            return _int("MASTER_PORT")
+    def _default_port(self) -> int:
         job_id = os.environ["LSB_JOBID"]
         return 10000 + int(job_id) % 1000 if job_id.isdigit() else 12910  # Lightning's rule
 
@@ -440,17 +411,11 @@ class MPIEnvironment(ClusterEnvironment):
         _, size, _, local_size, _ = self._variables()
         return local_size not in os.environ or _int(local_size) == _int(size)
 
-    @property
-    def main_address(self) -> str:
-        if "MASTER_ADDR" in os.environ:
-            return os.environ["MASTER_ADDR"]
+    def _default_address(self) -> str:
         self._check_one_node()
         return _LOCAL_ADDRESS
 
-    @property
-    def main_port(self) -> int:
-        if "MASTER_PORT" in os.environ:
-            return _int("MASTER_PORT")
+    def _default_port(self) -> int:
         self._check_one_node()
         return 20000 + os.getppid() % 20000  # the launcher's process on this node: the same for all its ranks
 
@@ -471,6 +436,7 @@ class KubeflowEnvironment(ClusterEnvironment):
     devices per pod: run torchrun inside the pod."""
 
     name = "kubeflow"
+    variables = ("WORLD_SIZE", "RANK", None, "RANK")  # one process per pod: the node rank is the rank
     shape_hint = (
         "A Kubeflow PyTorchJob runs one process per pod: use devices=1 and num_nodes=<the number of pods>; for "
         "several devices per pod, run torchrun inside each pod (then devices=<processes per pod>)."
@@ -483,20 +449,8 @@ class KubeflowEnvironment(ClusterEnvironment):
         return in_kubernetes and all(v in os.environ for v in required) and "LOCAL_RANK" not in os.environ
 
     @property
-    def world_size(self) -> int:
-        return _int("WORLD_SIZE")
-
-    @property
-    def global_rank(self) -> int:
-        return _int("RANK")
-
-    @property
     def local_rank(self) -> int:
         return 0
-
-    @property
-    def node_rank(self) -> int:
-        return _int("RANK")
 
 
 class LocalEnvironment(ClusterEnvironment):
@@ -538,11 +492,9 @@ class LocalEnvironment(ClusterEnvironment):
     def node_rank(self) -> int:
         return _int("NODE_RANK", _int("GROUP_RANK", 0))
 
-    @property
-    def main_port(self) -> int:
-        """MASTER_PORT, or a free port picked now and exported, so every later reader agrees."""
-        if "MASTER_PORT" not in os.environ:
-            os.environ["MASTER_PORT"] = str(find_free_port())
+    def _default_port(self) -> int:
+        """A free port picked now and exported, so every later reader agrees."""
+        os.environ["MASTER_PORT"] = str(find_free_port())
         return _int("MASTER_PORT")
 
     @property
