@@ -614,13 +614,9 @@ def _agree(everyone: list[dict[str, tuple[str, bool, Any]]]) -> dict[str, tuple[
 def as_floats(values: Mapping[str, tuple[torch.Tensor | None, torch.Tensor | None]]) -> dict[str, tuple[Any, Any]]:
     """``values`` (name -> value, weight: 0-dim tensors or None) as float64 Python numbers, in one conversion
     (one device sync when they live on an accelerator)."""
-    tensors = [t for pair in values.values() for t in pair if t is not None]
-    if not tensors:
-        return {name: (None, None) for name in values}
-    device = next((t.device for t in tensors if isinstance(t, torch.Tensor)), torch.device("cpu"))
-    packed = torch.stack([torch.as_tensor(t).detach().to(device, torch.float64).reshape(()) for t in tensors])
-    floats = iter(packed.tolist())
-    return {name: tuple(None if t is None else next(floats) for t in pair) for name, pair in values.items()}
+    present = {(name, i): t for name, pair in values.items() for i, t in enumerate(pair) if t is not None}
+    floats = to_float(present, torch.float64)
+    return {name: (floats.get((name, 0)), floats.get((name, 1))) for name in values}
 
 
 def combine_by_name(

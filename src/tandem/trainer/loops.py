@@ -94,9 +94,12 @@ class FitLoop:
     # ------------------------------------------------------------------ checkpoint state
     def state_dict(self) -> dict[str, Any]:
         """Where training is (``checkpoint["loops"]``), with the data layout that place is counted in."""
-        config = self.context.config
-        layout = data_layout(self.data, self.context.strategy.world_size, config.accumulate_grad_batches)
+        layout = self._data_layout()
         return self.state.state_dict() if layout is None else {**self.state.state_dict(), "data": layout}
+
+    def _data_layout(self) -> dict[str, Any] | None:
+        accumulate = self.context.config.accumulate_grad_batches
+        return data_layout(self.data, self.context.strategy.world_size, accumulate)
 
     def load_state_dict(
         self, state: dict[str, Any], train_metrics: dict[str, Any] | None = None, rng: dict[str, Any] | None = None
@@ -107,7 +110,7 @@ class FitLoop:
         loop.load_state_dict(state)
         loop.resume_train_metrics = train_metrics if loop.batches_done else None
         loop.resume_rng = rng
-        now = self.state_dict().get("data")
+        now = self._data_layout()
         if "data" in state and now is not None:  # another device count or batch size: the same place
             continue_from(state["data"], now, loop, self.data)
 
@@ -223,13 +226,9 @@ class FitLoop:
             loop.resume_rng = None
         module.train()
         hooks.call("on_train_epoch_start")
-        batches = self._epoch_batches()
-        if context.profiler is not None:
-            batches = timed_batches(batches, context.profiler, TRAIN_NEXT_BATCH)
         n = loop.epoch_batches = self.data.num_batches[0]
+        batches = self._read_batches(self._epoch_batches(), loader)
         several = strategy.world_size > 1  # only then is there a collective per step
-        if (several or config.accumulate_grad_batches > 1) and not has_len(loader):
-            batches = self._agreed_batches(batches, n)
         val_every = self._val_check_batches()
         # check_val_every_n_epoch=None: val_check_interval counts the batches of the whole fit (Lightning's rule)
         offset = loop.batches_in_earlier_epochs if config.check_val_every_n_epoch is None else 0
@@ -350,13 +349,18 @@ class FitLoop:
         record, skipped = rollback.roll_back(bad, strategy, self.optimization, loop, context.metrics)
         context.sink.log_metrics({**record.metrics(), "epoch": record.epoch}, found_at)
         rank_zero_warn(f"on_nonfinite='rollback': rolled back: {record}.")
-        batches = self._epoch_batches(replay=True)
+        return skipping(self._read_batches(self._epoch_batches(replay=True), loader), loop.batches_done, skipped)
+
+    def _read_batches(self, batches: Iterator[Any], loader: Any) -> Iterator[Any]:
+        """The epoch's batches as the loop reads them: timed when profiling, and, for a loader of unknown length
+        whose steps are collectives or accumulate, agreed batch by batch (:meth:`_agreed_batches`)."""
+        context = self.context
         if context.profiler is not None:
             batches = timed_batches(batches, context.profiler, TRAIN_NEXT_BATCH)
-        several, accumulate = strategy.world_size > 1, context.config.accumulate_grad_batches
-        if (several or accumulate > 1) and not has_len(loader):
+        several = context.strategy.world_size > 1  # only then is there a collective per step
+        if (several or context.config.accumulate_grad_batches > 1) and not has_len(loader):
             batches = self._agreed_batches(batches, self.data.num_batches[0])
-        return skipping(batches, loop.batches_done, skipped)
+        return batches
 
     def _found_empty_batch(self, batch_idx: int) -> None:
         """Training batch ``batch_idx`` held no samples and was trained on. With one process that is an error now;

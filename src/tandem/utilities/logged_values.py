@@ -46,13 +46,14 @@ def is_metric(value: Any) -> bool:
 replica_logs = _REPLICA_LOGS.get
 
 
-def to_float(metrics: dict[str, Any]) -> dict[str, float]:
-    """One host sync for all values at once, only when a logger needs numbers."""
+def to_float(metrics: dict[Any, Any], dtype: torch.dtype = torch.float32) -> dict[Any, float]:
+    """One host sync for all values at once, only when a logger needs numbers (``dtype``: the precision they are
+    read in; float64 for sums that are reduced further)."""
     if not metrics:
         return {}
     names = list(metrics)
     values = [metrics[n] for n in names]
-    tensors = [v.float().reshape(()) for v in values if isinstance(v, torch.Tensor)]
+    tensors = [v.to(dtype).reshape(()) for v in values if isinstance(v, torch.Tensor)]
     if len(tensors) == len(values) and len({t.device for t in tensors}) == 1:
         return dict(zip(names, torch.stack(tensors).cpu().tolist()))
     return {n: float(v) for n, v in zip(names, values)}
