@@ -29,7 +29,7 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from tandem.utilities.data import SkippableSampler, has_len, rebuild_dataloader
+from tandem.utilities.data import has_len, rebuild_dataloader, unwrapped
 from tandem.utilities.exceptions import incompatible
 from tandem.utilities.rank_zero import rank_zero_warn
 
@@ -200,17 +200,13 @@ def shard_evaluation(loader: DataLoader, num_replicas: int, rank: int) -> DataLo
     return rebuild_dataloader(loader, sampler=EvalDistributedSampler(loader.sampler, num_replicas, rank))
 
 
-def _unwrap(sampler: Any) -> Any:
-    return sampler.inner if isinstance(sampler, SkippableSampler) else sampler
-
-
 def evaluation_layout(loader: DataLoader) -> int | None:
     """The batch size when samples went round the ranks, 0 when whole batches did, None when not sharded."""
-    batches = _unwrap(loader.batch_sampler)
+    batches = unwrapped(loader.batch_sampler)
     if isinstance(batches, BatchSampler) and isinstance(batches.sampler, EvalDistributedSampler):
         return batches.batch_size
     if isinstance(batches, EvalDistributedSampler) or (
-        batches is None and isinstance(_unwrap(loader.sampler), EvalDistributedSampler)
+        batches is None and isinstance(unwrapped(loader.sampler), EvalDistributedSampler)
     ):
         return 0
     return None

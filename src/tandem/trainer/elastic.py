@@ -22,7 +22,7 @@ from torch.utils.data import BatchSampler, DataLoader
 
 from tandem.strategies.samplers import GlobalOrderSampler
 from tandem.trainer.state import LoopState, StageData
-from tandem.utilities.data import SkippableSampler, find_sampler
+from tandem.utilities.data import find_sampler, unwrapped
 from tandem.utilities.exceptions import TandemConfigError
 from tandem.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
@@ -41,9 +41,7 @@ def data_layout(data: StageData | None, world_size: int, accumulate: int) -> dic
     if data is None or not data.loaders:
         return None
     sampler = order_sampler(data)
-    batches = getattr(data.loaders[0], "batch_sampler", None)
-    if isinstance(batches, SkippableSampler):
-        batches = batches.inner
+    batches = unwrapped(getattr(data.loaders[0], "batch_sampler", None))
     items = batches.batch_size if type(batches) is BatchSampler else 1
     return {
         "world_size": world_size,
@@ -59,9 +57,8 @@ def continue_from(saved: dict[str, Any], now: dict[str, Any], loop: LoopState, d
     When the place falls inside one of this run's batches, the sampler starts there (``loop.resume_start``)."""
     sampler = order_sampler(data)
     if saved["seed"] is not None and sampler is not None:
-        sampler.seed = loop.order_seed = saved[
-            "seed"
-        ]  # the checkpoint's order, even when this run was seeded otherwise
+        # the checkpoint's order, even when this run was seeded otherwise
+        sampler.seed = loop.order_seed = saved["seed"]
     before, after = _global_batch(saved), _global_batch(now)
     if saved["world_size"] == now["world_size"] and saved["items_per_batch"] == now["items_per_batch"]:
         if saved["accumulate"] != now["accumulate"]:

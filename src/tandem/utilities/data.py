@@ -170,6 +170,11 @@ class _SkippingIterator:
         return next(self._it)
 
 
+def unwrapped(sampler: Any) -> Any:
+    """``sampler`` without tandem's :class:`SkippableSampler` around it."""
+    return sampler.inner if isinstance(sampler, SkippableSampler) else sampler
+
+
 def make_skippable(loader: DataLoader) -> tuple[DataLoader, SkippableSampler | None]:
     """Rebuild ``loader`` around a :class:`SkippableSampler`; iterable-style loaders are returned as is."""
     if not isinstance(loader, DataLoader) or is_iterable_style(loader):
