@@ -454,7 +454,8 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
             rank_zero_only: the call is made on rank 0 only (the value is never reduced across processes).
             add_dataloader_idx: with several evaluation loaders, name the value ``name/dataloader_idx_N``.
         """
-        trainer = self._trainer
+        ref = self.__dict__.get("_trainer_ref")  # self._trainer, inline: this runs for every logged value
+        trainer = None if ref is None else ref()
         if trainer is None:  # outside a Trainer run (e.g. a unit test calling training_step): nothing to collect
             _warn_log_without_trainer(name)
             return

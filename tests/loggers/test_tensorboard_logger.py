@@ -37,6 +37,16 @@ def test_scalars_and_hparams_are_readable_back_from_one_run(tmp_path):
     loss = events.Scalars("train_loss")
     assert [e.step for e in loss] == [0, 10, 20]
     assert [round(e.value, 4) for e in loss] == [1.0, 0.5, 0.3333]
+    assert [e.value for e in events.Scalars("epoch")] == [0.0, 0.0, 0.0]
+    # one event per log_metrics call, holding every value (one event per value costs ~27 us each to write)
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    (event_file,) = (f for f in files if "tfevents" in f)
+    written = EventFileLoader(os.path.join(log_dir, event_file)).Load()
+    scalar_events = [e for e in written if e.summary.value and not e.summary.value[0].tag.startswith("_hparams_")]
+    assert [(e.step, [v.tag for v in e.summary.value]) for e in scalar_events] == [
+        (step, ["train_loss", "epoch"]) for step in (0, 10, 20)
+    ]
 
     content = events.PluginTagToContent("hparams")
     start = HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info

@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from helpers import clear_launch_variables
 from tandem.strategies import DDPStrategy, Precision, SingleDeviceStrategy
 from tandem.strategies.registry import resolve_strategy
+from tandem.strategies.strategy import moves_batches
 from tandem.utilities.exceptions import CheckpointError, TandemConfigError, TandemUserCodeError
 
 pytestmark = pytest.mark.timeout(30)
@@ -157,3 +158,34 @@ def test_tensor_init_context_builds_on_the_device_in_the_precisions_dtype():
         layer = torch.nn.Linear(2, 2)
     assert layer.weight.dtype == torch.float64 and not layer.weight.is_meta
     assert torch.get_default_dtype() == torch.float32
+
+
+# ---------------------------------------------------------------------------------------------- the per-step path
+
+
+def test_batches_are_moved_only_where_batch_to_device_changes_them():
+    class Moving(SingleDeviceStrategy):
+        def batch_to_device(self, batch):
+            return [t * 2 for t in batch]
+
+    batch = [torch.ones(2), torch.ones(2, dtype=torch.long)]
+    plain = _configured(SingleDeviceStrategy("cpu"))
+    assert not moves_batches(plain) and plain.batch_to_device(batch) is batch  # the loop skips a call doing nothing
+    assert moves_batches(_configured(Moving("cpu")))
+    double = resolve_strategy(SingleDeviceStrategy("cpu"), "cpu", 1, 1, "64-true")
+    assert moves_batches(double)
+    moved = double.batch_to_device(batch)
+    assert moved[0].dtype == torch.float64 and moved[1].dtype == torch.long
+
+
+def test_the_step_calls_skip_the_strategy_only_where_it_leaves_the_work_to_its_precision():
+    from tandem.profilers import SimpleProfiler
+    from tandem.trainer.profiling import StrategyCalls
+
+    single = _configured(SingleDeviceStrategy("cpu"))
+    calls = StrategyCalls(single)
+    assert calls.backward == single.precision.backward and calls.optimizer_step == single.precision.optimizer_step
+    ddp = _configured(DDPStrategy(), devices=2)  # its own backward (the gradient sync's checks): kept
+    assert StrategyCalls(ddp).backward == ddp.backward
+    timed = StrategyCalls(single, SimpleProfiler())  # profiled under the strategy's names
+    assert timed.backward != single.precision.backward

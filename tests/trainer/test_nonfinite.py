@@ -50,6 +50,18 @@ def _files(checkpoint: ModelCheckpoint) -> list[str]:
 BEFORE = ["epoch=0-step=3.ckpt", "epoch=0-step=6.ckpt", "epoch=1-step=9.ckpt", "last.ckpt"]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_the_loss_is_read_as_one_number_nan_and_inf_are_not_finite(dtype):
+    from tandem.trainer.nonfinite import loss_is_finite
+
+    def loss(value: float) -> torch.Tensor:
+        return torch.tensor(value, dtype=dtype, requires_grad=True) * 1  # as training_step returns it: with a graph
+
+    assert loss_is_finite(loss(2.5)) and loss_is_finite(None)  # None: a skipped batch
+    assert not loss_is_finite(loss(math.nan)) and not loss_is_finite(loss(math.inf))
+    assert not loss_is_finite(loss(-math.inf))
+
+
 def test_a_nan_loss_stops_the_fit_naming_the_step_and_the_last_checkpoint_stays_finite(tmp_path):
     trainer, checkpoint = _checkpointed(tmp_path)
     with pytest.raises(NonFiniteError) as caught:

@@ -557,3 +557,12 @@ def sharded_checkpoint_error(path: str | Path, strategy: str) -> CheckpointError
         "strategy='fsdp' (on any number of devices), or save with FSDPStrategy(state_dict_type='full') to "
         "get one file that every strategy loads."
     )
+
+
+def moves_batches(strategy: Strategy) -> bool:
+    """Whether ``strategy.batch_to_device`` changes a batch; False on the CPU at the precision's own dtype with the
+    method as :class:`Strategy` writes it (loaders yield CPU tensors): the training loop then skips the call."""
+    if type(strategy).batch_to_device is not Strategy.batch_to_device or strategy.root_device.type != "cpu":
+        return True
+    precision = strategy.precision
+    return type(precision).convert_input is not Precision.convert_input or precision.parameter_dtype is not None

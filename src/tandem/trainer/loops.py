@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tandem.strategies.side_channel import placed, preemption_vote
+from tandem.strategies.strategy import moves_batches
 from tandem.trainer.elastic import continue_from, data_layout, order_sampler
 from tandem.trainer.nonfinite import loss_is_finite, nonfinite_parameters
 from tandem.trainer.optimization import Optimization
@@ -80,6 +81,8 @@ class FitLoop:
         self._loaded_at = 0  # the epoch the loaders were built for
         self._stop_agreed = False  # every process knows that one asked to stop (several processes)
         self._optimize = self.optimization.run  # the fit's optimization of a batch (timed when profiling)
+        # the strategy's batch_to_device changes a batch (strategies.strategy.moves_batches; set when a fit starts)
+        self._moves_batches = True
         self._store_ready = False  # the training values' store was emptied for the coming epoch
         self.empty_batch: tuple[int, int, int] | None = None  # (rank, epoch, batch_idx) not yet acted on (ddp)
         self._bad: RollbackRecord | None = None  # on_nonfinite="rollback": a publishing check found a bad batch
@@ -138,6 +141,7 @@ class FitLoop:
                 _warn_nothing_to_train(self.state, context.config)
             return
         profiler = context.profiler
+        self._moves_batches = moves_batches(context.strategy)
         optimize = self.optimization.run
         self._optimize = optimize if profiler is None else timed(optimize, profiler, "run_training_batch")
         rollback = context.nonfinite.rollback
@@ -287,7 +291,10 @@ class FitLoop:
         context, loop, optimization = self.context, self.state, self.optimization
         strategy, hooks, config = context.strategy, context.hooks, context.config
         transfer = self.batch_transfer
-        batch = strategy.batch_to_device(batch) if transfer is None else transfer(batch, 0)
+        if transfer is not None:
+            batch = transfer(batch, 0)
+        elif self._moves_batches:  # on the CPU at full precision a batch stays as the loader made it
+            batch = strategy.batch_to_device(batch)
         context.metrics.set_batch(batch)
         loop.logger_step = loop.batches_stepped
         empty = is_empty_batch(batch)  # host-side shapes: no device sync

@@ -66,8 +66,9 @@ def rollback_settings(value: str | Rollback) -> Rollback | None:
 
 
 def loss_is_finite(loss: torch.Tensor | None) -> bool:
-    """Read the loss (one host sync: called at publishing steps only). No loss (a skipped batch) is finite."""
-    return loss is None or bool(torch.isfinite(loss.detach()).all())
+    """Read the loss (one host sync: called at publishing steps only). No loss (a skipped batch) is finite. The
+    loss is one number (``_loss_from`` checks): read as a float, not through ``isfinite`` kernels."""
+    return loss is None or math.isfinite(loss.item())
 
 
 @torch.no_grad()

@@ -111,7 +111,14 @@ class StrategyCalls:
         self.run_step: Callable[..., Any] = strategy.run_step
         self.backward: Callable[..., None] = strategy.backward
         self.optimizer_step: Callable[..., bool] = strategy.optimizer_step
-        if profiler is None:
+        if profiler is None:  # a strategy that leaves them to its precision: the precision's, one call fewer a step
+            from tandem.strategies.strategy import Strategy
+
+            kind, precision = type(strategy), strategy.precision
+            if kind.backward is Strategy.backward:
+                self.backward = precision.backward
+            if kind.optimizer_step is Strategy.optimizer_step:
+                self.optimizer_step = precision.optimizer_step
             return
         run_step, actions = strategy.run_step, {}
 
