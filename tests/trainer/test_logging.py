@@ -295,6 +295,24 @@ def test_combine_by_name_leaves_out_a_rank_without_the_value_on_every_rank_alike
     assert combine_by_name({"z": ("sum", None)}, [{}, {}], {}) == {"z": None}  # logged by no rank
 
 
+def test_as_floats_reads_each_value_exactly_whatever_its_dtype():
+    """Values sent for a reduction by name are read without rounding: float32 and 16-bit floats through float32 (exact
+    in a Python float), float64 sums and large integer counts through float64."""
+    from tandem.trainer.logging import as_floats
+
+    third = 1 / 3
+    narrow = {"f32": (torch.tensor(third), torch.tensor(3.0)), "bf16": (torch.tensor(0.1, dtype=torch.bfloat16), None)}
+    assert as_floats(narrow) == {
+        "f32": (torch.tensor(third).double().item(), 3.0),
+        "bf16": (torch.tensor(0.1, dtype=torch.bfloat16).double().item(), None),
+    }
+    wide = {"f64": (torch.tensor(third, dtype=torch.float64), None), "f32": (torch.tensor(third), None)}
+    wide["count"] = (torch.tensor(2**24 + 1, dtype=torch.int64), None)  # not exact in float32
+    floats = as_floats(wide)
+    assert floats["f64"] == (third, None) and floats["count"] == (float(2**24 + 1), None)
+    assert floats["f32"] == (torch.tensor(third).double().item(), None)
+
+
 def test_validation_step_values_logged_on_step_reach_the_loggers_at_each_loaders_batch_count():
     class StepLogs(TinyModule):
         def validation_step(self, batch, batch_idx, dataloader_idx=0):

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 REDUCE_FX = ("mean", "sum", "max", "min")
 #: logged in float32: a 16-bit running sum or count stops counting (bfloat16: 256 + 1 == 256)
 _HALF_DTYPES = frozenset((torch.float16, torch.bfloat16))
+_FLOAT32_EXACT = frozenset((torch.float32, torch.float16, torch.bfloat16))  # read exactly through float32
 
 
 @dataclass
@@ -615,7 +616,10 @@ def as_floats(values: Mapping[str, tuple[torch.Tensor | None, torch.Tensor | Non
     """``values`` (name -> value, weight: 0-dim tensors or None) as float64 Python numbers, in one conversion
     (one device sync when they live on an accelerator)."""
     present = {(name, i): t for name, pair in values.items() for i, t in enumerate(pair) if t is not None}
-    floats = to_float(present, torch.float64)
+    # read in float32 when every value is a float of at most 32 bits (exact: a Python float holds each one), which
+    # stacks them as they are; float64 for the rest (a float64 sum, an integer count)
+    narrow = all(t.dtype in _FLOAT32_EXACT for t in present.values())
+    floats = to_float(present, torch.float32 if narrow else torch.float64)
     return {name: (floats.get((name, 0)), floats.get((name, 1))) for name in values}
 
 

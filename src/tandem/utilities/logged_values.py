@@ -53,7 +53,10 @@ def to_float(metrics: dict[Any, Any], dtype: torch.dtype = torch.float32) -> dic
         return {}
     names = list(metrics)
     values = [metrics[n] for n in names]
-    tensors = [v.to(dtype).reshape(()) for v in values if isinstance(v, torch.Tensor)]
+    # a one-number tensor of the dtype already (what self.log keeps) is stacked as it is: no copy, no view
+    tensors = [
+        v if v.dtype is dtype and not v.ndim else v.to(dtype).reshape(()) for v in values if isinstance(v, torch.Tensor)
+    ]
     if len(tensors) == len(values) and len({t.device for t in tensors}) == 1:
         return dict(zip(names, torch.stack(tensors).cpu().tolist()))
     return {n: float(v) for n, v in zip(names, values)}
