@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 REDUCE_FX = ("mean", "sum", "max", "min")
 #: logged in float32: a 16-bit running sum or count stops counting (bfloat16: 256 + 1 == 256)
 _HALF_DTYPES = frozenset((torch.float16, torch.bfloat16))
-_FLOAT32_EXACT = frozenset((torch.float32, torch.float16, torch.bfloat16))  # read exactly through float32
+_FLOAT32_EXACT = _HALF_DTYPES | {torch.float32}  # read exactly through float32
 
 
 @dataclass

@@ -436,8 +436,9 @@ def _double_step(steps: int) -> TandemUserCodeError:
 def _loss_from(output: Any) -> torch.Tensor | None:
     if output is None:
         return None
-    # a tensor first: isinstance(output, Mapping) is an ABC check, the slowest test of the step for what it asks
-    loss = output if isinstance(output, torch.Tensor) else output.get("loss") if isinstance(output, Mapping) else output
+    loss = output
+    if not isinstance(output, torch.Tensor) and isinstance(output, Mapping):  # a tensor first: Mapping is an ABC check
+        loss = output.get("loss")
     if isinstance(loss, torch.Tensor) and loss.numel() == 1:
         if not loss.requires_grad:
             raise TandemUserCodeError(
