@@ -16,7 +16,7 @@ Each measurement is a fresh process (``--worker raw|tandem``); pairs alternate w
 of the per-pair ratios and their spread (min-max) are reported. Same data, same weights, same batch order:
 the final losses (rank 0's own under ``--ddp``) must agree.
 
-    python benchmarks/logging_cost.py                       # 3 pairs, 1500 steps, 1/16/64/256 metrics
+    python benchmarks/logging_cost.py                       # 5 pairs, 1500 steps, 1/16/64/256 metrics
     python benchmarks/logging_cost.py --pairs 5 --steps 3000 --metrics 1 64
     python benchmarks/logging_cost.py --ddp --metrics 1 64  # 2 processes, sync_dist=True
 """
@@ -285,7 +285,7 @@ def measure(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=3, help="raw/tandem pairs per case")
+    parser.add_argument("--pairs", type=int, default=5, help="raw/tandem pairs per case (the median of 5 or more)")
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--metrics", type=int, nargs="+", default=[1, 16, 64, 256])
     parser.add_argument("--progress-bar", action="store_true", help=argparse.SUPPRESS)

@@ -124,6 +124,23 @@ def test_collector_reduces_sums_and_counts_across_processes():
     assert values["m"].item() == pytest.approx(34.0 / 12.0)
 
 
+def test_logged_values_hold_no_graph_and_a_value_without_one_is_kept_as_it_is():
+    """A value with a graph is kept detached (the step's graph is freed after backward, and an epoch sum builds none);
+    one without a graph (evaluation, torch.no_grad) is kept as it is, with no copy, sums included."""
+    collector = MetricCollector(TwoRanks({}), TrainerState(stage="train"))
+    weight = torch.tensor(3.0, requires_grad=True)
+    with_graph, plain = weight * 2, torch.tensor(5.0)
+    options = dict(prog_bar=False, logger=True, sync_dist=False, reduce_fx="sum", batch_size=1)
+    with running_hook("training_step"):
+        collector.log("with_graph", with_graph, on_step=True, on_epoch=True, **options)
+        collector.log("plain", plain, on_step=True, on_epoch=False, **options)
+    kept = collector.callback_metrics["with_graph_step"]
+    assert not kept.requires_grad and kept.grad_fn is None and kept.item() == 6.0
+    assert collector.callback_metrics["plain"] is plain
+    epoch = collector.epoch_metrics()["with_graph_epoch"]
+    assert not epoch.requires_grad and epoch.item() == 6.0
+
+
 def test_epoch_values_without_sync_dist_under_several_processes_warn_once():
     """As Lightning: an epoch value each process aggregates alone is rank 0's share; say so, naming sync_dist."""
     options = dict(on_step=None, on_epoch=None, prog_bar=False, logger=True, reduce_fx="mean", batch_size=2)

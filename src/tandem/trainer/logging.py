@@ -161,7 +161,9 @@ class MetricCollector:
             on_step = in_step_hook if on_step is None else on_step
             on_epoch = (not in_step_hook) if on_epoch is None else on_epoch
         if isinstance(value, torch.Tensor) and value.ndim == 0:  # the common case, kept cheap
-            value, metric = value.detach(), None
+            metric = None
+            if value.requires_grad:  # no graph kept; one without (evaluation, no_grad) is kept as it is
+                value = value.detach()
             if value.dtype in _HALF_DTYPES:
                 value = value.float()
         else:
