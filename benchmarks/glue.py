@@ -28,14 +28,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import logging_cost  # noqa: E402  (the workloads)
 
+import tandem  # noqa: E402
+
 SHORT, LONG = 50, 150
+_PACKAGE = os.path.dirname(os.path.abspath(tandem.__file__)) + os.sep
 
 
 def _where(code) -> str:
-    """``folder/file.py:function`` of a code object; ``tandem/...`` for tandem's own."""
-    path = code.co_filename.replace(os.sep, "/")
-    head, ours, tail = path.rpartition("/tandem/")
-    return f"tandem/{tail}:{code.co_name}" if ours else f"{'/'.join(path.split('/')[-2:])}:{code.co_name}"
+    """``folder/file.py:function`` of a code object; ``tandem/...`` for the tandem package's own (not this folder's,
+    whatever the checkout is called)."""
+    path = os.path.abspath(code.co_filename)
+    if path.startswith(_PACKAGE):
+        return f"tandem/{os.path.relpath(path, _PACKAGE).replace(os.sep, '/')}:{code.co_name}"
+    return f"{'/'.join(path.replace(os.sep, '/').split('/')[-2:])}:{code.co_name}"
 
 
 def count(run: Callable[[int], object], steps: int) -> tuple[collections.Counter, collections.Counter]:
@@ -80,7 +85,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    print(f"glue: bytecodes and Python calls per step, runs of {LONG} minus {SHORT} steps (deterministic)")
+    print(f"glue: bytecodes and Python calls per step, runs of {LONG} minus {SHORT} steps (counted, not timed)")
     extra = {}  # metrics per step -> tandem's bytecodes a step over the raw loop's
     with tempfile.TemporaryDirectory() as root:
         for n in args.metrics:
