@@ -358,6 +358,8 @@ class Strategy:
         return itertools.islice(dataloader, None if limit == math.inf else int(limit))
 
     def batch_to_device(self, batch: Any) -> Any:
+        # moves_batches (end of this file) tells the training loop when this returns the batch untouched, so that
+        # the loop can skip the call: a change here that touches CPU batches at full precision must change it too
         device = self.root_device
         if device.type != "cpu":  # loaders yield CPU tensors: on the CPU there is nothing to move
             batch = apply_to_collection(batch, torch.Tensor, lambda t: t.to(device, non_blocking=True))
