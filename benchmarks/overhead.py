@@ -55,11 +55,17 @@ def _mlp():
 def run_raw(steps: int) -> float:
     """The hand-written loop; returns the last step's loss."""
     import torch
-    from torch.nn import functional as F
 
     loader = _data(steps)
     model = _mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    return raw_loop(loader, model, optimizer, steps).item()
+
+
+def raw_loop(loader, model, optimizer, steps: int):
+    """The loop itself (overhead_split.py times it alone); returns the last step's loss."""
+    from torch.nn import functional as F
+
     model.train()
     done = 0
     while done < steps:
@@ -71,7 +77,7 @@ def run_raw(steps: int) -> float:
             done += 1
             if done == steps:
                 break
-    return loss.item()
+    return loss
 
 
 def run_tandem(steps: int) -> float:
