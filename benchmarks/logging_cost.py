@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import ddp  # noqa: E402  (the DDP data and MLP)
-from overhead import LR, WARMUP_STEPS, _data, _mlp  # noqa: E402  (the same data and MLP)
+from overhead import LR, WARMUP_STEPS, _data, _mlp, loop_timer  # noqa: E402  (the same data and MLP)
 
 TARGET_RATIO = 1.05
 LOG_EVERY = 50
@@ -203,14 +203,7 @@ def _ddp_tandem(steps: int, n: int, root: str, result: str) -> None:
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=ddp.LR)
 
-    class LoopTimer(tandem.Callback):
-        def on_train_start(self, trainer, module):
-            self.start = time.perf_counter()
-
-        def on_train_end(self, trainer, module):
-            self.fit = time.perf_counter() - self.start
-
-    timer, model = LoopTimer(), MLP()
+    timer, model = loop_timer(), MLP()
     trainer = tandem.Trainer(
         strategy="ddp",
         accelerator="cpu",
@@ -225,7 +218,7 @@ def _ddp_tandem(steps: int, n: int, root: str, result: str) -> None:
     )
     trainer.fit(model, DataLoader(ddp._dataset(steps), batch_size=ddp.BATCH_SIZE, shuffle=False))
     if trainer.is_global_zero:
-        Path(result).write_text(json.dumps({"loop_s": timer.fit, "final_loss": model.last_loss.item()}))
+        Path(result).write_text(json.dumps({"loop_s": timer.seconds, "final_loss": model.last_loss.item()}))
 
 
 def worker(mode: str, steps: int, n: int, progress_bar: bool) -> None:

@@ -80,6 +80,20 @@ def raw_loop(loader, model, optimizer, steps: int):
     return loss
 
 
+def loop_timer():
+    """A callback that times the training loop alone: ``seconds`` from ``on_train_start`` to ``on_train_end``."""
+    import tandem
+
+    class LoopTimer(tandem.Callback):
+        def on_train_start(self, trainer, module):
+            self.start = time.perf_counter()
+
+        def on_train_end(self, trainer, module):
+            self.seconds = time.perf_counter() - self.start
+
+    return LoopTimer()
+
+
 def run_tandem(steps: int) -> float:
     """The same training through tandem's Trainer; returns the last logged loss."""
     import torch

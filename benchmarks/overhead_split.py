@@ -87,14 +87,7 @@ def _module(log: bool):
 def run_tandem(steps: int, log: bool = True) -> tuple[float, float]:
     import tandem
 
-    class LoopTimer(tandem.Callback):
-        def on_train_start(self, trainer, module):
-            self.start = time.perf_counter()
-
-        def on_train_end(self, trainer, module):
-            self.seconds = time.perf_counter() - self.start
-
-    timer, module = LoopTimer(), _module(log)
+    timer, module = overhead.loop_timer(), _module(log)
     trainer = tandem.Trainer(
         accelerator="cpu",
         devices=1,
@@ -162,9 +155,9 @@ def main() -> None:
     torch.set_num_threads(1)
     logging.getLogger("lightning_utilities.core.rank_zero").setLevel(logging.WARNING)  # no "fit stopped" per block
     names = list(VARIANTS)
-    expected = run_raw(args.steps)[1]
-    for name in names:  # warm-up, and the same training on every path
-        checksum = VARIANTS[name](args.steps)[1]
+    checksums = {name: VARIANTS[name](args.steps)[1] for name in names}  # warm-up, and the same training
+    expected = checksums["raw"]
+    for name, checksum in checksums.items():
         if abs(checksum - expected) > 1e-4 * max(1.0, abs(expected)):
             sys.exit(f"{name} ended with weights summing to {checksum}, the raw loop's to {expected}")
     times: dict[str, list[float]] = {name: [] for name in names}
