@@ -98,6 +98,109 @@ def test_load_from_checkpoint_names_arguments_that_were_not_saved(tmp_path):
     assert torch.equal(partial.head.weight, model.head.weight)  # the encoder's saved weights are skipped
 
 
+class Sized(tandem.TrainingModule):
+    """A classifier whose ``__init__`` arguments later versions rename, add or extend."""
+
+    def __init__(self, hidden: int = 16, lr: float = 0.1) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.build(hidden)
+
+    def build(self, hidden: int) -> None:
+        self.net = nn.Sequential(nn.Linear(8, hidden), nn.ReLU(), nn.Linear(hidden, 3))
+
+    def training_step(self, batch, batch_idx):
+        return nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+def _saved(model: tandem.TrainingModule, path) -> tandem.TrainingModule:
+    trainer = quiet_trainer(max_steps=1)
+    trainer.fit(model, loader())
+    trainer.save_checkpoint(path)
+    return model
+
+
+def test_load_from_checkpoint_refuses_a_saved_hyperparameter_renamed_since(tmp_path):
+    saved = _saved(Sized(hidden=32), tmp_path / "model.ckpt")
+
+    class Renamed(Sized):  # `hidden` is now `hidden_dim`: loading must not build the default 16
+        def __init__(self, hidden_dim: int = 16, lr: float = 0.1) -> None:
+            tandem.TrainingModule.__init__(self)
+            self.save_hyperparameters()
+            self.build(hidden_dim)
+
+    with pytest.raises(
+        TandemConfigError,
+        match=r"(?s)saved hyperparameters include 'hidden' \(saved as 32\), which Renamed.__init__ does not take "
+        r"\(it takes: hidden_dim, lr\), while 'hidden_dim' \(default 16\) is neither saved nor passed.*"
+        r"Renamed.load_from_checkpoint\(path, hidden_dim=32\).*rename the argument back to 'hidden'",
+    ):
+        Renamed.load_from_checkpoint(tmp_path / "model.ckpt")
+    loaded = Renamed.load_from_checkpoint(tmp_path / "model.ckpt", hidden_dim=32)  # the fix: the old name left out
+    assert dict(loaded.hparams) == {"hidden_dim": 32, "lr": 0.1}
+    assert max_abs_diff(loaded.state_dict(), saved.state_dict()) == 0.0
+
+    class RenamedRequired(Renamed):
+        def __init__(self, hidden_dim: int, lr: float = 0.1) -> None:
+            super().__init__(hidden_dim, lr)
+
+    with pytest.raises(TandemConfigError, match=r"'hidden_dim' \(required\) is neither saved nor passed"):
+        RenamedRequired.load_from_checkpoint(tmp_path / "model.ckpt")
+
+    class Open(Sized):  # takes any keyword: gets the saved names as they are
+        def __init__(self, hidden_dim: int = 16, **kwargs) -> None:
+            tandem.TrainingModule.__init__(self)
+            self.build(kwargs.get("hidden", hidden_dim))
+
+    assert max_abs_diff(Open.load_from_checkpoint(tmp_path / "model.ckpt").state_dict(), saved.state_dict()) == 0.0
+
+    class Fixed(Sized):  # `lr` removed; every argument left is saved: nothing falls back to a default
+        def __init__(self, hidden: int = 16) -> None:
+            tandem.TrainingModule.__init__(self)
+            self.build(hidden)
+
+    assert max_abs_diff(Fixed.load_from_checkpoint(tmp_path / "model.ckpt").state_dict(), saved.state_dict()) == 0.0
+
+
+def test_load_from_checkpoint_names_a_required_argument_added_since_the_checkpoint(tmp_path):
+    saved = _saved(Sized(hidden=32), tmp_path / "model.ckpt")
+
+    class WithHeads(Sized):
+        def __init__(self, hidden: int, lr: float, heads: int) -> None:
+            tandem.TrainingModule.__init__(self)
+            self.save_hyperparameters()
+            self.build(hidden)
+
+    with pytest.raises(TandemConfigError) as raised:
+        WithHeads.load_from_checkpoint(tmp_path / "model.ckpt")
+    message = str(raised.value)
+    assert "saved hyperparameters ['hidden', 'lr'] lack ['heads'], which WithHeads.__init__ requires" in message
+    assert "added to __init__ after the checkpoint was saved" in message
+    assert "WithHeads.load_from_checkpoint(path, heads=...); or give the argument a default" in message
+    assert "save_hyperparameters() was not called" not in message  # it was
+    loaded = WithHeads.load_from_checkpoint(tmp_path / "model.ckpt", heads=2)
+    assert loaded.hparams.heads == 2 and max_abs_diff(loaded.state_dict(), saved.state_dict()) == 0.0
+
+    class Unsaved(Sized):  # never calls save_hyperparameters: its checkpoints hold none
+        def __init__(self, hidden: int) -> None:
+            tandem.TrainingModule.__init__(self)
+            self.build(hidden)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    _saved(Unsaved(32), tmp_path / "unsaved.ckpt")
+    with pytest.raises(
+        TandemConfigError,
+        match=r"holds no saved hyperparameters \(save_hyperparameters\(\) was not called in __init__\), so it lacks "
+        r"\['hidden'\].*Unsaved.load_from_checkpoint\(path, hidden=\.\.\.\)",
+    ):
+        Unsaved.load_from_checkpoint(tmp_path / "unsaved.ckpt")
+
+
 def test_all_gather_logger_freeze_and_hyperparameters_kept_from_loggers(tmp_path):
     seen = {}
 

@@ -18,7 +18,13 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from tandem.strategies.strategy import CLIP_ALGORITHMS
-from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError, bad_choice
+from tandem.utilities.exceptions import (
+    TandemConfigError,
+    TandemUserCodeError,
+    bad_choice,
+    hyperparameters_missing,
+    hyperparameters_renamed,
+)
 from tandem.utilities.rank_zero import rank_zero_print, rank_zero_warn
 
 if TYPE_CHECKING:
@@ -334,7 +340,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
                 "or return the loss from training_step and let the Trainer call backward."
             )
         trainer.call_hook("on_before_backward", loss)
-        trainer.fit_loop.optimization.calls.backward(loss, *args, **kwargs)  # the strategy's (timed when profiling)
+        trainer.fit_loop.optimization.backward(loss, *args, **kwargs)  # the strategy's (timed when profiling)
         trainer.call_hook("on_after_backward")
 
     def toggle_optimizer(self, optimizer: Any) -> None:
@@ -393,6 +399,9 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         inner = getattr(optimizer, "optimizer", optimizer)
         trainer.strategy.precision.unscale_gradients(inner)
         trainer.strategy.clip_gradients(inner, value, algorithm)
+        optimization = trainer.fit_loop.optimization
+        if not optimization.automatic:  # changed in place, not zeroed: a later missing zero_grad is still seen
+            optimization.gradients_changed(inner)
 
     @logs_per_step
     def configure_gradient_clipping(
@@ -593,7 +602,9 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
             map_location: the device to put the module on (default: the CPU).
             strict: the saved weights must match the module's parameters and buffers exactly.
             kwargs: ``__init__`` arguments that replace saved ones, or that were not saved
-                (``save_hyperparameters(ignore=[...])``).
+                (``save_hyperparameters(ignore=[...])``, or added to ``__init__`` since). A saved hyperparameter
+                that ``__init__`` no longer takes (a renamed argument) is an error while an argument would fall
+                back to its default: pass that argument (``hidden_dim=...``), and the old saved name is left out.
 
         Example::
 
@@ -603,7 +614,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
                 prediction = model(x)
         """
         checkpoint = _read_checkpoint(checkpoint_path)
-        module = _instantiate(cls, {**checkpoint.get("hparams", {}), **kwargs}, checkpoint_path)
+        module = _instantiate(cls, checkpoint.get("hparams", {}), kwargs, checkpoint_path)
         module.on_load_checkpoint(checkpoint)
         try:
             module.load_state_dict(checkpoint["state_dict"], strict=strict)
@@ -805,25 +816,27 @@ def _read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     return load_checkpoint_file(path)
 
 
-def _instantiate(cls: type, hparams: dict[str, Any], path: str | os.PathLike) -> Any:
-    """``cls(**hparams)``, keeping only the arguments ``__init__`` takes (all of them if it takes ``**kwargs``)."""
+def _instantiate(cls: type, saved: Mapping[str, Any], passed: Mapping[str, Any], path: str | os.PathLike) -> Any:
+    """``cls(**saved, **passed)``, keeping only the arguments ``__init__`` takes (all of them if it takes
+    ``**kwargs``). Refused, naming the fix, when a required argument is neither saved nor passed, or when a saved
+    name ``__init__`` does not take (a renamed argument) would be dropped while an argument falls back to its default
+    (see :func:`~tandem.utilities.exceptions.hyperparameters_renamed`)."""
     parameters = inspect.signature(cls.__init__).parameters
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        hparams = {k: v for k, v in hparams.items() if k in parameters}
-    missing = [
-        name
+    named = {
+        name: p.default
         for name, p in list(parameters.items())[1:]
-        if p.default is inspect.Parameter.empty
-        and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-        and name not in hparams
-    ]
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    }
+    hparams = {**saved, **passed}
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        unknown = {name: value for name, value in saved.items() if name not in named}
+        unset = {name: default for name, default in named.items() if name not in hparams}
+        if unknown and unset:
+            raise hyperparameters_renamed(cls.__name__, path, named, unknown, unset)
+        hparams = {k: v for k, v in hparams.items() if k in named}
+    missing = [name for name, default in named.items() if default is inspect.Parameter.empty and name not in hparams]
     if missing:
-        shown = ", ".join(f"{name}=..." for name in missing)
-        raise TandemConfigError(
-            f"{cls.__name__}.load_from_checkpoint({os.fspath(path)!r}): the checkpoint's hyperparameters lack "
-            f"{missing} (not saved: save_hyperparameters() was not called, or ignored them). Pass them: "
-            f"{cls.__name__}.load_from_checkpoint(path, {shown})."
-        )
+        raise hyperparameters_missing(cls.__name__, path, saved, missing)
     return cls(**hparams)
 
 
@@ -920,7 +933,7 @@ class DataModule(HyperparametersMixin, DataHooks):
         """A DataModule rebuilt from a checkpoint of a fit that used one: ``cls(**saved hparams, **kwargs)``,
         with its ``load_state_dict`` given the saved state."""
         checkpoint = _read_checkpoint(checkpoint_path)
-        datamodule = _instantiate(cls, {**checkpoint.get("datamodule_hparams", {}), **kwargs}, checkpoint_path)
+        datamodule = _instantiate(cls, checkpoint.get("datamodule_hparams", {}), kwargs, checkpoint_path)
         if "datamodule" in checkpoint:
             datamodule.load_state_dict(checkpoint["datamodule"])
         return datamodule

@@ -21,6 +21,8 @@ from tandem.utilities.checkpoint import atomic_save
 
 
 class FakeStrategy:
+    root_device = torch.device("cpu")
+
     def __init__(self, global_rank: int = 0, channel: list[Any] | None = None) -> None:
         self.global_rank = global_rank
         self.channel = channel

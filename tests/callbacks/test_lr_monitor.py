@@ -1,3 +1,6 @@
+import importlib.util
+import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -25,9 +28,9 @@ def _trainer(optimizers, schedulers=(), rank=0, **attrs):
     return trainer, logger
 
 
-def _scheduler(optimizer, interval):
+def _scheduler(optimizer, interval, name=None):
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
-    return SimpleNamespace(scheduler=scheduler, interval=interval, frequency=1, monitor=None)
+    return SimpleNamespace(scheduler=scheduler, interval=interval, frequency=1, monitor=None, name=name)
 
 
 def _start(callback, trainer):
@@ -106,8 +109,81 @@ def test_default_interval_follows_each_scheduler():
     trainer.is_log_step = True
     callback.on_train_batch_start(trainer, None, None, 0)
     (at_epoch, _), (at_step, _) = logger.calls
-    assert set(at_epoch) == {"lr-Adam", "lr-RMSprop"}  # optimizers without a scheduler log per epoch
-    assert set(at_step) == {"lr-SGD"}
+    # as Lightning: an optimizer without a scheduler logs at both moments
+    assert set(at_epoch) == {"lr-Adam", "lr-RMSprop"}
+    assert set(at_step) == {"lr-SGD", "lr-RMSprop"}
+
+
+def test_names_follow_lightnings_order_scheduler_names_and_single_named_groups():
+    """Optimizers with a scheduler are named first (the second SGD below is lr-SGD-1 although it comes first), a
+    scheduler's name replaces lr-{Class}, a lone group with a name gets /{name}; duplicate group names are refused."""
+    unscheduled = torch.optim.SGD([{"params": _params(), "name": "bias"}], lr=0.3)
+    scheduled = torch.optim.SGD(_params(), lr=0.1)
+    adam = torch.optim.Adam(_params(), lr=0.01)
+    schedulers = [_scheduler(scheduled, "epoch"), _scheduler(adam, "epoch", name="head_rate")]
+    trainer, logger = _trainer([unscheduled, scheduled, adam], schedulers)
+    callback = LearningRateMonitor(logging_interval="epoch")
+    _start(callback, trainer)
+    callback.on_train_epoch_start(trainer, None)
+    ((logged, _),) = logger.calls
+    assert logged == {"lr-SGD": 0.1, "head_rate": 0.01, "lr-SGD-1/bias": 0.3}
+
+    twins = torch.optim.SGD([{"params": _params(), "name": "x"}, {"params": _params(), "name": "x"}], lr=0.1)
+    trainer, _ = _trainer([twins])
+    with pytest.raises(TandemConfigError, match=r"lr-SGD has parameter groups with the same name \['x'\]"):
+        _start(LearningRateMonitor(), trainer)
+
+
+def test_values_reach_callback_metrics_as_tensors_on_every_rank():
+    """Issue 29, item 5: as Lightning, every value logged is also in trainer.callback_metrics, a tensor on the
+    strategy's device, on every rank (rank 1 sends nothing to the loggers), at the moments it is logged."""
+    for rank in (0, 1):
+        sgd = torch.optim.SGD(_params(), lr=0.1, momentum=0.9)
+        adamw = torch.optim.AdamW([{"params": _params()}, {"params": _params(), "lr": 0.01}], lr=0.001)
+        trainer, logger = _trainer([sgd, adamw], rank=rank)
+        callback = LearningRateMonitor(logging_interval="step", log_momentum=True)
+        _start(callback, trainer)
+        callback.on_train_epoch_start(trainer, None)
+        callback.on_train_batch_start(trainer, None, None, 0)
+        assert trainer.callback_metrics == {}  # "step": neither at the epoch's start nor on a batch that does not log
+        trainer.is_log_step = True
+        sgd.param_groups[0]["lr"] = 0.05
+        callback.on_train_batch_start(trainer, None, None, 1)
+        metrics = trainer.callback_metrics
+        assert set(metrics) == {
+            "lr-SGD",
+            "lr-SGD-momentum",
+            "lr-AdamW/pg1",
+            "lr-AdamW/pg1-momentum",
+            "lr-AdamW/pg2",
+            "lr-AdamW/pg2-momentum",
+        }
+        assert all(isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.ndim == 0 for v in metrics.values())
+        assert metrics["lr-SGD"] == torch.tensor(0.05) and metrics["lr-AdamW/pg2"] == torch.tensor(0.01)
+        assert len(logger.calls) == (1 if rank == 0 else 0)
+
+
+def test_callback_metrics_of_a_fit_are_lightnings_batch_by_batch(tmp_path, monkeypatch):
+    """A real fit (scripts/lr_monitor_parity.py: four optimizers under manual optimization, a per-step scheduler and
+    a named per-epoch one, a lone named group; logging_interval None, "step" with momentum, "epoch" with weight
+    decay): trainer.callback_metrics after every batch, names, values and dtypes, as under Lightning. Lightning's,
+    in scripts/lr_monitor_lightning.json, were written by
+        /tmp/lvenv/bin/python tests/callbacks/scripts/lr_monitor_parity.py --lightning > tests/callbacks/scripts/lr_monitor_lightning.json
+    (Lightning 2.6.6, torch 2.13, CPU). Before the fix tandem's callback_metrics held none of them."""
+    monkeypatch.chdir(tmp_path)
+    scripts = Path(__file__).parent / "scripts"
+    spec = importlib.util.spec_from_file_location("lr_monitor_parity", scripts / "lr_monitor_parity.py")
+    parity = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(parity)
+    lightning = json.loads((scripts / "lr_monitor_lightning.json").read_text())
+    assert [name for name, _, _ in lightning["none"][-1]] == [
+        "head_rate",
+        "lr-AdamW/pg1",
+        "lr-AdamW/pg2",
+        "lr-SGD",
+        "lr-SGD-1/bias",
+    ]
+    assert parity.run() == lightning
 
 
 def test_every_logger_gets_the_values_on_rank_zero_only():

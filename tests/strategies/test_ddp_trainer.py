@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 
 import tandem
 from helpers import clear_launch_variables, launch_free_env, max_abs_diff, quiet_trainer
@@ -74,23 +74,30 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return results
 
 
-def _elastic_one_process(out: Path) -> dict[str, torch.Tensor]:
-    """One process x batch 8, shuffled, 2 epochs, saving ``elastic-one.ckpt`` mid-epoch 1: its final weights."""
+def _elastic_one_process(out: Path) -> dict[str, dict[str, torch.Tensor]]:
+    """In each data order: one process x batch 8, shuffled, 2 epochs, saving ``elastic-one-<order>.ckpt`` mid-epoch
+    1: its final weights."""
     sys.path.insert(0, str(SCRIPTS))
     try:
         from ddp_trainer_common import ELASTIC_STEP, TRAIN_SAMPLES, Net, SaveAtStep, dataset, elastic_trainer, weights
     finally:
         sys.path.remove(str(SCRIPTS))
     seed = os.environ.get("TANDEM_GLOBAL_SEED")
-    tandem.seed_everything(11)
-    model = Net("adam", lr=0.01)
-    saver = SaveAtStep(ELASTIC_STEP, str(out / "elastic-one.ckpt"))
-    trainer = elastic_trainer(callbacks=[saver], csv=out / "elastic-csv-one")
-    trainer.fit(model, DataLoader(dataset(TRAIN_SAMPLES), batch_size=8, shuffle=True))
+    finals = {}
+    for order in ORDERS:
+        tandem.seed_everything(11)
+        model = Net("adam", lr=0.01)
+        saver = SaveAtStep(ELASTIC_STEP, str(out / f"elastic-one-{order}.ckpt"))
+        trainer = elastic_trainer(callbacks=[saver], csv=out / f"elastic-csv-one-{order}", data_order=order)
+        trainer.fit(model, DataLoader(dataset(TRAIN_SAMPLES), batch_size=8, shuffle=True))
+        finals[order] = weights(model)
     os.environ.pop("TANDEM_GLOBAL_SEED")  # the launched ranks seed themselves
     if seed is not None:
         os.environ["TANDEM_GLOBAL_SEED"] = seed
-    return weights(model)
+    return finals
+
+
+ORDERS = ("sampler", "global")
 
 
 def _fit_one_process(common: ModuleType, optimizer: str, k: int) -> tuple[dict, dict]:
@@ -130,7 +137,7 @@ def test_ranks_seeded_differently_start_equal(runs):
 @pytest.mark.timeout(150)
 def test_sampler_interleaves_and_shuffles_one_permutation(runs, common):
     n = common.TRAIN_SAMPLES
-    for rank, result in enumerate(runs["equivalence"]):  # shuffle=False: rank r gets samples r, r+2, ...
+    for rank, result in enumerate(runs["equivalence"]):  # global order, shuffle=False: rank r gets r, r+2, ...
         first = [round(v * n) for v in result["sgd-k1"]["samples"][0]]
         assert first == [rank, rank + 2, rank + 4, rank + 6]
     # shuffle=True with ranks seeded differently: still one permutation per epoch, split between the ranks
@@ -140,6 +147,10 @@ def test_sampler_interleaves_and_shuffles_one_permutation(runs, common):
     for ranks in epochs:
         assert sorted(ranks[0] + ranks[1]) == list(range(n))
     assert epochs[0][0] != epochs[1][0]  # set_epoch: a new order each epoch
+    # the default order with shuffle=False: Lightning's training sampler, shuffled with rank 0's seed (0 here)
+    for rank, result in enumerate(runs["equivalence"]):
+        drawn = [round(v * n) for batch in result["unshuffled_default"] for v in batch]
+        assert drawn == list(DistributedSampler(range(n), num_replicas=2, rank=rank, shuffle=True, seed=0))
 
 
 @pytest.mark.timeout(150)
@@ -317,19 +328,33 @@ def _csv_rows(folder: Path) -> list[tuple[int, int]]:
 
 
 @pytest.mark.timeout(150)
-def test_two_ranks_resume_on_one_process_with_twice_the_batch_as_if_never_interrupted(runs, common, tmp_path):
-    """Elastic resume 2 -> 1: a checkpoint saved mid-epoch by 2 ranks x batch 4 (shuffled), resumed on one process x
-    batch 8, ends with the weights of the uninterrupted 2-rank run; the step, epoch and CSV rows continue."""
-    whole = runs["elastic"][0]["whole"]
-    assert max_abs_diff(whole, runs["elastic"][1]["whole"]) == 0.0
+def test_the_global_order_trains_alike_on_one_and_two_processes_and_the_default_order_as_lightning(runs):
+    """Shuffled, 2 epochs, Adam, one process x batch 8 against 2 ranks x batch 4: data_order="global" ends with the
+    same weights (within 1e-6: the sums are added in another order); the default, Lightning's order, draws a
+    RandomSampler's order on one process and the DistributedSampler's on two, so the runs differ as Lightning's do."""
+    one, two = runs["elastic_one_process"], runs["elastic"][0]
+    assert max_abs_diff(two["global"]["whole"], one["global"]) <= 1e-6, max_abs_diff(
+        two["global"]["whole"], one["global"]
+    )
+    assert max_abs_diff(two["sampler"]["whole"], one["sampler"]) > 1e-3
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("order", ORDERS)
+def test_two_ranks_resume_on_one_process_with_twice_the_batch_as_if_never_interrupted(runs, common, order):
+    """Elastic resume 2 -> 1, in either data order: a checkpoint saved mid-epoch by 2 ranks x batch 4 (shuffled),
+    resumed on one process x batch 8, ends with the weights of the uninterrupted 2-rank run; the step, epoch and CSV
+    rows continue."""
+    whole = runs["elastic"][0][order]["whole"]
+    assert max_abs_diff(whole, runs["elastic"][1][order]["whole"]) == 0.0
     tandem.seed_everything(99)  # the checkpoint decides the order, not this process's seed
     model = common.Net("adam", lr=0.01)
-    csv_folder = runs["out"] / "elastic-csv-two"
-    trainer = common.elastic_trainer(csv=csv_folder)
+    csv_folder = runs["out"] / f"elastic-csv-two-{order}"
+    trainer = common.elastic_trainer(csv=csv_folder, data_order=order)
     loader = DataLoader(common.dataset(common.TRAIN_SAMPLES), batch_size=2 * common.BATCH, shuffle=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer.fit(model, loader, ckpt_path=runs["out"] / "elastic-two.ckpt")
+        trainer.fit(model, loader, ckpt_path=runs["out"] / f"elastic-two-{order}.ckpt")
     assert not [w for w in caught if "global batch" in str(w.message)]  # kept: nothing to warn about
     assert trainer.global_step == 48 and trainer.current_epoch == 2
     assert max_abs_diff(common.weights(model), whole) <= 1e-6, max_abs_diff(common.weights(model), whole)
@@ -339,14 +364,18 @@ def test_two_ranks_resume_on_one_process_with_twice_the_batch_as_if_never_interr
 
 
 @pytest.mark.timeout(150)
-def test_one_process_resumes_on_two_ranks_with_half_the_batch_as_if_never_interrupted(runs, common):
-    """Elastic resume 1 -> 2: one process x batch 8 saved mid-epoch, 2 ranks x batch 4 continue; both ranks end
-    with the uninterrupted one-process run's weights; the one-process run's CSV continues on rank 0."""
-    expected = runs["elastic_one_process"]
+@pytest.mark.parametrize("order", ORDERS)
+def test_one_process_resumes_on_two_ranks_with_half_the_batch_as_if_never_interrupted(runs, common, order):
+    """Elastic resume 1 -> 2, in either data order (the default's one process draws a RandomSampler's epoch seeds
+    from the global generator: the checkpoint records the epoch's seed, and rank 0 draws the next epochs' seeds):
+    one process x batch 8 saved mid-epoch, 2 ranks x batch 4 continue; both ranks end with the uninterrupted
+    one-process run's weights; the one-process run's CSV continues on rank 0."""
+    expected = runs["elastic_one_process"][order]
     for result in runs["elastic"]:
-        assert result["global_step"] == 48
-        assert max_abs_diff(result["from_one"], expected) <= 1e-6, max_abs_diff(result["from_one"], expected)
-    rows = _csv_rows(runs["out"] / "elastic-csv-one")
+        assert result[order]["global_step"] == 48
+        difference = max_abs_diff(result[order]["from_one"], expected)
+        assert difference <= 1e-6, difference
+    rows = _csv_rows(runs["out"] / f"elastic-csv-one-{order}")
     assert rows[:48] == [(step, step // 24) for step in range(48)]
     assert rows[48:] == rows[common.ELASTIC_STEP : 48]  # no gap, no repeat
 
@@ -407,8 +436,9 @@ def test_uneven_data_of_unknown_length_ends_each_epoch_on_every_rank_together(ru
     rank0, rank1 = (result[f"k{k}"] for result in runs["uneven"])
     assert rank0["steps"] == rank1["steps"] == 2 * math.ceil(5 / k)  # the short window steps at the epoch's end
     assert rank0["grads_left"] == rank1["grads_left"] == []  # nothing accumulated is carried on
-    # val_check_interval (batches) on every rank at the same steps; not twice at the epoch's last batch
-    assert rank0["validated_at"] == rank1["validated_at"] == ([5, 10] if k == 1 else [0, 1, 2, 2, 3, 4])
+    # val_check_interval (batches) on every rank at the same steps, at its multiples only (Lightning's rule: k=3 with
+    # interval 2 validates after batches 2 and 4, not at the 5-batch epoch's end); once at the epoch's last batch
+    assert rank0["validated_at"] == rank1["validated_at"] == ([5, 10] if k == 1 else [0, 1, 2, 3])
     assert max_abs_diff(rank0["final"], rank1["final"]) == 0.0
     assert max_abs_diff(rank0["final"], _uneven_reference(common, k)) <= 1e-6
     n = 8 * common.BATCH + 5 * common.BATCH
@@ -428,17 +458,19 @@ def test_uneven_data_of_unknown_length_ends_each_epoch_on_every_rank_together(ru
 @pytest.mark.timeout(150)
 def test_uneven_evaluation_of_unknown_length_reduces_over_every_sample(runs, common):
     # rank 0 evaluates 4 batches, rank 1 one; Net logs a step-level sync_dist value too: nothing may hang
-    model = common.Net()
-    model.load_state_dict(runs["uneven"][0]["k3"]["final"])
+    model, fitted_model = common.Net(), common.Net()
+    model.load_state_dict(runs["uneven"][0]["k3"]["final"])  # the script's validate / test / predict use it
+    fitted_model.load_state_dict(runs["uneven"][0]["k1"]["final"])  # the k=1 fit validated at its last batch
     data = common.dataset(5 * common.EVAL_BATCH, seed=5)
     loader = DataLoader(data, batch_size=common.EVAL_BATCH)
     expected = {"validate": quiet_trainer().validate(model, loader)[0], "test": quiet_trainer().test(model, loader)[0]}
+    expected_at_the_end = quiet_trainer().validate(fitted_model, loader)[0]
     for rank, result in enumerate(runs["uneven"]):
         for stage, metrics in expected.items():
             (got,) = result[stage]
             assert got == pytest.approx(metrics, rel=1e-6, abs=1e-6), (stage, got, metrics)
-        fitted = {name: result["k3"]["val"][name] for name in expected["validate"]}  # validation at the fit's end
-        assert fitted == pytest.approx(expected["validate"], rel=1e-6, abs=1e-6)
+        fitted = {name: result["k1"]["val"][name] for name in expected_at_the_end}  # validation at the fit's end
+        assert fitted == pytest.approx(expected_at_the_end, rel=1e-6, abs=1e-6)
         # data tandem did not shard: each rank predicts its own batches
         own = range(0, 40) if rank == 0 else range(40, 50)
         assert torch.equal(torch.cat([p["x0"] for p in result["predict"]]), data.tensors[0][list(own), 0])
@@ -461,6 +493,7 @@ def test_ddp_spawn_from_this_process_returns_the_ddp_result(runs, common, monkey
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
+        data_order="global",  # as the equivalence runs
     )
     trainer.fit(model, DataLoader(common.dataset(common.TRAIN_SAMPLES), batch_size=common.BATCH))
     assert max_abs_diff(common.weights(model), runs["equivalence"][0]["sgd-k1"]["final"]) == 0.0

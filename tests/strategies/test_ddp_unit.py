@@ -34,7 +34,7 @@ from tandem.strategies.samplers import (
     GlobalOrderSampler,
     interleave_predictions,
 )
-from tandem.utilities.data import find_sampler
+from tandem.utilities.data import find_sampler, in_order
 from tandem.utilities.exceptions import TandemConfigError
 
 
@@ -177,14 +177,18 @@ def test_unused_parameter_error_names_the_parameters():
 # ---------------------------------------------------------------------------------------------- training data
 
 
+def _strategy_ordered(data_order: str) -> DDPStrategy:
+    return resolve_strategy(DDPStrategy(), "cpu", 2, 1, "32-true", data_order=data_order)
+
+
 @pytest.mark.parametrize("shuffle", [False, True])
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_training_sampler_keeps_the_users_choices(monkeypatch, shuffle, drop_last):
+def test_the_global_order_keeps_the_users_choices(monkeypatch, shuffle, drop_last):
     monkeypatch.setenv("TANDEM_GLOBAL_SEED", "7")
     per_rank = []
     for rank in (0, 1):
         _as_rank(monkeypatch, rank)
-        loader = _strategy().process_dataloader(
+        loader = _strategy_ordered("global").process_dataloader(
             DataLoader(_dataset(11), batch_size=2, shuffle=shuffle, drop_last=drop_last), "fit"
         )
         sampler = find_sampler(loader)
@@ -203,6 +207,35 @@ def test_training_sampler_keeps_the_users_choices(monkeypatch, shuffle, drop_las
         assert len(per_rank[0]) == len(per_rank[1]) == 4 and len(set(per_rank[0]) | set(per_rank[1])) == 8
     else:  # every sample, padded by repeating the first ones
         assert len(per_rank[0]) == len(per_rank[1]) == 6 and set(per_rank[0]) | set(per_rank[1]) == set(range(11))
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_the_default_order_is_lightnings_training_distributed_sampler(monkeypatch, shuffle, drop_last):
+    """Lightning injects DistributedSampler(dataset, shuffle=True, seed=<seed_everything's>) for training, whatever
+    the loader's shuffle; the sampler pads (its drop_last is False), the loader keeps its own drop_last."""
+    monkeypatch.setenv("TANDEM_GLOBAL_SEED", "7")
+    for rank in (0, 1):
+        _as_rank(monkeypatch, rank)
+        given = DataLoader(_dataset(11), batch_size=2, shuffle=shuffle, drop_last=drop_last)
+        loader = _strategy().process_dataloader(given, "fit")
+        sampler = find_sampler(loader)
+        assert (sampler.shuffle, sampler.drop_last, sampler.seed, loader.drop_last) == (True, False, 7, drop_last)
+        lightning = DistributedSampler(given.dataset, num_replicas=2, rank=rank, shuffle=True, seed=7)
+        for epoch in (0, 1):
+            sampler.set_epoch(epoch)
+            lightning.set_epoch(epoch)
+            expected = list(lightning)
+            expected = expected[: len(expected) // 2 * 2] if drop_last else expected
+            assert _indices(loader) == expected
+
+
+def test_overfit_batches_keep_the_order_under_the_default_order(monkeypatch):
+    """overfit_batches trains on the same first batches: Lightning's sampler does not shuffle them either."""
+    _as_rank(monkeypatch, 0)
+    with pytest.warns(UserWarning, match="overfit_batches"):
+        ordered = in_order(DataLoader(_dataset(8), batch_size=2, shuffle=True), "training batches")
+    assert _indices(_strategy().process_dataloader(ordered, "fit")) == [0, 2, 4, 6]
 
 
 def test_shuffled_order_changes_per_epoch_and_is_reproducible(monkeypatch):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils.data import DistributedSampler
 
 from helpers import launch_free_env
 from tandem.strategies import launchers
@@ -79,8 +80,8 @@ def _check_train_results(out: Path, launched_by: str) -> dict[str, torch.Tensor]
         assert result["threads"] == 1
         for name, value in reference.items():  # equal on both ranks, and equal to the hand-written loop
             torch.testing.assert_close(result["weights"][name], value, atol=1e-6, rtol=0)
-        # the training sampler interleaves (11 samples: rank 1 gets the padding sample 0)
-        assert result["train_indices"] == ([0, 2, 4, 6, 8, 10] if r == 0 else [1, 3, 5, 7, 9, 0])
+        # Lightning's training sampler: shuffled (seed 0: no seed_everything), padded to 6 samples a rank
+        assert result["train_indices"] == list(DistributedSampler(range(11), num_replicas=2, rank=r, seed=0))
         # unequal hand-sharded data (3 vs 5 batches) is evened to 3, with a warning on rank 0 only
         assert result["evened_batches"] == 3 and result["evened_warned"] == (r == 0)
         # 11 predictions in dataset order, batched by 3 as one process would, on every rank

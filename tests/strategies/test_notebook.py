@@ -33,7 +33,8 @@ def fit(strategy, devices, batch_size):
     data = DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=batch_size)
     module = Line()
     trainer = tandem.Trainer(strategy=strategy, accelerator="cpu", devices=devices, max_epochs=2, logger=False,
-                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             data_order="global")  # the order one process draws too
     trainer.fit(module, data)
     return module.net.weight.detach().clone(), trainer.global_step
 

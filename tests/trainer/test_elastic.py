@@ -68,44 +68,77 @@ def _flat(batches: list[list[int]]) -> list[int]:
     return [i for batch in batches for i in batch]
 
 
-def test_one_process_draws_the_global_order_of_the_seed_and_the_epoch():
-    """The order N processes share (DistributedSampler's permutation of seed + epoch), so any device count can
-    continue it; use_distributed_sampler=False keeps the loader's own RandomSampler."""
-    tandem.seed_everything(5)
-    seen = _flat(_fit(DataLoader(_dataset(), batch_size=8, shuffle=True)).seen)
-    assert seen == _order(5, 0) + _order(5, 1)
+def test_one_process_draws_the_loaders_own_numbers_by_default_and_the_global_order_when_asked():
+    """data_order="sampler" (default): the numbers the loader's RandomSampler draws (as with use_distributed_sampler=
+    False, Lightning's); "global": the order N processes share (DistributedSampler's permutation of seed + epoch)."""
     tandem.seed_everything(5)
     own = _flat(_fit(DataLoader(_dataset(), batch_size=8, shuffle=True), use_distributed_sampler=False).seen)
+    tandem.seed_everything(5)
+    default = _flat(_fit(DataLoader(_dataset(), batch_size=8, shuffle=True)).seen)
+    assert default == own
+    tandem.seed_everything(5)
+    seen = _flat(_fit(DataLoader(_dataset(), batch_size=8, shuffle=True), data_order="global").seen)
+    assert seen == _order(5, 0) + _order(5, 1)
     assert sorted(own[:N]) == list(range(N)) and own != seen
 
 
+def test_the_default_order_draws_a_random_samplers_epoch_seeds_from_the_global_generator_as_it_does():
+    """The same first batch as a plain loop over the same loader after the same draws, epoch after epoch."""
+    tandem.seed_everything(3)
+    model = Seen()  # the same draws before the first epoch as _fit's
+    loader = DataLoader(_dataset(), batch_size=8, shuffle=True)
+    plain = [x[:, 0].long().tolist() for _ in range(2) for x, _ in loader]
+    tandem.seed_everything(3)
+    assert _fit(DataLoader(_dataset(), batch_size=8, shuffle=True)).seen == plain
+    assert sum(p.numel() for p in model.parameters()) == 5
+
+
+def test_an_unknown_data_order_is_refused_with_the_choices():
+    with pytest.raises(TandemConfigError, match="data_order.*'sampler'.*'global'"):
+        quiet_trainer(data_order="shuffled")
+
+
+ORDERS = pytest.mark.parametrize("data_order", ["sampler", "global"])
+
+
+@ORDERS
 @pytest.mark.parametrize("batch", [4, 12], ids=["tiles", "inside-a-batch"])
-def test_another_global_batch_continues_at_the_next_item_and_says_so(tmp_path, batch):
+def test_another_global_batch_continues_at_the_next_item_and_says_so(tmp_path, batch, data_order):
     """Saved after 5 batches of 8 (40 items of epoch 0), resumed with batch 4 (10 of its batches done) or 12 (the
-    place falls inside its 4th batch: the epoch goes on from item 40 all the same)."""
+    place falls inside its 4th batch: the epoch goes on from item 40 all the same), in either order: the rest of
+    the uninterrupted run's epoch 0, then its epoch 1."""
     tandem.seed_everything(5)
-    _fit(DataLoader(_dataset(), batch_size=8, shuffle=True), save=SaveAt(5, tmp_path / "at5.ckpt"))
+    saver = SaveAt(5, tmp_path / "at5.ckpt")
+    whole = _fit(DataLoader(_dataset(), batch_size=8, shuffle=True), save=saver, data_order=data_order)
+    epochs = _flat(whole.seen[: N // 8]), _flat(whole.seen[N // 8 :])
+    if data_order == "global":
+        assert epochs == (_order(5, 0), _order(5, 1))
     tandem.seed_everything(123)  # the checkpoint's order, not this seed's
     with pytest.warns(UserWarning, match=f"global batch changes from 8 .* to {batch} .* at item 40 of epoch 0"):
-        resumed = _fit(DataLoader(_dataset(), batch_size=batch, shuffle=True), ckpt=tmp_path / "at5.ckpt")
+        resumed = _fit(
+            DataLoader(_dataset(), batch_size=batch, shuffle=True), ckpt=tmp_path / "at5.ckpt", data_order=data_order
+        )
     epoch0 = -(-(N - 40) // batch)  # batches left in epoch 0
-    assert _flat(resumed.seen[:epoch0]) == _order(5, 0)[40:]
-    assert _flat(resumed.seen[epoch0:]) == _order(5, 1)
+    assert _flat(resumed.seen[:epoch0]) == epochs[0][40:]
+    assert _flat(resumed.seen[epoch0:]) == epochs[1]
     assert resumed.trainer_global_step == 5 + epoch0 + N // batch
 
 
-def test_an_unseeded_run_resumes_in_the_checkpoints_order(tmp_path, monkeypatch):
-    """Without seed_everything one process's order comes from torch's initial seed, a new one each run: the resume
-    takes the checkpoint's, so it continues the same batches."""
+@ORDERS
+def test_an_unseeded_run_resumes_in_the_checkpoints_order(tmp_path, monkeypatch, data_order):
+    """Without seed_everything one process's order comes from torch's seed, a new one each run: the resume takes the
+    checkpoint's, so it continues the same batches."""
     monkeypatch.delenv("TANDEM_GLOBAL_SEED", raising=False)
     torch.manual_seed(1)
-    whole = _fit(DataLoader(_dataset(), batch_size=8, shuffle=True), save=SaveAt(5, tmp_path / "at5.ckpt"))
+    loader = DataLoader(_dataset(), batch_size=8, shuffle=True)
+    whole = _fit(loader, save=SaveAt(5, tmp_path / "at5.ckpt"), data_order=data_order)
     torch.manual_seed(2)
-    resumed = _fit(DataLoader(_dataset(), batch_size=8, shuffle=True), ckpt=tmp_path / "at5.ckpt")
+    resumed = _fit(loader, ckpt=tmp_path / "at5.ckpt", data_order=data_order)
     assert resumed.seen == whole.seen[5:]
 
 
-def test_a_resumed_run_keeps_the_checkpoints_order_when_it_builds_its_loaders_again(tmp_path):
+@ORDERS
+def test_a_resumed_run_keeps_the_checkpoints_order_when_it_builds_its_loaders_again(tmp_path, data_order):
     """reload_dataloaders_every_n_epochs=1 builds the training loader again each epoch: still in the checkpoint's
     order, not in the order of the resumed run's own seed."""
 
@@ -113,12 +146,13 @@ def test_a_resumed_run_keeps_the_checkpoints_order_when_it_builds_its_loaders_ag
         def train_dataloader(self) -> DataLoader:
             return DataLoader(_dataset(), batch_size=8, shuffle=True)
 
+    kwargs = dict(max_epochs=2, reload_dataloaders_every_n_epochs=1, data_order=data_order)
     tandem.seed_everything(5)
     whole, saver = Reloading(), SaveAt(5, tmp_path / "at5.ckpt")
-    quiet_trainer(max_epochs=2, callbacks=[saver], reload_dataloaders_every_n_epochs=1).fit(whole)
+    quiet_trainer(callbacks=[saver], **kwargs).fit(whole)
     tandem.seed_everything(7)
     resumed = Reloading()
-    quiet_trainer(max_epochs=2, reload_dataloaders_every_n_epochs=1).fit(resumed, ckpt_path=tmp_path / "at5.ckpt")
+    quiet_trainer(**kwargs).fit(resumed, ckpt_path=tmp_path / "at5.ckpt")
     assert resumed.seen == whole.seen[5:]
 
 

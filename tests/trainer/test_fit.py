@@ -40,20 +40,24 @@ def test_max_steps_stops_mid_epoch_and_limit_train_batches_caps_each_epoch():
     assert trainer.global_step == 2
 
 
-def test_parity_with_a_hand_written_loop_shuffled_dropout_adam_steplr():
+@pytest.mark.parametrize("data_order", ["sampler", "global"])
+def test_parity_with_a_hand_written_loop_shuffled_dropout_adam_steplr(data_order):
+    """The default order is the loader's own (the hand loop iterates the same shuffling loader); the global order is
+    the permutation of seed + epoch that N processes would share."""
     tandem.seed_everything(3)
     model = TinyModule(lr=0.01, optimizer="adam", dropout=0.2, scheduler=True)
     reference = copy.deepcopy(model)
     state = torch.get_rng_state()
-    quiet_trainer(max_epochs=3).fit(model, loader(64, 16, shuffle=True))
+    quiet_trainer(max_epochs=3, data_order=data_order).fit(model, loader(64, 16, shuffle=True))
 
     torch.set_rng_state(state)
     opt = torch.optim.Adam(reference.parameters(), lr=0.01)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-    # one process shuffles as N processes would together: a permutation seeded with seed + epoch
     dataset = loader(64, 16).dataset
     sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=3)
-    data = DataLoader(dataset, batch_size=16, sampler=sampler)
+    data = (
+        DataLoader(dataset, batch_size=16, sampler=sampler) if data_order == "global" else loader(64, 16, shuffle=True)
+    )
     reference.train()
     for epoch in range(3):
         sampler.set_epoch(epoch)

@@ -8,8 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
+import tandem
 from helpers import TinyModule, loader, quiet_trainer
 from tandem.loggers.logger import Logger
 from tandem.trainer.hooks import running_hook
@@ -365,3 +367,51 @@ def test_each_entry_point_starts_with_its_own_callback_metrics():
     assert "test_only" not in trainer.callback_metrics and "val_loss" in trainer.callback_metrics
     trainer.predict(model, loader(32, 16))
     assert trainer.callback_metrics == {} and trainer.logged_metrics == {} and trainer.progress_bar_metrics == {}
+
+
+def test_training_metric_objects_stay_readable_through_the_epoch_end_validation_and_hooks():
+    """As Lightning: the epoch's torchmetrics objects are computed and reset after the epoch-end validation and after
+    on_train_epoch_end, so a callback reading ``compute()`` there gets the epoch's value (not 0 with torchmetrics'
+    "compute before update" warning), and the next epoch starts from a reset object."""
+    torchmetrics = pytest.importorskip("torchmetrics")
+
+    class WithTrainAccuracy(TinyModule):
+        def __init__(self):
+            super().__init__()
+            self.train_acc = torchmetrics.classification.MulticlassAccuracy(num_classes=3, average="micro")
+            self.correct = self.total = 0
+
+        def on_train_epoch_start(self):
+            self.correct = self.total = 0
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            logits = self(x)
+            self.train_acc(logits, y)
+            self.correct += int((logits.argmax(1) == y).sum())
+            self.total += len(y)
+            self.log("train_acc", self.train_acc, on_step=False, on_epoch=True)
+            return F.cross_entropy(logits, y)
+
+    class Reader(tandem.Callback):
+        def __init__(self):
+            self.read: dict[str, list[float]] = {"on_validation_epoch_end": [], "on_train_epoch_end": []}
+            self.expected: list[float] = []
+
+        def on_validation_epoch_end(self, trainer, module):
+            if not trainer.sanity_checking:
+                self.read["on_validation_epoch_end"].append(float(module.train_acc.compute()))
+
+        def on_train_epoch_end(self, trainer, module):
+            self.read["on_train_epoch_end"].append(float(module.train_acc.compute()))
+            self.expected.append(module.correct / module.total)
+            assert float(trainer.callback_metrics["train_acc"]) == pytest.approx(self.expected[-1], abs=1e-6)
+
+    reader = Reader()
+    model = WithTrainAccuracy()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*compute.*before.*update.*")
+        quiet_trainer(max_epochs=3, callbacks=[reader]).fit(model, loader(48, 16, shuffle=True), loader(32, 16))
+    for hook, values in reader.read.items():
+        assert values == pytest.approx(reader.expected, abs=1e-6), hook
+    assert model.train_acc.update_count == 0  # reset once the epoch's value was logged

@@ -4,6 +4,7 @@ under DDP (the shared launch of ``conftest.py``)."""
 from __future__ import annotations
 
 import copy
+import warnings
 from pathlib import Path
 
 import pytest
@@ -281,3 +282,95 @@ def test_manual_epoch_without_a_counted_step_warns_naming_self_optimizers():
         trainer = quiet_trainer(max_epochs=1, limit_train_batches=2)
         trainer.fit(RawStep(), loader())
     assert trainer.global_step == 0
+
+
+# ------------------------------------------------------------------------- zero_grad under manual optimization
+
+
+class Zeroing(tandem.TrainingModule):
+    """Manual optimization in one of the usual shapes (``pattern``); ``zero=False`` leaves out its zero_grad."""
+
+    def __init__(self, pattern: str, zero: bool = True) -> None:
+        super().__init__()
+        self.pattern, self.zero = pattern, zero
+        self.automatic_optimization = False
+        self.generator = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+        self.discriminator = nn.Linear(8, 3)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        if self.pattern == "gan":  # Lightning's docs: the generator's backward reaches the discriminator too
+            opt_g, opt_d = self.optimizers()
+            fake = self.generator(x)
+            d_loss = F.cross_entropy(self.discriminator(x), y) + F.cross_entropy(self.discriminator(fake.detach()), y)
+            if self.zero:
+                opt_d.zero_grad()
+            self.manual_backward(d_loss)
+            opt_d.step()
+            opt_g.zero_grad()
+            self.manual_backward(-F.cross_entropy(self.discriminator(fake), y))
+            opt_g.step()
+            return
+        opt = self.optimizers()
+        loss = F.cross_entropy(self.discriminator(self.generator(x)), y)
+        if self.pattern == "accumulate":  # Lightning's docs: step and zero every N batches
+            self.manual_backward(loss / 2)
+            if (batch_idx + 1) % 2 == 0:
+                opt.step()
+                if self.zero:
+                    opt.zero_grad()
+            return
+        if self.zero:
+            if self.pattern in ("every batch", "clipped"):
+                opt.zero_grad()
+            elif self.pattern == "in place":
+                opt.zero_grad(set_to_none=False)
+            elif self.pattern == "torch optimizer in place":
+                self.optimizers(use_pl_optimizer=False).zero_grad(set_to_none=False)
+            elif self.pattern == "module":
+                self.zero_grad()
+            elif self.pattern == "module in place":
+                self.zero_grad(set_to_none=False)
+            elif self.pattern == "grad = None":
+                for p in self.parameters():
+                    p.grad = None
+        self.manual_backward(loss)
+        if self.pattern == "clipped":  # clipping changes the gradients in place: still not a zero_grad
+            self.clip_gradients(opt, gradient_clip_val=0.5, gradient_clip_algorithm="norm")
+        opt.step()
+
+    def configure_optimizers(self):
+        if self.pattern == "gan":
+            return [
+                torch.optim.SGD(self.generator.parameters(), lr=0.01),
+                torch.optim.Adam(self.discriminator.parameters(), lr=0.01),
+            ]
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "every batch",
+        "accumulate",
+        "gan",
+        "in place",
+        "torch optimizer in place",
+        "module",
+        "module in place",
+        "grad = None",
+        "clipped",
+    ],
+)
+def test_a_step_on_gradients_no_zero_grad_cleared_warns_once_naming_the_optimizer(pattern):
+    from tandem.utilities.exceptions import UnzeroedGradientsWarning
+
+    with warnings.catch_warnings():  # zeroed, in whichever way: silent
+        warnings.simplefilter("error")
+        quiet_trainer(max_epochs=2).fit(Zeroing(pattern), loader(64, 8))
+    name = r"self.optimizers\(\)\[1\] \(Adam\)" if pattern == "gan" else r"self.optimizers\(\) \(SGD\)"
+    with pytest.warns(UnzeroedGradientsWarning, match=rf"(?s)^Optimizer {name} stepped again.*no zero_grad") as seen:
+        quiet_trainer(max_epochs=2).fit(Zeroing(pattern, zero=False), loader(64, 8))
+    found = [w for w in seen if issubclass(w.category, UnzeroedGradientsWarning)]
+    assert len(found) == 1  # once per fit
+    assert r"Call opt.zero_grad() before manual_backward, or after opt.step()" in str(found[0].message)

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import tandem
 from helpers import TinyModule, loader, max_abs_diff, quiet_trainer
 from tandem.utilities.checkpoint import load_checkpoint_file
 from tandem.utilities.exceptions import TandemUserCodeError
@@ -246,3 +247,63 @@ def test_an_epoch_that_returns_none_for_every_batch_warns_once():
     with pytest.warns(UserWarning, match=r"No optimizer step was counted in training epoch 0.*returned None") as got:
         quiet_trainer(max_epochs=2, limit_train_batches=2).fit(SkipsAll(), loader())
     assert len([w for w in got if "No optimizer step" in str(w.message)]) == 1
+
+
+class _EpochEndRecorder(tandem.Callback):
+    """The learning rate each on_train_epoch_end sees; optionally a checkpoint saved there at epoch ``save_at``."""
+
+    def __init__(self, save_at: int | None = None, path=None):
+        self.lrs: list[float] = []
+        self.save_at, self.path = save_at, path
+
+    def on_train_epoch_end(self, trainer, module):
+        self.lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
+        if trainer.current_epoch == self.save_at:
+            trainer.save_checkpoint(self.path)
+
+
+class _Plateau(TinyModule):
+    """A StepLR and a ReduceLROnPlateau on val_loss that cuts the rate at each epoch (patience 0, threshold huge)."""
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
+        step = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.8, patience=0, threshold=10.0)
+        return [opt], [step, {"scheduler": plateau, "monitor": "val_loss"}]
+
+
+class _PlateauOnly(TinyModule):
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.8, patience=0, threshold=10.0)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "val_loss"}}
+
+
+def test_epoch_schedulers_step_at_lightnings_moments():
+    """Lightning's order: an epoch scheduler steps at the epoch's last batch, before the epoch-end validation and
+    on_train_epoch_end; a ReduceLROnPlateau steps after on_train_epoch_end (it reads the epoch's values)."""
+    recorder = _EpochEndRecorder()
+    trainer = quiet_trainer(max_epochs=3, callbacks=[recorder], limit_val_batches=0)
+    trainer.fit(TinyModule(lr=0.1, scheduler=True), loader())
+    assert recorder.lrs == pytest.approx([0.05, 0.025, 0.0125])
+    recorder = _EpochEndRecorder()
+    quiet_trainer(max_epochs=3, callbacks=[recorder]).fit(_PlateauOnly(lr=0.1), loader(), loader(32))
+    assert recorder.lrs == pytest.approx([0.1, 0.08, 0.064])
+
+
+def test_a_checkpoint_saved_in_on_train_epoch_end_resumes_exactly_with_the_pending_scheduler_step(tmp_path):
+    """Saved before the epoch's schedulers stepped, the checkpoint records that step (and the plateau monitor's
+    value); the resume takes it, so rates and weights equal the uninterrupted run's."""
+    torch.manual_seed(0)
+    whole = _Plateau(lr=0.1)
+    saver = _EpochEndRecorder(save_at=1, path=tmp_path / "end1.ckpt")
+    trainer = quiet_trainer(max_epochs=4, callbacks=[saver])
+    trainer.fit(whole, loader(), loader(32))
+    torch.manual_seed(1)
+    resumed = _Plateau(lr=0.1)
+    after = _EpochEndRecorder()
+    again = quiet_trainer(max_epochs=4, callbacks=[after])
+    again.fit(resumed, loader(), loader(32), ckpt_path=tmp_path / "end1.ckpt")
+    assert after.lrs == saver.lrs[2:]
+    assert again.optimizers[0].param_groups[0]["lr"] == trainer.optimizers[0].param_groups[0]["lr"]
+    assert max_abs_diff(resumed.state_dict(), whole.state_dict()) == 0.0

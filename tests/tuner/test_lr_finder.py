@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -15,6 +18,8 @@ from tandem.callbacks import LearningRateFinder
 from tandem.loggers import CSVLogger
 from tandem.tuner import LRFinder, Tuner
 from tandem.utilities.exceptions import TandemConfigError
+
+SCRIPTS = Path(__file__).parent / "scripts"
 
 
 def _weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -38,7 +43,7 @@ def test_lr_find_suggests_a_sane_rate_sets_it_and_leaves_the_state_as_it_was(tmp
     assert len(lrs) == len(losses) and 20 < len(lrs) <= 100  # 16 batches an epoch: the search crosses epochs
     assert lrs[0] == 1e-8 and all(b > a for a, b in zip(lrs, lrs[1:]))
     suggestion = finder.suggestion()
-    assert 1e-3 < suggestion < 1.0  # SGD on this regression: loss falls fastest between 0.01 and 0.5
+    assert suggestion == lrs[finder._optimal_idx] and 10 <= finder._optimal_idx < len(lrs) - 1
     assert model.hparams.lr == suggestion  # update_attr=True
     # nothing the search trained stays: weights bitwise, counters, RNG, no temporary checkpoint
     assert _equal(_weights(model), before)
@@ -76,7 +81,8 @@ def test_linear_mode_spaces_rates_evenly_and_a_diverging_loss_stops_the_search(t
     finder = Tuner(trainer).lr_find(model, min_lr=0.01, max_lr=10.0, num_training=50, mode="linear", update_attr=False)
     lrs = finder.results["lr"]
     gaps = [b - a for a, b in zip(lrs, lrs[1:])]
-    assert lrs[0] == 0.01 and all(math.isclose(g, 9.99 / 49) for g in gaps)
+    # Lightning's schedule: step k >= 1 trains at (k + 1) / 50 of the way, so the first gap is two steps wide
+    assert lrs[0] == 0.01 and math.isclose(gaps[0], 2 * 9.99 / 50) and all(math.isclose(g, 9.99 / 50) for g in gaps[1:])
     assert len(lrs) < 50  # SGD at a few units diverges on this problem: stopped early
     assert not math.isfinite(finder.results["loss"][-1]) or finder.results["loss"][-1] > 4 * min(finder.results["loss"])
     # without a threshold the search runs every step, NaN or not, and no NaN check interrupts it
@@ -92,30 +98,103 @@ def _finder(losses: list[float], mode: str = "exponential") -> LRFinder:
     return finder
 
 
-def test_suggestion_is_the_steepest_descent_past_the_skipped_ends():
-    losses = [5.0] * 13 + [4.5, 2.0, 1.8, 1.7, 1.6, 1.6, 9.0]
-    finder = _finder(losses)
-    assert finder.suggestion() == finder.results["lr"][13]  # central difference (2.0 - 5.0) / 2: the steepest
-    assert finder.suggestion(skip_end=0) == finder.results["lr"][13]  # skip_end=0 keeps every point
-    assert finder.suggestion(skip_begin=14) == finder.results["lr"][14]
-    # non-finite points are left out, and the index still names a rate of the original list
-    losses[14] = math.nan
-    finder = _finder(losses)
-    assert finder.suggestion() in (finder.results["lr"][13], finder.results["lr"][15])
-    assert finder.results["lr"][finder._optimal_idx] == finder.suggestion()
+def _parity() -> ModuleType:
+    """``scripts/lr_find_parity.py``: the program and curves whose results under Lightning 2.6.6 the tests
+    compare with (it imports Lightning only when run with ``--lightning``)."""
+    spec = importlib.util.spec_from_file_location("lr_find_parity", SCRIPTS / "lr_find_parity.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _close(ours: list[float], theirs: list[float | str]) -> bool:
+    """Equal lists, numbers within 1e-6 relative; non-finite ones (strings in the JSON file) the same."""
+    theirs = [float(v) for v in theirs]
+    return len(ours) == len(theirs) and all(
+        a == b or math.isclose(a, b, rel_tol=1e-6) or (math.isnan(a) and math.isnan(b)) for a, b in zip(ours, theirs)
+    )
+
+
+def test_suggestion_is_lightnings_steepest_gradient_over_lr_on_a_hand_made_curve():
+    """Lightning's rule (``_LRFinder.suggestion``): the steepest gradient of the loss over the rate itself, not
+    over log10(rate), past the skipped ends, without the NaN point. The hand-made curve is CURVE_LRS / CURVE_LOSSES
+    of scripts/lr_find_parity.py; Lightning's answers are its "curve" entry, printed by
+        /tmp/lvenv/bin/python tests/tuner/scripts/lr_find_parity.py --lightning
+    (Lightning 2.6.6, torch 2.13). tandem's former rule (slope over log10(lr)) said 0.0251 for each call."""
+    parity = _parity()
+    lightning = {  # (skip_begin, skip_end): Lightning's suggestion
+        (10, 1): 0.0003981071705534973,
+        (0, 1): 2.51188643150958e-06,
+        (14, 1): 0.00630957344480193,
+        (5, 3): 0.0003981071705534973,
+    }
+    finder = LRFinder("exponential", parity.CURVE_LRS[0], parity.CURVE_LRS[-1], len(parity.CURVE_LRS))
+    finder.results = {"lr": list(parity.CURVE_LRS), "loss": list(parity.CURVE_LOSSES)}
+    for (begin, end), expected in lightning.items():
+        assert finder.suggestion(skip_begin=begin, skip_end=end) == expected
+        assert finder.results["lr"][finder._optimal_idx] == expected
+    assert finder.suggestion() == lightning[(10, 1)]  # the defaults: skip_begin=10, skip_end=1
+    with pytest.warns(UserWarning, match="too few points"):  # Lightning: None too (and an error logged)
+        assert finder.suggestion(skip_begin=28, skip_end=1) is None
+    assert finder._optimal_idx is None
+
+
+def test_suggestion_skip_end_zero_keeps_the_last_point():
+    """tandem's one departure from Lightning's rule: Lightning slices ``[skip_begin:-skip_end]``, so its
+    ``skip_end=0`` keeps no point at all (None); here it keeps every point to the end, which is what it says."""
+    finder = _finder([5.0] * 12 + [4.9, 4.8, 4.7, 1.0])
+    assert finder.suggestion(skip_end=0) == finder.results["lr"][15]  # the drop at the very end
+    assert finder.suggestion(skip_end=1) != finder.results["lr"][15]
     with pytest.warns(UserWarning, match="too few points"):
         assert _finder([1.0] * 12).suggestion() is None
 
 
-def test_exponential_suggestion_takes_the_slope_over_log_lr_not_the_noise_among_tiny_rates():
-    # a wiggle among the first rates (closely spaced in lr) is steep over lr but not over log10(lr)
-    losses = [3.0] * 40
-    losses[11], losses[12] = 3.1, 2.9
-    for k in range(25, 32):
-        losses[k] = 3.0 - 0.3 * (k - 24)  # the real descent
-    finder = _finder(losses)
-    finder.suggestion()
-    assert 24 <= finder._optimal_idx <= 31
+def test_the_recorder_smooths_and_stops_as_lightnings():
+    """The search's recorder on raw losses, one step each (``record`` of scripts/lr_find_parity.py): the running
+    average divided by ``1 - 0.98 ** (step + 1)``, a stop after the step whose smoothed loss exceeds 4 times the best
+    (from the second step; the best starts as the first step's), a NaN that stops nothing, an inf that stops, and a
+    first step without a loss (Lightning's best stays 0 then: the second step stops). Lightning's numbers are the
+    "recorded" entry printed by
+        /tmp/lvenv/bin/python tests/tuner/scripts/lr_find_parity.py --lightning"""
+    nan, inf = math.nan, math.inf
+    lightning = {
+        "blow_up": [
+            1.010101010101009,
+            1.1767106516120251,
+            1.182710599156222,
+            1.1446772697632033,
+            1.1018107013089835,
+            1.3896889154051641,
+            5.223900996023589,
+        ],
+        "nan": [1.010101010101009, 1.0066657597605762, nan, nan, nan, nan],
+        "inf": [1.010101010101009, 1.0066657597605762, inf],
+        "no_loss_first": [nan, 0.6801795674057948],
+    }
+    parity = _parity()
+    for name, raw in parity.RAW_LOSSES.items():
+        assert _close(parity.record(raw), lightning[name]), name
+
+
+def test_lr_find_on_a_tiny_program_gives_lightnings_rates_losses_and_suggestion(tmp_path, monkeypatch):
+    """Issue 29, item 4: the same program (scripts/lr_find_parity.py: an MLP, SGD, 200 samples read in order,
+    num_training=50; exponential with the defaults, and linear 1e-3..2 which diverges and stops early) gives the
+    rates, smoothed losses and suggestion Lightning gives it. Lightning's numbers, in scripts/lr_find_lightning.json,
+    were written by
+        /tmp/lvenv/bin/python tests/tuner/scripts/lr_find_parity.py --lightning > tests/tuner/scripts/lr_find_lightning.json
+    (Lightning 2.6.6, torch 2.13, CPU). Before the fix tandem suggested 0.153 on the exponential search (Lightning:
+    1.2e-06) and stopped the linear one after 16 steps, not 14."""
+    monkeypatch.chdir(tmp_path)  # the search's temporary checkpoint
+    lightning = json.loads((SCRIPTS / "lr_find_lightning.json").read_text())
+    ours = _parity().searches()
+    assert lightning["exponential"]["suggestion"] == 1.2022644346174132e-06
+    assert lightning["linear"]["suggestion"] == 0.44078 and len(lightning["linear"]["lr"]) == 14
+    for search in ("exponential", "linear"):
+        mine, theirs = ours[search], lightning[search]
+        assert _close(mine["lr"], theirs["lr"]), search
+        assert _close(mine["loss"], theirs["loss"]), search
+        assert math.isclose(mine["suggestion"], theirs["suggestion"], rel_tol=1e-6), search
+        assert math.isclose(mine["model_lr"], theirs["model_lr"], rel_tol=1e-6), search  # update_attr
 
 
 def test_plot_draws_the_curve_and_marks_the_suggestion():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tandem import seed_everything
-from tandem.utilities.seed import capture_rng_state, restore_rng_state
+from tandem.utilities.seed import capture_rng_state, reset_seed, restore_rng_state
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -42,3 +42,18 @@ def test_rng_state_loads_with_weights_only_and_old_numpy_tuples_still_restore(tm
     expected = (random.random(), np.random.randn(), torch.rand(1).item())
     restore_rng_state(old)
     assert (random.random(), np.random.randn(), torch.rand(1).item()) == expected
+
+
+def test_reset_seed_seeds_again_with_seed_everythings_seed_and_does_nothing_without_it(monkeypatch):
+    """What a strategy of several processes does as each run sets up (Lightning's reset_seed under DDP): every rank
+    starts the run's draws (dropout, the loaders' seeds) from the seed_everything state."""
+    seed_everything(42)
+    fresh = (random.random(), np.random.rand(), torch.rand(3))
+    torch.rand(5), random.random(), np.random.rand()  # the module's initialisation, say
+    reset_seed()
+    again = (random.random(), np.random.rand(), torch.rand(3))
+    assert fresh[:2] == again[:2] and torch.equal(fresh[2], again[2])
+    monkeypatch.delenv("TANDEM_GLOBAL_SEED")
+    before = torch.get_rng_state()
+    reset_seed()
+    assert torch.equal(torch.get_rng_state(), before)

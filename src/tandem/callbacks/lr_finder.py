@@ -41,25 +41,31 @@ class LRFinder:
         self._optimal_idx: int | None = None
 
     def schedule(self) -> list[float]:
-        """The learning rate of each step: ``min_lr`` first, ``max_lr`` last, evenly spaced on a log scale
-        (``"exponential"``) or a linear one."""
-        n, low, high = self.num_training, self.lr_min, self.lr_max
-        if n == 1:
-            return [low]
+        """The learning rate of each step, as Lightning's search sets it: ``min_lr`` at step 0, then at step
+        ``k >= 1`` the fraction ``r = (k + 1) / num_training`` of the way to ``max_lr`` (on a log scale in
+        ``"exponential"`` mode: ``min_lr * (max_lr / min_lr) ** r``), so the last step trains with ``max_lr`` and no
+        step with ``r = 1 / num_training``."""
+        low, high, n = self.lr_min, self.lr_max, self.num_training
         if self.mode == "linear":
-            return [low + (high - low) * k / (n - 1) for k in range(n)]
-        return [low * (high / low) ** (k / (n - 1)) for k in range(n)]
+            return [low] + [low + (k + 1) / n * (high - low) for k in range(1, n)]
+        return [low] + [low * (high / low) ** ((k + 1) / n) for k in range(1, n)]
 
     def suggestion(self, skip_begin: int = 10, skip_end: int = 1) -> float | None:
-        """The learning rate where the loss falls fastest (the most negative slope of the loss over the learning
-        rate, on a log scale in ``"exponential"`` mode), leaving out the first ``skip_begin`` and the last ``skip_end`` points and the non-finite ones; None (with an
-        error logged) when fewer than two points are left."""
-        stop = len(self.results.get("loss", [])) - skip_end
-        losses = torch.tensor(self.results.get("loss", [])[skip_begin:stop], dtype=torch.float64)
-        lrs = torch.tensor(self.results.get("lr", [])[skip_begin:stop], dtype=torch.float64)
+        """The learning rate where the loss falls fastest, by Lightning's rule: the most negative gradient of the
+        loss over the learning rate itself (``torch.gradient`` with the rates as coordinates, in the default dtype,
+        also in ``"exponential"`` mode), among the points left after the first ``skip_begin`` and the last
+        ``skip_end`` and the non-finite ones; None (with a warning) when fewer than two points are left.
+
+        Args:
+            skip_begin: leading points left out (the noisy start).
+            skip_end: trailing points left out (the blow-up); 0 keeps them all.
+        """
+        stop = -skip_end if skip_end else None
+        losses = torch.tensor(self.results.get("loss", [])[skip_begin:stop])
+        lrs = torch.tensor(self.results.get("lr", [])[skip_begin:stop])
         finite = torch.isfinite(losses)
         losses, lrs = losses[finite], lrs[finite]
-        if len(losses) < 2:
+        if len(losses) < 2:  # torch.gradient needs two points
             rank_zero_warn(
                 "The learning rate finder has too few points for a suggestion (fewer than 2 finite losses left after "
                 f"skip_begin={skip_begin} and skip_end={skip_end}). Raise num_training, use more training data, or "
@@ -67,10 +73,8 @@ class LRFinder:
             )
             self._optimal_idx = None
             return None
-        # the slope over the axis the rates were spaced evenly on: log10(lr) in "exponential" mode (Lightning's
-        # slope over lr there lets the noise between the tiny first rates win; Lightning issue #21141)
-        slopes = torch.gradient(losses, spacing=[lrs.log10() if self.mode == "exponential" else lrs])[0]
-        kept = torch.arange(skip_begin, stop)[finite]
+        slopes = torch.gradient(losses, spacing=[lrs])[0]
+        kept = torch.arange(len(self.results["loss"]))[skip_begin:stop][finite]
         self._optimal_idx = int(kept[int(torch.argmin(slopes))])
         return self.results["lr"][self._optimal_idx]
 
@@ -113,14 +117,24 @@ class _Diverged(Exception):  # noqa: N818 - the range test's own stop, caught by
 
 
 class _LRRecorder(Callback):
-    """Sets each step's learning rate and records the smoothed loss after it (Lightning's ``_LRCallback``)."""
+    """Sets each step's learning rate and records the smoothed loss after it (Lightning's ``_LRCallback``).
+
+    The loss is an exponential moving average (``beta``) corrected for its start as Lightning corrects it: after the
+    ``n``-th step of the search it is divided by ``1 - beta ** (n + 1)``. The search stops after a step (recorded)
+    whose smoothed loss exceeds ``early_stop_threshold`` times the best one, from the second step on; the best is the
+    first step's smoothed loss, then any lower one. A NaN loss stops nothing (it is recorded, and every smoothed loss
+    after it is NaN); an infinite one stops the search.
+
+    ``n`` counts the search's own steps. Lightning reads ``trainer.global_step`` instead: the same for a search at
+    fit start, but in a search started later in a fit its best loss then stays 0 and the first step stops it.
+    """
 
     def __init__(self, schedule: list[float], early_stop_threshold: float | None, beta: float = 0.98) -> None:
         self.schedule, self.early_stop_threshold, self.beta = schedule, early_stop_threshold, beta
         self.lrs: list[float] = []
         self.losses: list[float] = []
         self._average = 0.0
-        self._best = math.inf
+        self._best = 0.0
         self._open = False  # a stepping batch started: its loss is recorded at its end
 
     def on_train_batch_start(self, trainer: Trainer, module: TrainingModule, batch: Any, batch_idx: int) -> None:
@@ -142,12 +156,14 @@ class _LRRecorder(Callback):
         if not isinstance(loss, torch.Tensor):  # the step returned no loss: a point the suggestion leaves out
             self.losses.append(math.nan)
             return
-        self._average = self.beta * self._average + (1 - self.beta) * float(loss)  # one read per search step
-        smoothed = self._average / (1 - self.beta ** len(self.lrs))
+        step = len(self.lrs)  # Lightning's trainer.global_step here, for a search that starts at step 0
+        self._average = self.beta * self._average + (1 - self.beta) * loss.item()  # one read per search step
+        smoothed = self._average / (1 - self.beta ** (step + 1))
         threshold = self.early_stop_threshold
-        diverged = threshold is not None and len(self.losses) > 0 and not smoothed <= threshold * self._best
+        diverged = threshold is not None and step > 1 and smoothed > threshold * self._best
+        if smoothed < self._best or step == 1:
+            self._best = smoothed
         self.losses.append(smoothed)
-        self._best = min(self._best, smoothed)
         if trainer.strategy.broadcast(diverged):  # rank 0 decides: every rank stops at the same step
             raise _Diverged
 

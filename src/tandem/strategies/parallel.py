@@ -53,7 +53,7 @@ from tandem.utilities.compile import Compiler
 from tandem.utilities.data import has_len, is_iterable_style, rebuild_dataloader
 from tandem.utilities.exceptions import TandemConfigError, bad_choice, incompatible, out_of_range
 from tandem.utilities.rank_zero import rank_zero_warn, set_rank
-from tandem.utilities.seed import global_seed
+from tandem.utilities.seed import global_seed, reset_seed
 
 START_METHODS = ("popen", "spawn", "fork")
 #: start methods whose ranks run in processes started per stage (torch.multiprocessing), not the re-run script
@@ -222,7 +222,9 @@ class ParallelStrategy(Strategy):
 
     # ------------------------------------------------------------------ set-up
     def setup_environment(self) -> None:
-        """Find the environment, join the process group (once per process), set threads, device and rank."""
+        """Seed again (the ``seed_everything`` seed, as Lightning), find the environment, join the process group (once
+        per process), set threads, device and rank."""
+        reset_seed()
         self._environment = environment = self._select_environment()
         self._check_environment(environment)
         threads = threads_per_process(self.num_processes)
@@ -400,7 +402,7 @@ class ParallelStrategy(Strategy):
             replicas, rank = shards["num_replicas"], shards["rank"]
             if stage == "fit":  # rank 0's seed: ranks seeded differently must still shard one permutation
                 seed = self.broadcast(global_seed())
-                dataloader = shard_training(dataloader, replicas, rank, seed)
+                dataloader = shard_training(dataloader, replicas, rank, seed, self.data_order)
             else:
                 dataloader = shard_evaluation(dataloader, replicas, rank)
         elif shards is None:  # one process: the order several would share, as on a single device

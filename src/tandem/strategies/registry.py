@@ -203,6 +203,7 @@ def resolve_strategy(
     precision: Any,
     *,
     use_distributed_sampler: bool = True,
+    data_order: str = "sampler",
     sync_batchnorm: bool = False,
     plugins: Any = None,
 ) -> Strategy:
@@ -215,6 +216,7 @@ def resolve_strategy(
         use_distributed_sampler, sync_batchnorm: the Trainer's arguments. They fill in what an instance left
             open (None); an instance built with another value than a Trainer argument that is not its
             default is refused (say it in one place).
+        data_order: the Trainer's ``data_order`` ("sampler" or "global"), how training data is ordered.
         plugins: the Trainer's ``plugins`` (see :func:`sort_plugins`): a ``Precision`` takes the place of
             ``precision`` (giving both is an error, as is a strategy instance built with its own precision), a
             cluster environment that of the strategy's ``cluster_environment``, ``TorchSyncBatchNorm()``
@@ -258,6 +260,7 @@ def resolve_strategy(
         sync_batchnorm or sorted_plugins.sync_batchnorm,
         sorted_plugins.cluster_environment,
         sorted_plugins.checkpoint_io,
+        data_order,
     )
     return instance
 

@@ -1,10 +1,20 @@
 """Samplers that shard a DDP job's data, and the reordering that undoes the sharding of predictions.
 
-Training: the user's sampler becomes a :class:`GlobalOrderSampler` (a DistributedSampler, shuffling only if
-theirs shuffled, with the same drop_last), or is wrapped in a :class:`DistributedSamplerWrapper`. Either way an
-epoch's global order is a function of the seed and the epoch alone, and rank r of N takes its items r, r+N, ...;
-so global batch k is the block ``order[k·B·N : (k+1)·B·N]`` whatever N is, and a checkpoint of N processes can
-continue on N' at the exact next sample (``start``). One process uses the same order (:func:`ordered_training`).
+Training, in the Trainer's ``data_order``:
+
+- ``"sampler"`` (the default, Lightning's numbers): one process draws what the user's sampler draws; a plain
+  RandomSampler's epochs are drawn as it draws them (a seed taken from torch's global generator as the epoch
+  begins), by a :class:`GlobalOrderSampler` that records that seed so a checkpoint can continue the epoch on any
+  number of processes. Several processes get Lightning's DistributedSampler: shuffling the training data (even a
+  ``shuffle=False`` loader's), seeded with the ``seed_everything`` seed plus the epoch, padded to equal shares.
+- ``"global"``: the order does not depend on the number of processes: one process draws the order N processes
+  share (seed plus epoch, shuffling only if the loader shuffled, with its ``drop_last``), so 1 and N processes
+  train alike.
+
+Either way an epoch's order is a function of what the checkpoint records (the seed and how it is used), and rank r
+of N takes its items r, r+N, ...; so global batch k is the block ``order[k·B·N : (k+1)·B·N]`` whatever N is, and a
+checkpoint of N processes can continue on N' at the exact next sample (``start``). Samplers of the user's own are
+wrapped in a :class:`DistributedSamplerWrapper` under several processes, and left alone on one.
 
 Evaluation and predict: :class:`EvalDistributedSampler` gives rank r the samples r, r+N, r+2N, ... of the
 order one process would see, each exactly once and without padding, so sums and counts reduced across
@@ -20,6 +30,7 @@ from collections.abc import Iterator, Mapping, Sized
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.utils.data import (
     BatchSampler,
     DataLoader,
@@ -29,7 +40,7 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from tandem.utilities.data import has_len, rebuild_dataloader, unwrapped
+from tandem.utilities.data import InOrderSampler, has_len, rebuild_dataloader, unwrapped
 from tandem.utilities.exceptions import incompatible
 from tandem.utilities.rank_zero import rank_zero_warn
 
@@ -38,17 +49,41 @@ class GlobalOrderSampler(DistributedSampler):
     """A DistributedSampler (same order, padding and ``drop_last``) that can begin an epoch at item ``start``
     of the global order, on any number of replicas: the elastic resume's way in. ``start`` is consumed by the
     next ``__iter__``; the remaining items are padded (with the epoch's first ones) or cut to a multiple of
-    the replicas, so every rank gets as many as the others."""
+    the replicas, so every rank gets as many as the others.
+
+    ``seeding`` says where a shuffled epoch's permutation comes from: ``"epoch"``, the seed plus the epoch
+    (DistributedSampler's rule); ``"generator"``, a seed drawn from torch's global generator as the epoch's
+    iteration begins (RandomSampler's rule: one process draws exactly a plain RandomSampler's numbers; several
+    processes use rank 0's draw). The seed of the epoch being drawn is kept in ``epoch_seed`` for checkpoints; a
+    resume sets ``pending_seed`` so that the next epoch drawn is that one again.
+    """
 
     start = 0
+    seeding = "epoch"
+    epoch_seed: int | None = None
+    pending_seed: int | None = None
 
     def global_order(self) -> list[Any]:
-        """The epoch's items in global order: a permutation seeded with ``seed + epoch``, or the dataset's order."""
+        """The epoch's items in global order: a permutation seeded as ``seeding`` says, or the dataset's order."""
         if self.shuffle:
             generator = torch.Generator()
-            generator.manual_seed(self.seed + self.epoch)
+            generator.manual_seed(self._draw_epoch_seed())
             return torch.randperm(len(self.dataset), generator=generator).tolist()  # type: ignore[arg-type]
         return list(range(len(self.dataset)))  # type: ignore[arg-type]
+
+    def _draw_epoch_seed(self) -> int:
+        if self.pending_seed is not None:
+            seed, self.pending_seed = self.pending_seed, None
+        elif self.seeding == "epoch":
+            seed = self.seed + self.epoch
+        else:  # as RandomSampler.__iter__ draws it (an int64 from the global generator)
+            seed = int(torch.empty((), dtype=torch.int64).random_().item())
+            if self.num_replicas > 1 and dist.is_available() and dist.is_initialized():
+                shared = torch.tensor([seed], dtype=torch.int64)
+                dist.broadcast(shared, src=0)  # every rank draws (its generator moves alike), rank 0's counts
+                seed = int(shared.item())
+        self.epoch_seed = seed
+        return seed
 
     def __iter__(self) -> Iterator[Any]:
         start, self.start = self.start, 0
@@ -58,6 +93,21 @@ class GlobalOrderSampler(DistributedSampler):
         """How many items this rank draws in an epoch that begins at global item ``start``."""
         left = max(0, len(self.dataset) - start)  # type: ignore[arg-type]
         return left // self.num_replicas if self.drop_last else math.ceil(left / self.num_replicas)
+
+    def order_settings(self) -> dict[str, Any]:
+        """What an epoch's order is made from (a checkpoint's record; :meth:`follow` takes it back)."""
+        return {"seed": self.seed, "seeding": self.seeding, "shuffle": self.shuffle, "epoch_seed": self.epoch_seed}
+
+    def follow(self, settings: dict[str, Any], mid_epoch: bool) -> None:
+        """Draw the order a checkpoint's run drew (``settings`` from :meth:`order_settings`; a tandem 0.1
+        checkpoint records the seed alone). ``mid_epoch``: the epoch in progress continues with its recorded seed.
+        This run's ``drop_last`` stays: it decides how many batches the epoch has."""
+        self.seed = settings["seed"]
+        if "seeding" not in settings:
+            return
+        self.seeding, self.shuffle = settings["seeding"], settings["shuffle"]
+        if mid_epoch and settings["epoch_seed"] is not None:
+            self.pending_seed = settings["epoch_seed"]
 
 
 def shard_order(order: list[Any], start: int, replicas: int, rank: int, drop_last: bool) -> list[Any]:
@@ -131,12 +181,20 @@ class FirstItems(BatchSampler):
         return min(self.count, len(self.sampler))
 
 
+#: the Trainer's ``data_order`` choices (see the module's docstring)
+DATA_ORDERS = ("sampler", "global")
+
+
 def _is_plain_random(sampler: Sampler) -> bool:
     return type(sampler) is RandomSampler and not sampler.replacement and sampler._num_samples is None
 
 
-def shard_training(loader: DataLoader, num_replicas: int, rank: int, seed: int) -> DataLoader:
-    """The user's sampler becomes a DistributedSampler (shuffling only if theirs did) or is wrapped in one.
+def shard_training(
+    loader: DataLoader, num_replicas: int, rank: int, seed: int, data_order: str = "sampler"
+) -> DataLoader:
+    """The user's sampler becomes a DistributedSampler or is wrapped in one. ``data_order="sampler"``: a
+    RandomSampler or SequentialSampler becomes Lightning's training DistributedSampler (shuffling, padded);
+    ``"global"``: the order one process draws too (shuffling only if the loader did, with its ``drop_last``).
 
     ``seed`` must be the same on every rank, or the ranks would shard different permutations.
     """
@@ -156,23 +214,33 @@ def shard_training(loader: DataLoader, num_replicas: int, rank: int, seed: int) 
     sampler = loader.sampler
     if isinstance(sampler, DistributedSampler):
         return loader
-    if type(sampler) is SequentialSampler or _is_plain_random(sampler):
-        new: Sampler = _global_order(loader, num_replicas, rank, seed)
+    if data_order == "sampler" and isinstance(sampler, (RandomSampler, SequentialSampler)):
+        shuffle = not isinstance(sampler, InOrderSampler)  # Lightning's: "shuffle=True for the train sampler"
+        new: Sampler = GlobalOrderSampler(loader.dataset, num_replicas, rank, shuffle=shuffle, seed=seed)
+    elif type(sampler) in (SequentialSampler, InOrderSampler) or _is_plain_random(sampler):
+        new = _global_order(loader, num_replicas, rank, seed)
     else:
         new = DistributedSamplerWrapper(sampler, num_replicas, rank, seed, loader.drop_last)
     return rebuild_dataloader(loader, sampler=new)
 
 
-def ordered_training(loader: DataLoader, seed: int) -> DataLoader:
-    """One process's training loader drawing the order N processes would share: a plain RandomSampler or
-    SequentialSampler becomes a :class:`GlobalOrderSampler` of one replica (the same order as theirs, seeded with
-    ``seed + epoch``), so a checkpoint continues exactly on any number of processes. Other samplers stay."""
+def ordered_training(loader: DataLoader, seed: int, data_order: str = "sampler") -> DataLoader:
+    """One process's training loader, drawing its order through a :class:`GlobalOrderSampler` of one replica
+    that a checkpoint can continue on any number of processes. ``data_order="sampler"``: the numbers the user's
+    sampler draws (a plain RandomSampler's seed per epoch from the global generator; a SequentialSampler's
+    order); ``"global"``: the order N processes would share, seeded with ``seed + epoch``. Other samplers stay."""
     if not isinstance(loader, DataLoader) or type(loader.batch_sampler) is not BatchSampler:
         return loader
     sampler = loader.sampler
-    if type(sampler) is not SequentialSampler and not _is_plain_random(sampler):
+    if type(sampler) not in (SequentialSampler, InOrderSampler) and not _is_plain_random(sampler):
         return loader
-    return rebuild_dataloader(loader, sampler=_global_order(loader, 1, 0, seed))
+    if data_order == "global":
+        return rebuild_dataloader(loader, sampler=_global_order(loader, 1, 0, seed))
+    if isinstance(sampler, RandomSampler) and sampler.generator is not None:
+        return loader  # it draws from the user's generator, whose states tandem does not record
+    order = GlobalOrderSampler(loader.dataset, num_replicas=1, rank=0, shuffle=isinstance(sampler, RandomSampler))
+    order.seeding = "generator"
+    return rebuild_dataloader(loader, sampler=order)
 
 
 def _global_order(loader: DataLoader, num_replicas: int, rank: int, seed: int) -> GlobalOrderSampler:

@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 from tandem.strategies.checkpoint_io import AsyncCheckpointIO
 from tandem.strategies.environments import ClusterEnvironment
 from tandem.strategies.precision import Precision, for_device
-from tandem.strategies.samplers import ordered_training
+from tandem.strategies.samplers import DATA_ORDERS, ordered_training
 from tandem.utilities.checkpoint import atomic_save, is_sharded_checkpoint, load_checkpoint_file, remove_file
 from tandem.utilities.compile import Compiler
 from tandem.utilities.data import end_workers_with_process
@@ -141,6 +141,8 @@ class Strategy:
         self.precision: Precision = precision if isinstance(precision, Precision) else Precision(precision or "32-true")
         self.use_distributed_sampler: bool = True if use_distributed_sampler is None else use_distributed_sampler
         self.sync_batchnorm: bool = False if sync_batchnorm is None else sync_batchnorm
+        #: the Trainer's ``data_order``: "sampler" (Lightning's order) or "global" (one order for any process count)
+        self.data_order = "sampler"
         #: where this process sits in the job, when given (``Trainer(plugins=[...])``, or the strategy's
         #: ``cluster_environment`` argument); None: read from the environment variables. One process uses it only
         #: for what a pre-emption stop does (``SLURMEnvironment(auto_requeue=False)``).
@@ -181,6 +183,7 @@ class Strategy:
         sync_batchnorm: bool = False,
         cluster_environment: ClusterEnvironment | None = None,
         checkpoint_io: AsyncCheckpointIO | None = None,
+        data_order: str = "sampler",
     ) -> None:
         """Fill in what the Trainer's arguments decide and the instance left open (called once, by
         ``resolve_strategy``), then :meth:`_check_configuration`. ``precision`` is a name (the Trainer's
@@ -208,6 +211,9 @@ class Strategy:
             "use_distributed_sampler", self._given["use_distributed_sampler"], use_distributed_sampler, True
         )
         self.sync_batchnorm = _settle("sync_batchnorm", self._given["sync_batchnorm"], sync_batchnorm, False)
+        if data_order not in DATA_ORDERS:
+            raise bad_choice("data_order", data_order, DATA_ORDERS)
+        self.data_order = data_order
         self.precision.set_device_type(self.root_device.type)
         self._check_configuration()
 
@@ -343,10 +349,11 @@ class Strategy:
         return processed
 
     def _process_dataloader(self, dataloader: DataLoader, stage: str) -> DataLoader:
-        """One process: the training loader draws the global order N processes would share (elastic resume)."""
+        """One process: the training loader draws its order through a sampler a checkpoint can continue on any
+        number of processes (:func:`~tandem.strategies.samplers.ordered_training`)."""
         if stage != "fit" or not self.use_distributed_sampler:
             return dataloader
-        return ordered_training(dataloader, order_seed())
+        return ordered_training(dataloader, order_seed(), self.data_order)
 
     def evaluation_batches(self, dataloader: Iterable[Any], limit: int | float) -> Iterator[Any]:
         """The batches one evaluation pass runs in this process: the first ``limit`` of ``dataloader``

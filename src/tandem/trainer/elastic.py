@@ -1,7 +1,8 @@
 """Elastic resume: a checkpoint written by W processes continues on W' (1 included) at the exact next sample.
 
 The training order of an epoch is global: a :class:`~tandem.strategies.samplers.GlobalOrderSampler` draws it from
-the seed and the epoch alone, the same on 1 or N processes, and rank r takes items r, r+N, ... of it. Global
+what the checkpoint records (the seed and the epoch, or the seed a RandomSampler drew for the epoch), the same on 1
+or N processes, and rank r takes items r, r+N, ... of it. Global
 batch k is then the block ``order[k·G : (k+1)·G]`` with ``G`` = per-device batch × processes, so a run keeps its
 place by counting items of the order consumed (``batches_done · G``), not per-rank positions. A checkpoint saves
 the layout it was trained with (:func:`data_layout`, in ``checkpoint["loops"]["data"]``); a resume with another
@@ -36,8 +37,9 @@ def order_sampler(data: StageData | None) -> GlobalOrderSampler | None:
 
 def data_layout(data: StageData | None, world_size: int, accumulate: int) -> dict[str, Any] | None:
     """How the training data is laid out: processes, items of the order per batch of one process
-    (its batch size; 1 when the items are whole batches), accumulation, and the order's seed (None: the order
-    is the loader's own, which tandem cannot re-shard). None before a fit has training data."""
+    (its batch size; 1 when the items are whole batches), accumulation, the order's seed (None: the order
+    is the loader's own, which tandem cannot re-shard) and what else the order is made from (``order``: see
+    :meth:`~tandem.strategies.samplers.GlobalOrderSampler.order_settings`). None before a fit has training data."""
     if data is None or not data.loaders:
         return None
     sampler = order_sampler(data)
@@ -48,17 +50,20 @@ def data_layout(data: StageData | None, world_size: int, accumulate: int) -> dic
         "items_per_batch": items,
         "accumulate": accumulate,
         "seed": sampler.seed if sampler is not None else None,
+        "order": sampler.order_settings() if sampler is not None else None,
     }
 
 
 def continue_from(saved: dict[str, Any], now: dict[str, Any], loop: LoopState, data: StageData) -> None:
     """Put ``loop`` (restored from a checkpoint trained with layout ``saved``) at the same place of the global
-    order under layout ``now``: the checkpoint's seed, and the epoch's done batches counted in this run's batches.
-    When the place falls inside one of this run's batches, the sampler starts there (``loop.resume_start``)."""
+    order under layout ``now``: the checkpoint's order (its seed, how it shuffles, the epoch in progress's drawn
+    seed), and the epoch's done batches counted in this run's batches. When the place falls inside one of this
+    run's batches, the sampler starts there (``loop.resume_start``)."""
     sampler = order_sampler(data)
     if saved["seed"] is not None and sampler is not None:
-        # the checkpoint's order, even when this run was seeded otherwise
-        sampler.seed = loop.order_seed = saved["seed"]
+        # the checkpoint's order, even when this run was seeded or ordered otherwise
+        loop.order = saved.get("order") or {"seed": saved["seed"]}
+        sampler.follow(loop.order, mid_epoch=loop.batches_done > 0)
     before, after = _global_batch(saved), _global_batch(now)
     if saved["world_size"] == now["world_size"] and saved["items_per_batch"] == now["items_per_batch"]:
         if saved["accumulate"] != now["accumulate"]:

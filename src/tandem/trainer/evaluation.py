@@ -74,9 +74,14 @@ class EvaluationLoop:
                     if keep:  # every rank's predictions, in dataset order (a collective: all ranks run it)
                         predictions.append(strategy.gather_predictions(outputs, loader))
             metrics.dataloader_idx = None
-            hooks.call(names.hook("epoch_end"))
+            # as Lightning: the epoch's values are published before the epoch-end hooks (which read them in
+            # callback_metrics), and what those hooks log is added after them
             epoch_metrics = metrics.epoch_metrics() if stage != "predict" else {}
+            hooks.call(names.hook("epoch_end"))
+            if stage != "predict" and names.hook("epoch_end") in hooks.registered:  # alike on every rank
+                epoch_metrics.update(metrics.epoch_metrics())
             hooks.call(names.hook("end"))
+            metrics.reset_metric_objects()  # as Lightning, after on_<stage>_end: its hooks may read them
             if sanity:
                 hooks.call("on_sanity_check_end")
                 metrics.clear_published()

@@ -338,10 +338,10 @@ class MetricCollector:
 
     @staticmethod
     def _epoch_value(entry: _Entry) -> torch.Tensor | None:
-        """This process's aggregate (synced entries are aggregated by :meth:`_sync` before this runs)."""
+        """This process's aggregate (synced entries are aggregated by :meth:`_sync` before this runs). A torchmetrics
+        object keeps its state until :meth:`reset_metric_objects` (its ``compute()`` stays readable meanwhile)."""
         if entry.metric is not None:
             value = entry.metric.compute()
-            entry.metric.reset()
             return value.detach() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
         if entry.total is None:
             return None
@@ -399,6 +399,13 @@ class MetricCollector:
             self.callback_metrics[name] = value
         if entry.prog_bar:
             self.progress_bar_metrics[key] = value
+
+    def reset_metric_objects(self) -> None:
+        """Reset the torchmetrics objects logged in the current stage, once their epoch values are published (as
+        Lightning: after the epoch-end hooks, so a callback there still reads ``metric.compute()``)."""
+        for entry in self._stores.get(self.stage, {}).values():
+            if entry.metric is not None:
+                entry.metric.reset()
 
     def reset(self, state: dict[str, Any] | None = None) -> None:
         """Start an epoch of the current stage: forget its entries, or reinstate those saved by :meth:`state_dict`."""

@@ -96,9 +96,16 @@ class FitLoop:
 
     # ------------------------------------------------------------------ checkpoint state
     def state_dict(self) -> dict[str, Any]:
-        """Where training is (``checkpoint["loops"]``), with the data layout that place is counted in."""
+        """Where training is (``checkpoint["loops"]``), with the data layout that place is counted in. Saved at an
+        epoch's end before its schedulers stepped (a checkpoint in ``on_train_epoch_end``), it also records that step
+        and the values of the plateau schedulers' monitors, for the resume to take it."""
+        state = self.state.state_dict()
         layout = self._data_layout()
-        return self.state.state_dict() if layout is None else {**self.state.state_dict(), "data": layout}
+        if layout is not None:
+            state["data"] = layout
+        if self.state.schedulers_pending:
+            state["epoch_schedulers"] = self.optimization.monitored_values()
+        return state
 
     def _data_layout(self) -> dict[str, Any] | None:
         accumulate = self.context.config.accumulate_grad_batches
@@ -113,6 +120,7 @@ class FitLoop:
         loop.load_state_dict(state)
         loop.resume_train_metrics = train_metrics if loop.batches_done else None
         loop.resume_rng = rng
+        loop.resume_schedulers = state.get("epoch_schedulers")
         now = self._data_layout()
         if "data" in state and now is not None:  # another device count or batch size: the same place
             continue_from(state["data"], now, loop, self.data)
@@ -151,6 +159,9 @@ class FitLoop:
             with isolate_rng():  # as Lightning: the check draws no training randomness (a loader's iter seeds)
                 self.evaluation.run("validate", sanity=True)
         loop = self.state
+        if loop.resume_schedulers is not None:  # the checkpoint's epoch ended before its schedulers stepped
+            self.optimization.step_schedulers("epoch", plateau=True, count=loop.epoch, values=loop.resume_schedulers)
+            loop.resume_schedulers = None
         context.metrics.reset(loop.resume_train_metrics)  # before on_train_start: its values belong to the first epoch
         loop.resume_train_metrics = None
         self._store_ready, self.empty_batch, self._bad = True, None, None
@@ -216,8 +227,8 @@ class FitLoop:
             self.reload_data()  # Lightning's: train_dataloader() / val_dataloader() again every n epochs
             self._loaded_at = loop.epoch
             sampler = order_sampler(self.data)
-            if loop.order_seed is not None and sampler is not None:  # a resumed run keeps the checkpoint's order
-                sampler.seed = loop.order_seed
+            if loop.order is not None and sampler is not None:  # a resumed run keeps the checkpoint's order
+                sampler.follow(loop.order, mid_epoch=False)
         if not self._store_ready:  # each epoch starts empty; the first one in run(), before on_train_start
             metrics.reset()
         self._store_ready = False
@@ -237,6 +248,7 @@ class FitLoop:
         # check_val_every_n_epoch=None: val_check_interval counts the batches of the whole fit (Lightning's rule)
         offset = loop.batches_in_earlier_epochs if config.check_val_every_n_epoch is None else 0
         max_steps = config.max_steps
+        plateau_per_step = self.optimization.has_schedulers("step", plateau=True)
         batches = self.replicas.watch_first_batch(strategy, sampler, batches)
         first_batch, first_step = loop.batches_done, loop.global_step
         rollback = context.nonfinite.rollback
@@ -253,6 +265,8 @@ class FitLoop:
                 due = val_every and (offset + batch_idx + 1) % val_every == 0 and batch_idx + 1 < loop.epoch_batches
                 if due and self._validates_this_epoch():
                     self.evaluation.run("validate")
+                if plateau_per_step and loop.stepping:  # after the batch's validation, whether it ran or not
+                    self.optimization.step_schedulers("step", plateau=True, count=batch_idx + 1)
                 if PREEMPTION.signum is not None:  # a signal: one read per batch
                     self._stop_if_preempted()
                 stop = context.state.should_stop and (not several or self._stop_agreed)
@@ -261,12 +275,22 @@ class FitLoop:
             indexed = None if rollback is None else self._replay_after_bad_batch(loader)
         loop.epoch_finished = True
         self.optimization.check_epoch_steps(loop.epoch, loop.batches_done - first_batch, loop.global_step - first_step)
-        train_epoch_metrics = metrics.epoch_metrics()
-        by_total = config.check_val_every_n_epoch is None and val_every  # then the epoch's end may not be due
-        if self._validates_this_epoch() and (not by_total or (offset + loop.batches_done) % val_every == 0):
+        # Lightning's rule: the epoch's last batch validates when it is a val_check_interval batch (every batch count
+        # of a float interval's epoch is), when the epoch's length is unknown, or when the fit stops there
+        stopping = context.state.should_stop and (not several or self._stop_agreed) and self._min_reached()
+        due = not val_every or (offset + loop.batches_done) % val_every == 0 or stopping
+        if due and self._validates_this_epoch():
             self.evaluation.run("validate")
-        self.optimization.step_schedulers("epoch")  # under manual optimization the module steps its schedulers
+        # Lightning's order: the epoch's values after its validation, the hooks, then the plateau schedulers (the
+        # others stepped at the last batch); the values' torchmetrics objects are reset once logged (a callback may
+        # read them in the hooks). Under manual optimization the module steps its schedulers.
+        loop.schedulers_pending = True  # a checkpoint saved before they step records it
+        train_epoch_metrics = metrics.epoch_metrics()
         hooks.call("on_train_epoch_end")
+        train_epoch_metrics.update(metrics.epoch_metrics())  # values logged in on_train_epoch_end hooks
+        if loop.batches_done == loop.epoch_batches:  # not an epoch cut short (max_steps, a stop): Lightning's rule
+            self.optimization.step_schedulers("epoch", plateau=True, count=loop.epoch + 1)
+        loop.schedulers_pending = False
         # One reduction, two agreements: one rank asking to stop stops them all (a rank that left the loop alone
         # would hang the others), and NaN / inf in any rank's parameters is acted on by every rank.
         nonfinite = nonfinite_parameters(module)
@@ -277,9 +301,9 @@ class FitLoop:
         context.state.should_stop = bool(stop > 0)
         context.nonfinite.check_epoch_end(nonfinite, bool(anywhere > 0), loop.epoch, loop.global_step)
         self.replicas.check_epoch_end(strategy, loop.epoch)
-        train_epoch_metrics.update(metrics.epoch_metrics())  # values logged in on_train_epoch_end hooks
         loop.logger_step = loop.batches_stepped  # the epoch's values, after its validation's (Lightning's steps)
         context.sink.log_metrics(train_epoch_metrics)  # nothing logged for the epoch: no row (not an epoch-only one)
+        metrics.reset_metric_objects()
         context.sink.save()
         loop.finish_epoch()
 
@@ -307,6 +331,8 @@ class FitLoop:
             return False
         steps = loop.global_step
         output, loss = self._optimize(batch, batch_idx)
+        if batch_idx + 1 == loop.epoch_batches:  # the epoch's last batch steps its epoch schedulers (Lightning's)
+            optimization.step_schedulers("epoch", plateau=False, count=loop.epoch + 1)
         if empty and (loss is not None or loop.global_step != steps):  # trained on (training_step did not skip it)
             self._found_empty_batch(batch_idx)
         # under on_nonfinite="rollback" every publishing step checks the losses, with loggers or without

@@ -164,7 +164,7 @@ def _parse_scheduler(entry: Any, monitor: str | None, automatic: bool) -> LRSche
 
 # ---------------------------------------------------------------------- the optimizers the module sees
 _SUBCLASSES: dict[type, type] = {}
-_OWN = frozenset({"_optimizer", "_step", "step"})
+_OWN = frozenset({"_optimizer", "_step", "_zeroed", "step"})
 
 
 class TrainingOptimizer:
@@ -173,19 +173,26 @@ class TrainingOptimizer:
     ``step()`` goes to the fit's optimization object, then the strategy: the strategy's precision (a float16 step unscales and uses the
     ``GradScaler``), the ``on_before_optimizer_step`` hook, and one more ``trainer.global_step``. Everything
     else (``zero_grad``, ``param_groups``, ``state_dict``, ...) is the wrapped optimizer's, and
-    ``isinstance(opt, torch.optim.Adam)`` still holds. ``opt.optimizer`` is the torch optimizer.
+    ``isinstance(opt, torch.optim.Adam)`` still holds. ``opt.optimizer`` is the torch optimizer. Under manual
+    optimization ``zero_grad()`` also tells the fit's optimization object (``zeroed``, held weakly), which warns when
+    an optimizer steps again on gradients no zero_grad cleared.
     """
 
-    def __new__(cls, optimizer: Optimizer, step: Callable[..., Any]) -> TrainingOptimizer:
+    def __new__(
+        cls, optimizer: Optimizer, step: Callable[..., Any], zeroed: Callable[..., Any] | None = None
+    ) -> TrainingOptimizer:
         kind = type(optimizer)
         subclass = _SUBCLASSES.get(kind)
         if subclass is None:  # also an instance of the optimizer's own class
             subclass = _SUBCLASSES[kind] = type(f"Training{kind.__name__}", (cls, kind), {})
         return object.__new__(subclass)
 
-    def __init__(self, optimizer: Optimizer, step: Callable[..., Any]) -> None:
+    def __init__(
+        self, optimizer: Optimizer, step: Callable[..., Any], zeroed: Callable[..., Any] | None = None
+    ) -> None:
         object.__setattr__(self, "_optimizer", optimizer)
         object.__setattr__(self, "_step", step)
+        object.__setattr__(self, "_zeroed", zeroed)
 
     @property
     def optimizer(self) -> Optimizer:
@@ -200,6 +207,10 @@ class TrainingOptimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._optimizer.zero_grad(set_to_none=set_to_none)
+        if self._zeroed is not None:
+            zeroed = self._zeroed()  # the optimization object's, held weakly
+            if zeroed is not None:
+                zeroed(self._optimizer)
 
     def __getattr__(self, name: str) -> Any:  # only for names not found on the wrapper
         return getattr(object.__getattribute__(self, "_optimizer"), name)

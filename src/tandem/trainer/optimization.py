@@ -20,7 +20,7 @@ from tandem.module import is_overridden
 from tandem.trainer.hooks import current_hook, enter_hook, leave_hook, running_hook
 from tandem.trainer.optim import LRSchedulerConfig, TrainingOptimizer, parse_optimizers
 from tandem.trainer.profiling import StrategyCalls, module_action, timed
-from tandem.utilities.exceptions import TandemUserCodeError, missing_metric
+from tandem.utilities.exceptions import TandemUserCodeError, missing_metric, unzeroed_gradients
 from tandem.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
@@ -60,7 +60,8 @@ class Optimization:
         self.calls = StrategyCalls(context.strategy, context.profiler) if context is not None else None
         # Held weakly: this object holds them, and a reference back would be a cycle keeping a finished fit alive.
         step = weakref.WeakMethod(self.step)
-        self.training_optimizers = [TrainingOptimizer(o, step) for o in self.optimizers]  # self.optimizers()
+        zeroed = None if self.automatic else weakref.WeakMethod(self.zeroed)
+        self.training_optimizers = [TrainingOptimizer(o, step, zeroed) for o in self.optimizers]  # self.optimizers()
         self.has_gradients = False  # backward ran since the last optimizer step (automatic)
         self._no_step_warned = False  # an epoch without an optimizer step was reported (once per fit)
 
@@ -76,9 +77,23 @@ class Optimization:
         """What ``on_train_batch_end`` gets as ``outputs``."""
         raise NotImplementedError
 
-    def step_schedulers(self, interval: str) -> None:
-        """Step the schedulers of ``interval`` ("step" or "epoch") that are due; manual optimization's module
-        steps its own."""
+    def step_schedulers(
+        self, interval: str, plateau: bool, count: int, values: Mapping[str, Any] | None = None
+    ) -> None:
+        """Step the schedulers of ``interval`` ("step" or "epoch") that are due at ``count`` (the epoch's batch, or
+        the epoch, counted from 1: due when ``count % frequency == 0``), the ``ReduceLROnPlateau`` ones or the others
+        (``plateau``); manual optimization's module steps its own. Lightning's moments, which the loops keep: the
+        others after the optimizer step (``"epoch"``: at the epoch's last batch, before its validation); the plateau
+        ones after the batch's validation (``"step"``) or after ``on_train_epoch_end`` (``"epoch"``), reading their
+        monitor from ``values`` (default: the published values)."""
+
+    def monitored_values(self) -> dict[str, float]:
+        """The published values of the plateau schedulers' monitors (what their epoch step would read now)."""
+        return {}
+
+    def has_schedulers(self, interval: str, plateau: bool) -> bool:
+        """Whether :meth:`step_schedulers` would find any of ``interval`` and kind (decided once per epoch)."""
+        return False
 
     def check_epoch_steps(self, epoch: int, batches: int, steps: int) -> None:
         """At the end of training epoch ``epoch``: ``batches`` batches ran and took ``steps`` optimizer steps. None
@@ -161,7 +176,7 @@ class AutomaticOptimization(Optimization):
             self._prepare_step(optimizer)
             self._finish_step(optimizer, batch_idx, calls.optimizer_step(optimizer))
         elif self._hand_steps:
-            self._count_hand_steps()
+            self._count_hand_steps(batch_idx)
         else:
             loop.no_step()
         return output, loss
@@ -245,12 +260,12 @@ class AutomaticOptimization(Optimization):
         self.loop.global_step += 1
         self._hand_steps += 1
 
-    def _count_hand_steps(self) -> None:
+    def _count_hand_steps(self, batch_idx: int) -> None:
         """A batch whose ``training_step`` stepped by hand (and returned None): it counts as a stepping batch."""
         self._hand_steps = 0
         self.loop.batches_stepped += 1
         if self.lr_scheduler_configs:
-            self.step_schedulers("step")
+            self.step_schedulers("step", plateau=False, count=batch_idx + 1)
 
     def _backward(self, output: Any) -> torch.Tensor | None:
         loss = _loss_from(output)
@@ -290,16 +305,17 @@ class AutomaticOptimization(Optimization):
         loop.global_step += 1  # after the module's optimizer_step returned, as in Lightning
         loop.batches_stepped += 1
         if stepped and self.lr_scheduler_configs:  # a step skipped by the float16 scaler does not count
-            self.step_schedulers("step")
+            self.step_schedulers("step", plateau=False, count=batch_idx + 1)
 
-    def step_schedulers(self, interval: str) -> None:
+    def step_schedulers(
+        self, interval: str, plateau: bool, count: int, values: Mapping[str, Any] | None = None
+    ) -> None:
         """Through the module's ``lr_scheduler_step``; a ``reduce_on_plateau`` one gets rank 0's value of its
         monitor."""
-        strategy, loop = self.context.strategy, self.loop
-        count = loop.global_step if interval == "step" else loop.epoch + 1
-        metrics = self.context.metrics.callback_metrics
+        strategy = self.context.strategy
+        metrics = self.context.metrics.callback_metrics if values is None else values
         for config in self.lr_scheduler_configs:
-            if config.interval != interval or count % config.frequency:
+            if config.interval != interval or config.reduce_on_plateau != plateau or count % config.frequency:
                 continue
             metric = None
             if config.reduce_on_plateau:
@@ -313,6 +329,17 @@ class AutomaticOptimization(Optimization):
                     continue
                 metric = strategy.broadcast(float(value))  # rank 0's value: equal LRs
             strategy.module.lr_scheduler_step(config.scheduler, metric)
+
+    def has_schedulers(self, interval: str, plateau: bool) -> bool:
+        return any(c.interval == interval and c.reduce_on_plateau == plateau for c in self.lr_scheduler_configs)
+
+    def monitored_values(self) -> dict[str, float]:
+        metrics = self.context.metrics.callback_metrics
+        return {
+            config.monitor: float(metrics[config.monitor])
+            for config in self.lr_scheduler_configs
+            if config.reduce_on_plateau and config.interval == "epoch" and config.monitor in metrics
+        }
 
     def hook_outputs(self, output: Any, loss: torch.Tensor | None) -> Any:
         if loss is None:
@@ -332,6 +359,13 @@ class ManualOptimization(Optimization):
         "opt = self.optimizers(); opt.zero_grad(); self.manual_backward(loss); opt.step()."
     )
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: optimizers stepped whose gradients no zero_grad has cleared since (see :class:`_Stepped`); emptied for
+        #: good once the mistake was reported (once per fit)
+        self._stepped: dict[Optimizer, _Stepped] = {}
+        self._unzeroed_warned = False
+
     def run(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor | None]:
         output = self._training_step(batch, batch_idx)
         self.loop.batches_stepped += 1
@@ -342,9 +376,11 @@ class ManualOptimization(Optimization):
         """``opt.step()`` in a manual ``training_step``: through the strategy's precision, then counted."""
         step = self.calls.optimizer_step
         if closure is None:
+            if optimizer in self._stepped:
+                self._check_zeroed(optimizer)
             self._prepare(optimizer)
             step(optimizer, **kwargs)
-        else:
+        else:  # the closure zeroes and runs backward inside the step: not checked
 
             def run_closure() -> Any:  # a closure of the user's (e.g. LBFGS), which the optimizer may call again
                 with torch.enable_grad():
@@ -354,6 +390,43 @@ class ManualOptimization(Optimization):
 
             step(optimizer, run_closure, **kwargs)
         self.loop.global_step += 1
+        if not self._unzeroed_warned:
+            stepped = _Stepped.on(optimizer)
+            if stepped is not None:
+                self._stepped[optimizer] = stepped
+
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """``self.manual_backward(loss)``: the strategy's backward. Stepped optimizers whose gradients a zero_grad
+        cleared since their step are forgotten first, and the others note what this backward added, so that
+        their next step can tell a missing zero_grad (:meth:`_check_zeroed`) from a zeroing in place."""
+        stepped = self._stepped
+        if stepped:
+            for optimizer in [o for o, s in stepped.items() if not s.unchanged()]:
+                del stepped[optimizer]
+        self.calls.backward(loss, *args, **kwargs)
+        for entry in stepped.values():
+            entry.added()
+
+    def zeroed(self, optimizer: Optimizer) -> None:
+        """``zero_grad()`` of an optimizer from ``self.optimizers()``."""
+        self._stepped.pop(optimizer, None)
+
+    def gradients_changed(self, optimizer: Optimizer) -> None:
+        """tandem changed ``optimizer``'s gradients in place (``self.clip_gradients``: unscaled, clipped): not a
+        zero_grad."""
+        entry = self._stepped.get(optimizer)
+        if entry is not None:
+            entry.added()
+
+    def _check_zeroed(self, optimizer: Optimizer) -> None:
+        """Before a step: warn (once per fit) when ``optimizer``'s gradients are the ones of its previous step, with
+        at most manual_backward's additions: no zero_grad ran in between."""
+        if self._stepped.pop(optimizer).unchanged():
+            self._unzeroed_warned = True
+            self._stepped.clear()
+            index = self.optimizers.index(optimizer)
+            where = f"self.optimizers()[{index}]" if len(self.optimizers) > 1 else "self.optimizers()"
+            rank_zero_warn(unzeroed_gradients(f"Optimizer {where} ({type(optimizer).__name__})"))
 
     def _prepare(self, optimizer: Optimizer) -> None:
         self.context.strategy.precision.unscale_gradients(optimizer)
@@ -421,6 +494,39 @@ def configure_optimization(
         zero_grad=zero_grad,
         clip=clip,
     )
+
+
+class _Stepped:
+    """An optimizer's gradients as its latest ``step()`` left them, read from one of its parameters (no scan of the
+    others). While that parameter holds the same gradient tensor, changed only by ``manual_backward`` (which this
+    records), no zero_grad ran: ``zero_grad()`` and ``module.zero_grad()`` (``set_to_none=True``) and ``p.grad =
+    None`` leave None or, after a backward, a new tensor; ``set_to_none=False`` zeroes the tensor in place, which
+    advances its version counter."""
+
+    __slots__ = ("grad", "param", "version")
+
+    def __init__(self, param: torch.Tensor) -> None:
+        self.param, self.grad, self.version = param, weakref.ref(param.grad), param.grad._version
+
+    @classmethod
+    def on(cls, optimizer: Optimizer) -> _Stepped | None:
+        """The first of ``optimizer``'s parameters that has a gradient (nearly always its first), or None."""
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if param.grad is not None:
+                    return cls(param)
+        return None
+
+    def unchanged(self) -> bool:
+        """The gradient is the stepped one, changed by nothing but what :meth:`added` recorded."""
+        grad = self.param.grad
+        return grad is not None and grad is self.grad() and grad._version == self.version
+
+    def added(self) -> None:
+        """A backward (or tandem's unscaling and clipping) changed the gradient in place: not a zero_grad."""
+        grad = self.param.grad
+        if grad is not None and grad is self.grad():
+            self.version = grad._version
 
 
 def _double_step(steps: int) -> TandemUserCodeError:

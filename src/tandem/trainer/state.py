@@ -32,6 +32,9 @@ class LoopState:
     # training batches of the finished epochs: with check_val_every_n_epoch=None, val_check_interval counts them too
     batches_in_earlier_epochs: int = 0
     epoch_finished: bool = False  # the epoch's batches are done; its end (validation, hooks) is running
+    # the epoch's end has not stepped the epoch schedulers yet (they step after on_train_epoch_end, as Lightning's;
+    # a checkpoint saved before records it, see FitLoop.state_dict; not saved itself)
+    schedulers_pending: bool = False
     epoch_start_rng: dict[str, Any] | None = field(default=None, repr=False)  # RNG at iter(train loader)
     # The current epoch's batch count: the training loader's (math.inf when unknown); an epoch of unknown length
     # that several processes even gets its count once the ranks find its last batch (not saved).
@@ -47,10 +50,12 @@ class LoopState:
     # Restored from a checkpoint, applied when the loop reaches the point they belong to (not saved).
     resume_rng: dict[str, Any] | None = field(default=None, repr=False)
     resume_train_metrics: dict[str, Any] | None = field(default=None, repr=False)
+    # the finished epoch's scheduler step a checkpoint saved at its end had not taken: the plateau monitors' values
+    resume_schedulers: dict[str, float] | None = None
     # An elastic resume whose place falls inside one of this run's batches: the global order's item the resumed
     # epoch begins at (tandem.trainer.elastic; not saved)
     resume_start: int | None = None
-    order_seed: int | None = None  # the checkpoint's training-order seed, for loaders built again (not saved)
+    order: dict[str, Any] | None = None  # the checkpoint's training order, for loaders built again (not saved)
 
     def state_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _SAVED}

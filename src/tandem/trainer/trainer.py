@@ -95,6 +95,12 @@ class Trainer:
         sync_batchnorm: turn BatchNorm layers into SyncBatchNorm (strategies that run several processes).
         use_distributed_sampler: let a distributed strategy replace the samplers to shard the data
             (False: shard it yourself).
+        data_order: how the training data is ordered. ``"sampler"`` (default): as Lightning orders it, so a
+            ported program gives Lightning's numbers: one process draws what the loader's sampler draws, several
+            processes share Lightning's DistributedSampler (shuffling the training data, seeded with the
+            ``seed_everything`` seed plus the epoch). ``"global"``: one order whatever the number of processes
+            (one process draws the order N processes share; shuffled only if the loader shuffles), so 1 and N
+            processes train alike. Either way a run keeps its order when resumed, on any number of processes.
         fast_dev_run: run 1 (or n) batches of training, validation and test, without loggers or
             checkpoints, to smoke-test a module.
         overfit_batches: train and validate on the first n batches (an int) or fraction of the training data, in
@@ -173,6 +179,7 @@ class Trainer:
         sync_batchnorm: bool = False,
         fast_dev_run: bool | int = False,
         use_distributed_sampler: bool = True,
+        data_order: str = "sampler",
         overfit_batches: int | float = 0.0,
         reload_dataloaders_every_n_epochs: int = 0,
         profiler: Profiler | str | None = None,
@@ -234,6 +241,7 @@ class Trainer:
             num_nodes,
             precision,
             use_distributed_sampler=use_distributed_sampler,
+            data_order=data_order,
             sync_batchnorm=sync_batchnorm,
             plugins=plugins,
         )

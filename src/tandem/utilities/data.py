@@ -102,16 +102,22 @@ def rebuild_dataloader(
     )
 
 
+class InOrderSampler(SequentialSampler):
+    """A SequentialSampler that no data order shuffles (``overfit_batches``: the same batches every epoch)."""
+
+
 def in_order(loader: Any, name: str) -> Any:
     """``loader`` drawing its samples in order (``overfit_batches``: the same batches every epoch): a shuffling
-    DataLoader is rebuilt with a SequentialSampler and a warning (Lightning's); anything else is returned as is."""
-    if not isinstance(loader, DataLoader) or not isinstance(loader.sampler, RandomSampler):
+    DataLoader is rebuilt with an :class:`InOrderSampler` and a warning (Lightning's), an ordered one without;
+    anything else is returned as is."""
+    if not isinstance(loader, DataLoader) or type(loader.sampler) not in (RandomSampler, SequentialSampler):
         return loader
-    rank_zero_warn(
-        f"Trainer(overfit_batches=...) trains on the same batches every epoch, but the {name} shuffle; tandem turns "
-        "their shuffling off for this run. Pass shuffle=False to silence this warning."
-    )
-    return rebuild_dataloader(loader, sampler=SequentialSampler(loader.dataset))
+    if isinstance(loader.sampler, RandomSampler):
+        rank_zero_warn(
+            f"Trainer(overfit_batches=...) trains on the same batches every epoch, but the {name} shuffle; tandem "
+            "turns their shuffling off for this run. Pass shuffle=False to silence this warning."
+        )
+    return rebuild_dataloader(loader, sampler=InOrderSampler(loader.dataset))
 
 
 class SkippableSampler(Sampler):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import inspect
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -83,6 +84,12 @@ class PossibleUserWarning(UserWarning):
     ``warnings.filterwarnings("ignore", category=PossibleUserWarning)``."""
 
 
+class UnzeroedGradientsWarning(PossibleUserWarning):
+    """Under manual optimization an optimizer stepped again with no ``zero_grad`` since its previous step, so its
+    gradients pile up over steps; silence it with
+    ``warnings.filterwarnings("ignore", category=UnzeroedGradientsWarning)``."""
+
+
 class MissingMetricError(KeyError):
     """A callback monitors a metric that was never logged."""
 
@@ -152,6 +159,75 @@ def empty_batch(found: list[tuple[int, int, int]], several: bool) -> TandemUserC
         "dataset's length or the collate_fn, drop a short last batch with DataLoader(drop_last=True), or, with one "
         "process and automatic optimization, skip such batches: return None from training_step when the batch "
         "is empty."
+    )
+
+
+def unzeroed_gradients(optimizer: str) -> UnzeroedGradientsWarning:
+    """Manual optimization: ``optimizer`` stepped on gradients it had stepped on before, never zeroed since."""
+    return UnzeroedGradientsWarning(
+        f"{optimizer} stepped again on gradients it had already stepped on: no zero_grad of it ran since its previous "
+        "step(), so each manual_backward adds to the old gradients and every step applies them again (they pile up "
+        "over steps). Call opt.zero_grad() before manual_backward, or after opt.step(). To accumulate gradients over "
+        "N batches on purpose, step and zero every N batches: if (batch_idx + 1) % N == 0: opt.step(); "
+        "opt.zero_grad(). (Shown once per fit; silence it with warnings.filterwarnings('ignore', "
+        "category=tandem.utilities.exceptions.UnzeroedGradientsWarning).)"
+    )
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def hyperparameters_renamed(
+    owner: str, path: str | os.PathLike, accepted: Iterable[str], unknown: dict[str, Any], unset: dict[str, Any]
+) -> TandemConfigError:
+    """``owner.load_from_checkpoint(path)``: saved hyperparameters that ``__init__`` no longer takes (``unknown``: name
+    -> saved value), while arguments are neither saved nor passed (``unset``: name -> default, or
+    ``inspect.Parameter.empty`` for a required one), so the saved values would be dropped for defaults: a model other
+    than the one saved."""
+    saved = ", ".join(f"{name!r} (saved as {_shown(value)})" for name, value in unknown.items())
+    lacking = ", ".join(
+        f"{name!r} (required)" if default is inspect.Parameter.empty else f"{name!r} (default {_shown(default)})"
+        for name, default in unset.items()
+    )
+    if len(unknown) == 1 and len(unset) == 1:
+        (old, value), new = next(iter(unknown.items())), next(iter(unset))
+        shown = _shown(value)
+        fix = f"{owner}.load_from_checkpoint(path, {new}={'...' if shown.endswith('...') else shown})"
+        fix += f" (if {old!r} was renamed to {new!r})"
+        back = f"rename the argument back to {old!r}"
+    else:
+        fix = f"{owner}.load_from_checkpoint(path, " + ", ".join(f"{name}=..." for name in unset) + ")"
+        back = "rename the arguments back"
+    return TandemConfigError(
+        f"{owner}.load_from_checkpoint({os.fspath(path)!r}): the checkpoint's saved hyperparameters include {saved}, which {owner}.__init__ does not take (it "
+        f"takes: {', '.join(accepted) or 'no arguments'}), while {lacking} {'is' if len(unset) == 1 else 'are'} "
+        "neither saved nor passed. If an argument was renamed, its saved value would be dropped and the new name "
+        f"built from its default: a model other than the one saved. Pass the saved value under the new name: {fix}; "
+        "keyword arguments of load_from_checkpoint set or override any argument __init__ takes, and once every "
+        "argument is saved or passed, saved names that __init__ does not take are left out. Or "
+        f"{back} (or accept the old name, or **kwargs, in __init__)."
+    )
+
+
+def hyperparameters_missing(
+    owner: str, path: str | os.PathLike, saved: Iterable[str], missing: list[str]
+) -> TandemConfigError:
+    """``owner.load_from_checkpoint(path)``: ``__init__`` requires ``missing``, which the checkpoint's saved
+    hyperparameters (``saved``, perhaps none) lack and the call does not pass."""
+    call, names = f"{owner}.load_from_checkpoint({os.fspath(path)!r})", sorted(saved)
+    pass_them = f"{owner}.load_from_checkpoint(path, {', '.join(f'{name}=...' for name in missing)})"
+    if not names:
+        return TandemConfigError(
+            f"{call}: the checkpoint holds no saved hyperparameters (save_hyperparameters() was not called in "
+            f"__init__), so it lacks {missing}, which {owner}.__init__ requires. Pass them: {pass_them}; and call "
+            "self.save_hyperparameters() in __init__ so that later checkpoints carry them."
+        )
+    return TandemConfigError(
+        f"{call}: the checkpoint's saved hyperparameters {names} lack {missing}, which {owner}.__init__ requires: "
+        "probably added to __init__ after the checkpoint was saved (or left out by save_hyperparameters(ignore=...)). "
+        f"Pass the value the saved model was built with: {pass_them}; or give the argument a default in __init__."
     )
 
 

@@ -54,6 +54,21 @@ def seed_everything(seed: int | None = None, workers: bool = False) -> int:
     return seed
 
 
+def reset_seed() -> None:
+    """Seed every source of randomness again with the seed ``seed_everything`` set in this process's environment;
+    nothing when it was not called. A strategy of several processes does this as each run sets up (Lightning's
+    ``reset_seed``), so every rank starts the run's random draws (dropout, the loader's seeds) from the same state,
+    and a ported program draws Lightning's numbers."""
+    value = os.environ.get(_SEED_ENV, "")
+    if not value.isdigit():
+        return
+    seed = int(value)
+    random.seed(seed)
+    if np is not None:
+        np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 def seed_workers_requested() -> bool:
     return os.environ.get(_WORKERS_ENV) == "1"
 

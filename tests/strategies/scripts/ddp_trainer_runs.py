@@ -119,7 +119,12 @@ def equivalence(out: Path) -> dict[str, Any]:
             init = weights(model)
             recorder = Recorder()
             trainer = tandem.Trainer(
-                strategy="ddp", max_epochs=2, accumulate_grad_batches=k, callbacks=[recorder], **QUIET
+                strategy="ddp",
+                max_epochs=2,
+                accumulate_grad_batches=k,
+                callbacks=[recorder],
+                data_order="global",  # one process draws the same order: the comparison with it
+                **QUIET,
             )
             trainer.fit(model, DataLoader(dataset(TRAIN_SAMPLES), batch_size=BATCH, shuffle=False))
             results[f"{optimizer}-k{k}"] = {
@@ -135,6 +140,11 @@ def equivalence(out: Path) -> dict[str, Any]:
     trainer = tandem.Trainer(strategy="ddp", max_epochs=2, callbacks=[recorder], **QUIET)
     trainer.fit(Net(), DataLoader(dataset(TRAIN_SAMPLES), batch_size=BATCH, shuffle=True))
     results["shuffled_samples"] = recorder.samples
+    # shuffle=False, the default order: Lightning's training DistributedSampler shuffles all the same
+    recorder = Recorder()
+    trainer = tandem.Trainer(strategy="ddp", max_epochs=1, callbacks=[recorder], **QUIET)
+    trainer.fit(Net(), DataLoader(dataset(TRAIN_SAMPLES), batch_size=BATCH, shuffle=False))
+    results["unshuffled_default"] = recorder.samples
     return results
 
 
@@ -416,20 +426,25 @@ def resume(out: Path) -> dict[str, Any]:
 
 
 def elastic(out: Path) -> dict[str, Any]:
-    """2 ranks x batch 4, shuffled: the whole run, saving ``elastic-two.ckpt`` mid-epoch; then ``elastic-one.ckpt``
-    (one process x batch 8, written by the test before the launch) resumed here on 2 ranks x batch 4."""
-    loader = DataLoader(dataset(TRAIN_SAMPLES), batch_size=BATCH, shuffle=True)
-    tandem.seed_everything(11)
-    model = Net("adam", lr=0.01)
-    saver = SaveAtStep(ELASTIC_STEP, str(out / "elastic-two.ckpt"))
-    trainer = elastic_trainer(strategy="ddp", devices=2, callbacks=[saver], csv=out / "elastic-csv-two")
-    trainer.fit(model, loader)
-    whole = weights(model)
-    tandem.seed_everything(99)  # the checkpoint's order and weights, whatever this run's seed
-    model = Net("adam", lr=0.01)
-    trainer = elastic_trainer(strategy="ddp", devices=2, csv=out / "elastic-csv-one")
-    trainer.fit(model, loader, ckpt_path=out / "elastic-one.ckpt")
-    return {"whole": whole, "from_one": weights(model), "global_step": trainer.global_step}
+    """In each data order: 2 ranks x batch 4, shuffled: the whole run, saving ``elastic-two-<order>.ckpt`` mid-epoch;
+    then ``elastic-one-<order>.ckpt`` (one process x batch 8, written by the test before the launch) resumed here on 2
+    ranks x batch 4."""
+    results: dict[str, Any] = {}
+    for order in ("sampler", "global"):
+        loader = DataLoader(dataset(TRAIN_SAMPLES), batch_size=BATCH, shuffle=True)
+        tandem.seed_everything(11)
+        model = Net("adam", lr=0.01)
+        saver = SaveAtStep(ELASTIC_STEP, str(out / f"elastic-two-{order}.ckpt"))
+        csv = out / f"elastic-csv-two-{order}"
+        trainer = elastic_trainer(strategy="ddp", devices=2, callbacks=[saver], csv=csv, data_order=order)
+        trainer.fit(model, loader)
+        whole = weights(model)
+        tandem.seed_everything(99)  # the checkpoint's order and weights, whatever this run's seed
+        model = Net("adam", lr=0.01)
+        trainer = elastic_trainer(strategy="ddp", devices=2, csv=out / f"elastic-csv-one-{order}", data_order=order)
+        trainer.fit(model, loader, ckpt_path=out / f"elastic-one-{order}.ckpt")
+        results[order] = {"whole": whole, "from_one": weights(model), "global_step": trainer.global_step}
+    return results
 
 
 # ---------------------------------------------------------------------------------------------- prediction_writer

@@ -56,6 +56,7 @@ QUIET = dict(
     enable_progress_bar=False,
     enable_model_summary=False,
     num_sanity_val_steps=0,
+    data_order="global",  # the order one process draws: the runs are compared with one process
 )
 FIT = dict(max_epochs=2, accumulate_grad_batches=2, gradient_clip_val=0.5, val_check_interval=0.5)
 RESUME_SAMPLES = 96  # per rank: 12 batches of 4 an epoch

@@ -57,6 +57,7 @@ QUIET = dict(
     enable_progress_bar=False,
     enable_model_summary=False,
     num_sanity_val_steps=0,
+    data_order="global",  # the order one process draws: the scenarios are compared with one process
 )
 
 
