@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PIP_TORCH_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench gpu-check clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,16 @@ lint: setup
 
 bench: setup
 	$(PY) benchmarks/run_all.py
+
+# A GPU session's one command (benchmarks/gpu_check.py): the suite with CUDA visible (JUnit XML, in parallel), the
+# host syncs of every precision, gpu.py and fsdp_gpu.py against their raw loops; all results in GPU_CHECK_OUT.
+# It uses the machine's python when there is no .venv, and installs nothing. On a CPU: GPU_CHECK_ARGS=--dry-run.
+GPU_CHECK_OUT ?= gpu-check-results
+GPU_CHECK_ARGS ?=
+GPU_CHECK_PY ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+
+gpu-check:
+	$(GPU_CHECK_PY) benchmarks/gpu_check.py --out $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info src/*.egg-info .pytest_cache

@@ -15,6 +15,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 FIRST = ("overhead.py", "import_time.py")
+NOT_BENCHMARKS = ("gpu_check.py",)  # the GPU session's whole check (suite included): `make gpu-check`
 NEEDS_CUDA = ("gpu.py", "fsdp_gpu.py")
 EXTRA = (("logging_cost.py", "--ddp"),)  # a script again, with these arguments
 
@@ -22,7 +23,9 @@ EXTRA = (("logging_cost.py", "--ddp"),)  # a script again, with these arguments
 def benchmark_scripts() -> list[tuple[Path, ...]]:
     """Each run: the script and its arguments."""
     others = sorted(
-        p.name for p in HERE.glob("*.py") if p.name not in (*FIRST, Path(__file__).name) and not p.name.startswith("_")
+        p.name
+        for p in HERE.glob("*.py")
+        if p.name not in (*FIRST, *NOT_BENCHMARKS, Path(__file__).name) and not p.name.startswith("_")
     )
     runs = [(HERE / name,) for name in (*FIRST, *others) if (HERE / name).exists()]
     return runs + [(HERE / name, *args) for name, *args in EXTRA if (HERE / name).exists()]

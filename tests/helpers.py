@@ -118,8 +118,8 @@ def run_python(
 
 
 def killed_mid_save(root: Path, kind: str) -> Path:
-    """Run ``trainer/scripts/killed_save.py`` (``kind``: "file", "sharded" or "async") under ``root`` and SIGKILL it in
-    the middle of its second checkpoint save; returns the checkpoints folder it was writing to."""
+    """Run ``trainer/scripts/killed_save.py`` (``kind``: "file", "sharded", "async", "swap") under ``root`` and
+    SIGKILL it in the middle of its second checkpoint save; returns the checkpoints folder it was writing to."""
     env = {**launch_free_env(), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     script = Path(__file__).parent / "trainer" / "scripts" / "killed_save.py"
     child = subprocess.Popen(

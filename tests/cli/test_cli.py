@@ -15,6 +15,7 @@ from callbacks._fake import fake_trainer
 from helpers import TinyModule, clear_launch_variables, loader
 from tandem.callbacks import EarlyStopping, ModelCheckpoint
 from tandem.cli import CLI, CLIError, LightningCLI, LRSchedulerCallable, OptimizerCallable, SaveConfigCallback
+from tandem.cli.save_config import SAVED_MARK, saved_text
 from tandem.loggers import CSVLogger
 from tandem.strategies import DDPStrategy
 
@@ -277,13 +278,50 @@ def test_save_config_callback_writes_on_rank_0_and_every_rank_refuses_together(t
     ranks = [fake_trainer(tmp_path, rank=r, channel=channel) for r in (0, 1)]
     for trainer in ranks:
         SaveConfigCallback("a: 1\n").setup(trainer, None, "fit")
-    assert (tmp_path / "config.yaml").read_text() == "a: 1\n"
+    assert (tmp_path / "config.yaml").read_text() == saved_text("a: 1\n")
     for trainer in ranks:
         with pytest.raises(CLIError, match="already holds a different config"):
             SaveConfigCallback("a: 2\n").setup(trainer, None, "fit")
     callback = pickle.loads(pickle.dumps(SaveConfigCallback("a: 2\n", overwrite=True)))  # ddp_spawn pickles it
     callback.setup(ranks[0], None, "fit")
-    assert (tmp_path / "config.yaml").read_text() == "a: 2\n"
+    assert (tmp_path / "config.yaml").read_text() == saved_text("a: 2\n")
     quick = fake_trainer(tmp_path / "dev", fast_dev_run=1)
     SaveConfigCallback("a: 3\n").setup(quick, None, "fit")
     assert not (tmp_path / "dev").exists()
+
+
+def test_a_config_yaml_tandem_did_not_save_is_never_called_another_runs_nor_offered_to_overwrite(tmp_path):
+    """With ``trainer.logger: false`` the run's folder is default_root_dir, where the user's own config.yaml often
+    is: the error says it is not a config tandem saved, and suggests another folder or file name, not --overwrite."""
+    mine = tmp_path / "config.yaml"
+    mine.write_text("# my own settings\nmodel:\n  lr: 0.2\n")
+    args = ["fit", "--trainer.logger", "false", f"--trainer.default_root_dir={tmp_path}", "--trainer.max_epochs=1"]
+    with pytest.raises(CLIError) as caught:
+        CLI(TinyModule, Data, args=[*args, *QUIET])
+    message = str(caught.value)
+    assert "is not a config tandem saved" in message and "probably a file of yours" in message
+    assert "config_filename" in message and "--trainer.default_root_dir" in message
+    assert "another run" not in message and "--overwrite" not in message
+    assert mine.read_text() == "# my own settings\nmodel:\n  lr: 0.2\n"
+    # the config tandem saves starts with its mark, so a later run tells it from a file of the user's
+    CLI(TinyModule, Data, args=[*args, *QUIET], save_config_kwargs={"config_filename": "run.yaml"})
+    assert (tmp_path / "run.yaml").read_text().startswith(SAVED_MARK)
+
+
+def test_a_plain_override_that_replaces_a_config_list_says_so_and_shows_the_appending_spelling(tmp_path, capsys):
+    config = tmp_path / "callbacks.yaml"
+    config.write_text(
+        "trainer:\n  callbacks:\n    - class_path: ModelCheckpoint\n    - class_path: LearningRateMonitor\n"
+    )
+    override = ["--trainer.callbacks", "EarlyStopping", "--trainer.callbacks.monitor", "train_loss"]
+    cli = CLI(TinyModule, run=False, args=["--config", str(config), *override, *QUIET])
+    kinds = [type(c).__name__ for c in cli.trainer.callbacks]
+    assert "EarlyStopping" in kinds and "LearningRateMonitor" not in kinds  # the list was replaced
+    err = capsys.readouterr().err
+    assert "--trainer.callbacks EarlyStopping replaced the list the config gave trainer.callbacks" in err
+    assert "2 items: ModelCheckpoint, LearningRateMonitor" in err and "--trainer.callbacks+=EarlyStopping" in err
+    appended = ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor", "train_loss"]
+    cli = CLI(TinyModule, run=False, args=["--config", str(config), *appended, *QUIET])
+    kinds = [type(c).__name__ for c in cli.trainer.callbacks]
+    assert "ModelCheckpoint" in kinds and "LearningRateMonitor" in kinds and "EarlyStopping" in kinds
+    assert "replaced" not in capsys.readouterr().err

@@ -117,3 +117,24 @@ def test_a_full_disk_is_reported_naming_the_metrics_file(tmp_path, monkeypatch):
     logger.log_metrics({"loss": 0.25, "acc": 0.5}, step=2)
     with pytest.raises(FileWriteError, match=r"metrics.csv': No space left on device \(ENOSPC\)\. The previous"):
         logger.save()
+
+
+def test_experiment_is_lightnings_writer_and_add_image_names_what_csv_logs_and_tensorboard(tmp_path):
+    """``logger.experiment`` as Lightning's CSVLogger has it (log_metrics, log_hparams, save); a TensorBoard call on
+    it said only "no attribute 'experiment'"."""
+    logger = CSVLogger(tmp_path)
+    writer = logger.experiment
+    writer.log_hparams({"lr": 0.1})
+    writer.log_metrics({"f1": 0.5})  # no step: the number of rows not yet written (Lightning's)
+    writer.log_metrics({"f1": 0.75}, step=7)
+    assert writer.metrics == [{"f1": 0.5, "step": 0}, {"f1": 0.75, "step": 7}] and writer.hparams == {"lr": 0.1}
+    writer.save()
+    assert _read(logger) == [["f1", "step"], ["0.5", "0"], ["0.75", "7"]]
+    assert writer.log_dir == logger.log_dir and writer.metrics_file_path == logger.metrics_file_path
+    assert os.path.isfile(os.path.join(logger.log_dir, writer.NAME_HPARAMS_FILE))
+    with pytest.raises(AttributeError, match=r"CSVLogger.experiment has no 'add_image'") as caught:
+        logger.experiment.add_image("digits", None, 0)
+    message = str(caught.value)
+    assert "log_metrics(metrics, step), log_hparams(params) and save()" in message
+    assert "TensorBoardLogger" in message and "Trainer(logger=[CSVLogger(...), TensorBoardLogger(...)])" in message
+    assert not hasattr(logger.experiment, "add_histogram")  # still an AttributeError, for hasattr and getattr

@@ -100,12 +100,13 @@ def test_the_clis_config_goes_to_a_url_log_dir_and_a_different_one_there_is_refu
     different config already there is found (before, os.path.isfile never saw it)."""
     from tandem.cli import SaveConfigCallback
     from tandem.cli.arguments import CLIError
+    from tandem.cli.save_config import saved_text
 
     monkeypatch.chdir(tmp_path)
     trainer = quiet_trainer(max_epochs=1, logger=True, default_root_dir=f"{URL}/cli")
     trainer.fit(TinyModule(), loader(), ckpt_path=None)
     SaveConfigCallback("lr: 0.1\n").setup(trainer, TinyModule(), "fit")
-    assert memory.cat_file(f"{ROOT}/cli/tandem_logs/version_0/config.yaml") == b"lr: 0.1\n"
+    assert memory.cat_file(f"{ROOT}/cli/tandem_logs/version_0/config.yaml") == saved_text("lr: 0.1\n").encode()
     assert os.listdir(tmp_path) == []
     with pytest.raises(CLIError, match="already holds a different config"):
         SaveConfigCallback("lr: 0.2\n").setup(trainer, TinyModule(), "fit")

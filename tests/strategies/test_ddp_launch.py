@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -139,16 +141,16 @@ def reference(tmp_path_factory) -> dict[str, torch.Tensor]:
 # ---------------------------------------------------------------------------------------------- failures
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 @pytest.mark.parametrize("crash_rank", [1, 0])
 def test_exception_in_one_rank_ends_the_job(tmp_path, crash_rank):
     """The failing rank's traceback is shown, the job exits non-zero within seconds, and no process is left. Rank 0
     leaves through a Python exception (its finally blocks run) that carries the failing rank's traceback."""
     start = time.monotonic()
-    done = _python([str(SCRIPT), "crash", "--crash-rank", str(crash_rank), "--out", str(tmp_path)], _env(), timeout=30)
+    done = _python([str(SCRIPT), "crash", "--crash-rank", str(crash_rank), "--out", str(tmp_path)], _env(), timeout=90)
     elapsed = time.monotonic() - start
     assert done.returncode == 1  # an uncaught Python exception in rank 0, not os._exit
-    assert elapsed < 30
+    assert elapsed < 60  # seconds, not the process group's 30 minutes; generous for a busy host
     assert f"RuntimeError: boom at step 3 on rank {crash_rank}" in done.stderr, done.stderr
     assert all((tmp_path / f"pid{r}").exists() for r in (0, 1))  # both ranks were training
     assert (tmp_path / "finally0").read_text() == "ran"  # rank 0 left through a Python exception: finally ran
@@ -179,10 +181,10 @@ def test_exception_in_one_rank_ends_the_job(tmp_path, crash_rank):
     assert _nothing_left(tmp_path)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 def test_an_error_raised_on_every_rank_is_printed_once(tmp_path):
     """Every rank raises the same error at the same step: one traceback (rank 0's), naming the ranks."""
-    done = _python([str(SCRIPT), "crash", "--crash-rank", "-1", "--out", str(tmp_path)], _env(), timeout=30)
+    done = _python([str(SCRIPT), "crash", "--crash-rank", "-1", "--out", str(tmp_path)], _env(), timeout=90)
     assert done.returncode == 1
     assert done.stderr.count("Traceback (most recent call last)") == 1, done.stderr
     assert done.stderr.count("RuntimeError: boom") == 1, done.stderr
@@ -190,11 +192,11 @@ def test_an_error_raised_on_every_rank_is_printed_once(tmp_path):
     assert _nothing_left(tmp_path)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 def test_a_rank_whose_script_ends_normally_is_named(tmp_path):
     """Rank 1 calls sys.exit(0) in a hook while rank 0 goes on into the step's gradient all-reduce: rank 0 names it,
     where it exited and where rank 0 was, instead of gloo's "Connection closed by peer"."""
-    done = _python([str(SCRIPT), "exit1", "--out", str(tmp_path)], _env(), timeout=30)
+    done = _python([str(SCRIPT), "exit1", "--out", str(tmp_path)], _env(), timeout=90)
     assert done.returncode == 1
     raised = (tmp_path / "raised0").read_text()
     assert re.match(
@@ -209,7 +211,7 @@ def test_a_rank_whose_script_ends_normally_is_named(tmp_path):
     assert _nothing_left(tmp_path)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 def test_a_one_rank_all_gather_names_the_users_line(tmp_path):
     """self.all_gather on rank 0 only: the collective check names the user's line, not lightning-utilities'."""
     done = _python([str(SCRIPT), "gather0", "--out", str(tmp_path)], _env(), timeout=45)
@@ -223,7 +225,29 @@ def test_a_one_rank_all_gather_names_the_users_line(tmp_path):
     assert _nothing_left(tmp_path)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
+def test_a_barrier_on_rank_zero_only_is_named_as_such_not_as_rank_1_failing(tmp_path):
+    """dist.barrier() on rank 0 alone (in on_train_epoch_end): rank 1 waits in the epoch's metric reduction, finds
+    rank 0 in a collective it never enters (stall timeout 3 s) and stops the job. Rank 0's error says so, naming its
+    barrier and the user's line: a CollectiveMismatchError, not "rank 1 failed" ending with gloo's "Connection
+    closed by peer" from the barrier that then broke."""
+    done = _python([str(SCRIPT), "barrier0", "--out", str(tmp_path)], _env(), timeout=45)
+    assert done.returncode == 1
+    raised = (tmp_path / "raised0").read_text()
+    assert re.match(
+        r"CollectiveMismatchError: Rank 0 has waited \d+ s in torch's barrier \(.*\), called at launch_fit.py:\d+ in "
+        r"on_train_epoch_end, a collective that rank 1 never entered .*, while rank 1 entered ",
+        raised,
+    ), raised
+    assert "call torch.distributed collectives (dist.barrier, all_reduce) on every rank" in raised
+    assert raised.rstrip().endswith("(Rank 1 found it and stopped the job.)"), raised
+    assert "RankFailedError" not in raised and "Connection closed by peer" not in raised, raised
+    assert "[tandem] rank 1 found the ranks in different collectives (CollectiveMismatchError)" in done.stderr
+    assert done.stderr.count("Traceback (most recent call last)") == 1, done.stderr  # rank 0's: one error
+    assert _nothing_left(tmp_path)
+
+
+@pytest.mark.timeout(150)
 def test_save_checkpoint_on_rank_zero_only_is_named_within_seconds(tmp_path):
     """The classic mistake: trainer.save_checkpoint under is_global_zero during a fit. Rank 1 goes on into the
     next step's gradient all-reduce and rank 0 waits in the save: without the collective check this waits for
@@ -232,7 +256,7 @@ def test_save_checkpoint_on_rank_zero_only_is_named_within_seconds(tmp_path):
     done = _python([str(SCRIPT), "save0", "--out", str(tmp_path)], _env(), timeout=45)
     elapsed = time.monotonic() - start
     assert done.returncode != 0
-    assert elapsed < 30, elapsed
+    assert elapsed < 60, elapsed  # seconds, not the process group's 30 minutes; generous for a busy host
     assert "CollectiveMismatchError: Rank 1 has waited" in done.stderr, done.stderr[-3000:]
     assert "while rank 0 entered" in done.stderr and "save_checkpoint" in done.stderr
     assert "called at launch_fit.py" in done.stderr  # the user's line
@@ -240,7 +264,7 @@ def test_save_checkpoint_on_rank_zero_only_is_named_within_seconds(tmp_path):
     assert _nothing_left(tmp_path)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 @pytest.mark.parametrize("mode", ["test0", "test0_validate1"])
 def test_trainer_call_on_rank_zero_only_is_a_clear_error(tmp_path, mode):
     """trainer.test under is_global_zero: rank 1's script ends (or it calls validate instead); rank 0 fails at
@@ -259,7 +283,7 @@ def test_trainer_call_on_rank_zero_only_is_a_clear_error(tmp_path, mode):
     assert _nothing_left(tmp_path)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 @pytest.mark.parametrize("target", ["group", "rank0"])
 def test_ctrl_c_stops_every_rank(tmp_path, target):
     """SIGINT to the job's process group (what Ctrl-C in a terminal does), or to rank 0 alone, ends rank 0 and the
@@ -288,15 +312,51 @@ def test_ctrl_c_stops_every_rank(tmp_path, target):
         proc.stderr.close()
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(240)
+def test_ctrl_c_to_the_group_is_one_keyboard_interrupt_whatever_order_the_ranks_end_in(tmp_path):
+    """Ctrl-C in a terminal sends SIGINT to the job's process group: every rank gets it and the ranks end in any
+    order, rank 1 often first. It is one interrupt, every time: rank 0 raises KeyboardInterrupt and the job exits as
+    Python does on one (killed by SIGINT), never with RankFailedError or a rank "killed by SIGINT". Ten interrupts at
+    random moments of a full-speed fit (most of a step is spent in torch's backward and collectives, where the
+    interrupt then lands), two jobs at a time."""
+    delays = [random.Random(35 + i).uniform(0.0, 0.6) for i in range(10)]
+
+    def interrupt(job: int) -> tuple[int, str, Path]:
+        out = tmp_path / f"job{job}"
+        out.mkdir()
+        proc = _popen([str(SCRIPT), "spin", "--out", str(out)], _env())
+        try:
+            deadline = time.monotonic() + 90
+            while not all((out / f"ready{r}").exists() for r in (0, 1)):
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+                time.sleep(0.05)
+            time.sleep(delays[job])
+            os.killpg(proc.pid, signal.SIGINT)
+            return proc.wait(timeout=30), proc.stderr.read(), out
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.stderr.close()
+
+    with ThreadPoolExecutor(2) as pool:
+        ended = list(pool.map(interrupt, range(10)))
+    for code, stderr, out in ended:
+        assert code == -signal.SIGINT, stderr[-3000:]  # Python's exit status after an uncaught KeyboardInterrupt
+        assert (out / "raised0").read_text() == "KeyboardInterrupt: ", stderr[-3000:]
+        assert re.search(r"\bKeyboardInterrupt\s*$", stderr), stderr[-3000:]
+        assert "RankFailedError" not in stderr and "killed by SIGINT" not in stderr, stderr[-3000:]
+        assert _nothing_left(out)
+
+
+@pytest.mark.timeout(150)
 def test_process_group_timeout_reaches_init_process_group(tmp_path):
     """DDPStrategy(timeout=5 s): rank 0 gives up on a rank that never joins after about 5 s, not 30 minutes."""
     start = time.monotonic()
-    done = _python([str(SCRIPT), "late", "--timeout", "5", "--out", str(tmp_path)], _env(), timeout=45)
+    done = _python([str(SCRIPT), "late", "--timeout", "5", "--out", str(tmp_path)], _env(), timeout=90)
     elapsed = time.monotonic() - start
     assert done.returncode != 0
     assert re.search(r"Timed out after \d+ seconds waiting for clients\. 1/2 clients joined", done.stderr), done.stderr
-    assert 5 < elapsed < 25
+    assert 5 < elapsed < 60  # about 5 s, not 30 minutes (generous for a busy host)
     assert _nothing_left(tmp_path)  # rank 1, still asleep, was stopped with rank 0
 
 
@@ -362,7 +422,7 @@ def test_torchrun_two_nodes_on_loopback(tmp_path, reference):
     assert _nothing_left(tmp_path)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 def test_slurm_environment(tmp_path, reference):
     """Two tasks started the way srun starts them: tandem reads SLURM's variables and starts nothing."""
     port = str(find_free_port())
@@ -421,7 +481,7 @@ def test_torchrun_restart_resumes_from_last_checkpoint(tmp_path, reference):
 # ---------------------------------------------------------------------------------------------- threads
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 def test_threads_per_process(tmp_path):
     """max(1, cpus // local processes) torch threads per rank, unless OMP_NUM_THREADS is set."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

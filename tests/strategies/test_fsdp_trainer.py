@@ -336,6 +336,39 @@ def test_a_killed_sharded_save_is_removed_by_the_next_save_in_its_folder(tmp_pat
     assert sorted(p.name for p in folder.iterdir()) == ["last-v1.ckpt", "last.ckpt"]
 
 
+def test_a_save_killed_between_the_renames_of_last_ckpt_resumes_from_the_previous_one(tmp_path, monkeypatch):
+    """SIGKILLed while replacing a sharded last.ckpt, after the previous one was renamed aside and before the new
+    one was renamed onto it: no last.ckpt is left, yet fit(ckpt_path="last") resumes from the previous one (the end
+    of epoch 0, step 4), not from step 0, and nothing the killed save left remains in its folder."""
+    folder = killed_mid_save(tmp_path, "swap")
+    assert sorted(p.suffix for p in folder.iterdir()) == [".old", ".tmp"]  # the previous one aside, the new one
+    clear_launch_variables(monkeypatch)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(find_free_port()))
+    started: list[int] = []
+
+    class Start(tandem.Callback):
+        def on_train_start(self, trainer: tandem.Trainer, module: tandem.TrainingModule) -> None:
+            started.append(trainer.global_step)
+
+    trainer = quiet_trainer(
+        strategy=FSDPStrategy(state_dict_type="sharded"),
+        devices=1,
+        max_epochs=3,
+        default_root_dir=tmp_path,
+        logger=True,
+        enable_checkpointing=True,
+        callbacks=[Start()],
+    )
+    try:
+        trainer.fit(TinyModule(), loader(), ckpt_path="last")
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert started == [4] and trainer.global_step == 12
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt"]
+
+
 def _equal_optimizer_states(a: dict[str, Any], b: dict[str, Any]) -> None:
     assert a["state"].keys() == b["state"].keys() and a["state"]
     for index, state in a["state"].items():

@@ -11,8 +11,9 @@ from torch import nn
 import tandem
 from helpers import clear_launch_variables
 from tandem.strategies import FSDPStrategy
-from tandem.strategies.fsdp import _named, _numbered, _replace_directory
+from tandem.strategies.fsdp import _named, _numbered
 from tandem.strategies.registry import resolve_strategy
+from tandem.utilities.checkpoint import replace_directory
 from tandem.utilities.exceptions import CheckpointError, TandemConfigError, TandemUserCodeError
 
 pytestmark = pytest.mark.timeout(30)
@@ -218,5 +219,5 @@ def test_replace_directory_swaps_in_the_finished_one(tmp_path):
     (old / "meta.pt").write_text("old")
     new.mkdir()
     (new / "meta.pt").write_text("new")
-    _replace_directory(new, old)
+    replace_directory(new, old)
     assert (old / "meta.pt").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]

@@ -51,8 +51,10 @@ def _ended_as_a_hang(done: subprocess.CompletedProcess, elapsed: float, raised: 
         raised or done.stderr[-3000:]
     )
     fit_seconds = float(raised.split("\n", 1)[0])
-    assert fit_seconds < HANG_TIMEOUT + 8, fit_seconds  # the hang timeout and a margin, not 30 minutes
-    assert elapsed < 30, elapsed
+    # the hang timeout and a margin for a busy machine (a parallel suite, a loaded CI host): not the process
+    # group's 30 minutes
+    assert fit_seconds < HANG_TIMEOUT + 30, fit_seconds
+    assert elapsed < 55, elapsed
     # every rank printed its Python stack (faulthandler), naming the user's frame
     assert "rank 1: rank 0 declared a hang; this rank's stack:" in done.stderr
     assert "rank 0's stack:" in done.stderr

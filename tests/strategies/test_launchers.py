@@ -92,7 +92,7 @@ def _check_train_results(out: Path, launched_by: str) -> dict[str, torch.Tensor]
     return ranks[0]["weights"]
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(150)
 def test_script_launcher_and_torchrun_train_alike(tmp_path):
     out_script, out_torchrun = tmp_path / "script", tmp_path / "torchrun"
     out_script.mkdir()
@@ -125,17 +125,17 @@ def test_script_launcher_and_torchrun_train_alike(tmp_path):
         torch.testing.assert_close(by_script[name], by_torchrun[name], atol=0, rtol=0)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 @pytest.mark.parametrize("rank0_sleeps", [False, True], ids=["rank0-in-collective", "rank0-busy"])
 def test_crash_in_rank_1_ends_the_job(tmp_path, rank0_sleeps):
     """Rank 0 stops rank 1's peers and raises RankFailedError in its main thread, wherever it is: in the
     collective that rank 1's exit broke, or asleep (a signal wakes it)."""
     start = time.monotonic()
     args = [str(SCRIPT), "crash", "--out", str(tmp_path)] + (["--rank0-sleeps"] if rank0_sleeps else [])
-    done = _run(args, timeout=30)
+    done = _run(args, timeout=90)
     elapsed = time.monotonic() - start
     assert done.returncode != 0
-    assert elapsed < 30
+    assert elapsed < 60  # seconds, not the process group's 30 minutes; generous for a busy host
     assert "RuntimeError: boom at step 3 on rank 1" in done.stderr  # the failing rank's traceback is shown
     # one line names the rank (its exit code is 1, or 134 when torch aborts while exiting with a live group)
     assert re.search(
@@ -146,11 +146,14 @@ def test_crash_in_rank_1_ends_the_job(tmp_path, rank0_sleeps):
     ended = (tmp_path / "exit0").read_text()
     assert re.match(r"RankFailedError: rank 1 (exited with code 1|was killed by SIGABRT); the other ranks", ended)
     assert "Its traceback:\nTraceback (most recent call last):" in ended and "boom at step 3 on rank 1" in ended
+    if rank0_sleeps:  # woken where it slept: no collective of its own broke, and rank 1's error is the last word
+        assert ended.rstrip().endswith("RuntimeError: boom at step 3 on rank 1"), ended
+        assert "collective then broke" not in ended, ended
     pids = [int((tmp_path / f"pid{r}").read_text()) for r in (0, 1)]
     assert _all_ended(pids)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
 def test_signal_to_rank_0_ends_every_rank(tmp_path, sig):
     proc = subprocess.Popen(
@@ -175,7 +178,7 @@ def test_signal_to_rank_0_ends_every_rank(tmp_path, sig):
         proc.stderr.close()
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 def test_spawn_returns_rank_0_results(tmp_path):
     done = _run([str(SCRIPT), "spawn", "--out", str(tmp_path)])
     assert done.returncode == 0, done.stderr
@@ -190,7 +193,7 @@ def test_spawn_returns_rank_0_results(tmp_path):
     assert received["progress"] == {"epoch": 10}  # rank 0's fit_loop.state_dict(), loaded into the caller's
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 def test_spawn_failure_names_the_rank(tmp_path):
     done = _run([str(SCRIPT), "spawn_crash", "--out", str(tmp_path)])
     assert done.returncode != 0
@@ -275,14 +278,14 @@ def test_spawn_reports_a_rank_killed_by_a_signal_as_killed(spawn_runs):
     assert _all_ended([p for scenario in ("seeded", "killed") for p in _spawned_pids(out, scenario)])
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 def test_spawn_without_a_main_guard_gets_one_clear_error(tmp_path):
     """Each spawned process imports the script again; without the guard that import would start training: the
     processes end quietly and the caller raises one error naming the fix (instead of pages of multiprocessing)."""
     start = time.monotonic()
     done = _run([str(SCRIPT.parent / "spawn_unguarded.py"), str(tmp_path)], timeout=50)
     elapsed = time.monotonic() - start
-    assert done.returncode == 1 and elapsed < 40
+    assert done.returncode == 1 and elapsed < 60
     assert done.stderr.count("Traceback (most recent call last)") == 1
     assert done.stderr.strip().splitlines()[-1] == (
         "tandem.utilities.exceptions.TandemConfigError: strategy='ddp_spawn' starts each process by importing "
@@ -323,6 +326,28 @@ def test_rank_0s_own_error_is_kept_whole_behind_the_failure(tmp_path):
     assert caught.value.__context__ is own
     printed = "".join(traceback.format_exception(caught.value))
     assert "x" * 500 + " END" in printed
+
+
+def test_rank_0_woken_where_it_was_raises_the_ranks_error_not_a_broken_collective(tmp_path):
+    """Rank 0 busy outside any collective when rank 1 failed: the watchdog's signal raises RankFailedError where it
+    was. That error is the failure itself, not an echo of it: it is raised as it is, ending with rank 1's error,
+    and tandem's own text is never quoted as "the broken collective"."""
+    record = tmp_path / "rank1.txt"
+    error = RuntimeError("bad batch on rank 1")
+    launchers._write_error_record(
+        str(record), "Traceback (most recent call last):\nRuntimeError: bad batch on rank 1", error
+    )
+    child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+    child.wait()
+    watchdog = launchers._Watchdog()
+    watchdog.children = [launchers._Child(1, child, str(record))]
+    watchdog.failure = watchdog.children[0]
+    with pytest.raises(RankFailedError) as woken:
+        watchdog._on_wake_signal(launchers._WAKE_SIGNAL, None)  # what the wake-up signal runs in the main thread
+    assert watchdog.failure_behind(woken.value) is woken.value
+    assert str(woken.value).endswith(
+        "Its traceback:\nTraceback (most recent call last):\nRuntimeError: bad batch on rank 1"
+    )
 
 
 def test_script_command_forms(monkeypatch):

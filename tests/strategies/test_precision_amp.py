@@ -16,8 +16,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import tandem
-from helpers import TinyModule, float16_mixed, loader, quiet_trainer
+from helpers import TinyModule, float16_mixed, loader, max_abs_diff, quiet_trainer
 from tandem.strategies import DataParallelStrategy, SingleDeviceStrategy
+from tandem.utilities.exceptions import TandemUserCodeError
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
@@ -225,3 +226,162 @@ def test_16_mixed_checkpoint_round_trip_restores_the_scaler(accelerator, tmp_pat
     resumed.fit(InfAt(), loader(48, batch_size=16), ckpt_path=tmp_path / "amp.ckpt")
     assert probe.at_fit_start == saved
     assert resumed.strategy.precision.state_dict()["scaler"]["_growth_tracker"] == 3  # went on from there
+
+
+def test_a_fused_optimizer_skips_on_the_device_and_its_step_counts_as_taken():
+    """An optimizer that unscales in its own step decides on the device; the host does not wait to find out."""
+    from tandem.strategies.precision import Precision
+
+    precision = Precision("16-mixed")
+    layer = nn.Linear(2, 1)
+    opt = torch.optim.Adam(layer.parameters(), lr=0.1, fused=True)
+    for grad, moves in ((1.0, True), (math.inf, False), (1.0, True)):
+        with precision.forward_context():
+            loss = layer(torch.ones(1, 2)).float().sum()
+        precision.backward(loss)
+        for param in layer.parameters():
+            param.grad.fill_(grad)
+        before = layer.weight.detach().clone()
+        precision.unscale_gradients(opt)
+        assert precision.optimizer_step(opt) is True
+        assert torch.equal(before, layer.weight) is not moves
+        opt.zero_grad()
+    assert precision.scaler.get_scale() == 2.0**15
+
+
+def test_a_float16_precision_pickles_after_steps():
+    """ddp_spawn sends the strategy, its precision included, to its processes."""
+    import pickle
+
+    from tandem.strategies.precision import Precision
+
+    precision = Precision("16-mixed")
+    layer = nn.Linear(2, 1)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    precision.backward(layer(torch.ones(1, 2)).sum())
+    precision.unscale_gradients(opt)
+    precision.optimizer_step(opt)
+    assert pickle.loads(pickle.dumps(precision)).scaler.get_scale() == 2.0**16
+
+
+# ====================================================================== manual optimization under float16: the recipe
+INF_BATCH = 3
+
+
+class TwoSteps(tandem.TrainingModule):
+    """Two optimizers over the same weights, each with its own loss: manual_backward and step, one after the
+    other in one training_step (the second forward must see the weights the first step left). The first loss of
+    batch INF_BATCH is inf under float16."""
+
+    def __init__(self, precision: str):
+        super().__init__()
+        self.automatic_optimization = False
+        self.precision_name = precision
+        self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 3)
+
+    def loss(self, x, y, which, batch_idx):
+        loss = F.cross_entropy(self.b(torch.relu(self.a(x))).float(), y) * (1.0 if which == 0 else 0.5)
+        if which == 0 and batch_idx == INF_BATCH and self.precision_name == "16-mixed":
+            loss = loss * math.inf
+        return loss
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        for which, opt in enumerate(self.optimizers()):
+            opt.zero_grad()
+            self.manual_backward(self.loss(x, y, which, batch_idx))
+            opt.step()
+
+    def configure_optimizers(self):
+        return [torch.optim.SGD(self.parameters(), lr=0.1), torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)]
+
+
+@pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed"])
+def test_manual_optimization_under_mixed_precision_is_the_hand_written_recipe_bitwise(precision):
+    """Lightning's MixedPrecision.optimizer_step per opt.step(): the hand loop below, autocast around each forward
+    and, for float16, scale / step / update per step. tandem once kept autocast's cast cache over the whole
+    training_step, so the second forward ran on the weights of before the first step (7e-3 off after 8 batches
+    here, 3.9e-3 on an H200)."""
+    dtype = torch.float16 if precision == "16-mixed" else torch.bfloat16
+    torch.manual_seed(0)
+    module = TwoSteps(precision)
+    strategy = SingleDeviceStrategy("cpu", precision=precision)
+    trainer = quiet_trainer(strategy=strategy, max_epochs=1)
+    trainer.fit(module, loader(128, batch_size=16))
+
+    torch.manual_seed(0)
+    hand = TwoSteps(precision)
+    opts = hand.configure_optimizers()
+    scaler = torch.amp.GradScaler("cpu") if precision == "16-mixed" else None
+    for batch_idx, (x, y) in enumerate(loader(128, batch_size=16)):
+        for which, opt in enumerate(opts):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=dtype):
+                loss = hand.loss(x, y, which, batch_idx)
+            if scaler is None:
+                loss.backward()
+                opt.step()
+            else:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+
+    assert trainer.global_step == 16
+    if scaler is not None:
+        assert scaler.get_scale() == trainer.strategy.precision.scaler.get_scale() == 2.0**15  # one skipped step
+    ours, theirs = module.state_dict(), hand.state_dict()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours), max_abs_diff(ours, theirs)
+
+
+# ====================================================================== float16: a backward that skips the scaler
+class OwnBackward(TinyModule):
+    """Calls loss.backward() itself (from batch ``from_batch`` on; self.manual_backward before)."""
+
+    def __init__(self, automatic: bool, from_batch: int = 0):
+        super().__init__()
+        self.automatic_optimization = automatic
+        self.from_batch = from_batch
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        opt = self.optimizers()
+        opt.zero_grad()
+        loss = F.cross_entropy(self(x), y)
+        if batch_idx >= self.from_batch:
+            loss.backward()
+        else:
+            self.manual_backward(loss)
+        opt.step()
+        return None
+
+
+@pytest.mark.parametrize(
+    ("automatic", "from_batch"), [(False, 0), (False, 2), (True, 0)], ids=["manual", "manual-later", "automatic"]
+)
+def test_a_backward_of_the_users_own_under_float16_names_manual_backward(automatic, from_batch):
+    """torch said "Attempted unscale_ but _scale is None" at the first step; after a manual_backward the unscaling
+    silently divided unscaled gradients by the scale."""
+    trainer = quiet_trainer(**float16_mixed(), max_steps=4, limit_val_batches=0)
+    with pytest.raises(TandemUserCodeError, match=r"self\.manual_backward\(loss\)") as info:
+        trainer.fit(OwnBackward(automatic, from_batch), loader(64))
+    assert "instead of loss.backward()" in str(info.value)
+    assert trainer.global_step == from_batch
+
+
+def test_an_optimizer_step_override_whose_step_returned_none_skips_under_float16_as_in_fp32():
+    """Lightning's rule: a closure that ran no backward (training_step returned None) is neither unscaled nor
+    stepped by the scaler; the batch counts as in full precision (before: an unscale error)."""
+
+    class Skips(TinyModule):
+        def training_step(self, batch, batch_idx):
+            return None if batch_idx % 2 else super().training_step(batch, batch_idx)
+
+        def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None):
+            optimizer.step(closure=optimizer_closure)
+
+    steps = {}
+    for name, kwargs in (("32-true", {}), ("16-mixed", float16_mixed())):
+        trainer = quiet_trainer(max_epochs=1, limit_val_batches=0, **kwargs)
+        trainer.fit(Skips(), loader())
+        steps[name] = trainer.global_step
+    assert steps == {"32-true": 4, "16-mixed": 4}

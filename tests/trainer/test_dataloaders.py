@@ -310,3 +310,111 @@ def test_each_loader_is_sharded_exactly_under_ddp_and_metrics_equal_one_process(
             torch.testing.assert_close(
                 torch.cat([p["logits"] for p in got]), torch.cat([p["logits"] for p in expected])
             )
+
+
+# ---------------------------------------------------------------------- setup(stage) and the loader hooks
+class FitOnlyData(tandem.DataModule):
+    """Builds the training and validation data for "fit" only."""
+
+    def setup(self, stage):
+        if stage == "fit":
+            self.train_ds, self.val_ds = make_data(32), make_data(16)
+
+    def train_dataloader(self):
+        return DataLoader(self.train_ds, batch_size=16)
+
+    def val_dataloader(self):
+        return DataLoader(self.val_ds, batch_size=16)
+
+    def test_dataloader(self):
+        return DataLoader(self.test_ds, batch_size=16)
+
+
+def test_a_setup_without_stage_is_refused_before_anything_runs_naming_the_signature():
+    class NoStage(FitOnlyData):
+        def setup(self):
+            self.train_ds = make_data(32)
+
+    with pytest.raises(TandemUserCodeError, match=r"NoStage.setup\(\) cannot be called as setup\(stage\)") as caught:
+        quiet_trainer(max_epochs=1).fit(TinyModule(), datamodule=NoStage())
+    assert "'fit', 'validate', 'test' or 'predict'" in str(caught.value)
+    assert "def setup(self, stage: str)" in str(caught.value)
+
+    class OldCallback(tandem.Callback):
+        def teardown(self, trainer, pl_module):
+            pass
+
+    with pytest.raises(TandemUserCodeError, match=r"OldCallback.teardown\(trainer, pl_module\) cannot be called"):
+        quiet_trainer(max_epochs=1, callbacks=[OldCallback()]).fit(TinyModule(), datamodule=FitOnlyData())
+
+
+def test_a_loader_hook_reading_what_setup_did_not_build_for_the_stage_names_the_stage():
+    """``setup`` builds only the "fit" data, then ``trainer.test``: Python said only "no attribute 'test_ds'"."""
+    trainer, model, data = quiet_trainer(max_epochs=1), TinyModule(), FitOnlyData()
+    trainer.fit(model, datamodule=data)
+    with pytest.raises(AttributeError, match=r"FitOnlyData.test_dataloader\(\) reads self.test_ds") as caught:
+        trainer.test(model, datamodule=data)
+    message = str(caught.value)
+    assert "setup('test') ran just before it and did not create it" in message
+    assert "Create self.test_ds in setup when stage == 'test'" in message
+
+
+def test_setup_comparing_stage_with_train_names_the_stages_and_the_one_that_ran():
+    """``stage == "train"`` never holds: Python suggested "Did you mean: 'trainer'?"."""
+
+    class TrainTypo(FitOnlyData):
+        def setup(self, stage):  # the string is in setup's own code, where tandem looks for it
+            if stage == "train":
+                self.train_ds, self.val_ds = make_data(32), make_data(16)
+
+    with pytest.raises(AttributeError, match=r"TrainTypo.train_dataloader\(\) reads self.train_ds") as caught:
+        quiet_trainer(max_epochs=1).fit(TinyModule(), datamodule=TrainTypo())
+    message = str(caught.value)
+    assert "one of 'fit' (trainer.fit, which validates too), 'validate', 'test' or 'predict'" in message
+    assert "this run's is 'fit'" in message and "if it tests stage == 'train', test stage == 'fit'" in message
+
+
+def test_an_attribute_error_about_another_object_in_a_loader_hook_is_left_alone():
+    class Broken(FitOnlyData):
+        def train_dataloader(self):
+            return self.train_ds.no_such_thing
+
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_thing'") as caught:
+        quiet_trainer(max_epochs=1).fit(TinyModule(), datamodule=Broken())
+    assert type(caught.value) is AttributeError
+
+
+class LocalRankOne(tandem.strategies.SingleDeviceStrategy):
+    """One process that plays local rank 1 of a node, where ``prepare_data`` does not run."""
+
+    @property
+    def local_rank(self) -> int:
+        return 1
+
+
+@pytest.mark.parametrize("reads_in", ["setup", "train_dataloader"])
+def test_state_assigned_in_prepare_data_and_read_on_another_process_names_prepare_data_and_setup(reads_in):
+    """prepare_data runs on local rank 0 only: its ``self.vocab`` is missing on rank 1, which before ended in an
+    AttributeError inside the collective-mismatch report of the other ranks."""
+
+    class Prepared(FitOnlyData):
+        def prepare_data(self):
+            self.vocab = {"a": 0}
+
+        def setup(self, stage):
+            self.train_ds, self.val_ds = make_data(32), make_data(16)
+            if reads_in == "setup":
+                self.size = len(self.vocab)
+
+        def train_dataloader(self):
+            return DataLoader(self.train_ds, batch_size=len(self.vocab) * 16)
+
+    with pytest.raises(AttributeError, match=rf"Prepared.{reads_in}\(\) reads self.vocab") as caught:
+        quiet_trainer(max_epochs=1, strategy=LocalRankOne("cpu")).fit(TinyModule(), datamodule=Prepared())
+    message = str(caught.value)
+    assert "does not exist on this process (global rank 0, local rank 1)" in message
+    assert "Prepared.prepare_data assigns self.vocab, but prepare_data runs on one process per node" in message
+    assert "assign state (self.vocab = ...) in setup(stage), which runs on every process" in message
+    data = Prepared()
+    quiet_trainer(max_epochs=1).fit(TinyModule(), datamodule=data)  # on local rank 0 it runs
+    assert data.vocab == {"a": 0}

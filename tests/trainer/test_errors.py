@@ -190,7 +190,7 @@ def test_bad_checkpoint_paths(tmp_path):
 
     garbage = tmp_path / "garbage.ckpt"
     garbage.write_text("not a checkpoint")
-    with pytest.raises(CheckpointError, match=r"garbage.ckpt' could not be read"):
+    with pytest.raises(CheckpointError, match=r"garbage.ckpt' is not a checkpoint: torch.save did not write it"):
         quiet_trainer().validate(TinyModule(), loader(), ckpt_path=garbage)
 
 
@@ -242,3 +242,57 @@ def test_an_empty_batch_on_one_ddp_rank_stops_every_rank_with_its_name(tmp_path,
         assert result["type"] == "TandemUserCodeError", result
         assert "Training batch 2 of epoch 0 on rank 1 holds no samples" in result["error"]
         assert "NaN or inf" not in result["error"] and result["step"] == step
+
+
+class DictBatches(torch.utils.data.Dataset):
+    """Samples as dicts: the loader's batches are ``{"x": ..., "y": ...}`` (plus ``"id"`` with ``extra``)."""
+
+    def __init__(self, extra: bool = False) -> None:
+        self.extra = extra
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> dict:
+        sample = {"x": torch.randn(8), "y": torch.tensor(index % 3)}
+        return {**sample, "id": torch.tensor(index)} if self.extra else sample
+
+
+@pytest.mark.parametrize(
+    ("fn", "extra", "error", "match"),
+    [
+        ("fit", False, TypeError, r"must be Tensor, not str"),  # self(x) on the key "x"
+        ("validate", False, AttributeError, r"'str' object has no attribute 'float'"),  # x.float() on the key "x"
+        ("fit", True, ValueError, r"too many values to unpack"),  # three keys, two names
+    ],
+)
+def test_unpacking_a_dict_batch_says_it_gave_the_keys_and_reads_them_by_key(fn, extra, error, match):
+    """``x, y = batch`` on a dict batch unpacks its keys: the error keeps Python's message and gets a note that
+    names the mistake and the fix."""
+
+    class Unpacks(TinyModule):
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.cross_entropy(self(x), y)
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            self.log("val_loss", self(x.float()).sum())
+
+    data = torch.utils.data.DataLoader(DictBatches(extra), batch_size=4)
+    trainer = quiet_trainer(max_steps=1, limit_val_batches=0 if fn == "fit" else 1.0)
+    with pytest.raises(error, match=match) as caught:
+        trainer.fit(Unpacks(), data) if fn == "fit" else trainer.validate(Unpacks(), data)
+    note = "".join(getattr(caught.value, "__notes__", []))
+    assert "The batch is a dict" in note and "'x', 'y'" in note
+    assert "unpacking" in note and "x, y = batch['x'], batch['y']" in note
+
+
+def test_a_str_error_with_a_batch_that_is_no_dict_gets_no_note():
+    class Bad(TinyModule):
+        def training_step(self, batch, batch_idx):
+            return self("not a tensor")
+
+    with pytest.raises(TypeError, match="not str") as caught:
+        quiet_trainer(max_steps=1, limit_val_batches=0).fit(Bad(), loader())
+    assert not getattr(caught.value, "__notes__", None)

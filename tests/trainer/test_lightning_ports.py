@@ -35,9 +35,10 @@ def test_gan_with_manual_optimization(tmp_path, core_ddp):
     assert {"g_loss", "d_loss", "sample_mean"} <= set(rank0["metrics"])
 
 
-def test_gan_under_plain_ddp_says_to_find_unused_parameters(core_ddp):
+def test_gan_with_find_unused_parameters_false_names_the_parameters_and_the_fix(core_ddp):
     for result in core_ddp["unused"]:
         assert result["error"] is not None and "received no gradient" in result["error"]
+        assert "discriminator." in result["error"] and "torch did not say which" not in result["error"]
         assert "toggle_optimizer" in result["error"] and "strategy='ddp_find_unused_parameters_true'" in result["error"]
 
 

@@ -374,3 +374,21 @@ def test_a_step_on_gradients_no_zero_grad_cleared_warns_once_naming_the_optimize
     found = [w for w in seen if issubclass(w.category, UnzeroedGradientsWarning)]
     assert len(found) == 1  # once per fit
     assert r"Call opt.zero_grad() before manual_backward, or after opt.step()" in str(found[0].message)
+
+
+def test_unpacking_self_optimizers_with_one_optimizer_says_it_returns_the_optimizer_alone():
+    """Lightning returns the single optimizer unwrapped too; unpacking it said "cannot unpack non-iterable"."""
+
+    class OneOptimizer(TinyModule):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            opt_a, opt_b = self.optimizers()
+
+    with pytest.raises(TypeError, match=r"self.optimizers\(\) returned one optimizer \(SGD\)") as caught:
+        quiet_trainer(max_steps=1, limit_val_batches=0).fit(OneOptimizer(), loader())
+    message = str(caught.value)
+    assert "cannot be unpacked" in message and "returns it alone, not a list" in message
+    assert "opt = self.optimizers()" in message and "return opt_a, opt_b" in message

@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,63 @@ def test_a_signal_in_process_stops_after_the_step_and_resumes_exactly(tmp_path):
     _, reference = _fit(tmp_path / "reference")
     assert resumed.global_step == 8 and not resumed.interrupted
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
+
+
+class _StepLRSignalAt(_SignalAt):
+    """A StepLR scheduler of the epoch; ``manual``: the module accumulates two batches per step itself and steps
+    its scheduler in on_train_epoch_end (Lightning's recipe under manual optimization)."""
+
+    def __init__(self, at: tuple[int, int] | None = None, manual: bool = False) -> None:
+        super().__init__(at)
+        self.automatic_optimization = not manual
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        if self.automatic_optimization:
+            return loss
+        optimizer = self.optimizers()
+        self.manual_backward(loss / 2)
+        if (batch_idx + 1) % 2 == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+        return None
+
+    def on_train_epoch_end(self) -> None:
+        if not self.automatic_optimization:
+            self.lr_schedulers().step()
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5)}
+
+
+@pytest.mark.parametrize("manual", [False, True], ids=["automatic", "manual"])
+def test_a_stop_at_an_epochs_last_optimizer_step_resumes_without_torchs_scheduler_warning(tmp_path, manual):
+    """SIGTERM in the epoch's last batch: the fit stops right after the epoch's last optimizer step, before its end,
+    with accumulated gradients (two batches a step) and an epoch scheduler that never stepped yet (manual: the module
+    steps it in on_train_epoch_end). The resumed run's first scheduler step then comes before its first optimizer
+    step, as it should: torch must not warn "Detected call of `lr_scheduler.step()` before `optimizer.step()`"
+    (every rank printed it), and the weights are those of an uninterrupted fit, bit for bit."""
+
+    def fit(root: Path, at: tuple[int, int] | None = None, ckpt_path: str | None = None) -> torch.nn.Module:
+        tandem.seed_everything(3)
+        model = _StepLRSignalAt(at, manual)
+        accumulate = 1 if manual else 2
+        trainer = quiet_trainer(
+            max_epochs=2, accumulate_grad_batches=accumulate, limit_val_batches=0, default_root_dir=root
+        )
+        trainer.fit(model, loader(n=64, batch_size=8, shuffle=True), ckpt_path=ckpt_path)
+        return model
+
+    with pytest.raises(Preempted) as caught:
+        fit(tmp_path / "run", at=(0, 7))
+    loops = load_checkpoint_file(caught.value.checkpoint)["loops"]
+    assert (loops["epoch"], loops["batches_done"], loops["global_step"]) == (0, 8, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resumed = fit(tmp_path / "run", ckpt_path="last")
+    reference = fit(tmp_path / "reference")
+    assert all(torch.equal(a, b) for a, b in zip(resumed.state_dict().values(), reference.state_dict().values()))
 
 
 def test_sigusr1_under_slurm_saves_last_and_requeues_the_job(tmp_path):

@@ -3,6 +3,7 @@ simulated device) above a size, and a search that leaves no trace."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -38,9 +39,13 @@ def test_finds_the_largest_size_that_fits_and_sets_it(tmp_path, mode, oom, expec
     before = _weights(model)
     trainer = quiet_trainer(max_epochs=1, default_root_dir=tmp_path)
 
-    found = Tuner(trainer).scale_batch_size(model, mode=mode, steps_per_trial=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        found = Tuner(trainer).scale_batch_size(model, mode=mode, steps_per_trial=2)
 
     assert found == expected and model.hparams.batch_size == expected
+    # a trial is not a resume: nothing about another data layout reaches the user (it printed one line a trial)
+    assert not [w for w in caught if "global batch" in str(w.message) or "data layout" in str(w.message)]
     assert _sizes(model.tried) == tried  # each size once (2 steps each), in this order
     assert all(torch.equal(a, before[k]) for k, a in _weights(model).items())
     assert trainer.global_step == 0 and trainer.current_epoch == 0

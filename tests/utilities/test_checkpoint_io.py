@@ -34,6 +34,7 @@ from tandem.utilities.checkpoint import (
     load_checkpoint_file,
     remove_stale_temporaries,
     remove_stale_temporaries_in,
+    replace_directory,
     temporary_directory,
     to_weights_only,
 )
@@ -194,6 +195,95 @@ def test_temporaries_of_another_host_are_removed_only_when_unlocked_and_idle(tmp
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # a live writer elsewhere holds this one
         assert remove_stale_temporaries(path) == [old.name]
     assert sorted(_temporaries(tmp_path)) == sorted([fresh.name, locked.name])
+
+
+# A process that replaced a sharded last.ckpt in one folder per point of the swap and stopped there, as a kill
+# would stop it (nothing after that point ran), then ended: its leftovers name a writer that is gone.
+_SWAPS_CUT_SHORT = """
+import os, sys
+from pathlib import Path
+from tandem.utilities.checkpoint import _swap_steps, temporary_directory
+
+for folder in map(Path, sys.argv[1:]):
+    target, stop = folder / "last.ckpt", folder.name.replace("-", " ")
+    with temporary_directory(target) as new:
+        (new / "meta.pt").write_text("new")
+        (new / "__0_0.distcp").write_bytes(b"n" * 1000)
+        if stop != "before":
+            for step in _swap_steps(new, target):
+                if step == stop:
+                    break
+                if stop == "removing" and step == "in place":  # killed in the middle of removing the previous one
+                    (old,) = folder.glob(".last.ckpt.*.old")
+                    (old / "__0_0.distcp").unlink()
+                    break
+os._exit(0)
+"""
+_SWAP_POINTS = {  # where the kill landed: what is left before anything settles it, and what last.ckpt is then
+    "before": ({"last.ckpt": "old", ".tmp": "new"}, "old"),
+    "moved aside": ({".old": "old", ".tmp": "new"}, "old"),  # no last.ckpt: "last" would start from scratch
+    "in place": ({"last.ckpt": "new", ".old": "old"}, "new"),
+    "removing": ({"last.ckpt": "new", ".old": "old"}, "new"),  # a part of the previous one (29 of 58 MB seen)
+    "removed": ({"last.ckpt": "new"}, "new"),
+}
+
+
+def _sharded_contents(folder: Path) -> dict[str, str]:
+    """What each entry of ``folder`` holds (its meta.pt), by name: last.ckpt, or a temporary's kind."""
+    found = {}
+    for entry in folder.iterdir():
+        name = entry.name if not entry.name.startswith(".") else entry.suffix
+        found[name] = (entry / "meta.pt").read_text() if (entry / "meta.pt").exists() else "?"
+    return found
+
+
+def test_a_save_killed_at_each_point_of_replacing_a_sharded_checkpoint_is_settled_by_a_resume_or_the_next_save(
+    tmp_path,
+):
+    """Replacing a sharded last.ckpt renames the previous one aside, the new one onto last.ckpt, then removes the
+    previous one. Killed at any point, what is left is settled once its writer is gone, by a resume's sweep and by
+    the next save into the folder alike: between the renames the previous checkpoint goes back to last.ckpt (a
+    resume finds it instead of starting from step 0); after them the previous one (whole or half removed) goes."""
+    folders = []
+    for point in _SWAP_POINTS:
+        folder = tmp_path / "resume" / point.replace(" ", "-")
+        folder.mkdir(parents=True)
+        (folder / "last.ckpt").mkdir()
+        (folder / "last.ckpt" / "meta.pt").write_text("old")
+        (folder / "last.ckpt" / "__0_0.distcp").write_bytes(b"o" * 1000)
+        (folder / "notes.txt").write_text("the user's")
+        folders.append(folder)
+    done = subprocess.run([sys.executable, "-c", _SWAPS_CUT_SHORT, *map(str, folders)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    for (point, (left, settled)), folder in zip(_SWAP_POINTS.items(), folders):
+        assert _sharded_contents(folder) == {**left, "notes.txt": "?"}, point
+        next_save = shutil.copytree(folder, tmp_path / "next-save" / folder.name, symlinks=True)
+        remove_stale_temporaries_in(folder)  # a resume's sweep of its checkpoint's folder
+        assert _sharded_contents(folder) == {"last.ckpt": settled, "notes.txt": "?"}, point
+        shard = (folder / "last.ckpt" / "__0_0.distcp").read_bytes()
+        assert shard == {"old": b"o", "new": b"n"}[settled] * 1000, point  # whole, never the half-removed one
+        with temporary_directory(next_save / "last.ckpt") as new:  # the next save: its sweep runs first
+            assert _sharded_contents(next_save) == {"last.ckpt": settled, ".tmp": "?", "notes.txt": "?"}, point
+            (new / "meta.pt").write_text("next")
+            replace_directory(new, next_save / "last.ckpt")
+        assert _sharded_contents(next_save) == {"last.ckpt": "next", "notes.txt": "?"}, point
+
+
+def test_a_live_writers_swap_is_left_alone_and_earlier_leftovers_go_when_idle(tmp_path, monkeypatch):
+    """A previous checkpoint moved aside by a live process (this one) stays, target or not; one named by another
+    host, or by an earlier tandem (no writer in its name), is settled once it has been aside for two minutes."""
+    live = tmp_path / f".last.ckpt.{checkpoint_io._writer_host()}-{os.getpid()}-0123abcd.old"
+    foreign = tmp_path / ".best.ckpt.othernode-11-0123abcd.old"
+    unnamed = tmp_path / ".epoch=0.ckpt.1a2b3c4d.old"  # as earlier versions named it
+    for old in (live, foreign, unnamed):
+        old.mkdir()
+        (old / "meta.pt").write_text("old")
+    (tmp_path / "epoch=0.ckpt").mkdir()  # its replacement arrived: the unnamed one is debris
+    assert remove_stale_temporaries_in(tmp_path) == []  # aside for less than two minutes: maybe still swapping
+    monkeypatch.setattr(checkpoint_io, "_FOREIGN_IDLE_S", 0.0)
+    assert sorted(remove_stale_temporaries_in(tmp_path)) == sorted([foreign.name, unnamed.name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["best.ckpt", "epoch=0.ckpt", live.name])
+    assert (tmp_path / "best.ckpt" / "meta.pt").read_text() == "old"  # no best.ckpt was there: put back
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
@@ -420,6 +510,28 @@ def test_values_torch_refuses_are_pickled_into_tensors_and_come_back(tmp_path):
 def test_a_value_that_cannot_be_pickled_names_where_it_is():
     with pytest.raises(CheckpointError, match=r"checkpoint\['hparams'\]\['fn'\] holds a function that cannot be"):
         to_weights_only({"hparams": {"fn": lambda x: x}})
+
+
+def test_a_file_torch_did_not_write_is_called_not_a_checkpoint_and_nothing_else(tmp_path):
+    """ckpt_path="notes.txt" gets one diagnosis, "not a checkpoint", not "truncated or damaged" first; a checkpoint
+    cut short is still called truncated."""
+    notes, image = tmp_path / "notes.txt", tmp_path / "plot.png"
+    notes.write_text("lr 0.1 was too high\n")
+    image.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(200)))
+    for path, holds in (
+        (notes, "it holds text: 'lr 0.1 was too high'"),
+        (image, "it starts with the bytes b'\\x89PNG"),
+    ):
+        with pytest.raises(CheckpointError) as caught:
+            quiet_trainer(max_epochs=1, limit_val_batches=0).fit(TinyModule(), loader(), ckpt_path=path)
+        message = str(caught.value)
+        assert message.startswith(f"{str(path)!r} is not a checkpoint: torch.save did not write it ({holds}"), message
+        assert "truncated" not in message and "damaged" not in message and "could not be read" not in message
+    whole, cut = tmp_path / "whole.ckpt", tmp_path / "cut.ckpt"
+    atomic_save({CHECKPOINT_MARKER: "x", "w": torch.zeros(1000)}, whole)
+    cut.write_bytes(whole.read_bytes()[:500])
+    with pytest.raises(CheckpointError, match=r"cut.ckpt' could not be read .*The file is truncated"):
+        load_checkpoint_file(cut)
 
 
 def test_a_state_dict_or_lightning_file_gets_a_load_recipe_that_works(tmp_path):

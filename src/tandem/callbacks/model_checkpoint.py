@@ -170,11 +170,15 @@ class ModelCheckpoint(Callback):
 
     # ------------------------------------------------------------------ hooks
     def setup(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
-        if self._user_dirpath is None:
+        dirpath = self._user_dirpath
+        if dirpath is None:
             logger = trainer.loggers[0] if trainer.loggers else None
             log_dir = getattr(logger, "log_dir", None)
             base = log_dir if log_dir is not None else trainer.default_root_dir
-            self.dirpath = trainer.strategy.broadcast(os.path.join(os.fspath(base), "checkpoints"))
+            dirpath = os.path.join(os.fspath(base), "checkpoints")
+        # rank 0's folder on every rank, as Lightning: a dirpath built on each rank (from the time, a random id)
+        # differs, and the other ranks would look for rank 0's files where none were written
+        self.dirpath = trainer.strategy.broadcast(dirpath)
         if stage == "fit":  # find an unwritable folder now, not at the first save after an epoch of work
             problem = None
             if trainer.is_global_zero:  # the rank that writes

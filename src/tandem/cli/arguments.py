@@ -87,6 +87,21 @@ def bad_command_line(reason: str) -> CLIError:
     return CLIError(reason)
 
 
+def list_replaced(key: str, old: list[Any], raw: str) -> str:
+    """The note for ``--key VALUE`` (``raw``) replacing the list ``old`` that a lower layer (a config file) gave."""
+
+    def named(item: Any) -> str:
+        path = item.get("class_path") if isinstance(item, dict) else item
+        return str(path).rsplit(".", 1)[-1] if isinstance(path, str) else type(item).__name__
+
+    items = f"{len(old)} item{'s' if len(old) > 1 else ''}: {', '.join(named(item) for item in old)}"
+    return (
+        f"--{key} {raw} replaced the list the config gave {key} ({items}) with {raw}: a plain --{key} VALUE sets "
+        f"the whole list. To add to the list instead, write --{key}+={raw} (the options after it, "
+        f"--{key}.NAME VALUE, set the appended item)."
+    )
+
+
 # ---------------------------------------------------------------------------------------------- signatures
 @dataclass(frozen=True)
 class Parameter:

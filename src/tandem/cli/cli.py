@@ -27,6 +27,7 @@ from tandem.cli.arguments import (
     docstring_args,
     function_parameters,
     known_classes,
+    list_replaced,
     signature,
     type_name,
 )
@@ -282,7 +283,11 @@ class CLI:
         default_files = _default_config_files(options.get("default_config_files") or [])
         self._input_files = [*default_files, *request.configs]  # never overwritten by the run's config.yaml
         base = self._parser_defaults()
-        user = layer(request, base, self._default_of, default_files, given)
+        replaced: list[tuple[str, list[Any], str]] = []
+        user = layer(request, base, self._default_of, default_files, given, replaced)
+        if rank_zero_only.rank == 0:
+            for key, old, raw in replaced:
+                print(f"{self._prog}: note: {list_replaced(key, old, raw)}", file=sys.stderr)
         self._refuse_given_link_targets(user, base)
         config = resolve(complete(self.schema, user))
         self._apply_parse_links(config)

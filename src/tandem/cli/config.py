@@ -303,10 +303,13 @@ def layer(
     default_of: collections.abc.Callable[[str], Any] | None = None,
     files: collections.abc.Sequence[str] = (),
     given: dict[str, Any] | None = None,
+    replaced: list[tuple[str, list[Any], str]] | None = None,
 ) -> dict[str, Any]:
     """The user's layers merged, lowest first: ``base`` (a parser's ``set_defaults``), the ``files`` found by
     default, a ``given`` mapping (``CLI(args={...})``), each config file in order, then each override in order.
-    ``default_of(key)``: the default a ``--key+=VALUE`` appends to when no layer set the key."""
+    ``default_of(key)``: the default a ``--key+=VALUE`` appends to when no layer set the key. ``replaced``
+    collects ``(key, old list, raw value)`` for each plain override that replaced a non-empty list of a lower
+    layer (``--trainer.callbacks EarlyStopping`` over a config's callbacks), which the caller reports."""
     config: dict[str, Any] = copy.deepcopy(base or {})
     for path in [*files, *request.configs]:
         config = merge(config, load_config_file(path))
@@ -317,7 +320,11 @@ def layer(
             key = key[:-1]
             append_path(config, key, parse_value(raw), default_of(key) if default_of else None)
         else:
-            set_path(config, key, parse_value(raw))
+            value = parse_value(raw)
+            current = get_path(config, key, None) if replaced is not None else None
+            if isinstance(current, list) and current and value != current:
+                replaced.append((key, copy.deepcopy(current), raw))
+            set_path(config, key, value)
     return config
 
 

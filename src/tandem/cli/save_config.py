@@ -15,13 +15,26 @@ if TYPE_CHECKING:
     from tandem.trainer.trainer import Trainer
 
 
+#: the first line of every config file tandem saves: what tells its own files (another run's, to replace with
+#: ``--overwrite``) from the user's (never called another run's)
+SAVED_MARK = "# Saved by tandem's SaveConfigCallback"
+_FIRST_LINE = f"{SAVED_MARK}: the resolved config of a run (run it again with --config this file)\n"
+
+
+def saved_text(config: str) -> str:
+    """What ``config.yaml`` holds for ``config``: tandem's first line, then the YAML."""
+    return _FIRST_LINE + config
+
+
 class SaveConfigCallback(Callback):
     """Writes the config a :class:`~tandem.cli.CLI` run was built from to ``<trainer.log_dir>/config.yaml``.
 
-    Global rank 0 writes it (atomically) when the first stage sets up; feeding the file back with
-    ``--config`` gives the same run. A different ``config.yaml`` already in that folder belongs to another
-    run: every rank stops with an error unless ``overwrite=True`` (``--overwrite``). Nothing is written
-    under ``fast_dev_run``.
+    Global rank 0 writes it (atomically) when the first stage sets up, under a first line that marks it as
+    tandem's (:data:`SAVED_MARK`); feeding the file back with ``--config`` gives the same run. A different
+    config that tandem saved already in that folder belongs to another run: every rank stops with an error
+    unless ``overwrite=True`` (``--overwrite``). A file without the mark is not tandem's (often the user's own
+    ``config.yaml``, with ``trainer.logger: false`` in its folder): the error says so and never suggests
+    overwriting it. Nothing is written under ``fast_dev_run``.
 
     Override ``save_config(trainer, module, stage)`` to save the config somewhere else too (a logger's
     hyperparameters, as Lightning's docs show); ``save_to_log_dir=False`` then skips the file.
@@ -65,7 +78,7 @@ class SaveConfigCallback(Callback):
         if problem is not None:
             raise CLIError(problem)
         if trainer.is_global_zero:  # the folder is made by the write (at a URL log_dir too)
-            atomic_write_text(path, self.config)
+            atomic_write_text(path, saved_text(self.config))
             self.save_config(trainer, module, stage)
         self.already_saved = True
 
@@ -86,12 +99,20 @@ def input_conflict(path: str, inputs: list[str]) -> str | None:
 
 
 def config_conflict(path: str, config: str, overwrite: bool) -> str | None:
-    """Why ``config`` must not be written to ``path`` (a different config is there), or None."""
+    """Why ``config`` must not be written to ``path`` (a different file is there), or None."""
     existing = None if overwrite else read_text(path)
-    if existing is None or existing == config:
+    if existing is None or existing in (saved_text(config), config):
         return None
+    if not existing.startswith(SAVED_MARK):
+        return (
+            f"{path} is already there, and it is not a config tandem saved (tandem's start with the line "
+            f"{SAVED_MARK!r}): probably a file of yours. Not replacing it. Give the run its own folder "
+            "(--trainer.default_root_dir DIR, or a logger, whose version folders are new for each run), or save the "
+            "config under another name (save_config_kwargs={'config_filename': 'run_config.yaml'}; "
+            "save_config_callback=None saves none)."
+        )
     return (
-        f"{path} already holds a different config, from another run logging to the same folder. Not overwriting "
-        "it: give this run its own folder (another trainer.default_root_dir, or a logger version), remove the "
-        "file, or pass --overwrite."
+        f"{path} already holds a different config, saved by another run logging to the same folder. Not "
+        "overwriting it: give this run its own folder (another trainer.default_root_dir, or a logger version), "
+        "remove the file, or pass --overwrite to replace it."
     )

@@ -9,8 +9,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from tandem.loggers.logger import Logger, atomic_write_text, require_url_filesystem
-from tandem.utilities.exceptions import out_of_range, write_failed
+from tandem.loggers.logger import HPARAMS_FILE, Logger, atomic_write_text, require_url_filesystem
+from tandem.utilities.exceptions import csv_experiment_lacks, out_of_range, write_failed
 from tandem.utilities.rank_zero import rank_zero_only
 
 METRICS_FILE = "metrics.csv"
@@ -64,6 +64,13 @@ class CSVLogger(Logger):
         """``<log_dir>/metrics.csv`` (a URL when ``save_dir`` is one)."""
         return os.path.join(self.log_dir, METRICS_FILE)
 
+    @property
+    def experiment(self) -> ExperimentWriter:
+        """The writer of ``metrics.csv`` and ``hparams.yaml`` (Lightning's ``ExperimentWriter``): ``log_metrics``,
+        ``log_hparams`` and ``save``, which write on global rank 0 only. It has no ``add_image`` or other
+        TensorBoard call: log those with a :class:`~tandem.loggers.TensorBoardLogger`."""
+        return ExperimentWriter(self)
+
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         row: dict[str, Any] = {k: _cell(k, v) for k, v in metrics.items()}
@@ -101,6 +108,59 @@ class CSVLogger(Logger):
         self._last_flush_step = self._pending[-1]["step"]
         self._pending = []
         self._upload()
+
+
+class ExperimentWriter:
+    """``CSVLogger.experiment``, as Lightning's: what a CSV file can hold, numbers and hyperparameters.
+
+    Args:
+        logger: the CSVLogger it writes for.
+
+    Example::
+
+        self.logger.experiment.log_metrics({"val_f1": 0.8}, step=self.global_step)
+    """
+
+    NAME_METRICS_FILE = METRICS_FILE
+    NAME_HPARAMS_FILE = HPARAMS_FILE
+
+    def __init__(self, logger: CSVLogger) -> None:
+        self._logger = logger
+
+    @property
+    def log_dir(self) -> str:
+        return self._logger.log_dir
+
+    @property
+    def metrics_file_path(self) -> str:
+        return self._logger.metrics_file_path
+
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        """The rows logged and not yet written to ``metrics.csv``."""
+        return self._logger._pending
+
+    @property
+    def hparams(self) -> dict[str, Any]:
+        """The hyperparameters logged so far (what ``hparams.yaml`` holds)."""
+        return self._logger._hparams
+
+    def log_metrics(self, metrics_dict: Mapping[str, float], step: int | None = None) -> None:
+        """One row of ``metrics.csv``; without ``step``, the number of rows not yet written (Lightning's)."""
+        self._logger.log_metrics(metrics_dict, len(self._logger._pending) if step is None else step)
+
+    def log_hparams(self, params: Mapping[str, Any]) -> None:
+        """Merge ``params`` into ``hparams.yaml``."""
+        self._logger.log_hyperparams(params)
+
+    def save(self) -> None:
+        """Write the pending rows to ``metrics.csv``."""
+        self._logger.save()
+
+    def __getattr__(self, name: str) -> Any:  # only for names the writer lacks (add_image, add_histogram, ...)
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise csv_experiment_lacks(name, self)
 
 
 def _cell(name: str, value: Any) -> int | float:

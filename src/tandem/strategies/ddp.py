@@ -3,6 +3,23 @@
 Environment, launchers, process group, collectives and data sharding come from
 :class:`~tandem.strategies.parallel.ParallelStrategy`; this module adds DDP's wrapper, its gradient
 synchronisation and its error messages.
+
+DDP follows the module. torch's wrapper averages the gradients of the parameters that required gradients when it
+was built, and of those only when every one of them got a gradient in the step. tandem keeps that true when the
+module changes under it:
+
+- **the trainable set changes** (a ``BaseFinetuning`` unfreeze, a ``requires_grad_``, a head a callback adds in
+  ``on_fit_start``): at the fit's start, each epoch's start, after an overridden ``on_train_batch_start``, and at
+  the next step after a parameter was created anywhere (a global registration hook marks it: one flag read a step),
+  :meth:`DDPStrategy.follow_module` builds the wrapper again, which also broadcasts rank 0's parameters and buffers
+  so every replica starts equal;
+- **parameters get no gradient in a step** (a GAN toggling its optimizers, a target network outside the loss, a head
+  trained by a callback's own optimizer): after each synced backward, one cheap check of DDP's reducer finds the
+  reduction unfinished; the step's gradients are then averaged by hand (so the step is the one N processes should
+  take), and the wrapper is built again: under manual optimization with ``find_unused_parameters=True``, under
+  automatic optimization without those parameters, whose gradients are then averaged by a hook whenever a backward
+  reaches them (inside the step or outside it, a callback's optimizer). ``DDPStrategy(find_unused_parameters=False)``
+  given explicitly keeps the error, now naming the parameters.
 """
 
 from __future__ import annotations
@@ -16,6 +33,7 @@ from functools import partial
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.nn.parallel.distributed import _find_tensors
@@ -28,6 +46,7 @@ from tandem.strategies.registry import register_strategy
 from tandem.strategies.strategy import CompiledSteps, StepForward
 from tandem.utilities.compile import Compiler
 from tandem.utilities.exceptions import TandemConfigError, out_of_range
+from tandem.utilities.rank_zero import rank_zero_info
 
 
 class DDPStrategy(ParallelStrategy):
@@ -43,7 +62,9 @@ class DDPStrategy(ParallelStrategy):
         precision: see :class:`~tandem.strategies.precision.Precision`.
         process_group_backend: "gloo" (CPU default), "nccl" (CUDA default), or another torch backend.
         timeout: how long a collective may wait for the other ranks before failing.
-        find_unused_parameters: let DDP handle parameters that get no gradient in a step (slower).
+        find_unused_parameters: let DDP handle parameters that get no gradient in a step (slower). None (the
+            default): off until a step leaves parameters without a gradient, then tandem takes care of them (see
+            the module's docstring); False: such a step is an error naming them.
         static_graph: tell DDP the set of used parameters never changes (faster, allows some reentrancy).
         gradient_as_bucket_view: gradients are views into DDP's buckets (saves memory).
         bucket_cap_mb: DDP's gradient bucket size; None keeps torch's default (25 MB).
@@ -67,6 +88,7 @@ class DDPStrategy(ParallelStrategy):
 
     name = "ddp"
     identical_replicas = True
+    follows_module = True
 
     def __init__(
         self,
@@ -74,7 +96,7 @@ class DDPStrategy(ParallelStrategy):
         precision: str | Precision | None = None,
         process_group_backend: str | None = None,
         timeout: datetime.timedelta = datetime.timedelta(minutes=30),
-        find_unused_parameters: bool = False,
+        find_unused_parameters: bool | None = None,
         static_graph: bool = False,
         gradient_as_bucket_view: bool = False,
         bucket_cap_mb: float | None = None,
@@ -101,8 +123,10 @@ class DDPStrategy(ParallelStrategy):
         )
         if bucket_cap_mb is not None and not bucket_cap_mb > 0:
             raise out_of_range("bucket_cap_mb", bucket_cap_mb, "a positive number of MB, or None")
+        #: a step without gradients for some parameters is an error (``find_unused_parameters=False`` given)
+        self._unused_is_error = find_unused_parameters is False
         self.ddp_kwargs: dict[str, Any] = {
-            "find_unused_parameters": find_unused_parameters,
+            "find_unused_parameters": bool(find_unused_parameters),
             "static_graph": static_graph,
             "gradient_as_bucket_view": gradient_as_bucket_view,
         }
@@ -112,6 +136,11 @@ class DDPStrategy(ParallelStrategy):
         self.ddp_comm_state = ddp_comm_state
         self._manual = False  # the module uses manual optimization (set when the module is wrapped)
         self._compiled_evaluation: CompiledSteps | None = None  # the step methods compiled, for evaluation
+        self._compiler: Compiler | None = None  # the torch.compile settings the module came with
+        self._wrapped: tuple[int, ...] = ()  # ids of the parameters trainable when the wrapper was built
+        self._outside: dict[nn.Parameter, Any] = {}  # parameters left out of DDP -> their averaging hooks
+        self._created = False  # a parameter was created somewhere since the last look (see follow_module)
+        self._creations: Any = None  # the global parameter-registration hook that sets it
 
     def _check_configuration(self) -> None:
         super()._check_configuration()
@@ -128,9 +157,23 @@ class DDPStrategy(ParallelStrategy):
     def _wrap_module(self, module: nn.Module) -> nn.Module:
         if self.sync_batchnorm:  # checked in _configure()
             module = TorchSyncBatchNorm().apply(module)
+        if self._creations is None:
+            self._creations = nn.modules.module.register_module_parameter_registration_hook(
+                _mark_created(weakref.ref(self))
+            )
+        return self._ddp(module)
+
+    def _ddp(self, module: nn.Module) -> DistributedDataParallel:
+        """DDP over ``module``'s trainable parameters (as they are outside ``toggle_optimizer``), less those left to
+        the averaging hooks; building it broadcasts rank 0's parameters and buffers."""
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         step_forward = StepForward(module)
-        model = DistributedDataParallel(step_forward, device_ids=device_ids, **self.ddp_kwargs)
+        outside = {id(p) for p in self._outside}
+        ignored = [f"module.{name}" for name, p in module.named_parameters() if id(p) in outside]
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(step_forward, ignored)
+        with _untoggled(module):  # a re-wrap inside a GAN's toggled step still takes both networks
+            self._wrapped = _trainable(module)
+            model = DistributedDataParallel(step_forward, device_ids=device_ids, **self.ddp_kwargs)
         if self.ddp_comm_hook is not None:
             model.register_comm_hook(state=self.ddp_comm_state, hook=self.ddp_comm_hook)
         self._manual = not getattr(module, "automatic_optimization", True)
@@ -139,12 +182,93 @@ class DDPStrategy(ParallelStrategy):
         return model
 
     def _compile(self, compiler: Compiler) -> Callable[..., Any]:
+        self._compiler = compiler
         self._compiled_evaluation = CompiledSteps(self._module, compiler)  # evaluation steps do not run through DDP
         return super()._compile(compiler)
 
     def teardown(self) -> None:
-        self._compiled_evaluation = None
+        self._compiled_evaluation = self._compiler = None
+        for handle in self._outside.values():
+            handle.remove()
+        self._outside = {}
+        if self._creations is not None:
+            self._creations.remove()
+            self._creations = None
         super().teardown()
+
+    # ------------------------------------------------------------------ following the module
+    def follow_module(self, only_if_created: bool = False) -> None:
+        """At a step boundary: if the trainable parameters are no longer those the wrapper was built for (an
+        unfreeze, a freeze, a layer added), build it again. One pass over the parameter list, nothing more when the
+        set is unchanged; ``only_if_created`` (every step): only when a parameter was created since the last look,
+        else one flag read."""
+        if only_if_created and not self._created:
+            return
+        self._created = False
+        if not isinstance(self._model, DistributedDataParallel):
+            return
+        now = _trainable(self._module)
+        if now == self._wrapped:
+            return
+        before = set(self._wrapped)
+        added = [n for n, p in self._module.named_parameters() if id(p) in set(now) - before]
+        dropped = [n for n, p in self._module.named_parameters() if id(p) in before - set(now)]
+        for param in [p for p in self._outside if id(p) not in set(now)]:  # frozen or gone: no more averaging
+            self._outside.pop(param).remove()
+        self._rewrap(_changed(added, dropped))
+
+    def _rewrap(self, why: str) -> None:
+        """Build the DDP wrapper again (and its compiled form), saying why on rank 0."""
+        old = self._model
+        self._model = self._ddp(self._module)
+        if self._compiler is not None:
+            self._compiled = super()._compile(self._compiler)
+        if isinstance(old, DistributedDataParallel):
+            old.reducer._remove_autograd_hooks()  # the old wrapper may live on until its forward returns
+        rank_zero_info(f"[tandem] DDP's wrapper was built again: {why}.")
+
+    def _finish_reduction(self) -> None:
+        """After a synced backward that left DDP's reduction unfinished (some trainable parameters got no
+        gradient): average every gradient by hand, so the optimizer step that follows is the one N processes
+        should take, then build the wrapper again so the next steps need no rescue (see the module docstring)."""
+        params = [p for p in self._module.parameters() if id(p) in set(self._wrapped)]
+        have = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=self.root_device)
+        dist.all_reduce(have)  # a gradient on any rank: averaged, zeros where a rank has none
+        world = dist.get_world_size()
+        grads = []
+        for param, count in zip(params, have.tolist()):
+            if count and param.grad is None:
+                param.grad = torch.zeros_like(param)
+            if count:
+                grads.append(param.grad)
+        if grads:
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat)
+            flat.div_(world)
+            offset = 0
+            for grad in grads:
+                grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+                offset += grad.numel()
+        names = {id(p): n for n, p in self._module.named_parameters()}
+        missing = [p for p, count in zip(params, have.tolist()) if not count]
+        if self._manual:
+            self.ddp_kwargs["find_unused_parameters"] = True
+            how = (
+                "with find_unused_parameters=True: each manual_backward now searches the graph for the parameters "
+                "it reaches (toggle_optimizer leaves the other networks without gradients)"
+            )
+        else:
+            for param in missing:
+                self._outside[param] = param.register_post_accumulate_grad_hook(_average_gradient)
+            how = (
+                "without them; their gradients are averaged by a hook of their own whenever a backward reaches them "
+                "(a callback's optimizer, a later step), and nothing is done for them otherwise"
+            )
+        which = ", ".join(names[id(p)] for p in missing) or "(none on every rank)"
+        self._rewrap(
+            f"a training step left parameters without a gradient on every rank ({which}); the step's "
+            f"gradients were averaged by hand, and DDP now runs {how}"
+        )
 
     # ------------------------------------------------------------------ steps
     def run_step(self, method: str, *args: Any) -> Any:
@@ -176,6 +300,18 @@ class DDPStrategy(ParallelStrategy):
             if explained is err:
                 raise
             raise explained from err
+        if isinstance(model, DistributedDataParallel) and not model.find_unused_parameters:
+            try:  # one call into the reducer: raises only when the step's reduction did not finish
+                model.reducer._check_reducer_finalized()
+            except RuntimeError as err:
+                if self._unused_is_error or model.gradient_as_bucket_view:
+                    raise self._explain(err, self._no_gradient()) from err
+                self._finish_reduction()
+
+    def _no_gradient(self) -> list[str]:
+        """The wrapped parameters that got no gradient in this process's step (a failed step only)."""
+        wrapped = set(self._wrapped)
+        return [n for n, p in self._module.named_parameters() if id(p) in wrapped and p.grad is None]
 
     @contextlib.contextmanager
     def no_backward_sync(self, module: nn.Module, enabled: bool) -> Iterator[None]:
@@ -186,14 +322,15 @@ class DDPStrategy(ParallelStrategy):
         else:
             yield
 
-    def _explain(self, err: RuntimeError) -> RuntimeError:
+    def _explain(self, err: RuntimeError, unused: list[str] | None = None) -> RuntimeError:
         """DDP's "Expected to have finished reduction" error, told with the unused parameters' names."""
         text = str(err)
         if "Expected to have finished reduction" not in text:
             return err
-        names = [n for n, p in self._module.named_parameters() if p.requires_grad]
-        match = re.search(r"did not receive grad for rank \d+: ([\d ]+)", text)
-        unused = [names[int(i)] for i in match.group(1).split() if int(i) < len(names)] if match else []
+        if not unused:
+            names = [n for n, p in self._module.named_parameters() if p.requires_grad]
+            match = re.search(r"did not receive grad for rank \d+: ([\d ]+)", text)
+            unused = [names[int(i)] for i in match.group(1).split() if int(i) < len(names)] if match else []
         which = ", ".join(unused) if unused else "(torch did not say which)"
         manual = (
             " Under manual optimization each manual_backward counts: with toggle_optimizer (a GAN), the other "
@@ -204,9 +341,60 @@ class DDPStrategy(ParallelStrategy):
         return RuntimeError(
             f"DDP found parameters that received no gradient in the last training step: {which}. Every "
             f"parameter must take part in the loss on every rank, or DDP waits for its gradient.{manual} Use "
-            "DDPStrategy(find_unused_parameters=True) (strategy='ddp_find_unused_parameters_true'), or remove or "
-            "freeze (requires_grad=False) those parameters."
+            "DDPStrategy(find_unused_parameters=True) (strategy='ddp_find_unused_parameters_true'), leave "
+            "find_unused_parameters unset (tandem then takes care of them; not with gradient_as_bucket_view=True), "
+            "or remove or freeze (requires_grad=False) those parameters."
         )
+
+
+def _trainable(module: nn.Module) -> tuple[int, ...]:
+    """The ids of ``module``'s parameters that take gradients, as outside ``toggle_optimizer``."""
+    saved = getattr(module, "_param_requires_grad_state", None) or {}
+    return tuple(id(p) for p in module.parameters() if saved.get(p, p.requires_grad))
+
+
+@contextlib.contextmanager
+def _untoggled(module: nn.Module) -> Iterator[None]:
+    """``requires_grad`` as outside ``toggle_optimizer`` for the block (DDP takes the parameters that require it)."""
+    saved = getattr(module, "_param_requires_grad_state", None) or {}
+    toggled = {p: p.requires_grad for p in saved if p.requires_grad != saved[p]}
+    for param in toggled:
+        param.requires_grad = saved[param]
+    try:
+        yield
+    finally:
+        for param, flag in toggled.items():
+            param.requires_grad = flag
+
+
+def _changed(added: list[str], dropped: list[str]) -> str:
+    parts = []
+    if added:
+        parts.append(
+            f"{len(added)} parameter(s) now take gradients ({', '.join(added[:4])}{', ...' if len(added) > 4 else ''})"
+        )
+    if dropped:
+        parts.append(f"{len(dropped)} no longer do ({', '.join(dropped[:4])}{', ...' if len(dropped) > 4 else ''})")
+    return "the trainable parameters changed: " + "; ".join(parts) + "; rank 0's parameters were broadcast"
+
+
+def _mark_created(strategy_ref: Callable[[], DDPStrategy | None]) -> Callable[..., None]:
+    """The global parameter-registration hook: marks that a parameter was created (a layer built by a callback or a
+    hook), so the next step boundary looks at the trainable set."""
+
+    def hook(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        strategy = strategy_ref()
+        if strategy is not None:
+            strategy._created = True
+
+    return hook
+
+
+def _average_gradient(param: nn.Parameter) -> None:
+    """A parameter DDP does not own: its gradient, accumulated by this backward, averaged over the ranks (every rank
+    runs the same backwards). Averaging is linear, so gradients accumulated over several backwards stay right."""
+    dist.all_reduce(param.grad)
+    param.grad.div_(dist.get_world_size())
 
 
 def _no_reduction_after_step(model_ref: Callable[[], DistributedDataParallel | None]) -> Callable[..., None]:
@@ -251,4 +439,10 @@ register_strategy(
     DDPStrategy,
     "ddp for modules whose steps leave some parameters without a gradient (e.g. GANs with toggle_optimizer)",
     find_unused_parameters=True,
+)
+register_strategy(
+    "ddp_find_unused_parameters_false",
+    DDPStrategy,
+    "ddp where a step that leaves parameters without a gradient is an error naming them (no rescue)",
+    find_unused_parameters=False,
 )

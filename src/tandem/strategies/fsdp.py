@@ -30,9 +30,7 @@ import contextlib
 import dataclasses
 import datetime
 import functools
-import os
 import shutil
-import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -54,6 +52,7 @@ from tandem.utilities.checkpoint import (
     atomic_save,
     is_sharded_checkpoint,
     load_checkpoint_file,
+    replace_directory,
     temporary_directory,
 )
 from tandem.utilities.exceptions import CheckpointError, TandemConfigError, TandemUserCodeError, bad_choice
@@ -507,7 +506,8 @@ class FSDPStrategy(ParallelStrategy):
         directory — every rank writes its shard with torch.distributed.checkpoint into a temporary directory
         (named and locked by rank 0 like a file's temporary, so a later save or resume removes one a killed job
         left), rank 0 adds ``meta.pt`` (everything but the module and optimizer tensors), and the directory is
-        renamed onto ``path`` once every rank has finished."""
+        renamed onto ``path`` once every rank has finished (:func:`~tandem.utilities.checkpoint.replace_directory`:
+        a kill while the previous checkpoint is replaced leaves what the next save or a resume settles)."""
         if not any(_is_dtensor(v) for v in checkpoint["state_dict"].values()):  # the same on every rank
             super().save_checkpoint(checkpoint, path)
             return
@@ -532,7 +532,7 @@ class FSDPStrategy(ParallelStrategy):
                     atomic_save(meta, Path(temporary) / META_FILE)
                 self.barrier("save_checkpoint")  # every shard is written
                 if self.is_global_zero:
-                    _replace_directory(Path(temporary), path)
+                    replace_directory(temporary, path)
                 self.barrier("save_checkpoint")
             except BaseException:
                 if self.is_global_zero:
@@ -787,20 +787,6 @@ def _meta_file(path: Path) -> Path:
             "writing was interrupted (those are never renamed into place). Use another checkpoint."
         )
     return meta
-
-
-def _replace_directory(source: Path, target: Path) -> None:
-    """Put the finished directory ``source`` at ``target``; an existing checkpoint there is removed only after."""
-    old = None
-    if target.exists():
-        old = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.old")
-        os.replace(target, old)
-    os.replace(source, target)
-    if old is not None:
-        if old.is_dir():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            old.unlink(missing_ok=True)
 
 
 register_strategy("fsdp", FSDPStrategy, "one process per device; parameters, gradients and optimizer state sharded")

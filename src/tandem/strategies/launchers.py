@@ -17,7 +17,9 @@ thread, wherever it is, so its ``finally`` blocks and context managers run), the
 traceback is printed once for the job, and an error that every rank raised is printed once, naming the
 ranks. A rank killed by a signal writes none and is reported by its signal. Before stopping the ranks,
 the launcher announces the teardown through the side channel, so that they take its SIGTERM for what it
-is (not a pre-emption) and end at once.
+is (not a pre-emption) and end at once. Ctrl-C (SIGINT to the job's process group) reaches every rank, and
+they end in any order: a started rank that it ended is no failure once rank 0 shows a KeyboardInterrupt of its
+own, which is what rank 0 raises.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import wait as wait_for_any
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.multiprocessing as mp
@@ -56,7 +58,14 @@ from tandem.strategies.side_channel import (
 )
 from tandem.utilities.checkpoint import atomic_save
 from tandem.utilities.excepthook import on_uncaught_exception
-from tandem.utilities.exceptions import HangError, Preempted, RankFailedError, TandemConfigError, TandemUserCodeError
+from tandem.utilities.exceptions import (
+    CollectiveMismatchError,
+    HangError,
+    Preempted,
+    RankFailedError,
+    TandemConfigError,
+    TandemUserCodeError,
+)
 from tandem.utilities.preemption import EXIT_CODES as PREEMPTED_EXIT_CODES
 from tandem.utilities.preemption import PREEMPTION
 from tandem.utilities.processes import end_with_parent, load_libc
@@ -64,6 +73,7 @@ from tandem.utilities.processes import end_with_parent, load_libc
 _POLL_S = 0.1
 _TERMINATE_GRACE_S = 5.0
 _ECHO_WAIT_S = 2.0  # how long rank 0, its collective broken, waits to see whether a started rank failed first
+_INTERRUPT_WAIT_S = 3.0  # a started rank ended by Ctrl-C: how long rank 0's main thread has to show its own
 _SAME_ERROR_WAIT_S = 0.5  # how long rank 0, failing on its own, waits for started ranks raising the same error
 _PREEMPTED_WAIT_S = 60.0  # ddp_spawn: a rank stopped for a pre-emption; the others must follow within this
 _SETTLE_S = 0.3  # ddp_spawn: after the first failure, how long to let the others end (and write) first
@@ -130,22 +140,41 @@ def _hydra_config() -> Any:
 # ---------------------------------------------------------------------------------------------- error records
 
 
-def _write_error_record(path: str, text: str) -> None:
+class _Record(NamedTuple):
+    """What a rank wrote of the error that ends it: when, its traceback, and the exception's class."""
+
+    when: float
+    text: str
+    kind: str = ""  # "module.QualName" ("builtins.KeyboardInterrupt"); "" for a record without one
+
+    def message(self) -> str:
+        """The exception's own line (``Type: message`` as the traceback prints it, without the type)."""
+        printed = self.kind.removeprefix("builtins.")
+        line = next((ln for ln in reversed(self.text.splitlines()) if ln.startswith(f"{printed}: ")), "")
+        return line[len(printed) + 2 :]
+
+
+def _kind(error: BaseException) -> str:
+    return f"{type(error).__module__}.{type(error).__qualname__}"
+
+
+def _write_error_record(path: str, text: str, error: BaseException | None = None) -> None:
     """The traceback that ends this rank, written whole or not at all (a reader may look at any moment)."""
     partial = f"{path}.{os.getpid()}.part"
     with open(partial, "w", encoding="utf-8") as fh:
-        fh.write(f"{time.time()!r}\n{text}")
+        fh.write(f"{time.time()!r} {_kind(error) if error is not None else ''}\n{text}")
     os.replace(partial, path)
 
 
-def _read_error_record(path: str | None) -> tuple[float, str] | None:
-    """(when, traceback) from :func:`_write_error_record`, or None if the rank wrote none."""
+def _read_error_record(path: str | None) -> _Record | None:
+    """What :func:`_write_error_record` wrote, or None if the rank wrote none."""
     if not path:
         return None
     try:
         with open(path, encoding="utf-8") as fh:
-            when, _, text = fh.read().partition("\n")
-        return float(when), text.rstrip()
+            head, _, text = fh.read().partition("\n")
+        when, _, kind = head.partition(" ")
+        return _Record(float(when), text.rstrip(), kind.strip())
     except (OSError, ValueError):
         return None
 
@@ -156,7 +185,7 @@ def _record_uncaught_errors(path: str, launcher_pid: int | None) -> None:
     it itself only when the record cannot be written or rank 0 is gone."""
 
     def record(exc_type: type[BaseException], exc: BaseException, tb: Any) -> bool:
-        _write_error_record(path, "".join(traceback.format_exception(exc_type, exc, tb)))
+        _write_error_record(path, "".join(traceback.format_exception(exc_type, exc, tb)), exc)
         return launcher_pid is not None and os.getppid() == launcher_pid
 
     on_uncaught_exception("launcher: error record", record)
@@ -166,6 +195,20 @@ def _is_echo(error: BaseException) -> bool:
     """Rank 0's error is most likely the echo of another rank's end: a collective that broke inside torch, or the
     side channel's RankFailedError naming the rank that left."""
     return (isinstance(error, RankFailedError) and bool(error.args)) or broke_in_torch(error)
+
+
+def _broken_collective(error: BaseException) -> BaseException | None:
+    """The error of the collective that broke inside torch behind ``error`` (itself, or what tandem's own
+    RankFailedError explained), or None: tandem's own text is never quoted as a broken collective."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if broke_in_torch(error):
+            return error
+        if not isinstance(error, RankFailedError):
+            return None
+        seen.add(id(error))
+        error = error.__context__
+    return None
 
 
 def _last_line(text: str) -> str:
@@ -183,6 +226,8 @@ def _add_note(error: BaseException, note: str) -> None:
 def _how_it_ended(returncode: int) -> str:
     if returncode >= 0:
         return f"exited with code {returncode}"
+    if -returncode == signal.SIGINT:  # Python's exit after an uncaught KeyboardInterrupt
+        return "was interrupted by SIGINT (KeyboardInterrupt)"
     name = signal.Signals(-returncode).name
     hint = " (the kernel's out-of-memory killer sends SIGKILL)" if -returncode == signal.SIGKILL else ""
     return f"was killed by {name}{hint}"
@@ -192,7 +237,7 @@ def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _failure_message(prefix: str, rank: int, returncode: int, record: tuple[float, str] | None) -> str:
+def _failure_message(prefix: str, rank: int, returncode: int, record: _Record | None) -> str:
     text = f"{prefix}rank {rank} {_how_it_ended(returncode)}; the other ranks were stopped."
     if record is None:
         return f"{text} It left no Python traceback; its own output (above) may say more."
@@ -207,6 +252,18 @@ class _Child:
     rank: int
     proc: subprocess.Popen
     error_file: str
+
+    def interrupted(self) -> bool:
+        """It ended by Ctrl-C: Python's exit after an uncaught KeyboardInterrupt, 130, or such a record."""
+        if self.proc.returncode in (-signal.SIGINT, 128 + signal.SIGINT):
+            return True
+        record = _read_error_record(self.error_file)
+        return record is not None and record.kind == _kind(KeyboardInterrupt())
+
+    def found_mismatch(self) -> _Record | None:
+        """Its record, when it ended by finding the ranks in different collectives (the job's error, not its own)."""
+        record = _read_error_record(self.error_file)
+        return record if record is not None and record.kind == _kind(CollectiveMismatchError()) else None
 
 
 def _handled_exception(thread_id: int) -> BaseException | None:
@@ -229,6 +286,8 @@ class _Watchdog:
         self.stopping = False
         self.failure: _Child | None = None
         self.reported = False  # RankFailedError was raised in the launching thread
+        self.interrupted = False  # the launching thread got a KeyboardInterrupt of its own (Ctrl-C)
+        self._woken_with: BaseException | None = None  # the error the wake-up signal raised in the launching thread
         self._main_failing = False  # the launching thread is in launch()'s error handling
         self._main_done = False  # the interpreter is exiting: nothing left to raise into
         self.hydra_job: str | None = None  # the run folder of the Hydra job the ranks were started for
@@ -302,6 +361,8 @@ class _Watchdog:
             codes = [c.proc.poll() for c in self.children]  # read once: a rank ending in between is seen next time
             failed = next((c for c, code in zip(self.children, codes) if _failed(code)), None)
             if failed is not None:
+                if failed.interrupted() and self._interrupted_within(_INTERRUPT_WAIT_S):
+                    return  # Ctrl-C reached the job's process group: rank 0 raises KeyboardInterrupt and stops the rest
                 if self._declare(failed):
                     self.stop(f"rank {failed.rank} {_how_it_ended(failed.proc.returncode)}")
                     self._raise_in_main()
@@ -309,6 +370,17 @@ class _Watchdog:
             if None not in codes:  # all ended, successfully or stopped for a pre-emption
                 return
             time.sleep(_POLL_S)
+
+    def _interrupted_within(self, seconds: float) -> bool:
+        """Whether the launching thread shows a KeyboardInterrupt of its own within ``seconds``: a started rank
+        that Ctrl-C ended is then one part of one interrupt of the whole group (in whatever order the ranks end),
+        not a failure of that rank."""
+        deadline = time.monotonic() + seconds
+        while not (self.interrupted or isinstance(_handled_exception(self._main_ident), KeyboardInterrupt)):
+            if self.stopping or self._main_done or time.monotonic() > deadline:
+                return self.interrupted
+            time.sleep(_POLL_S / 2)
+        return True
 
     def _declare(self, child: _Child) -> bool:
         """Record ``child`` as the job's failure and say so, once; False if a failure or a stop came first."""
@@ -318,9 +390,11 @@ class _Watchdog:
             self.failure = child
         channel = current_channel()
         why = "after the hang this rank declared" if channel is not None and channel.hang is not None else ""
+        ended = _how_it_ended(child.proc.returncode)
+        if child.found_mismatch() is not None:
+            ended = "found the ranks in different collectives (CollectiveMismatchError)"
         print(
-            f"[tandem] rank {child.rank} {_how_it_ended(child.proc.returncode)}{' ' + why if why else ''}; stopping "
-            "the other ranks.",
+            f"[tandem] rank {child.rank} {ended}{' ' + why if why else ''}; stopping the other ranks.",
             file=sys.stderr,
             flush=True,
         )
@@ -370,7 +444,8 @@ class _Watchdog:
         if sys.exc_info()[1] is not None and not self._force_wake:
             return  # leave its except / finally block alone: it is on its way to launch() already
         self.reported = True
-        raise self.error()
+        self._woken_with = self.error()
+        raise self._woken_with
 
     def _exit_now(self, why: str) -> None:
         child = self.failure
@@ -381,39 +456,51 @@ class _Watchdog:
         os._exit(_exit_code(child.proc.returncode) if child is not None else 1)
 
     # ------------------------------------------------------------------ the launching thread
-    def error(self, echo: BaseException | None = None) -> RankFailedError | HangError:
+    def error(self, echo: BaseException | None = None) -> RankFailedError | HangError | CollectiveMismatchError:
         """The RankFailedError for the recorded failure, with the failing rank's traceback; the HangError when this
-        process declared a hang (the started ranks then printed their stacks and ended)."""
+        process declared a hang (the started ranks then printed their stacks and ended); the CollectiveMismatchError
+        a started rank raised when it found the ranks in different collectives (what this rank's broken collective
+        was part of). ``echo``: this rank's own error since (named in a last line when it is not tandem's)."""
         channel = current_channel()
         if channel is not None and channel.hang is not None:
             return HangError(channel.hang)
         child = self.failure
+        mismatch = child.found_mismatch()
+        if mismatch is not None:  # its message names both sides and the user's lines: the job's error
+            return CollectiveMismatchError(f"{mismatch.message()}\n(Rank {child.rank} found it and stopped the job.)")
         message = _failure_message("", child.rank, child.proc.returncode, _read_error_record(child.error_file))
-        if echo is not None and _is_echo(echo):  # raised from None: its first line is enough
-            broken = echo.__context__ if isinstance(echo, RankFailedError) and echo.__context__ else echo
+        if echo is None or echo is self._woken_with:  # woken where it was: its traceback, not an error of its own
+            return RankFailedError(message)
+        broken = _broken_collective(echo)
+        if broken is not None:  # raised from None: the backend's first line is enough
             message += (
                 f"\nRank {self.rank}'s collective then broke ({error_summary(broken)}), because rank {child.rank} "
                 "had stopped."
             )
-        elif echo is not None:
+        elif not isinstance(echo, RankFailedError):  # tandem's own report of the same end adds nothing
             message += (
                 f"\nRank {self.rank} then raised {type(echo).__name__} (shown above), most likely because rank "
                 f"{child.rank} had stopped."
             )
         return RankFailedError(message)
 
-    def failure_behind(self, error: BaseException) -> RankFailedError | None:
-        """Rank 0's launch() failed with ``error``: the RankFailedError to raise instead (a started rank failed
-        first, and ``error`` is most likely its echo), or None to re-raise ``error``. Stops every started rank."""
+    def failure_behind(self, error: BaseException) -> Exception | None:
+        """Rank 0's launch() failed with ``error``: the error to raise instead (a started rank failed first, and
+        ``error`` is most likely its echo; see :meth:`error`), or None to re-raise ``error`` (its own, or Ctrl-C).
+        Stops every started rank."""
         if isinstance(error, Preempted):
             return None  # every rank stopped at the same step and exits with the same code; they are not stopped
         if isinstance(error, HangError):  # raised as it is: its table says where each rank was
             self._main_failing = self.reported = True
             self.stop("rank 0 declared a hang")
             return None
+        self.interrupted = isinstance(error, KeyboardInterrupt)  # before the watchdog reads _main_failing
         self._main_failing = True  # the watchdog will not interrupt this thread any more
         reason = f"rank {self.rank} failed ({error_summary(error)})"
-        if isinstance(error, RankFailedError) and not error.args:  # raised by the wake-up signal (or async)
+        if error is self._woken_with:  # raised by the wake-up signal: the failure itself, not an echo of it
+            self.stop(reason)
+            return error
+        if isinstance(error, RankFailedError) and not error.args:  # raised asynchronously (launched from a thread)
             self.reported = True
             self.stop(reason)
             return self.error() if self.failure is not None else None
@@ -673,7 +760,7 @@ def _spawned(
             _write_error_record(os.path.join(folder, "preempted.txt"), f"{stopped.checkpoint}\n{stopped.message}")
         sys.exit(stopped.code)
     except BaseException as error:  # the caller raises the first failure's traceback; the others are its echoes
-        _write_error_record(os.path.join(folder, f"error{local_rank}.txt"), traceback.format_exc())
+        _write_error_record(os.path.join(folder, f"error{local_rank}.txt"), traceback.format_exc(), error)
         announce_teardown(f"rank {environment.global_rank} failed ({error_summary(error)})")  # the others end now
         sys.exit(1)
 

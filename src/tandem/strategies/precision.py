@@ -18,7 +18,7 @@ import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch.optim import Optimizer
 
-from tandem.utilities.exceptions import bad_choice
+from tandem.utilities.exceptions import TandemUserCodeError, bad_choice
 from tandem.utilities.rank_zero import rank_zero_warn
 
 _NO_CONTEXT = contextlib.nullcontext()
@@ -95,8 +95,10 @@ class Precision:
         self.scaler: torch.amp.GradScaler | None = None
         if precision == "16-mixed":
             self.scaler = torch.amp.GradScaler(device_type)
-        self._last_step_skipped = False
         self._unscaled: set[int] = set()  # optimizers unscaled since their last step (unscale once per step)
+        self._backwards = 0  # scaled backward passes so far (float16)
+        #: per optimizer (id), ``_backwards`` when it was last unscaled: a step needs a scaled backward since
+        self._backwards_at_unscale: dict[int, int] = {}
 
     def __repr__(self) -> str:
         return f"Precision({self.precision!r})"
@@ -131,40 +133,67 @@ class Precision:
 
     def forward_context(self) -> contextlib.AbstractContextManager:
         """Around each step: autocast for mixed precision; the parameter dtype as torch's default dtype for a
-        "true" precision (tensors the step creates match the parameters); a shared no-op context otherwise."""
+        "true" precision (tensors the step creates match the parameters); a shared no-op context otherwise.
+
+        Autocast keeps no cache of its casts (``cache_enabled=False``, as in Lightning): a cached cast outlives an
+        optimizer step taken inside ``training_step`` (manual optimization), so the next forward of the same step
+        would run on the weights as they were before it."""
         if self.autocast_dtype is not None:
-            return torch.autocast(self.device_type, dtype=self.autocast_dtype)
+            return torch.autocast(self.device_type, dtype=self.autocast_dtype, cache_enabled=False)
         return _NO_CONTEXT if self.parameter_dtype is None else _DefaultDtype(self.parameter_dtype)
 
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward(*args, **kwargs)
+        if self.scaler is None:
+            loss.backward(*args, **kwargs)
+            return
+        self._backwards += 1
+        self.scaler.scale(loss).backward(*args, **kwargs)
 
     def unscale_gradients(self, optimizer: Optimizer) -> None:
-        """Undo loss scaling on the gradients, so clipping and hooks see true values (once per step)."""
-        if self.scaler is not None and id(optimizer) not in self._unscaled:
-            self._unscaled.add(id(optimizer))
-            self.scaler.unscale_(optimizer)
+        """Undo loss scaling on the gradients, so clipping and hooks see true values (once per step). Refuses
+        gradients that no scaled backward made since the optimizer's last step (a ``loss.backward()`` of the
+        user's own, in place of ``self.manual_backward(loss)``)."""
+        if self.scaler is None:
+            return
+        key = id(optimizer)
+        if key in self._unscaled:
+            return
+        if self._backwards_at_unscale.get(key, 0) == self._backwards:
+            raise _unscaled_backward(self.precision)
+        self._backwards_at_unscale[key] = self._backwards
+        self._unscaled.add(key)
+        self.scaler.unscale_(optimizer)
 
     def optimizer_step(self, optimizer: Optimizer, closure: Any = None, **kwargs: Any) -> bool:
         """Step the optimizer; returns False when the scaler skipped the step (inf/NaN gradients).
 
         ``closure`` (forward and backward, then the pre-step hooks) runs inside ``optimizer.step`` in full
         precision, as torch optimizers such as LBFGS expect; with float16 scaling it runs once, first.
+
+        With float16 scaling this is torch's recipe, ``scaler.step(optimizer)`` then ``scaler.update()`` (after
+        each step, as in Lightning), and reads the device once, as the recipe does: ``scaler.step`` reads whether
+        the gradients hold inf/NaN and calls ``optimizer.step`` only when they do not, which the optimizer's
+        step post-hook tells without a read of its own. An optimizer that unscales in its own step (``fused=True``)
+        decides on the device without the host knowing: its steps count as taken (the per-step schedulers step).
         """
-        if self.scaler is None:
+        scaler = self.scaler
+        if scaler is None:
             if closure is None:
                 optimizer.step(**kwargs)
             else:
                 optimizer.step(closure, **kwargs)
             return True
-        if closure is not None:
-            closure()
-        scale_before = self.scaler.get_scale()
-        self.scaler.step(optimizer, **kwargs)
-        self.scaler.update()
+        if closure is not None and closure() is None:  # the step ran no backward: nothing to unscale or step
+            return False  # (Lightning's rule for a training_step that returned None)
+        taken: list[bool] = []
+        handle = optimizer.register_step_post_hook(lambda *_: taken.append(True))
+        try:
+            scaler.step(optimizer, **kwargs)
+        finally:
+            handle.remove()
+        scaler.update()
         self._unscaled.clear()  # update() resets every optimizer's unscale state
-        # The scaler lowers its scale exactly when it found inf/NaN and skipped the step.
-        return self.scaler.get_scale() >= scale_before
+        return bool(taken)
 
     def state_dict(self) -> dict[str, Any]:
         return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}
@@ -187,3 +216,13 @@ def for_device(precision: Precision, device_type: str) -> Precision:
         "CPU anyway, build the strategy with it, e.g. strategy=SingleDeviceStrategy('cpu', precision='16-mixed')."
     )
     return Precision("bf16-mixed", device_type)
+
+
+def _unscaled_backward(precision: str) -> TandemUserCodeError:
+    return TandemUserCodeError(
+        f"An optimizer stepped under precision={precision!r} with no backward through tandem since its last step: "
+        "its gradients were not scaled by the GradScaler, so unscaling them before the step would be wrong. A "
+        "loss.backward() of your own skips the scaler: under manual optimization call self.manual_backward(loss) "
+        "instead of loss.backward(); under automatic optimization return the loss from training_step and let the "
+        "Trainer run backward."
+    )

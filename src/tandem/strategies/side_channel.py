@@ -28,7 +28,8 @@ with the table (its collective breaks as they end; under tandem's launcher the l
 
 The channel also carries how the job ends. A rank posts how it left (``ended its script normally (after
 Trainer.fit returned)``, ``(sys.exit(0) at train.py:12 in training_step inside Trainer.fit)``, ``failed
-(ValueError: ...)``); a rank whose collective then breaks inside torch (gloo's "Connection closed by peer")
+(ValueError: ...)``, ``was interrupted (KeyboardInterrupt)``, ``stopped the job (CollectiveMismatchError: ...)``); a
+rank whose collective then breaks inside torch (gloo's "Connection closed by peer")
 raises :class:`RankFailedError` naming that rank and where it was (:meth:`SideChannel.explain`, at the
 Trainer entry point). A failing rank, or the launcher stopping the job, announces the teardown
 (:func:`announce_teardown`): a SIGTERM that follows (torchrun's, tandem's launcher's) ends a rank at once
@@ -132,6 +133,11 @@ _FIX_LIMITS = (
 _FIX = (
     "Every rank must make the same Trainer calls (fit, validate, test, predict, save_checkpoint) and log "
     "the same synced values; guard only side effects (files, prints, uploads) with trainer.is_global_zero."
+)
+_FIX_STALLED = (
+    "Every rank must enter the same collectives: make the same Trainer calls (fit, validate, test, predict, "
+    "save_checkpoint), log the same synced values and call torch.distributed collectives (dist.barrier, "
+    "all_reduce) on every rank; guard only side effects (files, prints, uploads) with trainer.is_global_zero."
 )
 
 #: the Trainer entry point running now (see :func:`entry_point`)
@@ -318,7 +324,12 @@ class SideChannel:
 
     def _failed(self, kind: type[BaseException], error: BaseException, tb: Any) -> None:
         """Uncaught exception: this rank fails, so the job is torn down (the others end at once, see torn_down)."""
-        self._failure = f"failed ({error_summary(error)})"
+        if isinstance(error, KeyboardInterrupt):  # Ctrl-C: no failure of this rank's (it reaches the whole group)
+            self._failure = "was interrupted (KeyboardInterrupt)"
+        elif isinstance(error, CollectiveMismatchError):  # it found the ranks in different collectives
+            self._failure = f"stopped the job ({error_summary(error)})"
+        else:
+            self._failure = f"failed ({error_summary(error)})"
         self.announce_teardown(f"rank {self.rank} {self._failure}")
 
     def _exit_status(self) -> str:
@@ -374,11 +385,14 @@ class SideChannel:
         where, _ = _main_thread_position(tb.tb_frame if tb is not None else None, tb.tb_lineno if tb else None)
         summary = f"rank {rank} {beat.status} while rank {self.rank} was in {where}, in Trainer.{entry}"
         print(f"[tandem] {summary}; rank {self.rank}'s collective broke.", file=sys.stderr, flush=True)
-        cause = (
-            _FIX_LIMITS
-            if beat.status.startswith("ended its script")
-            else f"Rank {rank}'s error is the cause (its traceback is printed by rank {rank})."
-        )
+        if beat.status.startswith("ended its script"):
+            cause = _FIX_LIMITS
+        elif beat.status.startswith("was interrupted"):
+            cause = f"Rank {rank} was interrupted alone (a SIGINT sent to its process, not to the job's group)."
+        elif beat.status.startswith("stopped the job"):
+            cause = f"The ranks entered different collectives: rank {rank}'s error (printed by rank {rank}) says where."
+        else:
+            cause = f"Rank {rank}'s error is the cause (its traceback is printed by rank {rank})."
         return RankFailedError(
             f"{summary[0].upper()}{summary[1:]}; the collective then failed on rank {self.rank} with "
             f"{error_summary(error)}. {cause}"
@@ -540,7 +554,10 @@ class _Beat:
 
 def broke_in_torch(error: BaseException) -> bool:
     """Whether ``error`` was raised inside torch's collectives or backward pass (where a rank waits for the others,
-    and fails when one of them leaves)."""
+    and fails when one of them leaves). A KeyboardInterrupt (or SystemExit) raised there never is: Ctrl-C lands
+    wherever the main thread is, inside torch as often as not."""
+    if not isinstance(error, Exception):
+        return False
     frame = _innermost_frame(error)
     return frame is not None and any(part in frame.f_code.co_filename for part in _TORCH_BLOCKING)
 
@@ -688,8 +705,9 @@ class CollectiveCheck:
                 return f"Rank {r} {beat.status} while {me}. {beat.where_text}{_FIX}"
             if beat.blocked_for >= stall_timeout:
                 return (
-                    f"Rank {r} has waited {beat.blocked_for:.0f} s in a collective that this rank never enters, in "
-                    f"{beat.where} (its last tandem collective was {beat.last or 'none'}), while {me}. {_FIX}"
+                    f"Rank {r} has waited {beat.blocked_for:.0f} s in {beat.where}, a collective that rank "
+                    f"{channel.rank} never entered (rank {r}'s last tandem collective was {beat.last or 'none'}), "
+                    f"while {me}. {_FIX_STALLED}"
                 )
         return None
 

@@ -127,6 +127,8 @@ class Strategy:
     #: several processes the Trainer then compares them at epoch ends and saves (:mod:`tandem.trainer.replicas`)
     identical_replicas: ClassVar[bool] = False
     #: whether a ``torch.compile``'d module can run (compiled again around this strategy's wrapper)
+    #: :meth:`follow_module` has work to do (the loops call it at step boundaries; never when False)
+    follows_module: ClassVar[bool] = False
     supports_compile: ClassVar[bool] = True
 
     def __init__(
@@ -318,6 +320,11 @@ class Strategy:
 
     def setup_optimizers(self, optimizers: list[Optimizer]) -> list[Optimizer]:
         return optimizers
+
+    def follow_module(self, only_if_created: bool = False) -> None:
+        """Called at step boundaries when :attr:`follows_module` (the fit's start, each epoch's start, after an
+        overridden ``on_train_batch_start``, and each step with ``only_if_created``): adapt the wrapper to changes of
+        the module's trainable parameters (DDP builds its wrapper again). Nothing to do by default."""
 
     def teardown(self) -> None:
         """Release what setup took; the module stays on its device."""

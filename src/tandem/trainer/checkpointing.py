@@ -7,7 +7,13 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from tandem.trainer.replicas import check_replicas
-from tandem.utilities.checkpoint import CHECKPOINT_MARKER, glob_files, modified_time, remove_stale_temporaries_in
+from tandem.utilities.checkpoint import (
+    CHECKPOINT_MARKER,
+    glob_files,
+    is_url,
+    modified_time,
+    remove_stale_temporaries_in,
+)
 from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError
 from tandem.utilities.rank_zero import rank_zero_warn
 from tandem.utilities.seed import capture_rng_state
@@ -22,7 +28,7 @@ def checkpoint_state(trainer: Trainer, weights_only: bool = False) -> dict[str, 
     loop state, every optimizer and scheduler, the precision's scaler, callbacks, RNG states, DataModule.
     ``weights_only`` weights are always whole (gathered under FSDP, whatever its ``state_dict_type``): a file
     to load into a plain module. DDP's ranks are first checked to hold the same weights (rank 0's are saved)."""
-    check_replicas(trainer.strategy, "before saving a checkpoint")
+    check_replicas(trainer.strategy, "before saving a checkpoint", trainer.on_replica_divergence)
     module, strategy = trainer.strategy.module, trainer.strategy
     checkpoint: dict[str, Any] = {
         CHECKPOINT_MARKER: __version__,
@@ -49,16 +55,22 @@ def checkpoint_state(trainer: Trainer, weights_only: bool = False) -> dict[str, 
     return checkpoint
 
 
-def restore(trainer: Trainer, ckpt_path: str | os.PathLike, fn: str, rng: bool = True) -> str | None:
+def restore(
+    trainer: Trainer, ckpt_path: str | os.PathLike, fn: str, rng: bool = True, announce: bool = True
+) -> str | None:
     """Load the weights; for ``fit``, everything the run needs to continue exactly. Returns the file loaded
-    (None when ``ckpt_path="last"`` found none). Rank 0 first removes the temporaries that killed saves left in
-    the checkpoint's folder (only those whose writer is gone). ``rng=False``: the RNG states saved are not
-    brought back (a tuner's search keeps the RNG as it was itself)."""
+    (None when ``ckpt_path="last"`` found none). Rank 0 first settles what killed saves left in the checkpoint's
+    folder (only where the writer is gone): temporaries are removed, a sharded checkpoint moved aside by a
+    replacement that never arrived is put back (see :func:`~tandem.utilities.checkpoint.replace_directory`); the
+    other ranks wait for it. ``rng=False``: the RNG states saved are not brought back (a tuner's search keeps the
+    RNG as it was itself); ``announce=False``: a search's trial coming back, not a resume (nothing said of the
+    data layout)."""
     path = resolve_ckpt_path(trainer, ckpt_path, fn)
     if path is None:
         return None
-    if trainer.is_global_zero:  # what killed saves left there: the resumed run may write to another folder
+    if trainer.is_global_zero and not is_url(path):  # the resumed run may write to another folder
         remove_stale_temporaries_in(os.path.dirname(os.path.abspath(path)))
+    trainer.strategy.barrier("restore")  # every rank reads what rank 0 put back in place
     checkpoint = trainer.strategy.load_checkpoint(path)
     module = trainer.strategy.module
     trainer.call_hook("on_load_checkpoint", checkpoint)
@@ -86,9 +98,11 @@ def restore(trainer: Trainer, ckpt_path: str | os.PathLike, fn: str, rng: bool =
         )
     # mid-epoch: the epoch's partial metric sums come back too; the RNG states where the loop reaches their point
     rng_states = checkpoint.get("rng_states") if rng else None
-    trainer.fit_loop.load_state_dict(checkpoint["loops"], checkpoint.get("train_metrics"), rng_states)
+    trainer.fit_loop.load_state_dict(checkpoint["loops"], checkpoint.get("train_metrics"), rng_states, announce)
     for optimizer, state in zip(optimizers, saved):
         trainer.strategy.load_optimizer_state(optimizer, state)
+        if checkpoint.get("global_step", 0) > 0:
+            _stepped_before(optimizer)
     for config, state in zip(schedulers, checkpoint["lr_schedulers"]):
         config.scheduler.load_state_dict(state)
     trainer.strategy.precision.load_state_dict(checkpoint.get("precision", {}))
@@ -99,6 +113,15 @@ def restore(trainer: Trainer, ckpt_path: str | os.PathLike, fn: str, rng: bool =
     if trainer.datamodule is not None and "datamodule" in checkpoint:
         trainer.datamodule.load_state_dict(checkpoint["datamodule"])
     return path
+
+
+def _stepped_before(optimizer: Any) -> None:
+    """The restored run's optimizer stepped before the checkpoint, as torch's LR schedulers see it: a scheduler
+    wraps ``optimizer.step`` to set ``optimizer._opt_called``, and warns "Detected call of `lr_scheduler.step()`
+    before `optimizer.step()`" at its first step (``_step_count == 1``, restored from a checkpoint written before
+    it ever stepped) when that flag is unset. A resume whose first scheduler step comes before its first optimizer
+    step (a stop between an epoch's last optimizer step and its scheduler's) is in order: no warning."""
+    optimizer._opt_called = True
 
 
 def best_checkpoint(trainer: Trainer) -> str | None:
@@ -149,15 +172,20 @@ def last_checkpoint_path(trainer: Trainer) -> str:
 
 
 def find_last_checkpoint(trainer: Trainer) -> str | None:
-    candidates = []
-    for callback in trainer.checkpoint_callbacks:
-        if callback.dirpath:
-            candidates += glob_files(os.path.join(callback.dirpath, "last*.ckpt"))
+    """Rank 0: the newest ``last*.ckpt`` of the checkpoint callbacks' folders and the run folders of every version.
+    Those folders are first settled (:func:`~tandem.utilities.checkpoint.remove_stale_temporaries_in`): a sharded
+    ``last.ckpt`` whose replacement a kill interrupted is put back, so it is found."""
+    folders = [callback.dirpath for callback in trainer.checkpoint_callbacks if callback.dirpath]
     # The run folder's version changes with each launch; "last" means the newest last.ckpt of any version.
     roots = [lg.root_dir for lg in trainer.loggers if lg.root_dir is not None] or [trainer.default_root_dir]
     for root in roots:
-        candidates += glob_files(os.path.join(root, "*", "checkpoints", "last*.ckpt"))
-        candidates += glob_files(os.path.join(root, "checkpoints", "last*.ckpt"))
+        folders += glob_files(os.path.join(root, "*", "checkpoints"))
+        folders.append(os.path.join(root, "checkpoints"))
+    candidates = []
+    for folder in folders:
+        if not is_url(folder):
+            remove_stale_temporaries_in(folder)
+        candidates += glob_files(os.path.join(folder, "last*.ckpt"))
     candidates = sorted(set(candidates), key=modified_time)
     if not candidates:
         rank_zero_warn("ckpt_path='last' found no last.ckpt yet; training starts from scratch.")

@@ -29,6 +29,10 @@ def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) ->
     return value
 
 
+#: what the replica check does when DDP's replicas differ (see tandem.trainer.replicas)
+DIVERGENCE_REACTIONS = ("raise", "warn")
+
+
 @dataclass
 class TrainerConfig:
     """Loop settings; see :class:`~tandem.Trainer` for their meaning."""
@@ -53,6 +57,7 @@ class TrainerConfig:
     max_time: Any = None  # the Timer's duration (the Trainer adds the Timer); here it only decides max_epochs=None
     overfit_batches: int | float = 0.0
     reload_dataloaders_every_n_epochs: int = 0
+    on_replica_divergence: str = "raise"  # DDP replicas found different: "raise" or "warn" (train on, rank 0's saved)
 
     @property
     def sanity_steps(self) -> int | float:
@@ -83,6 +88,8 @@ class TrainerConfig:
         _check_int("log_every_n_steps", self.log_every_n_steps, 0)
         _check_int("reload_dataloaders_every_n_epochs", self.reload_dataloaders_every_n_epochs, 0)
         _check_limit("overfit_batches", self.overfit_batches)
+        if self.on_replica_divergence not in DIVERGENCE_REACTIONS:
+            raise bad_choice("on_replica_divergence", self.on_replica_divergence, DIVERGENCE_REACTIONS)
         if self.gradient_clip_algorithm is not None and self.gradient_clip_algorithm not in CLIP_ALGORITHMS:
             raise bad_choice("gradient_clip_algorithm", self.gradient_clip_algorithm, CLIP_ALGORITHMS)
         clip = self.gradient_clip_val

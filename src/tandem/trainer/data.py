@@ -11,12 +11,22 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from tandem.callbacks.callback import Callback
 from tandem.module import DataModule, TrainingModule, is_overridden
 from tandem.strategies.strategy import Strategy
 from tandem.trainer.config import TrainerConfig, limit_batches
 from tandem.trainer.state import EVAL_STAGES, TRAIN, StageData, StageNames
 from tandem.utilities.data import has_len, in_order, make_skippable
-from tandem.utilities.exceptions import PossibleUserWarning, TandemConfigError, TandemUserCodeError
+from tandem.utilities.exceptions import (
+    STAGE_TYPOS,
+    MissingStateError,
+    PossibleUserWarning,
+    TandemConfigError,
+    TandemUserCodeError,
+    stage_hook_signature,
+    state_from_prepare_data,
+    state_not_built,
+)
 from tandem.utilities.rank_zero import rank_zero_warn
 
 _TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
@@ -27,11 +37,54 @@ def prepare_data(module: TrainingModule, datamodule: DataModule | None, strategy
     ``prepare_data_per_node = False``) while the other processes wait."""
     owners = [o for o in (datamodule, module) if o is not None and is_overridden(o, "prepare_data")]
     for owner in owners:
-        rank = strategy.local_rank if getattr(owner, "prepare_data_per_node", True) else strategy.global_rank
-        if rank == 0:
+        if _prepares_here(owner, strategy):
             owner.prepare_data()
     if owners:
         strategy.barrier("prepare_data")
+
+
+def _prepares_here(owner: TrainingModule | DataModule, strategy: Strategy) -> bool:
+    """Whether this process runs ``owner.prepare_data``: local rank 0, or global rank 0 with
+    ``prepare_data_per_node = False``."""
+    per_node = getattr(owner, "prepare_data_per_node", True)
+    return (strategy.local_rank if per_node else strategy.global_rank) == 0
+
+
+def check_stage_hooks(fn: str, module: TrainingModule, datamodule: DataModule | None, callbacks: Iterable[Any]) -> None:
+    """``setup`` and ``teardown`` of the module, the DataModule and the callbacks take the stage (Lightning's
+    signatures), checked before any of them runs: a ``def setup(self)`` would fail with Python's "takes 1
+    positional argument but 2 were given"."""
+    calls = [(owner, ("stage",), is_overridden) for owner in (module, datamodule) if owner is not None]
+    calls += [(callback, ("trainer", "pl_module", "stage"), _callback_overrides) for callback in callbacks]
+    for owner, names, overrides in calls:
+        for hook in ("setup", "teardown"):
+            method = getattr(owner, hook, None)
+            if method is None or not overrides(owner, hook):
+                continue
+            try:
+                parameters = inspect.signature(method)
+            except (TypeError, ValueError):  # a builtin or C callable: nothing to read
+                continue
+            try:
+                parameters.bind(*names[:-1], fn)
+            except TypeError:
+                raise stage_hook_signature(type(owner).__name__, hook, str(parameters), ", ".join(names)) from None
+
+
+def _callback_overrides(callback: Callback, hook: str) -> bool:
+    return getattr(type(callback), hook, None) is not getattr(Callback, hook) or hook in vars(callback)
+
+
+def setup(owner: TrainingModule | DataModule, fn: str, strategy: Strategy) -> None:
+    """``owner.setup(fn)``. An AttributeError on a process that did not run ``owner.prepare_data`` is named as
+    what it most likely is: state that prepare_data set on another process."""
+    try:
+        owner.setup(fn)
+    except AttributeError as err:
+        explained = _missing_state(owner, "setup", err, fn, strategy)
+        if explained is None:
+            raise
+        raise explained from err
 
 
 def stage_records(
@@ -48,7 +101,7 @@ def stage_records(
     first, then the DataModule's, then the module's own hooks."""
     train_data = None
     if fn == "fit":
-        given = train if train is not None else request(TRAIN, module, datamodule)
+        given = train if train is not None else request(TRAIN, module, datamodule, fn, strategy)
         if given is None:
             raise TandemConfigError(
                 "Trainer.fit needs training data: pass train_dataloaders=DataLoader(...), a datamodule whose "
@@ -61,7 +114,7 @@ def stage_records(
             rank_zero_warn("No training batches (limit_train_batches or an empty dataloader): fit trains nothing.")
     stage = "validate" if fn == "fit" else fn
     names = EVAL_STAGES[stage]
-    given = evaluation if evaluation is not None else request(names, module, datamodule)
+    given = evaluation if evaluation is not None else request(names, module, datamodule, fn, strategy)
     if given is None and fn != "fit":
         raise TandemConfigError(
             f"Trainer.{fn} needs data: pass dataloaders=DataLoader(...), a datamodule whose "
@@ -164,10 +217,44 @@ def _has_forward(module: TrainingModule) -> bool:
     return type(module).forward is not torch.nn.Module.forward
 
 
-def request(names: StageNames, module: TrainingModule, datamodule: DataModule | None) -> Any:
-    """The stage's loaders from the DataModule when there is one, else from the module's data hooks."""
+def request(
+    names: StageNames, module: TrainingModule, datamodule: DataModule | None, fn: str, strategy: Strategy
+) -> Any:
+    """The stage's loaders from the DataModule when there is one, else from the module's data hooks. An
+    AttributeError for an attribute of the hook's owner (``self.test_ds``) names the ``setup(fn)`` that ran just
+    before and did not create it, or the ``prepare_data`` that set it on another process."""
     source = datamodule if datamodule is not None else module
-    return getattr(source, names.loader_hook)()
+    try:
+        return getattr(source, names.loader_hook)()
+    except AttributeError as err:
+        explained = _missing_state(source, names.loader_hook, err, fn, strategy)
+        if explained is None:
+            raise
+        raise explained from err
+
+
+def _missing_state(
+    owner: TrainingModule | DataModule, hook: str, err: AttributeError, fn: str, strategy: Strategy
+) -> MissingStateError | None:
+    """Why ``owner.hook`` found no ``self.<name>`` (``err``), or None when ``err`` is about another object, or (in
+    ``setup``) when no ``prepare_data`` ran elsewhere."""
+    name = getattr(err, "name", None)
+    if getattr(err, "obj", None) is not owner or not isinstance(name, str):
+        return None
+    kind = type(owner).__name__
+    if is_overridden(owner, "prepare_data") and not _prepares_here(owner, strategy):
+        code = getattr(type(owner).prepare_data, "__code__", None)
+        assigned = code is not None and name in code.co_names  # prepare_data's code sets (or reads) self.<name>
+        if assigned or hook == "setup":
+            rank = f"global rank {strategy.global_rank}, local rank {strategy.local_rank}"
+            per_node = getattr(owner, "prepare_data_per_node", True)
+            return state_from_prepare_data(kind, hook, name, rank, assigned, per_node)
+    if hook == "setup":
+        return None
+    has_setup = is_overridden(owner, "setup")
+    code = getattr(type(owner).setup, "__code__", None) if has_setup else None
+    held = {c for c in code.co_consts if isinstance(c, str)} if code is not None else set()
+    return state_not_built(kind, hook, name, fn, has_setup, [t for t in STAGE_TYPOS if t in held])
 
 
 def training_data(given: Any, strategy: Strategy, limit: int | float) -> StageData:

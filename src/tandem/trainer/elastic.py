@@ -54,11 +54,14 @@ def data_layout(data: StageData | None, world_size: int, accumulate: int) -> dic
     }
 
 
-def continue_from(saved: dict[str, Any], now: dict[str, Any], loop: LoopState, data: StageData) -> None:
+def continue_from(
+    saved: dict[str, Any], now: dict[str, Any], loop: LoopState, data: StageData, announce: bool = True
+) -> None:
     """Put ``loop`` (restored from a checkpoint trained with layout ``saved``) at the same place of the global
     order under layout ``now``: the checkpoint's order (its seed, how it shuffles, the epoch in progress's drawn
     seed), and the epoch's done batches counted in this run's batches. When the place falls inside one of this
-    run's batches, the sampler starts there (``loop.resume_start``)."""
+    run's batches, the sampler starts there (``loop.resume_start``). ``announce=False`` (a search's trial): the
+    layout changes by the search's own doing, so nothing is said about it; errors stay."""
     sampler = order_sampler(data)
     if saved["seed"] is not None and sampler is not None:
         # the checkpoint's order, even when this run was seeded or ordered otherwise
@@ -66,7 +69,7 @@ def continue_from(saved: dict[str, Any], now: dict[str, Any], loop: LoopState, d
         sampler.follow(loop.order, mid_epoch=loop.batches_done > 0)
     before, after = _global_batch(saved), _global_batch(now)
     if saved["world_size"] == now["world_size"] and saved["items_per_batch"] == now["items_per_batch"]:
-        if saved["accumulate"] != now["accumulate"]:
+        if saved["accumulate"] != now["accumulate"] and announce:
             _warn_changed(saved, now, loop)
         return
     layout = f"{_describe(saved)} to {_describe(now)}"
@@ -84,10 +87,11 @@ def continue_from(saved: dict[str, Any], now: dict[str, Any], loop: LoopState, d
                 "checkpoint saved at an epoch's end, or let tandem order the data (a DataLoader with shuffle=True or "
                 "False and use_distributed_sampler=True)."
             )
-        rank_zero_warn(
-            f"Resuming with the data layout changed from {layout}: {why}, so the epochs that follow are not drawn "
-            "in the order the checkpoint's run would have drawn them."
-        )
+        if announce:
+            rank_zero_warn(
+                f"Resuming with the data layout changed from {layout}: {why}, so the epochs that follow are not "
+                "drawn in the order the checkpoint's run would have drawn them."
+            )
         return
     consumed = loop.batches_done * before["items"]
     loop.batches_in_earlier_epochs = loop.batches_in_earlier_epochs * before["items"] // after["items"]
@@ -99,6 +103,8 @@ def continue_from(saved: dict[str, Any], now: dict[str, Any], loop: LoopState, d
         loop.resume_start = consumed
     else:
         loop.batches_done = consumed // after["items"]
+    if not announce:
+        return
     if before["samples"] == after["samples"]:
         rank_zero_info(
             f"Resuming a checkpoint of {layout}: the global batch ({after['samples']}) is kept, so training "

@@ -83,12 +83,14 @@ class FitLoop:
         self._optimize = self.optimization.run  # the fit's optimization of a batch (timed when profiling)
         # the strategy's batch_to_device changes a batch (strategies.strategy.moves_batches; set when a fit starts)
         self._moves_batches = True
-        self._store_ready = False  # the training values' store was emptied for the coming epoch
+        self._follow: Callable[..., None] | None = (
+            None  # the strategy's follow_module, if it follows the module        self._store_ready = False  # the training values' store was emptied for the coming epoch
+        )
         self.empty_batch: tuple[int, int, int] | None = None  # (rank, epoch, batch_idx) not yet acted on (ddp)
         self._bad: RollbackRecord | None = None  # on_nonfinite="rollback": a publishing check found a bad batch
 
     def __getstate__(self) -> dict[str, Any]:  # ddp_spawn pickles the Trainer, which binds ``preempt`` again
-        return {**self.__dict__, "_preempt": None, "reload_data": None, "_optimize": None}
+        return {**self.__dict__, "_preempt": None, "reload_data": None, "_optimize": None, "_follow": None}
 
     def bind_preemption_stop(self, preempt: Callable[[], None]) -> None:
         """What to call at the agreed pre-emption stop (the Trainer's save and exit)."""
@@ -112,10 +114,15 @@ class FitLoop:
         return data_layout(self.data, self.context.strategy.world_size, accumulate)
 
     def load_state_dict(
-        self, state: dict[str, Any], train_metrics: dict[str, Any] | None = None, rng: dict[str, Any] | None = None
+        self,
+        state: dict[str, Any],
+        train_metrics: dict[str, Any] | None = None,
+        rng: dict[str, Any] | None = None,
+        announce: bool = True,
     ) -> None:
         """Continue from ``state``; a mid-epoch one also gets back the epoch's partial metric sums and, where
-        the loop reaches the point they belong to, the RNG states."""
+        the loop reaches the point they belong to, the RNG states. ``announce=False``: a search's trial coming back
+        to where it started, not a resume (no lines about another data layout)."""
         loop = self.state
         loop.load_state_dict(state)
         loop.resume_train_metrics = train_metrics if loop.batches_done else None
@@ -123,7 +130,7 @@ class FitLoop:
         loop.resume_schedulers = state.get("epoch_schedulers")
         now = self._data_layout()
         if "data" in state and now is not None:  # another device count or batch size: the same place
-            continue_from(state["data"], now, loop, self.data)
+            continue_from(state["data"], now, loop, self.data, announce)
 
     @property
     def validates_only_at_epoch_ends(self) -> bool:
@@ -150,6 +157,8 @@ class FitLoop:
             return
         profiler = context.profiler
         self._moves_batches = moves_batches(context.strategy)
+        # DDP follows changes of the trainable set at each step boundary; the others have nothing to follow
+        self._follow = context.strategy.follow_module if context.strategy.follows_module else None
         optimize = self.optimization.run
         self._optimize = optimize if profiler is None else timed(optimize, profiler, "run_training_batch")
         rollback = context.nonfinite.rollback
@@ -166,6 +175,7 @@ class FitLoop:
         loop.resume_train_metrics = None
         self._store_ready, self.empty_batch, self._bad = True, None, None
         context.hooks.call("on_train_start")
+        context.strategy.follow_module()  # a head added, or layers frozen or unfrozen, since the wrapper was built
         while not self._done():
             if profiler is None:
                 self._run_epoch()
@@ -241,6 +251,7 @@ class FitLoop:
             loop.resume_rng = None
         module.train()
         hooks.call("on_train_epoch_start")
+        strategy.follow_module()  # BaseFinetuning unfreezes here
         n = loop.epoch_batches = self.data.num_batches[0]
         batches = self._read_batches(self._epoch_batches(), loader)
         several = strategy.world_size > 1  # only then is there a collective per step
@@ -300,7 +311,7 @@ class FitLoop:
             raise empty_batch([note for note in strategy.all_gather_object(self.empty_batch) if note], several=True)
         context.state.should_stop = bool(stop > 0)
         context.nonfinite.check_epoch_end(nonfinite, bool(anywhere > 0), loop.epoch, loop.global_step)
-        self.replicas.check_epoch_end(strategy, loop.epoch)
+        self.replicas.check_epoch_end(strategy, loop.epoch, config.on_replica_divergence)
         loop.logger_step = loop.batches_stepped  # the epoch's values, after its validation's (Lightning's steps)
         context.sink.log_metrics(train_epoch_metrics)  # nothing logged for the epoch: no row (not an epoch-only one)
         metrics.reset_metric_objects()
@@ -329,6 +340,9 @@ class FitLoop:
         ):
             loop.no_step()
             return False
+        follow = self._follow
+        if follow is not None:  # one flag read, unless a batch hook someone wrote may have changed the module
+            follow(only_if_created="on_train_batch_start" not in hooks.registered)
         steps = loop.global_step
         output, loss = self._optimize(batch, batch_idx)
         if batch_idx + 1 == loop.epoch_batches:  # the epoch's last batch steps its epoch schedulers (Lightning's)

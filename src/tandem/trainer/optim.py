@@ -212,6 +212,16 @@ class TrainingOptimizer:
             if zeroed is not None:
                 zeroed(self._optimizer)
 
+    def __iter__(self) -> Any:
+        """One optimizer is not a sequence: ``opt_a, opt_b = self.optimizers()`` with a single optimizer lands here."""
+        name = type(self._optimizer).__name__
+        raise TandemUserCodeError(
+            f"self.optimizers() returned one optimizer ({name}), which cannot be unpacked or iterated: when "
+            "configure_optimizers returns one optimizer, self.optimizers() returns it alone, not a list (as in "
+            "Lightning). Write opt = self.optimizers(). To train with several, return them all from "
+            "configure_optimizers (return opt_a, opt_b); self.optimizers() then returns a list of them."
+        )
+
     def __getattr__(self, name: str) -> Any:  # only for names not found on the wrapper
         return getattr(object.__getattribute__(self, "_optimizer"), name)
 

@@ -225,7 +225,7 @@ class AutomaticOptimization(Optimization):
 
         def run_closure() -> Any:
             result = closure() if closure is not None else None
-            self._prepare_step(optimizer)
+            self._prepare_step(optimizer, backward_ran=result is not None)
             return result
 
         self._last_step_taken = self.calls.optimizer_step(optimizer, run_closure, **kwargs)
@@ -282,9 +282,11 @@ class AutomaticOptimization(Optimization):
             self.has_gradients = True
         return loss
 
-    def _prepare_step(self, optimizer: Optimizer) -> None:
-        """Between backward and the step: unscale float16 gradients, the hook, clipping."""
-        self.context.strategy.precision.unscale_gradients(optimizer)
+    def _prepare_step(self, optimizer: Optimizer, backward_ran: bool = True) -> None:
+        """Between backward and the step: unscale float16 gradients (not when the step's closure ran no backward,
+        its ``training_step`` returning None: nothing was scaled), the hook, clipping."""
+        if backward_ran:
+            self.context.strategy.precision.unscale_gradients(optimizer)
         if "on_before_optimizer_step" in self.context.hooks.registered:
             self.context.hooks.call("on_before_optimizer_step", optimizer)
         if self._clip is not None:

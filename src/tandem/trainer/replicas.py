@@ -177,13 +177,20 @@ def diverged_error(
         "a parameter or buffer changed outside the optimizer on some ranks only (code under `if self.global_rank "
         "== 0:`, or driven by each rank's own data or random numbers); change it alike on every rank"
     )
+    causes.append(
+        "the module trained by each rank on its own outside the Trainer's step (a meta-learning inner loop that "
+        "steps a copy of the module and copies it back, an optimizer of your own over gradients only this rank "
+        "computed); average what each rank computed (torch.distributed.all_reduce) before it changes the module"
+    )
     if not manual:
         causes.append("gradients changed on some ranks only after backward (in on_after_backward or a callback)")
     listed = "; ".join(f"({i}) {cause}" for i, cause in enumerate(causes, start=1))
     return ReplicasDivergedError(
         f"The DDP replicas differ {when}: {kind} {name!r} on {ranks_text} is not what rank 0 holds{more}. Every "
         f"one of the {world} ranks must hold identical parameters and buffers; training on would continue from "
-        f"diverged copies, and checkpoints would hold rank 0's alone. Likely causes: {listed}."
+        f"diverged copies, and checkpoints would hold rank 0's alone. Likely causes: {listed}. If the program "
+        "cannot keep them equal and rank 0's copy is what you want (Lightning trains on silently and saves rank "
+        "0's), pass Trainer(on_replica_divergence='warn')."
     )
 
 
@@ -199,31 +206,40 @@ def same_data_warning(epoch: int, world: int) -> str:
 
 
 # ---------------------------------------------------------------------- the checks
-def check_replicas(strategy: Strategy, when: str) -> None:
-    """Raise a :class:`ReplicasDivergedError` on every rank if the ranks' parameters or buffers differ. Every
-    rank calls this; one small all-gather when ``strategy`` holds identical replicas in several processes,
-    nothing otherwise.
+def check_replicas(strategy: Strategy, when: str, reaction: str = "raise") -> None:
+    """Raise a :class:`ReplicasDivergedError` on every rank if the ranks' parameters or buffers differ (warn on rank
+    0 instead with ``reaction="warn"``). Every rank calls this; one small all-gather when ``strategy`` holds
+    identical replicas in several processes, nothing otherwise.
 
     Args:
         strategy: the Trainer's.
         when: where the check runs, for the message (e.g. "before saving a checkpoint").
+        reaction: the Trainer's ``on_replica_divergence``.
     """
     module = strategy.module
     if module is None or not checks_replicas(strategy):
         return
     named = replicated_tensors(module)
     gathered = strategy.all_gather(module_checksums([t for _, _, t in named])).tolist()
-    _raise_if_diverged(module, named, gathered, when)
+    _raise_if_diverged(module, named, gathered, when, reaction)
 
 
 def _raise_if_diverged(
-    module: nn.Module, named: Sequence[tuple[str, str, torch.Tensor]], gathered: list[list[int]], when: str
+    module: nn.Module,
+    named: Sequence[tuple[str, str, torch.Tensor]],
+    gathered: list[list[int]],
+    when: str,
+    reaction: str = "raise",
 ) -> None:
     names = [(kind, name) for kind, name, _ in named]
     divergence = first_divergence(names, gathered)
-    if divergence is not None:
-        manual = not getattr(module, "automatic_optimization", True)
-        raise diverged_error(names, divergence, when, manual, len(gathered))
+    if divergence is None:
+        return
+    manual = not getattr(module, "automatic_optimization", True)
+    error = diverged_error(names, divergence, when, manual, len(gathered))
+    if reaction != "warn":
+        raise error
+    rank_zero_warn(f"{error} Training goes on (on_replica_divergence='warn'); checkpoints hold rank 0's values.")
 
 
 class ReplicaCheck:
@@ -247,7 +263,7 @@ class ReplicaCheck:
         self.batch = batch_fingerprint(first)
         return itertools.chain((first,), batches)
 
-    def check_epoch_end(self, strategy: Strategy, epoch: int) -> None:
+    def check_epoch_end(self, strategy: Strategy, epoch: int, reaction: str = "raise") -> None:
         """Compare every rank's replica (raising :class:`ReplicasDivergedError` on every rank if they differ) and
         first batch (warning once if all are equal). Every rank calls this; one small all-gather under several
         processes holding identical replicas, nothing otherwise."""
@@ -262,7 +278,8 @@ class ReplicaCheck:
         if not self.same_data_warned and batches[0][0] == 1 and all(b == batches[0] for b in batches):
             self.same_data_warned = True
             rank_zero_warn(same_data_warning(epoch, len(gathered)))
-        _raise_if_diverged(module, named, [row[: len(named)] for row in gathered], f"at the end of epoch {epoch}")
+        rows = [row[: len(named)] for row in gathered]
+        _raise_if_diverged(module, named, rows, f"at the end of epoch {epoch}", reaction)
 
 
 _END = object()

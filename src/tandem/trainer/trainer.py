@@ -35,7 +35,15 @@ from tandem.trainer.state import LoopState, TrainerState
 from tandem.trainer.trial import Trial, TrialParts, open_trial
 from tandem.utilities.checkpoint import to_weights_only
 from tandem.utilities.compile import Compiler, unwrap_compiled
-from tandem.utilities.exceptions import Preempted, TandemConfigError, TandemUserCodeError, TunerExit, incompatible
+from tandem.utilities.exceptions import (
+    Preempted,
+    TandemConfigError,
+    TandemUserCodeError,
+    TunerExit,
+    incompatible,
+    note_unpacked_mapping,
+)
+from tandem.utilities.memory import free_cuda_memory
 from tandem.utilities.rank_zero import rank_zero_info, rank_zero_print, rank_zero_warn
 
 
@@ -84,6 +92,10 @@ class Trainer:
         benchmark: set ``torch.backends.cudnn.benchmark`` (None: leave it as it is).
         inference_mode: accepted for Lightning programs; tandem evaluates under ``torch.no_grad()`` either way.
         detect_anomaly: run fits under ``torch.autograd.detect_anomaly()`` (slow; finds NaN sources).
+        on_replica_divergence: what DDP replicas found different (at an epoch's end, before a save) do: ``"raise"``
+            (default) stops every rank with a ``ReplicasDivergedError`` naming the first tensor and the likely
+            causes; ``"warn"`` warns and trains on, and checkpoints hold rank 0's values (what Lightning does,
+            silently). For programs tandem cannot keep in step, e.g. meta-learning inner loops on per-rank copies.
         on_nonfinite: what a NaN or inf loss or parameter does: ``"raise"`` stops every rank with a
             ``NonFiniteError`` naming the step and what to try; ``"warn"`` warns and trains on; ``"rollback"`` (or
             ``Rollback(...)``, which can also roll back loss spikes) keeps a copy of the training state at clean
@@ -176,6 +188,7 @@ class Trainer:
         inference_mode: bool = True,
         detect_anomaly: bool = False,
         on_nonfinite: str | Rollback = "raise",
+        on_replica_divergence: str = "raise",
         sync_batchnorm: bool = False,
         fast_dev_run: bool | int = False,
         use_distributed_sampler: bool = True,
@@ -225,6 +238,7 @@ class Trainer:
             max_time=max_time,
             overfit_batches=overfit_batches,
             reload_dataloaders_every_n_epochs=reload_dataloaders_every_n_epochs,
+            on_replica_divergence=on_replica_divergence,
         )
         if check_reaction(on_nonfinite) == "rollback" and log_every_n_steps == 0:
             raise incompatible(
@@ -412,6 +426,7 @@ class Trainer:
                 f"Use strategy='ddp', or pass the module uncompiled: trainer.{fn}(model) instead of "
                 f"trainer.{fn}(torch.compile(model)).",
             )
+        data.check_stage_hooks(fn, module, datamodule, self.callbacks)  # before any process or hook runs
         self._module = model
         run = (
             self._run_stage
@@ -443,6 +458,7 @@ class Trainer:
         ``fn`` as the entry point of every collective inside. ``compiler``: the settings of the
         ``torch.compile`` call ``model`` came in (the strategy compiles its wrapper with them)."""
         self.state.fn, self.state.status, self.state.should_stop = fn, "running", False
+        self._metrics.set_batch(None)  # no batch of an earlier run
         with entry_point(fn):
             try:
                 self._ckpt_path = None
@@ -468,6 +484,7 @@ class Trainer:
                 self._finish(fn, "success")
                 return None
             except BaseException as exception:
+                note_unpacked_mapping(exception, self._metrics.batch)  # x, y = batch on a dict batch
                 self._wait_for_checkpoint_write(exception)
                 self.state.status = "interrupted"
                 self._hooks.call("on_exception", exception)
@@ -579,10 +596,10 @@ class Trainer:
         self.callbacks = _with_module_callbacks(self.callbacks, model)
         data.prepare_data(model, datamodule, self.strategy)
         if datamodule is not None:
-            datamodule.setup(fn)
+            data.setup(datamodule, fn, self.strategy)
         for callback in self.callbacks:
             callback.setup(self, model, fn)
-        model.setup(fn)
+        data.setup(model, fn, self.strategy)
         data.check_steps(fn, model)
         if fn == "fit":
             optim.check_manual_optimization(model, self.strategy, self._config)
@@ -663,6 +680,8 @@ class Trainer:
         for logger in self.loggers:
             logger.finalize(status)
         self.strategy.teardown()
+        self._metrics.set_batch(None)  # the last batch (on the device) is not kept past the run
+        free_cuda_memory(self.strategy.root_device)  # cuBLAS's workspaces and the cache, as Lightning's teardown
 
     # ================================================================== hooks
     def call_hook(self, hook: str, *args: Any) -> None:
@@ -988,6 +1007,10 @@ class Trainer:
     @property
     def reload_dataloaders_every_n_epochs(self) -> int:
         return self._config.reload_dataloaders_every_n_epochs
+
+    @property
+    def on_replica_divergence(self) -> str:
+        return self._config.on_replica_divergence
 
     @property
     def precision(self) -> str:

@@ -62,7 +62,7 @@ class Trial:
         """Train from where the fit was when the trial opened (the loop's counters as then, no gradients), until
         the trial's ``max_steps`` or an exception of the search's callbacks ends it."""
         trainer, loop = self._trainer, self._trainer.fit_loop
-        loop.load_state_dict(copy.deepcopy(self._start))
+        loop.load_state_dict(copy.deepcopy(self._start), announce=False)
         trainer.should_stop = False
         _drop_gradients(trainer)
         loop.run(announce=False)
@@ -123,7 +123,7 @@ def open_trial(trainer: Trainer, parts: TrialParts, callbacks: Sequence[Callback
             else:
                 parts.evaluation.records["validate"] = saved_validation
             _drop_gradients(trainer)
-            checkpointing.restore(trainer, path, "fit", rng=False)
+            checkpointing.restore(trainer, path, "fit", rng=False, announce=False)
             strategy.barrier("trial")  # every rank has read the file before rank 0 removes it
             strategy.remove_checkpoint(path)
             parts.metrics.reset()

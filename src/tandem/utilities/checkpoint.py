@@ -11,6 +11,12 @@ checkpoint's temporary directory (:func:`temporary_directory`) is named and lock
 resumed run clears its checkpoint's folder of them (:func:`remove_stale_temporaries_in`): the run that died
 may never write there again.
 
+A finished directory replaces the previous one in three steps (:func:`replace_directory`): the previous one
+is renamed aside to ``.<target>.<host>-<pid>-<random>.old``, the new one renamed onto the target, then the
+previous one removed. A process killed between two steps leaves a state that the same sweep settles once the
+writer is gone: an ``.old`` directory beside its target is removed; one whose target is missing (killed
+between the two renames) is renamed back onto it, so ``ckpt_path="last"`` finds the previous checkpoint.
+
 A tandem checkpoint (a dict with the ``tandem_version`` key) also stores ``tandem_checksum``, a CRC32 of each
 of its entries (every tensor's bytes, dtype and shape, and the plain values and keys around them), checked
 when the file is loaded: a changed byte is reported as a damaged file instead of training on wrong weights.
@@ -56,13 +62,15 @@ CHECKPOINT_MARKER = "tandem_version"
 CHECKSUM_KEY = "tandem_checksum"
 _CHECKSUM_ALGORITHM = "crc32"
 _FOREIGN_IDLE_S = 120.0  # a temporary of another host, unlocked and unchanged this long, is stale
-_TEMPORARY = re.compile(r"^\.(?P<target>.+)\.(?P<host>[A-Za-z0-9-]+)-(?P<pid>\d+)-[0-9a-f]{8}\.tmp$")
+_TEMPORARY = re.compile(r"^\.(?P<target>.+)\.(?P<host>[A-Za-z0-9-]+)-(?P<pid>\d+)-[0-9a-f]{8}\.(?P<kind>tmp|old)$")
+_UNNAMED_OLD = re.compile(r"^\.(?P<target>.+)\.[0-9a-f]{8}\.old$")  # moved aside by earlier versions: no writer named
 #: a sharded checkpoint (a directory written by torch.distributed.checkpoint) holds its other state in this file
 SHARDED_META_FILE = "meta.pt"
 #: a value ``torch.load(weights_only=True)`` would refuse is stored as ``{PICKLED_KEY: uint8 tensor}``
 PICKLED_KEY = "__tandem_pickled__"
 _SAFE_LEAVES = (type(None), bool, int, float, complex, str, bytes, bytearray, torch.dtype, torch.device, torch.Size)
 _SAFE_MAPPINGS = (dict, OrderedDict)
+_HEAD_BYTES = 64  # what is read of a file torch could not load, to tell a damaged checkpoint from another file
 
 
 # ---------------------------------------------------------------------------------------------- writing
@@ -255,8 +263,40 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[str]:
 def remove_stale_temporaries_in(folder: str | os.PathLike) -> list[str]:
     """:func:`remove_stale_temporaries` for every target in ``folder``: what killed saves of any file there
     left (every write calls it on its folder, and a resumed run on its checkpoint's folder, which it may never
-    write to again). Files and directories that are not tandem's temporaries are never touched."""
+    write to again), and what a killed :func:`replace_directory` left (a previous checkpoint moved aside: removed
+    beside its replacement, renamed back where the replacement never arrived). Files and directories that are not
+    tandem's temporaries are never touched."""
     return _remove_stale(Path(folder), None)
+
+
+def replace_directory(source: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Put the finished directory ``source`` (a sharded checkpoint's :func:`temporary_directory`) at ``target``;
+    a checkpoint already there is renamed aside first and removed only after. A kill between any two steps
+    leaves a state :func:`remove_stale_temporaries_in` settles (see :func:`_swap_steps`)."""
+    for _ in _swap_steps(Path(source), Path(target)):
+        pass
+
+
+def _swap_steps(source: Path, target: Path) -> Iterator[str]:
+    """:func:`replace_directory` one step at a time; after each it yields the state a kill there leaves:
+
+    - "moved aside": ``target`` is missing; the previous checkpoint is ``.<target>.<writer>.old`` and the new one
+      the temporary ``source``. The sweep renames the ``.old`` back onto ``target`` and removes the temporary.
+    - "in place": the new checkpoint is at ``target``; the sweep removes the ``.old``.
+    - "removed": done (also while the ``.old`` is being removed: a part of it is left, which the sweep removes).
+    """
+    old = None
+    if os.path.lexists(target):
+        old = Path(_temporary_name(target, "old"))
+        os.replace(target, old)
+        _sync_folder(target.parent)
+        yield "moved aside"
+    os.replace(source, target)
+    _sync_folder(target.parent)
+    yield "in place"
+    if old is not None:
+        _remove_path(old)
+    yield "removed"
 
 
 @contextlib.contextmanager
@@ -289,22 +329,57 @@ def _remove_stale(folder: Path, target: str | None) -> list[str]:
         return removed
     prefix = "." if target is None else f".{target}."
     for entry in entries:
-        if not entry.name.startswith(prefix) or not entry.name.endswith(".tmp"):
+        if not entry.name.startswith(prefix) or not entry.name.endswith((".tmp", ".old")):
             continue
-        match = _TEMPORARY.match(entry.name)
+        match = _TEMPORARY.match(entry.name) or _UNNAMED_OLD.match(entry.name)
         if match is None or target is not None and match["target"] != target:
             continue
-        if _remove_if_stale(entry.path, match["host"], int(match["pid"])):
+        named = match.re is _TEMPORARY
+        host, pid = (match["host"], int(match["pid"])) if named else (None, None)
+        if named and match["kind"] == "tmp":
+            gone = _remove_if_stale(entry.path, host, pid)
+        else:
+            gone = _settle_if_stale(entry.path, folder / match["target"], host, pid)
+        if gone:
             removed.append(entry.name)
     return removed
+
+
+def _settle_if_stale(old: str, target: Path, host: str | None, pid: int | None) -> bool:
+    """A previous checkpoint that :func:`replace_directory` moved aside, once its writer is gone: removed when its
+    replacement is at ``target``, renamed back onto ``target`` when the writer was killed before the replacement
+    got there. A writer on another host (or one an earlier tandem did not name) cannot be asked: it is gone when
+    the rename is two minutes old."""
+    try:
+        if host == _writer_host():
+            if _process_alive(pid):
+                return False
+        elif time.time() - os.stat(old).st_ctime < _FOREIGN_IDLE_S:  # ctime: when it was renamed aside
+            return False
+        if os.path.lexists(target):
+            _remove_path(old)
+        else:
+            os.replace(old, target)
+            _sync_folder(target.parent)
+    except OSError:
+        return False
+    return True
+
+
+def _remove_path(path: str | Path) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
 
 
 def _writer_host() -> str:
     return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname().split(".")[0])[:40] or "host"
 
 
-def _temporary_name(path: Path) -> str:
-    return str(path.parent / f".{path.name}.{_writer_host()}-{os.getpid()}-{secrets.token_hex(4)}.tmp")
+def _temporary_name(path: Path, kind: str = "tmp") -> str:
+    return str(path.parent / f".{path.name}.{_writer_host()}-{os.getpid()}-{secrets.token_hex(4)}.{kind}")
 
 
 def _lock(fd: int) -> None:
@@ -654,6 +729,9 @@ def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as err:  # torch raises many types for a damaged file
+        head = _head(path)
+        if not _written_by_torch_save(head):
+            raise CheckpointError(_not_a_checkpoint(str(path), head)) from None
         raise CheckpointError(
             f"Checkpoint {str(path)!r} could not be read ({type(err).__name__}: {err}). The file is truncated, "
             f"damaged or not a torch checkpoint; {_earlier_checkpoints(path)}"
@@ -674,6 +752,9 @@ def _load_url(url: str) -> dict[str, Any]:
         with fs.open(path, "rb") as f:
             checkpoint = torch.load(f, map_location="cpu", weights_only=False)
     except Exception as err:
+        head = _head(path, fs)
+        if not _written_by_torch_save(head):
+            raise CheckpointError(_not_a_checkpoint(url, head)) from None
         raise CheckpointError(
             f"Checkpoint {url!r} could not be read ({type(err).__name__}: {err}). The file is truncated, damaged "
             "or not a torch checkpoint."
@@ -684,6 +765,38 @@ def _load_url(url: str) -> dict[str, Any]:
         )
     verify_checksum(checkpoint, url)
     return from_weights_only(checkpoint)
+
+
+def _head(path: str | os.PathLike, fs: Any = None) -> bytes:
+    """The first bytes of a file torch could not load (local, or ``path`` in the fsspec filesystem ``fs``); none
+    when it cannot be read either."""
+    try:
+        if fs is not None:
+            with fs.open(path, "rb") as f:
+                return f.read(_HEAD_BYTES)
+        with open(path, "rb") as f:
+            return f.read(_HEAD_BYTES)
+    except Exception:  # unreadable: the load error says why
+        return b""
+
+
+def _written_by_torch_save(head: bytes) -> bool:
+    """Whether a file starting with ``head`` can be one ``torch.save`` wrote: a zip archive (its format since torch
+    1.6), or a pickle (the legacy format); an empty file may be one cut short. Anything else (text, an image) is
+    no checkpoint, however damaged."""
+    return not head or head.startswith((b"PK\x03\x04", b"\x80"))
+
+
+def _not_a_checkpoint(path: str, head: bytes) -> str:
+    text = head.decode("utf-8", errors="replace").rstrip("\ufffd")  # the last character may be cut
+    if all(c.isprintable() or c in "\t\r\n" for c in text):
+        holds = f"it holds text: {text.strip()[:40]!r}"
+    else:
+        holds = f"it starts with the bytes {head[:8]!r}"
+    return (
+        f"{path!r} is not a checkpoint: torch.save did not write it ({holds}). Pass a checkpoint written by "
+        "Trainer.save_checkpoint or ModelCheckpoint, or ckpt_path='last' for the newest last.ckpt of this run."
+    )
 
 
 def _foreign_file_advice(obj: Any) -> str:

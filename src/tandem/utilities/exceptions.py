@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import inspect
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 
@@ -88,6 +88,12 @@ class UnzeroedGradientsWarning(PossibleUserWarning):
     """Under manual optimization an optimizer stepped again with no ``zero_grad`` since its previous step, so its
     gradients pile up over steps; silence it with
     ``warnings.filterwarnings("ignore", category=UnzeroedGradientsWarning)``."""
+
+
+class MissingStateError(AttributeError):
+    """A data hook (``setup``, ``*_dataloader``) read an attribute of the module or DataModule that no hook created
+    on this process: ``setup(stage)`` did not build it for the stage that runs, or ``prepare_data`` set it on
+    another process."""
 
 
 class MissingMetricError(KeyError):
@@ -283,3 +289,139 @@ def renamed_from_lightning(module: str, name: str) -> Exception:
             f"to DataModule."
         )
     return AttributeError(f"module {module!r} has no attribute {name!r}")
+
+
+def add_note(error: BaseException, note: str) -> None:
+    """``error.add_note(note)``: printed under the error's message (Python 3.11+); on 3.10, appended to it."""
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    elif error.args and isinstance(error.args[0], str):
+        error.args = (f"{error.args[0]}\n{note}", *error.args[1:])
+
+
+def _keys(batch: Mapping[Any, Any]) -> str:
+    keys = list(batch)
+    shown = ", ".join(repr(k) for k in keys[:4])
+    return shown + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
+
+
+def _str_for_tensor(error: BaseException, batch: Mapping[Any, Any]) -> bool:
+    """``error`` says a str was used where a tensor was expected: torch's ``must be Tensor, not str`` / ``but got
+    str``, or a tensor method looked up on one of ``batch``'s keys (``'str' object has no attribute 'view'``)."""
+    if isinstance(error, TypeError):
+        text = str(error)
+        return "not str" in text or "got str" in text or "got (str" in text
+    if isinstance(error, AttributeError):
+        word = getattr(error, "obj", None)
+        return isinstance(word, str) and word in batch
+    return False
+
+
+def note_unpacked_mapping(error: BaseException, batch: Any) -> None:
+    """Add a note to ``error`` when it comes from unpacking a dict batch (``x, y = batch`` gives its keys): a str
+    where a tensor was expected, or a wrong number of values to unpack, while the batch running is a Mapping."""
+    if type(error).__module__ == __name__:  # tandem's own errors say what is wrong already
+        return
+    if not isinstance(batch, Mapping) or not batch or not all(isinstance(k, str) for k in batch):
+        return
+    names = list(batch)[:2]
+    fix = f"x, y = batch[{names[0]!r}], batch[{names[-1]!r}]" if len(names) == 2 else f"x = batch[{names[0]!r}]"
+    if _str_for_tensor(error, batch):
+        add_note(
+            error,
+            f"[tandem] The batch is a dict (keys {_keys(batch)}), and one of its keys, a str, was used where a tensor "
+            "was expected: unpacking a dict (x, y = batch) gives its keys, not its values. Read the values by key: "
+            f"{fix}.",
+        )
+    elif isinstance(error, ValueError) and "values to unpack" in str(error):
+        add_note(
+            error,
+            f"[tandem] The batch is a dict with {len(batch)} keys ({_keys(batch)}): unpacking it (x, y = batch) "
+            f"unpacks its keys, not its values. Read the values by key: {fix}.",
+        )
+
+
+def stage_hook_signature(owner: str, hook: str, signature: str, args: str) -> TandemUserCodeError:
+    """``owner.hook`` (``setup`` / ``teardown``) cannot take the arguments the Trainer calls it with (``args``)."""
+    return TandemUserCodeError(
+        f"{owner}.{hook}{signature} cannot be called as {hook}({args}): the Trainer calls {hook} with the stage that "
+        "runs ('fit', 'validate', 'test' or 'predict'), as Lightning does. Add the stage argument: "
+        f"def {hook}(self, {args.replace('stage', 'stage: str')}) (give it a default, stage=None, to call it "
+        "yourself without one)."
+    )
+
+
+#: strings a ``setup`` may compare ``stage`` with by mistake, and the stage meant
+STAGE_TYPOS = {
+    "train": "'fit'",
+    "training": "'fit'",
+    "val": "'fit' (trainer.fit validates too) or 'validate'",
+    "valid": "'fit' (trainer.fit validates too) or 'validate'",
+    "validation": "'fit' (trainer.fit validates too) or 'validate'",
+    "eval": "'validate'",
+    "testing": "'test'",
+    "prediction": "'predict'",
+    "inference": "'predict'",
+}
+
+
+def state_not_built(
+    owner: str, hook: str, name: str, stage: str, has_setup: bool, typos: Iterable[str] = ()
+) -> MissingStateError:
+    """``owner.hook()`` read ``self.name``, which nothing created: ``setup(stage)`` ran just before it (when
+    ``has_setup``) and did not build it. ``typos``: the strings of ``STAGE_TYPOS`` that ``setup``'s code holds."""
+    if not has_setup:
+        return MissingStateError(
+            f"{owner}.{hook}() reads self.{name}, which does not exist: {owner} defines no setup(stage) and its "
+            f"__init__ did not set it. Create it in __init__, or in def setup(self, stage), which the Trainer calls "
+            f"before {hook}()."
+        )
+    hint = "".join(
+        f" setup's code holds {typo!r}, which is not a stage: if it tests stage == {typo!r}, test stage == "
+        f"{STAGE_TYPOS[typo]}."
+        for typo in typos
+    )
+    return MissingStateError(
+        f"{owner}.{hook}() reads self.{name}, which does not exist: setup({stage!r}) ran just before it and did not "
+        "create it. The Trainer calls setup with the stage that runs, one of 'fit' (trainer.fit, which validates "
+        f"too), 'validate', 'test' or 'predict'; this run's is {stage!r}.{hint} Create self.{name} in setup when "
+        f"stage == {stage!r} (or whatever the stage)."
+    )
+
+
+def state_from_prepare_data(
+    owner: str, hook: str, name: str, rank: str, assigned: bool, per_node: bool
+) -> MissingStateError:
+    """``owner.hook`` read ``self.name`` on a process that did not run ``owner.prepare_data`` (``rank`` names it);
+    ``assigned``: prepare_data's code sets that name."""
+    where = (
+        "one process per node (local rank 0)"
+        if per_node
+        else "one process in all (global rank 0, as prepare_data_per_node=False)"
+    )
+    what = (
+        f"{owner}.prepare_data assigns self.{name}, but prepare_data runs on {where}, so self.{name} exists only there"
+        if assigned
+        else f"{owner}.prepare_data runs on {where} only; if it assigned self.{name}, that exists only there"
+    )
+    return MissingStateError(
+        f"{owner}.{hook}() reads self.{name}, which does not exist on this process ({rank}): {what}. Download and "
+        f"write files in prepare_data; assign state (self.{name} = ...) in setup(stage), which runs on every "
+        "process (it may read the files prepare_data wrote)."
+    )
+
+
+def csv_experiment_lacks(name: str, writer: Any) -> AttributeError:
+    """``CSVLogger.experiment.<name>``: a call the CSV writer does not have (a SummaryWriter's ``add_image``)."""
+    elsewhere = (
+        " Images, histograms, text, audio and graphs need a logger that stores them: TensorBoardLogger, whose "
+        "experiment is a torch SummaryWriter (logger.experiment.add_image(tag, image, step)). A Trainer takes several "
+        "loggers, Trainer(logger=[CSVLogger(...), TensorBoardLogger(...)]); in a module, pick it from self.loggers."
+    )
+    return AttributeError(
+        f"CSVLogger.experiment has no {name!r}: CSVLogger writes numbers to metrics.csv and hyperparameters to "
+        "hparams.yaml, and its experiment (an ExperimentWriter, as in Lightning) has only log_metrics(metrics, step), "
+        f"log_hparams(params) and save().{elsewhere if name.startswith('add_') else ''}",
+        name=name,
+        obj=writer,
+    )

@@ -36,3 +36,19 @@ def garbage_collection_cuda() -> None:
     except RuntimeError as exception:
         if not is_oom_error(exception):
             raise
+
+
+def free_cuda_memory(device: torch.device) -> None:
+    """At the end of a run on ``device``: free cuBLAS's workspaces (tens of MB a device and stream, held by the
+    caching allocator, so counted by ``torch.cuda.memory_allocated``) and give the allocator's cached blocks back,
+    as Lightning's ``CUDAAccelerator.teardown`` does. Nothing for other devices. Best effort: a CUDA context that
+    the run's own error broke (a device-side assert) refuses these calls, and that error is the one to report."""
+    if device.type != "cuda":
+        return
+    try:
+        clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)  # pytorch/pytorch#95668
+        if clear_workspaces is not None:
+            clear_workspaces()
+        torch.cuda.empty_cache()
+    except RuntimeError:
+        pass

@@ -11,6 +11,9 @@ Modes:
     gather0   rank 0 alone calls self.all_gather at step 3 (the collective check's stall timeout is 2 s)
     wait      after 2 steps each rank writes its pid to ready{rank}, then trains slowly until a signal ends it;
               rank 0 writes how the ranks it started ended to ended0
+    spin      as wait, at full speed (most of each step inside torch's backward and collectives)
+    barrier0  rank 0 alone calls torch.distributed.barrier() in on_train_epoch_end (a user's collective on one
+              rank); the collective check's stall timeout is 3 s
     restart   fit(ckpt_path="last") with a step ModelCheckpoint in the default run folder; on the first attempt
               (no marker file yet) rank 1 SIGKILLs itself after step 7; then like fit
     late      rank 1 sleeps before fit, so rank 0 waits for it in init_process_group until --timeout seconds
@@ -31,6 +34,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -68,6 +72,10 @@ class Classifier(tandem.TrainingModule):
         if MODE == "gather0" and self.trainer.global_step == 3 and self.trainer.is_global_zero:
             self.all_gather(torch.ones(1))  # the mistake: a collective on one rank
 
+    def on_train_epoch_end(self) -> None:
+        if MODE == "barrier0" and self.trainer.is_global_zero:
+            dist.barrier()  # the mistake: a collective on one rank
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.parameters(), lr=0.01)
 
@@ -95,10 +103,11 @@ class Probe(tandem.Callback):
     ) -> None:
         if self.args.mode == "save0" and trainer.global_step == 3 and trainer.is_global_zero:
             trainer.save_checkpoint(self.out / "mistake.ckpt")  # every rank must call it
-        if self.args.mode == "wait":
+        if self.args.mode in ("wait", "spin"):
             if trainer.global_step == 2:
                 (self.out / f"ready{trainer.global_rank}").write_text(str(os.getpid()))
-            time.sleep(0.05)
+            if self.args.mode == "wait":
+                time.sleep(0.05)
         marker = self.out / "killed"  # the first attempt only: torchrun restarts every worker
         if (
             self.args.mode == "restart"
@@ -123,9 +132,9 @@ def main(args: argparse.Namespace) -> None:
         time.sleep(120)  # never joins: rank 0's init_process_group times out first
     tandem.seed_everything(7)
     strategy = DDPStrategy(timeout=datetime.timedelta(seconds=args.timeout)) if args.timeout else "ddp"
-    if args.mode in ("save0", "gather0"):
-        strategy = DDPStrategy(collective_check_timeout=datetime.timedelta(seconds=3 if args.mode == "save0" else 2))
-    steps = args.steps if args.mode != "wait" else 100_000
+    if args.mode in ("save0", "gather0", "barrier0"):
+        strategy = DDPStrategy(collective_check_timeout=datetime.timedelta(seconds=2 if args.mode == "gather0" else 3))
+    steps = args.steps if args.mode not in ("wait", "spin") else 100_000
     epochs = 1 if args.mode == "short1" and int(os.environ.get("RANK", "0")) == 1 else None  # the mistake: a limit
     root = out / f"root-{datetime.datetime.now():%H%M%S%f}" if args.per_rank_root else out  # differs per rank
     probe = Probe(args)
@@ -200,6 +209,8 @@ if __name__ == "__main__":
             "exit1",
             "short1",
             "gather0",
+            "spin",
+            "barrier0",
         ],
     )
     parser.add_argument("--out", required=True)

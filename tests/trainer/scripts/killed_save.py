@@ -1,13 +1,15 @@
 """A run killed in the middle of its second checkpoint save, for the tests of what a later save and a resume
 remove.
 
-usage: killed_save.py ROOT {file,sharded,async}
+usage: killed_save.py ROOT {file,sharded,async,swap}
 
 Two epochs under the default layout (ROOT/tandem_logs/version_0/checkpoints/, one checkpoint an epoch):
 ``file`` on one device, ``sharded`` under FSDPStrategy(state_dict_type="sharded") on one process, ``async`` as
 ``file`` with plugins=[AsyncCheckpointIO()] (the second file is written in the background thread, and the
 training goes on until the next save waits for it). The second save writes its whole temporary (the file's bytes, or every shard), prints "writing" and waits for the test's
-SIGKILL, so the temporary is left exactly as a writer killed mid-save leaves it.
+SIGKILL, so the temporary is left exactly as a writer killed mid-save leaves it. ``swap``: as ``sharded``, but the
+second save writes every shard and stops in the middle of replacing last.ckpt, after renaming the previous one
+aside and before renaming the new one onto it.
 """
 
 import os
@@ -24,7 +26,21 @@ import tandem  # noqa: E402
 from helpers import TinyModule, loader  # noqa: E402
 from tandem.strategies import AsyncCheckpointIO, FSDPStrategy  # noqa: E402
 from tandem.strategies.environments import find_free_port  # noqa: E402
+from tandem.utilities import checkpoint as checkpoint_io  # noqa: E402
 from tandem.utilities.checkpoint import CHECKPOINT_MARKER  # noqa: E402
+
+
+def stalling_swap(steps):
+    """The swap of a sharded checkpoint onto its target, waiting to be killed once it moved the previous one aside."""
+
+    def wrapper(source, target):
+        for step in steps(source, target):
+            yield step
+            if step == "moved aside":
+                print("writing", flush=True)
+                time.sleep(300)
+
+    return wrapper
 
 
 def stalling(save):
@@ -60,7 +76,10 @@ if __name__ == "__main__":
     else:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(find_free_port()))
-        dcp.save = stalling(dcp.save)
+        if kind == "swap":
+            checkpoint_io._swap_steps = stalling_swap(checkpoint_io._swap_steps)
+        else:
+            dcp.save = stalling(dcp.save)
         strategy = FSDPStrategy(state_dict_type="sharded")
     trainer = tandem.Trainer(
         strategy=strategy,
