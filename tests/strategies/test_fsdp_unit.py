@@ -221,3 +221,18 @@ def test_replace_directory_swaps_in_the_finished_one(tmp_path):
     (new / "meta.pt").write_text("new")
     replace_directory(new, old)
     assert (old / "meta.pt").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        ("FULL_SHARD", "reshard_after_forward=True"),
+        ("SHARD_GRAD_OP", "reshard_after_forward=False"),
+        ("NO_SHARD", "strategy='ddp'"),
+        ("HYBRID_SHARD", "no 2-D device mesh"),
+    ],
+)
+def test_lightnings_fsdp1_sharding_strategy_is_refused_naming_tandems_equivalent(value, named):
+    with pytest.raises(TandemConfigError, match="Lightning's FSDP1 argument") as caught:
+        FSDPStrategy(sharding_strategy=value)
+    assert named in str(caught.value)

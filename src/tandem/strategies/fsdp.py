@@ -93,6 +93,9 @@ class FSDPStrategy(ParallelStrategy):
             backward instead of stored.
         reshard_after_forward: free the gathered parameters of each group after its forward and gather them
             again in backward (True: less memory); False keeps them until backward (less communication).
+        sharding_strategy: Lightning's FSDP1 argument, refused with its FSDP2 equivalent named: ``"FULL_SHARD"`` is
+            ``reshard_after_forward=True`` (the default), ``"SHARD_GRAD_OP"`` is ``reshard_after_forward=False``,
+            ``"NO_SHARD"`` is ``strategy="ddp"``; the hybrid ones have none here.
         cpu_offload: keep the sharded parameters, gradients and optimizer state in CPU memory; the optimizer
             steps on the CPU.
         sync_module_states: start every rank from rank 0's weights and buffers (like DDP), so ranks seeded
@@ -130,7 +133,10 @@ class FSDPStrategy(ParallelStrategy):
         collective_check_timeout: datetime.timedelta | None = datetime.timedelta(seconds=60),
         hang_timeout: datetime.timedelta | None = datetime.timedelta(minutes=5),
         cluster_environment: ClusterEnvironment | None = None,
+        sharding_strategy: Any = None,
     ) -> None:
+        if sharding_strategy is not None:
+            raise _fsdp1_sharding(sharding_strategy)
         super().__init__(
             devices=devices,
             precision=precision,
@@ -790,3 +796,25 @@ def _meta_file(path: Path) -> Path:
 
 
 register_strategy("fsdp", FSDPStrategy, "one process per device; parameters, gradients and optimizer state sharded")
+
+
+#: Lightning's (FSDP1) sharding strategies and tandem's (FSDP2) way to the same thing
+_FSDP1_EQUIVALENTS = {
+    "FULL_SHARD": "FSDPStrategy(reshard_after_forward=True), the default: leave the argument out",
+    "SHARD_GRAD_OP": "FSDPStrategy(reshard_after_forward=False): parameters stay gathered from forward to backward",
+    "NO_SHARD": "strategy='ddp': every rank holds the whole module",
+    "HYBRID_SHARD": "none: tandem's FSDP shards over all ranks (no 2-D device mesh); use reshard_after_forward",
+    "_HYBRID_SHARD_ZERO2": "none: tandem's FSDP shards over all ranks (no 2-D device mesh); use reshard_after_forward",
+}
+
+
+def _fsdp1_sharding(value: Any) -> TandemConfigError:
+    """``sharding_strategy=`` (Lightning's FSDP1 argument): the error naming tandem's equivalent."""
+    name = str(getattr(value, "name", value)).upper()
+    known = _FSDP1_EQUIVALENTS.get(name)
+    equivalent = f"here {name!r} is {known}" if known else "; ".join(f"{k}: {v}" for k, v in _FSDP1_EQUIVALENTS.items())
+    return TandemConfigError(
+        f"FSDPStrategy(sharding_strategy={value!r}) is Lightning's FSDP1 argument; tandem's fsdp is FSDP2 "
+        f"(torch's fully_shard), which shards parameters, gradients and optimizer state, and chooses when to "
+        f"reshard with reshard_after_forward: {equivalent}."
+    )
