@@ -137,7 +137,7 @@ class DDPStrategy(ParallelStrategy):
         self._manual = False  # the module uses manual optimization (set when the module is wrapped)
         self._compiled_evaluation: CompiledSteps | None = None  # the step methods compiled, for evaluation
         self._compiler: Compiler | None = None  # the torch.compile settings the module came with
-        self._wrapped: tuple[int, ...] = ()  # ids of the parameters trainable when the wrapper was built
+        self._wrapped: frozenset[int] = frozenset()  # ids of the parameters trainable when the wrapper was built
         self._outside: dict[nn.Parameter, Any] = {}  # parameters left out of DDP -> their averaging hooks
         self._created = False  # a parameter was created somewhere since the last look (see follow_module)
         self._creations: Any = None  # the global parameter-registration hook that sets it
@@ -210,10 +210,10 @@ class DDPStrategy(ParallelStrategy):
         now = _trainable(self._module)
         if now == self._wrapped:
             return
-        before = set(self._wrapped)
-        added = [n for n, p in self._module.named_parameters() if id(p) in set(now) - before]
-        dropped = [n for n, p in self._module.named_parameters() if id(p) in before - set(now)]
-        for param in [p for p in self._outside if id(p) not in set(now)]:  # frozen or gone: no more averaging
+        gained, lost = now - self._wrapped, self._wrapped - now
+        added = [n for n, p in self._module.named_parameters() if id(p) in gained]
+        dropped = [n for n, p in self._module.named_parameters() if id(p) in lost]
+        for param in [p for p in self._outside if id(p) not in now]:  # frozen or gone: no more averaging
             self._outside.pop(param).remove()
         self._rewrap(_changed(added, dropped))
 
@@ -231,12 +231,12 @@ class DDPStrategy(ParallelStrategy):
         """After a synced backward that left DDP's reduction unfinished (some trainable parameters got no
         gradient): average every gradient by hand, so the optimizer step that follows is the one N processes
         should take, then build the wrapper again so the next steps need no rescue (see the module docstring)."""
-        params = [p for p in self._module.parameters() if id(p) in set(self._wrapped)]
+        params = [p for p in self._module.parameters() if id(p) in self._wrapped]
         have = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=self.root_device)
         dist.all_reduce(have)  # a gradient on any rank: averaged, zeros where a rank has none
-        world = dist.get_world_size()
+        world, counts = dist.get_world_size(), have.tolist()
         grads = []
-        for param, count in zip(params, have.tolist()):
+        for param, count in zip(params, counts):
             if count and param.grad is None:
                 param.grad = torch.zeros_like(param)
             if count:
@@ -250,7 +250,7 @@ class DDPStrategy(ParallelStrategy):
                 grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
                 offset += grad.numel()
         names = {id(p): n for n, p in self._module.named_parameters()}
-        missing = [p for p, count in zip(params, have.tolist()) if not count]
+        missing = [p for p, count in zip(params, counts) if not count]
         if self._manual:
             self.ddp_kwargs["find_unused_parameters"] = True
             how = (
@@ -310,8 +310,7 @@ class DDPStrategy(ParallelStrategy):
 
     def _no_gradient(self) -> list[str]:
         """The wrapped parameters that got no gradient in this process's step (a failed step only)."""
-        wrapped = set(self._wrapped)
-        return [n for n, p in self._module.named_parameters() if id(p) in wrapped and p.grad is None]
+        return [n for n, p in self._module.named_parameters() if id(p) in self._wrapped and p.grad is None]
 
     @contextlib.contextmanager
     def no_backward_sync(self, module: nn.Module, enabled: bool) -> Iterator[None]:
@@ -347,10 +346,10 @@ class DDPStrategy(ParallelStrategy):
         )
 
 
-def _trainable(module: nn.Module) -> tuple[int, ...]:
+def _trainable(module: nn.Module) -> frozenset[int]:
     """The ids of ``module``'s parameters that take gradients, as outside ``toggle_optimizer``."""
     saved = getattr(module, "_param_requires_grad_state", None) or {}
-    return tuple(id(p) for p in module.parameters() if saved.get(p, p.requires_grad))
+    return frozenset(id(p) for p in module.parameters() if saved.get(p, p.requires_grad))
 
 
 @contextlib.contextmanager

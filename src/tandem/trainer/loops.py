@@ -83,9 +83,8 @@ class FitLoop:
         self._optimize = self.optimization.run  # the fit's optimization of a batch (timed when profiling)
         # the strategy's batch_to_device changes a batch (strategies.strategy.moves_batches; set when a fit starts)
         self._moves_batches = True
-        self._follow: Callable[..., None] | None = (
-            None  # the strategy's follow_module, if it follows the module        self._store_ready = False  # the training values' store was emptied for the coming epoch
-        )
+        self._follow: Callable[..., None] | None = None  # the strategy's follow_module, if it follows the module
+        self._store_ready = False  # the training values' store was emptied for the coming epoch
         self.empty_batch: tuple[int, int, int] | None = None  # (rank, epoch, batch_idx) not yet acted on (ddp)
         self._bad: RollbackRecord | None = None  # on_nonfinite="rollback": a publishing check found a bad batch
 

@@ -32,22 +32,16 @@ from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "trainer", "scripts"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # tests/: helpers
 
 import manual_modules  # noqa: E402
 
 import tandem  # noqa: E402
+from helpers import quiet_trainer  # noqa: E402
 from tandem.callbacks import BaseFinetuning  # noqa: E402
 
 SAMPLES, BATCH, EPOCHS = 32, 4, 3  # two ranks x batch 4 = one process x batch 8
-QUIET = dict(
-    accelerator="cpu",
-    logger=False,
-    enable_checkpointing=False,
-    enable_progress_bar=False,
-    enable_model_summary=False,
-    num_sanity_val_steps=0,
-    data_order="global",  # one process draws the same order: the comparison with it
-)
+ORDER = dict(data_order="global")  # one process draws the same order: the comparison with it
 
 
 def dataset() -> TensorDataset:
@@ -176,13 +170,13 @@ def fit(pattern: str, devices: int, rank: int = 0, root: Path | None = None) -> 
     """One pattern's fit (``devices`` processes, batch ``8 // devices`` each): its final weights, and more."""
     torch.manual_seed(0)
     batch = 2 * BATCH // devices
-    kwargs: dict[str, Any] = dict(max_epochs=EPOCHS, **QUIET)
+    kwargs: dict[str, Any] = dict(max_epochs=EPOCHS, **ORDER)
     if devices > 1:
         kwargs.update(strategy="fsdp" if pattern.startswith("fsdp") else "ddp", devices=devices)
     result: dict[str, Any] = {}
     if pattern == "diverge":
         module = Backboned()
-        trainer = tandem.Trainer(callbacks=[PerRankNudge()], on_replica_divergence="warn", **kwargs)
+        trainer = quiet_trainer(callbacks=[PerRankNudge()], on_replica_divergence="warn", **kwargs)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             trainer.fit(module, loader(batch))
@@ -190,13 +184,13 @@ def fit(pattern: str, devices: int, rank: int = 0, root: Path | None = None) -> 
         return {"final": weights(module), "steps": trainer.global_step, "warnings": said}
     if pattern == "fsdp_unfreeze":
         module = Backboned()
-        trainer = tandem.Trainer(callbacks=[UnfreezeAtEpochOne()], **kwargs)
+        trainer = quiet_trainer(callbacks=[UnfreezeAtEpochOne()], **kwargs)
         trainer.fit(module, loader(batch))
         whole = trainer.strategy.full_module_state_dict() if devices > 1 else weights(module)  # every rank gathers
         return {"final": whole, "steps": trainer.global_step}
     if pattern == "midway":
         module = Backboned()
-        trainer = tandem.Trainer(callbacks=[UnfreezeMidway()], **kwargs)
+        trainer = quiet_trainer(callbacks=[UnfreezeMidway()], **kwargs)
         trainer.fit(module, loader(batch))
         return {"final": weights(module), "steps": trainer.global_step}
     if pattern in ("unfreeze", "head", "plateau"):
@@ -208,22 +202,22 @@ def fit(pattern: str, devices: int, rank: int = 0, root: Path | None = None) -> 
                 callbacks.append(SaveAt(2 * (SAMPLES // 8) + 1, str(root / "unfreeze-mid-epoch-2.ckpt")))
         if pattern == "head":
             callbacks = [OnlineHead(seed=1 + 100 * rank)]
-        trainer = tandem.Trainer(callbacks=callbacks, **kwargs)
+        trainer = quiet_trainer(callbacks=callbacks, **kwargs)
         trainer.fit(module, loader(batch))
         result["lrs"] = [g["lr"] for g in trainer.optimizers[0].param_groups]
         if pattern == "unfreeze" and root is not None:  # resumed from the checkpoint saved after the unfreeze
             torch.manual_seed(5)
             again = Backboned()
-            resumed = tandem.Trainer(callbacks=[UnfreezeAtEpochOne()], **kwargs)
+            resumed = quiet_trainer(callbacks=[UnfreezeAtEpochOne()], **kwargs)
             resumed.fit(again, loader(batch), ckpt_path=str(root / "unfreeze-mid-epoch-2.ckpt"))
             result["resumed"] = weights(again)
     elif pattern == "gan":
         module = manual_modules.ToyGAN()
-        trainer = tandem.Trainer(**kwargs)
+        trainer = quiet_trainer(**kwargs)
         trainer.fit(module, manual_modules.loader(manual_modules.BATCH * 2 // devices))
     else:
         module = WithTarget()
-        trainer = tandem.Trainer(**kwargs)
+        trainer = quiet_trainer(**kwargs)
         trainer.fit(module, loader(batch))
     result.update(final=weights(module), steps=trainer.global_step)
     return result
