@@ -23,17 +23,26 @@ The differences give the split: ``tandem - no_log`` is one ``self.log``; ``no_lo
 runner and the optimization; ``bare_step - raw`` is the rest. Every variant must end with the raw loop's weights,
 or the script stops.
 
+Lightning's anchor column (``--lightning PYTHON``, a Python that has ``lightning`` installed, e.g. a separate venv;
+Lightning is an optional benchmark dependency, never imported by ``import tandem`` or the tests): a sibling process
+runs the same rounds with two variants, ``raw`` and ``lightning`` (``lightning.Trainer.fit`` with the same module,
+``self.log`` every step, no logger, the same settings, timed from ``on_train_start`` to ``on_train_end``), paired
+the same way, and its row is printed with the others. It must end with the raw loop's weights too.
+
     python benchmarks/overhead_split.py                 # 40 rounds of 300 steps
     python benchmarks/overhead_split.py --rounds 80
+    python benchmarks/overhead_split.py --lightning /path/to/venv-with-lightning/bin/python
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -60,13 +69,29 @@ def run_raw(steps: int) -> tuple[float, float]:
     return time.perf_counter() - start, _checksum(model)
 
 
-def _module(log: bool):
+#: the Trainer settings of every variant (overhead.py's), Lightning's as tandem's
+TRAINER_SETTINGS = dict(
+    accelerator="cpu",
+    devices=1,
+    max_epochs=-1,
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+)
+
+
+def _module(log: bool, base: type | None = None):
+    """overhead.py's MLP as a module of ``base`` (tandem's ``TrainingModule`` by default, or Lightning's)."""
     import torch
     from torch.nn import functional as F
 
-    import tandem
+    if base is None:
+        import tandem
 
-    class MLP(tandem.TrainingModule):
+        base = tandem.TrainingModule
+
+    class MLP(base):
         def __init__(self) -> None:
             super().__init__()
             self.net = overhead._mlp()
@@ -88,17 +113,7 @@ def run_tandem(steps: int, log: bool = True) -> tuple[float, float]:
     import tandem
 
     timer, module = overhead.loop_timer(), _module(log)
-    trainer = tandem.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=steps,
-        max_epochs=-1,
-        logger=False,
-        callbacks=[timer],
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = tandem.Trainer(max_steps=steps, callbacks=[timer], **TRAINER_SETTINGS)
     trainer.fit(module, overhead._data(steps))
     if trainer.global_step != steps:
         sys.exit(f"tandem took {trainer.global_step} steps, expected {steps}")
@@ -135,6 +150,55 @@ def run_bare_step(steps: int) -> tuple[float, float]:
         return run_tandem(steps, log=False)
 
 
+def run_lightning(steps: int) -> tuple[float, float]:
+    """The tandem variant's module and settings through Lightning's Trainer (only in a process that has it)."""
+    import lightning as L
+
+    class LoopTimer(L.Callback):
+        def on_train_start(self, trainer, module):
+            self.start = time.perf_counter()
+
+        def on_train_end(self, trainer, module):
+            self.seconds = time.perf_counter() - self.start
+
+    timer, module = LoopTimer(), _module(True, L.LightningModule)
+    trainer = L.Trainer(max_steps=steps, callbacks=[timer], **TRAINER_SETTINGS)
+    trainer.fit(module, overhead._data(steps))
+    if trainer.global_step != steps:
+        sys.exit(f"Lightning took {trainer.global_step} steps, expected {steps}")
+    return timer.seconds, _checksum(module)
+
+
+def measure(variants: dict[str, Callable[[int], tuple[float, float]]], rounds: int, steps: int) -> dict[str, list]:
+    """µs a step of each variant, ``rounds`` blocks each, every round running every variant once in rotating order;
+    after one warm-up block each, whose weights must be the raw loop's."""
+    import torch
+
+    torch.set_num_threads(1)
+    for name in ("lightning", "lightning.pytorch", "lightning_utilities.core.rank_zero"):  # no "fit stopped" per block
+        logging.getLogger(name).setLevel(logging.WARNING)
+    names = list(variants)
+    checksums = {name: variants[name](steps)[1] for name in names}  # warm-up, and the same training
+    expected = checksums["raw"]
+    for name, checksum in checksums.items():
+        if abs(checksum - expected) > 1e-4 * max(1.0, abs(expected)):
+            sys.exit(f"{name} ended with weights summing to {checksum}, the raw loop's to {expected}")
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            times[name].append(1e6 * variants[name](steps)[0] / steps)
+    return times
+
+
+def _lightning_times(python: str, rounds: int, steps: int) -> dict[str, list[float]]:
+    """raw and lightning, measured as :func:`measure` does, in a sibling process of ``python``."""
+    command = [python, os.path.abspath(__file__), "--lightning-worker", "--rounds", str(rounds), "--steps", str(steps)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        sys.exit(f"the Lightning process failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 VARIANTS: dict[str, Callable[[int], tuple[float, float]]] = {
     "raw": run_raw,
     "tandem": run_tandem,
@@ -147,38 +211,42 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=40, help="rounds; each runs every variant once")
     parser.add_argument("--steps", type=int, default=STEPS, help="steps a block")
+    parser.add_argument("--lightning", metavar="PYTHON", help="a Python with lightning installed: adds its anchor row")
+    parser.add_argument("--lightning-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    import torch
+    if args.lightning_worker:  # the sibling process: raw and Lightning only, as JSON
+        print(json.dumps(measure({"raw": run_raw, "lightning": run_lightning}, args.rounds, args.steps)))
+        return
+    import tandem.utilities.rank_zero  # noqa: F401  (sets up the info logger, quietened in measure)
 
-    import tandem.utilities.rank_zero  # noqa: F401  (sets up the info logger, quietened next)
-
-    torch.set_num_threads(1)
-    logging.getLogger("lightning_utilities.core.rank_zero").setLevel(logging.WARNING)  # no "fit stopped" per block
-    names = list(VARIANTS)
-    checksums = {name: VARIANTS[name](args.steps)[1] for name in names}  # warm-up, and the same training
-    expected = checksums["raw"]
-    for name, checksum in checksums.items():
-        if abs(checksum - expected) > 1e-4 * max(1.0, abs(expected)):
-            sys.exit(f"{name} ended with weights summing to {checksum}, the raw loop's to {expected}")
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(args.rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            times[name].append(1e6 * VARIANTS[name](args.steps)[0] / args.steps)
+    times = measure(VARIANTS, args.rounds, args.steps)
     print(
         f"overhead_split: overhead.py's MLP in one process, {args.rounds} rounds of {args.steps} steps, each round "
         "every variant once (rotating order); µs a step"
     )
     print(f"{'variant':>10}  {'median':>7}  {'minus raw, paired: median':>26}  {'quartiles':>15}")
-    paired = {}
-    for name in names:
-        diffs = [t - r for t, r in zip(times[name], times["raw"])]
-        paired[name] = statistics.median(diffs)
-        q1, _, q3 = statistics.quantiles(diffs) if len(diffs) > 1 else (diffs[0],) * 3
-        print(f"{name:>10}  {statistics.median(times[name]):7.1f}  {paired[name]:+26.1f}  {q1:+7.1f}/{q3:+7.1f}")
+    paired = {name: _row(name, times[name], times["raw"]) for name in times}
+    if args.lightning:
+        anchor = _lightning_times(args.lightning, args.rounds, args.steps)
+        _row(
+            "lightning",
+            anchor["lightning"],
+            anchor["raw"],
+            note=f"  (its own raw: {statistics.median(anchor['raw']):.1f})",
+        )
     print(
         f"split: self.log {paired['tandem'] - paired['no_log']:+.1f}, batch runner and optimization "
         f"{paired['no_log'] - paired['bare_step']:+.1f}, the rest of the loop {paired['bare_step']:+.1f} µs a step"
     )
+
+
+def _row(name: str, times: list[float], raw: list[float], note: str = "") -> float:
+    """Print a variant's median and its paired difference from the raw blocks of the same rounds; returns that."""
+    diffs = [t - r for t, r in zip(times, raw)]
+    paired = statistics.median(diffs)
+    q1, _, q3 = statistics.quantiles(diffs) if len(diffs) > 1 else (diffs[0],) * 3
+    print(f"{name:>10}  {statistics.median(times):7.1f}  {paired:+26.1f}  {q1:+7.1f}/{q3:+7.1f}{note}")
+    return paired
 
 
 if __name__ == "__main__":

@@ -70,6 +70,54 @@ def test_experiment_is_the_summary_writer_created_on_first_use(tmp_path):
     assert _events(logger.log_dir).Tags()["tensors"] == ["note/text_summary"]
 
 
+def test_scalar_events_are_the_bytes_protobuf_writes_and_their_records_check(tmp_path):
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    from tandem.loggers.tensorboard import EventFile
+    from tandem.loggers.tensorboard import masked_crc32c as tandem_crc
+
+    for data in (b"", b"a", bytes(range(256)) * 3):
+        assert tandem_crc(data) == masked_crc32c(data)
+    events = EventFile(str(tmp_path))
+    cases = [
+        (0, {"loss": 0.5, "epoch": 0}),
+        (49, {"loss": 0.25, "epoch": 1}),  # the same names again: the cached layout
+        (123456, {"a/b": 1e39, "é": float("nan"), "x" * 200: -3.25}),  # beyond float32, unicode, a long tag
+        (-3, {"l": -1e300}),
+    ]
+    for step, values in cases:
+        events.add_scalars(values, step)
+        encoded = events._pending[-1]
+        wall_time = Event.FromString(encoded).wall_time
+        summary = Summary(value=[Summary.Value(tag=k, simple_value=v) for k, v in values.items()])
+        assert encoded == Event(wall_time=wall_time, step=step, summary=summary).SerializeToString()
+    events.close()
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    read = [e for e in EventFileLoader(events.path).Load() if e.summary.value]  # checks every record's checksums
+    assert [e.step for e in read] == [step for step, _ in cases]
+
+
+def test_publishing_writes_in_the_callers_thread_and_the_summary_writer_shares_the_file(tmp_path):
+    import threading
+
+    logger = TensorBoardLogger(tmp_path)
+    before = threading.active_count()
+    for step in range(5):
+        logger.log_metrics({"loss": 1.0 / (step + 1), "epoch": 0}, step=step)
+    assert threading.active_count() == before  # no writer thread to take the interpreter from the next batch
+    logger.experiment.add_histogram("w", torch.arange(4.0), 3)  # the SummaryWriter, made after the first values
+    logger.log_metrics({"loss": 0.1, "epoch": 1}, step=5)
+    logger.finalize("success")
+    files = [f for f in os.listdir(logger.log_dir) if "tfevents" in f]
+    assert len(files) == 1  # one file per run: TensorBoard reads a run's files one after the other
+    events = _events(logger.log_dir)
+    assert [e.step for e in events.Scalars("loss")] == [0, 1, 2, 3, 4, 5]
+    assert events.Tags()["histograms"] == ["w"]
+
+
 def test_a_used_logger_can_be_pickled_for_spawned_processes(tmp_path):
     logger = TensorBoardLogger(tmp_path)
     logger.log_metrics({"a": 1.0}, step=0)

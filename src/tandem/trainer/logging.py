@@ -58,6 +58,8 @@ class _Entry:
     hook: str | None = None  # the hook of the latest call, whose logging rule was checked (see check_log_call)
     loader: int | None = None  # the evaluation loader it was first logged from (None: training, epoch hooks)
     rank_zero_only: bool = False  # logged on rank 0 alone (never reduced, on purpose)
+    # the latest call's (hook, stage, loader, arguments) and what they resolved to (see MetricCollector.log)
+    repeat: tuple[Any, ...] = field(default=(), repr=False, compare=False)
 
     def accumulate(self, value: torch.Tensor, weight: int) -> None:
         if self.reduce_fx in ("mean", "sum"):
@@ -99,6 +101,9 @@ class MetricCollector:
         self._strategy = strategy  # its collectives reduce sync_dist values (see combine_by_name)
         self._state = state
         self._stores: dict[str, dict[str, _Entry]] = {}  # per stage: "train", "validate", "test", "predict"
+        self._repeats: dict[str, _Entry] = {}  # by the name self.log got: the entry its latest call went to
+        #: the self.log calls of a compiled training step, logged after it (CompiledStepLog); None: no run was compiled
+        self.deferred: list[tuple[str, Any, tuple[Any, ...]]] | None = None
         self._epoch_values: dict[str, dict[str, torch.Tensor]] = {}
         self.batch: Any = None  # the batch now running, for inferring batch sizes
         self.dataloader_idx: int | None = None  # with several evaluation loaders: the one now running
@@ -133,6 +138,62 @@ class MetricCollector:
         rank_zero_only: bool = False,
         add_dataloader_idx: bool = True,
     ) -> None:
+        call = (
+            current_hook(),
+            self._state.stage,
+            self.dataloader_idx,
+            on_step,
+            on_epoch,
+            prog_bar,
+            logger,
+            sync_dist,
+            reduce_fx,
+            batch_size,
+            rank_zero_only,
+            add_dataloader_idx,
+        )
+        # A call like the name's previous one (the same hook, stage, loader and arguments) of a one-number tensor:
+        # everything _first_call decides was decided for it then; only the value is new.
+        entry = self._repeats.get(name)
+        if (
+            entry is not None
+            and entry.repeat[0] == call
+            and type(value) is torch.Tensor
+            and not value.ndim
+            and replica_logs() is None
+        ):
+            if value.requires_grad:  # no graph kept; one without (evaluation, no_grad) is kept as it is
+                value = value.detach()
+            if value.dtype in _HALF_DTYPES:
+                value = value.float()
+        else:
+            entry, value = self._first_call(name, value, call)
+            if (
+                entry is None
+            ):  # kept elsewhere: a DataParallel replica's buffer, or a torchmetrics object without a value
+                return
+        # Record the value in its entry (and its epoch aggregate), and publish it (see _published_keys)
+        _, key, also, bar, unsynced, on_epoch, reduce_fx = entry.repeat
+        entry.step_unsynced = unsynced
+        if on_epoch:
+            weight = batch_size if batch_size is not None else self._current_batch_size()
+            entry.accumulate(value, max(weight, 1) if reduce_fx == "mean" else 1)
+            entry.dirty = True
+        entry.step_value = value
+        entry.updated = True
+        self.callback_metrics[key] = value
+        if also is not None:
+            self.callback_metrics[also] = value
+        if bar is not None:
+            self.progress_bar_metrics[bar] = value
+
+    def _first_call(self, name: str, value: Any, call: tuple[Any, ...]) -> tuple[_Entry | None, Any]:
+        """A ``self.log`` call unlike the name's previous one: check it, find or make its entry, and decide where its
+        value goes (``entry.repeat``: the call, then what it resolved to). Returns the entry and the value to record,
+        or None where nothing is left to record."""
+        hook, _, loader, on_step, on_epoch, prog_bar, logger, sync_dist, reduce_fx, batch_size = call[:10]
+        rank_zero_only, add_dataloader_idx = call[10:]
+        raw = name
         if reduce_fx not in REDUCE_FX:
             raise bad_choice(f"self.log({name!r}, reduce_fx=...)", reduce_fx, REDUCE_FX)
         buffer = replica_logs()
@@ -149,20 +210,18 @@ class MetricCollector:
                 add_dataloader_idx=add_dataloader_idx,
             )
             buffer.append((name, value if is_metric(value) else self._as_tensor(name, value), options))
-            return
-        loader = self.dataloader_idx
+            return None, None
         if loader is not None and add_dataloader_idx:  # several evaluation loaders (Lightning's names)
             name = f"{name}{LOADER_SUFFIX}{loader}"
         if rank_zero_only:  # logged on rank 0 alone: a collective would wait for the others forever
             sync_dist = False
-        hook = current_hook()
         if on_step is None or on_epoch is None:
             in_step_hook = hook in STEP_HOOKS
             on_step = in_step_hook if on_step is None else on_step
             on_epoch = (not in_step_hook) if on_epoch is None else on_epoch
         if isinstance(value, torch.Tensor) and value.ndim == 0:  # the common case, kept cheap
             metric = None
-            if value.requires_grad:  # no graph kept; one without (evaluation, no_grad) is kept as it is
+            if value.requires_grad:
                 value = value.detach()
             if value.dtype in _HALF_DTYPES:
                 value = value.float()
@@ -170,14 +229,14 @@ class MetricCollector:
             metric = value if is_metric(value) else None
             if metric is None:
                 value = self._as_tensor(name, value)
-        stage = self._state.stage  # self.stage, inline: this runs for every logged value
+        stage = self._state.stage  # self.stage, inline
         stage = _STORE.get(stage, stage) if stage is not None else "train"
         entries = self._stores.get(stage)
         if entries is None:
             entries = self._stores[stage] = {}
         entry = entries.get(name)
         # The rules are checked once per name and hook (and evaluation loader, for add_dataloader_idx=False):
-        # on the steps in between, this test is all the checking there is.
+        # on the steps in between, the repeated call's test is all the checking there is.
         if entry is None or entry.hook != hook or (not add_dataloader_idx and entry.loader != loader):
             check_log_call(name, hook, on_step, on_epoch, add_dataloader_idx, loader, entry, self._state.stage)
             if entry is None:
@@ -195,30 +254,23 @@ class MetricCollector:
             elif entry.loader is None:
                 entry.loader = loader
             entry.hook = hook
-        if metric is not None:
+        keys = _published_keys(name, on_step, on_epoch, prog_bar)
+        if metric is not None:  # its step value (forward's); its epoch value is computed at the epoch's end
             entry.metric = metric
             entry.dirty = entry.dirty or on_epoch
             cached = getattr(metric, "_forward_cache", None)
-            step_value = cached.detach() if isinstance(cached, torch.Tensor) else None
-        else:
-            step_value = value
-            # A synced step value is reduced when the step's values are published (step_metrics), paired
-            # by name. Evaluation ranks run different numbers of batches (every sample exactly once), so
-            # evaluation step values stay per rank; their epoch values are reduced.
-            entry.step_unsynced = sync_dist and on_step and stage == "train"
-            if on_epoch:
-                weight = batch_size if batch_size is not None else self._current_batch_size()
-                entry.accumulate(value, max(weight, 1) if reduce_fx == "mean" else 1)
-                entry.dirty = True
-        entry.step_value = step_value
-        entry.updated = True
-        if step_value is not None:
-            key = _forked(name, "step") if on_step and on_epoch else name
-            self.callback_metrics[key] = step_value
-            if on_step and on_epoch:
-                self.callback_metrics[name] = step_value
-            if prog_bar and on_step:
-                self.progress_bar_metrics[key] = step_value
+            if not isinstance(cached, torch.Tensor):
+                entry.step_value, entry.updated = None, True
+                return None, None
+            entry.repeat = (call, *keys, entry.step_unsynced, False, reduce_fx)
+            self._repeats.pop(raw, None)  # a torchmetrics object is never a repeat
+            return entry, cached.detach()
+        # A synced step value is reduced when the step's values are published (step_metrics), paired by name.
+        # Evaluation ranks run different numbers of batches (every sample exactly once), so evaluation step
+        # values stay per rank; their epoch values are reduced.
+        entry.repeat = (call, *keys, sync_dist and on_step and stage == "train", on_epoch, reduce_fx)
+        self._repeats[raw] = entry  # the next call like this one takes the short way
+        return entry, value
 
     @staticmethod
     def _as_tensor(name: str, value: Any) -> torch.Tensor:
@@ -261,8 +313,9 @@ class MetricCollector:
         stop), ``empty_batch`` (its note of an empty batch trained on, or None) and ``window`` (under
         on_nonfinite="rollback", its losses since the last check)."""
         entries = self._stores.get(self.stage, {})
-        note = (loss_finite, stop, empty_batch, window)
-        notes = self._sync(entries, epoch=False, note=note) if self._distributed else [note]
+        if not self._distributed:  # one process: its own notes
+            return PublishedStep(self._updated_step_values(entries), [loss_finite], stop, [empty_batch], [window])
+        notes = self._sync(entries, epoch=False, note=(loss_finite, stop, empty_batch, window))
         return PublishedStep(
             self._updated_step_values(entries),
             [finite for finite, _, _, _ in notes],
@@ -410,10 +463,21 @@ class MetricCollector:
     def reset(self, state: dict[str, Any] | None = None) -> None:
         """Start an epoch of the current stage: forget its entries, or reinstate those saved by :meth:`state_dict`."""
         self._stores[self.stage] = {name: _Entry(**fields) for name, fields in (state or {}).items()}
+        self._repeats = {}
 
     def clear_published(self) -> None:
         """Forget published values (e.g. after the sanity check)."""
         self.callback_metrics, self.logged_metrics, self.progress_bar_metrics = {}, {}, {}
+
+    def log_deferred(self) -> None:
+        """Log the calls a compiled training step deferred (:class:`CompiledStepLog`), in their order; called right
+        after the step returns, while it is still the hook running."""
+        deferred = self.deferred
+        if deferred:
+            calls = deferred[:]
+            deferred.clear()
+            for name, value, args in calls:
+                self.log(name, value, *args)
 
     def state_dict(self) -> dict[str, Any]:
         """The training epoch's partial aggregates (torchmetrics objects keep their own state in the module)."""
@@ -429,8 +493,13 @@ class BarebonesLog:
     """What ``self.log`` writes into under ``Trainer(barebones=True)``: nothing (logging costs speed, and barebones
     measures the Trainer without it); the first call warns, as Lightning's does."""
 
+    deferred = None  # nothing a compiled step could defer (see CompiledStepLog)
+
     def __init__(self) -> None:
         self._warned = False
+
+    def log_deferred(self) -> None:
+        """Nothing to log."""
 
     def log(self, name: str, *args: Any, **kwargs: Any) -> None:
         if not self._warned:
@@ -445,19 +514,41 @@ class BarebonesLog:
 
 
 class CompiledStepLog:
-    """What ``self.log`` writes into while the steps run compiled (``trainer.fit(torch.compile(model))``): the
-    collector, called outside dynamo's graphs (a graph break at each ``self.log``). Logging is Python bookkeeping:
-    traced, it would break the graph inside the collector anyway, and recompile at each new name, hook or stage
-    until dynamo's recompile limit gives up on it with a warning."""
+    """What ``self.log`` writes into while the steps run compiled (``trainer.fit(torch.compile(model))``).
+
+    Inside a compiled ``training_step`` a call is kept (name, value, arguments) in :attr:`MetricCollector.deferred`:
+    dynamo records that list's appends with the graph and makes them after it, so ``self.log`` breaks no graph,
+    and the optimization logs the calls right after the step returns, still inside it
+    (:meth:`MetricCollector.log_deferred`). Elsewhere (evaluation steps, hooks, eager code) the collector is called
+    outside dynamo's graphs: logging is Python bookkeeping, which traced would break the graph inside the collector
+    anyway and recompile at each new name, hook or stage until dynamo's recompile limit gives up on it."""
 
     def __init__(self, collector: MetricCollector | BarebonesLog) -> None:
-        self.log = torch.compiler.disable(collector.log)
+        self._eager = torch.compiler.disable(collector.log)
         self.state_dict = collector.state_dict
+        self._state = getattr(collector, "_state", None)  # None: barebones, nothing is collected
+        self._deferred: list[tuple[str, Any, tuple[Any, ...]]] | None = None
+        if self._state is not None:
+            self._deferred = collector.deferred = []
+
+    def log(self, name: str, value: Any, *args: Any) -> None:
+        # traced: is_compiling() is True, and the stage a guard (the training step's graphs are built in "train")
+        if torch.compiler.is_compiling() and self._deferred is not None and self._state.stage == "train":
+            self._deferred.append((name, value, args))
+        else:
+            self._eager(name, value, *args)
 
 
 _STORE = {"sanity_check": "validate"}
 #: what names logged from one of several evaluation loaders end with (then the loader's index; Lightning's)
 LOADER_SUFFIX = "/dataloader_idx_"
+
+
+def _published_keys(name: str, on_step: bool, on_epoch: bool, prog_bar: bool) -> tuple[str, str | None, str | None]:
+    """Where a logged step value is published: its ``callback_metrics`` key (``loss_step`` when logged per step and
+    per epoch), the plain name too in that case (else None), and its progress bar key (None: not shown)."""
+    key = _forked(name, "step") if on_step and on_epoch else name
+    return key, name if on_step and on_epoch else None, key if prog_bar and on_step else None
 
 
 def _forked(name: str, kind: str) -> str:

@@ -12,10 +12,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tandem.strategies.precision import Precision
 from tandem.strategies.side_channel import placed, preemption_vote
 from tandem.strategies.strategy import moves_batches
 from tandem.trainer.elastic import continue_from, data_layout, order_sampler
@@ -24,7 +26,7 @@ from tandem.trainer.optimization import Optimization
 from tandem.trainer.profiling import TRAIN_NEXT_BATCH, timed, timed_batches
 from tandem.trainer.replicas import ReplicaCheck
 from tandem.trainer.rollback import skipping
-from tandem.trainer.state import TRAIN, LoopState, StageData
+from tandem.trainer.state import TRAIN, BatchPlan, LoopState, StageData
 from tandem.utilities.data import find_sampler, has_len, is_empty_batch
 from tandem.utilities.exceptions import empty_batch
 from tandem.utilities.preemption import PREEMPTION
@@ -80,16 +82,13 @@ class FitLoop:
         self.reload_data: Callable[[], None] | None = None
         self._loaded_at = 0  # the epoch the loaders were built for
         self._stop_agreed = False  # every process knows that one asked to stop (several processes)
-        self._optimize = self.optimization.run  # the fit's optimization of a batch (timed when profiling)
-        # the strategy's batch_to_device changes a batch (strategies.strategy.moves_batches; set when a fit starts)
-        self._moves_batches = True
-        self._follow: Callable[..., None] | None = None  # the strategy's follow_module, if it follows the module
+        self.plan = BatchPlan.FULL  # the fit's batch path (composed when a fit starts, see _compose)
         self._store_ready = False  # the training values' store was emptied for the coming epoch
         self.empty_batch: tuple[int, int, int] | None = None  # (rank, epoch, batch_idx) not yet acted on (ddp)
         self._bad: RollbackRecord | None = None  # on_nonfinite="rollback": a publishing check found a bad batch
 
     def __getstate__(self) -> dict[str, Any]:  # ddp_spawn pickles the Trainer, which binds ``preempt`` again
-        return {**self.__dict__, "_preempt": None, "reload_data": None, "_optimize": None, "_follow": None}
+        return {**self.__dict__, "_preempt": None, "reload_data": None, "plan": BatchPlan.FULL}
 
     def bind_preemption_stop(self, preempt: Callable[[], None]) -> None:
         """What to call at the agreed pre-emption stop (the Trainer's save and exit)."""
@@ -155,14 +154,8 @@ class FitLoop:
                 _warn_nothing_to_train(self.state, context.config)
             return
         profiler = context.profiler
-        self._moves_batches = moves_batches(context.strategy)
-        # DDP follows changes of the trainable set at each step boundary; the others have nothing to follow
-        self._follow = context.strategy.follow_module if context.strategy.follows_module else None
-        optimize = self.optimization.run
-        self._optimize = optimize if profiler is None else timed(optimize, profiler, "run_training_batch")
-        rollback = context.nonfinite.rollback
-        if rollback is not None:  # each batch's loss recorded on its device (only then: no cost otherwise)
-            self._optimize = rollback.recording(self._optimize)
+        self.plan = self._compose()
+        self.optimization.follow_plan(self.plan)
         if self.evaluation.records["validate"].loaders and context.config.num_sanity_val_steps != 0:
             with isolate_rng():  # as Lightning: the check draws no training randomness (a loader's iter seeds)
                 self.evaluation.run("validate", sanity=True)
@@ -225,6 +218,39 @@ class FitLoop:
         here = (loop.epoch, loop.batches_done)
         if here >= preemption_vote().target(here):
             self._preempt()
+
+    #: compose every fit's plan with every stage on (the equivalence test's reference path; see BatchPlan)
+    compose_all = False
+
+    def _compose(self) -> BatchPlan:
+        """This fit's batch path: the stages that are on for its module, callbacks, strategy and precision."""
+        context, every = self.context, self.compose_all
+        strategy, on = context.strategy, context.hooks.registered
+        transfer = None
+        if self.batch_transfer is not None:  # the module's or DataModule's transfer hooks
+            transfer = partial(self.batch_transfer, dataloader_idx=0)
+        elif every or moves_batches(strategy):  # on the CPU at full precision a batch stays as the loader made it
+            transfer = strategy.batch_to_device
+        # DDP follows changes of the trainable set at step boundaries; the others have nothing to follow
+        follow = strategy.follow_module if every or strategy.follows_module else None
+        optimize = self.optimization.run
+        if context.profiler is not None:
+            optimize = timed(optimize, context.profiler, "run_training_batch")
+        if context.nonfinite.rollback is not None:  # each batch's loss recorded on its device (only then)
+            optimize = context.nonfinite.rollback.recording(optimize)
+        return BatchPlan(
+            optimize=optimize,
+            transfer=transfer,
+            follow=follow,
+            batch_start=every or "on_train_batch_start" in on,
+            batch_end=every or "on_train_batch_end" in on,
+            before_backward=every or "on_before_backward" in on,
+            after_backward=every or "on_after_backward" in on,
+            before_optimizer_step=every or "on_before_optimizer_step" in on,
+            before_zero_grad=every or "on_before_zero_grad" in on,
+            unscale=every or _unscales(strategy.precision),
+            deferred_logs=every or getattr(context.metrics, "deferred", None) is not None,
+        )
 
     # ------------------------------------------------------------------ one epoch
     def _run_epoch(self) -> None:
@@ -322,42 +348,36 @@ class FitLoop:
         """The batch runner: the batch on its device, the plan, the batch hooks and publishing around the
         optimization's :meth:`~tandem.trainer.optimization.Optimization.run`. False: the module's
         ``on_train_batch_start`` returned -1, which skips the rest of the epoch (every rank must return it)."""
-        context, loop, optimization = self.context, self.state, self.optimization
-        strategy, hooks, config = context.strategy, context.hooks, context.config
-        transfer = self.batch_transfer
-        if transfer is not None:
-            batch = transfer(batch, 0)
-        elif self._moves_batches:  # on the CPU at full precision a batch stays as the loader made it
-            batch = strategy.batch_to_device(batch)
+        context, loop, optimization, plan = self.context, self.state, self.optimization, self.plan
+        hooks, config = context.hooks, context.config
+        if plan.transfer is not None:
+            batch = plan.transfer(batch)
         context.metrics.set_batch(batch)
         loop.logger_step = loop.batches_stepped
         empty = is_empty_batch(batch)  # host-side shapes: no device sync
         loop.plan_batch(batch_idx, config.accumulate_grad_batches, config.log_every_n_steps, optimization.automatic)
-        # hooks nobody overrides are not even called; the module's returning -1 ends the epoch here (Lightning's)
-        if "on_train_batch_start" in hooks.registered and _ends_epoch(
-            hooks.call("on_train_batch_start", batch, batch_idx)
-        ):
+        # the module's on_train_batch_start returning -1 ends the epoch here (Lightning's)
+        if plan.batch_start and _ends_epoch(hooks.call("on_train_batch_start", batch, batch_idx)):
             loop.no_step()
             return False
-        follow = self._follow
-        if follow is not None:  # one flag read, unless a batch hook someone wrote may have changed the module
-            follow(only_if_created="on_train_batch_start" not in hooks.registered)
+        if plan.follow is not None:  # one flag read, unless a batch hook someone wrote may have changed the module
+            plan.follow(only_if_created=not plan.batch_start)
         steps = loop.global_step
-        output, loss = self._optimize(batch, batch_idx)
+        output, loss = plan.optimize(batch, batch_idx)
         if batch_idx + 1 == loop.epoch_batches:  # the epoch's last batch steps its epoch schedulers (Lightning's)
             optimization.step_schedulers("epoch", plateau=False, count=loop.epoch + 1)
         if empty and (loss is not None or loop.global_step != steps):  # trained on (training_step did not skip it)
             self._found_empty_batch(batch_idx)
         # under on_nonfinite="rollback" every publishing step checks the losses, with loggers or without
         rollback = context.nonfinite.rollback if loop.log_step else None
-        publish = loop.log_step and (context.sink.loggers or strategy.world_size > 1 or rollback is not None)
+        publish = loop.log_step and (context.sink.loggers or context.strategy.world_size > 1 or rollback is not None)
         if publish and not self._publish_step(loss):
             return False  # a bad batch since the last check: the epoch loop rolls back and replays
         loop.batches_done = batch_idx + 1
-        if "on_train_batch_end" in hooks.registered:
+        if plan.batch_end:
             hooks.call("on_train_batch_end", optimization.hook_outputs(output, loss), batch, batch_idx)
         if rollback is not None and rollback.snapshot_due():  # a clean check, the one to copy the state at
-            rollback.take(strategy, optimization, loop, context.metrics)
+            rollback.take(context.strategy, optimization, loop, context.metrics)
         return True
 
     def _publish_step(self, loss: torch.Tensor | None) -> bool:
@@ -497,6 +517,11 @@ class FitLoop:
 
 
 _END = object()
+
+
+def _unscales(precision: Precision) -> bool:
+    """Whether ``precision.unscale_gradients`` does anything: a float16 scaler, or an override of the method."""
+    return precision.scaler is not None or type(precision).unscale_gradients is not Precision.unscale_gradients
 
 
 def _ends_epoch(returned: Any) -> bool:

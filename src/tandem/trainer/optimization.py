@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -20,6 +21,7 @@ from tandem.module import is_overridden
 from tandem.trainer.hooks import current_hook, enter_hook, leave_hook, running_hook
 from tandem.trainer.optim import LRSchedulerConfig, TrainingOptimizer, parse_optimizers
 from tandem.trainer.profiling import StrategyCalls, module_action, timed
+from tandem.trainer.state import BatchPlan
 from tandem.utilities.exceptions import TandemUserCodeError, missing_metric, unzeroed_gradients
 from tandem.utilities.rank_zero import rank_zero_warn
 
@@ -43,6 +45,9 @@ class Optimization:
     """
 
     automatic = True
+    #: the stages that are on for the fit (set with :meth:`follow_plan` when a fit starts; every stage outside one)
+    plan: BatchPlan = BatchPlan.FULL
+    _prepares = True  # something runs between backward and the step (unscaling, a hook, clipping)
 
     def __init__(
         self,
@@ -64,6 +69,11 @@ class Optimization:
         self.training_optimizers = [TrainingOptimizer(o, step, zeroed) for o in self.optimizers]  # self.optimizers()
         self.has_gradients = False  # backward ran since the last optimizer step (automatic)
         self._no_step_warned = False  # an epoch without an optimizer step was reported (once per fit)
+
+    def follow_plan(self, plan: BatchPlan) -> None:
+        """Run the stages ``plan`` has on (the fit loop's, composed when a fit starts)."""
+        self.plan = replace(plan, optimize=None)  # not this object's own run: no reference cycle to free
+        self._prepares = plan.unscale or plan.before_optimizer_step or getattr(self, "_clip", None) is not None
 
     def run(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor | None]:
         """The body of one training batch: returns what ``training_step`` returned and its loss (or None)."""
@@ -117,7 +127,10 @@ class Optimization:
         args = (batch, batch_idx) if self.takes_batch_idx else (batch,)
         token = enter_hook(_TRAINING_STEP)
         try:
-            return self.calls.run_step(_TRAINING_STEP, *args)
+            output = self.calls.run_step(_TRAINING_STEP, *args)
+            if self.plan.deferred_logs:  # a compiled step's self.log calls (see CompiledStepLog)
+                self.context.metrics.log_deferred()
+            return output
         finally:
             leave_hook(token)
 
@@ -168,12 +181,15 @@ class AutomaticOptimization(Optimization):
         token = enter_hook(_TRAINING_STEP)  # inline, not _training_step: one frame fewer to the user's step
         try:
             output = calls.run_step(_TRAINING_STEP, *args)
+            if self.plan.deferred_logs:  # a compiled step's self.log calls (see CompiledStepLog)
+                self.context.metrics.log_deferred()
         finally:
             leave_hook(token)
         loss = self._backward(output)
         if self.has_gradients:
             optimizer = self.optimizers[0]
-            self._prepare_step(optimizer)
+            if self._prepares:
+                self._prepare_step(optimizer)
             self._finish_step(optimizer, batch_idx, calls.optimizer_step(optimizer))
         elif self._hand_steps:
             self._count_hand_steps(batch_idx)
@@ -268,26 +284,30 @@ class AutomaticOptimization(Optimization):
             self.step_schedulers("step", plateau=False, count=batch_idx + 1)
 
     def _backward(self, output: Any) -> torch.Tensor | None:
-        loss = _loss_from(output)
+        # the common output, a scalar loss with a graph, read without the checks of the others
+        loss = (
+            output if type(output) is torch.Tensor and output.requires_grad and not output.ndim else _loss_from(output)
+        )
         if loss is not None:
             if self._hand_steps:
                 raise _double_step(self._hand_steps)
-            context = self.context
-            hooks, k = context.hooks, context.config.accumulate_grad_batches
-            if "on_before_backward" in hooks.registered:  # hooks nobody overrides are not even called
-                hooks.call("on_before_backward", loss)
+            plan = self.plan
+            if plan.before_backward:  # hooks nobody overrides are not even called
+                self.context.hooks.call("on_before_backward", loss)
+            k = self.context.config.accumulate_grad_batches  # a callback may change it between batches
             self.calls.backward(loss / k if k > 1 else loss)
-            if "on_after_backward" in hooks.registered:
-                hooks.call("on_after_backward")
+            if plan.after_backward:
+                self.context.hooks.call("on_after_backward")
             self.has_gradients = True
         return loss
 
     def _prepare_step(self, optimizer: Optimizer, backward_ran: bool = True) -> None:
         """Between backward and the step: unscale float16 gradients (not when the step's closure ran no backward,
         its ``training_step`` returning None: nothing was scaled), the hook, clipping."""
-        if backward_ran:
+        plan = self.plan
+        if backward_ran and plan.unscale:
             self.context.strategy.precision.unscale_gradients(optimizer)
-        if "on_before_optimizer_step" in self.context.hooks.registered:
+        if plan.before_optimizer_step:
             self.context.hooks.call("on_before_optimizer_step", optimizer)
         if self._clip is not None:
             with running_hook("configure_gradient_clipping"):
@@ -296,7 +316,7 @@ class AutomaticOptimization(Optimization):
     def _finish_step(self, optimizer: Optimizer, batch_idx: int, stepped: bool) -> None:
         """After a step: clear the gradients, count the step, step the per-step schedulers."""
         loop = self.loop
-        if "on_before_zero_grad" in self.context.hooks.registered:
+        if self.plan.before_zero_grad:
             self.context.hooks.call("on_before_zero_grad", optimizer)
         if self._zero_grad is None:
             optimizer.zero_grad(set_to_none=True)

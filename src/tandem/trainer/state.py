@@ -3,8 +3,9 @@ and what the Trainer is doing now."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 #: the LoopState fields a checkpoint holds (the others are restored state waiting to be applied)
 _SAVED = (
@@ -98,6 +99,37 @@ class LoopState:
             False,
             None,
         )
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """What is on for one fit's training batches, composed once when the fit starts (``FitLoop`` builds it from the
+    hook table, the strategy, the precision and the module's overrides): the batch runner and the optimization run
+    the stages that are on and never ask about the others. It holds no rule of its own: whether a batch steps or
+    publishes is :meth:`LoopState.plan_batch`'s, the hooks' order the dispatcher's. Every stage a plan leaves out is
+    a no-op for that fit (a hook nobody overrides, unscaling without a scaler, a transfer that returns the batch),
+    so the full plan (:attr:`FULL`, every stage on) trains alike, bit for bit.
+    """
+
+    #: the optimization's ``run`` (timed when profiling; its losses recorded under on_nonfinite="rollback")
+    optimize: Callable[[Any, int], Any] | None = None
+    transfer: Callable[[Any], Any] | None = None  # the batch onto its device; None: it stays as the loader made it
+    follow: Callable[..., None] | None = None  # the strategy's follow_module, where it follows the module
+    batch_start: bool = True  # on_train_batch_start hooks
+    batch_end: bool = True  # on_train_batch_end hooks (their outputs dict built only then)
+    before_backward: bool = True  # on_before_backward hooks
+    after_backward: bool = True  # on_after_backward hooks
+    before_optimizer_step: bool = True  # on_before_optimizer_step hooks
+    before_zero_grad: bool = True  # on_before_zero_grad hooks
+    unscale: bool = True  # the precision unscales gradients before a step (float16's scaler)
+    deferred_logs: bool = True  # a compiled training step's self.log calls are logged after it (CompiledStepLog)
+
+    #: every stage on: the plan of an optimization used outside a fit, and the reference the equivalence test
+    #: (tests/trainer/test_fit_plan.py) trains every composed plan against
+    FULL: ClassVar[BatchPlan]
+
+
+BatchPlan.FULL = BatchPlan()
 
 
 @dataclass

@@ -51,6 +51,11 @@ def to_float(metrics: dict[Any, Any], dtype: torch.dtype = torch.float32) -> dic
     read in; float64 for sums that are reduced further)."""
     if not metrics:
         return {}
+    if len(metrics) == 1:  # one number (a loss): read it, no stack
+        ((name, value),) = metrics.items()
+        if isinstance(value, torch.Tensor):
+            return {name: (value if value.dtype is dtype else value.to(dtype)).item()}
+        return {name: float(value)}
     names = list(metrics)
     values = [metrics[n] for n in names]
     # a one-number tensor of the dtype already (what self.log keeps) is stacked as it is: no copy, no view
