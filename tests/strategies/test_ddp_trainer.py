@@ -225,8 +225,9 @@ def test_sync_dist_reduces_sums_and_counts_once_per_epoch(runs):
         # read right after self.log, a step value is this rank's own; it is reduced when published
         assert result["step_values"] == [(rank + 1) * (i + 1) for i in range(n)] * 2
         # no collective per step, and no reduction for the values: they travel in the gathering of the names
-        # (every name at once); per epoch one reduction is left, the agreement on should_stop
-        assert result["reductions"] == 2 * 1
+        # (every name at once); per epoch two reductions are left, the agreement on should_stop and the replica
+        # check (the smallest and largest checksum of each tensor over the ranks)
+        assert result["reductions"] == 2 * 2
 
 
 @pytest.mark.timeout(150)

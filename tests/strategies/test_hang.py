@@ -22,16 +22,19 @@ SCRIPT = Path(__file__).parent / "scripts" / "hang_runs.py"
 HANG_TIMEOUT = 3.0
 
 
-def _run(mode: str, out: Path, torchrun: bool = False) -> tuple[subprocess.CompletedProcess, float, str]:
-    """One job of ``hang_runs.py``: (the finished process, seconds it took, what rank 0's fit raised)."""
+def _run(
+    mode: str, out: Path, torchrun: bool = False, devices: int = 2
+) -> tuple[subprocess.CompletedProcess, float, str]:
+    """One job of ``hang_runs.py`` on ``devices`` ranks: (the finished process, seconds it took, what rank 0's fit
+    raised)."""
     start = time.monotonic()
     run = ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d"]
     run += ["--rdzv-endpoint", f"127.0.0.1:{find_free_port()}"] if torchrun else []
     done = subprocess.run(
-        [sys.executable, *(run if torchrun else []), str(SCRIPT), mode, str(out), str(HANG_TIMEOUT)],
+        [sys.executable, *(run if torchrun else []), str(SCRIPT), mode, str(out), str(HANG_TIMEOUT), str(devices)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=150 if devices <= 2 else 240,  # generous: a parallel suite on 2 cores; 8 processes start there too
         env=launch_free_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1"),
     )
     elapsed = time.monotonic() - start
@@ -45,7 +48,7 @@ def _row(raised: str, rank: int) -> str:
     return re.sub(r"\s+", " ", found.group(0)).strip()
 
 
-def _ended_as_a_hang(done: subprocess.CompletedProcess, elapsed: float, raised: str) -> None:
+def _ended_as_a_hang(done: subprocess.CompletedProcess, elapsed: float, raised: str, limit: float = 140) -> None:
     assert done.returncode != 0
     assert raised.split("\n", 1)[1].startswith("HangError: No rank made progress for 3 s (hang_timeout=3 s)"), (
         raised or done.stderr[-3000:]
@@ -53,15 +56,15 @@ def _ended_as_a_hang(done: subprocess.CompletedProcess, elapsed: float, raised: 
     fit_seconds = float(raised.split("\n", 1)[0])
     # the hang timeout and a margin for a busy machine (a parallel suite, a loaded CI host): not the process
     # group's 30 minutes
-    assert fit_seconds < HANG_TIMEOUT + 30, fit_seconds
-    assert elapsed < 55, elapsed
+    assert fit_seconds < HANG_TIMEOUT + 90, fit_seconds
+    assert elapsed < limit, elapsed
     # every rank printed its Python stack (faulthandler), naming the user's frame
     assert "rank 1: rank 0 declared a hang; this rank's stack:" in done.stderr
     assert "rank 0's stack:" in done.stderr
     assert done.stderr.count("(most recent call first)") >= 3, done.stderr[-3000:]
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_one_rank_skipping_backward_is_a_hang_error_naming_each_rank(tmp_path):
     """Rank 1 skips manual_backward once: DDP's gradient all-reduces pair up one step apart, and rank 0 is left
     in its last backward while rank 1 waits at the fit's end."""
@@ -75,7 +78,7 @@ def test_one_rank_skipping_backward_is_a_hang_error_naming_each_rank(tmp_path):
     assert steps[1] == steps[0] + 1  # rank 0 is one all-reduce behind
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_a_one_rank_all_reduce_is_a_hang_error_naming_the_users_line(tmp_path):
     done, elapsed, raised = _run("all_reduce1", tmp_path)
     _ended_as_a_hang(done, elapsed, raised)
@@ -87,7 +90,23 @@ def test_a_one_rank_all_reduce_is_a_hang_error_naming_the_users_line(tmp_path):
     assert re.search(r'hang_runs.py", line \d+ in training_step', rank1_stack), rank1_stack[:3000]
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.slow
+@pytest.mark.timeout(260)
+def test_a_one_rank_all_reduce_among_eight_ranks_is_named_by_every_rank(tmp_path):
+    """8 ranks (issue 34): rank 1 alone in an all-reduce, the 7 others in DDP's gradient all-reduce. Rank 0's table
+    names rank 1's line; every rank prints its own stack."""
+    done, elapsed, raised = _run("all_reduce1", tmp_path, devices=8)
+    _ended_as_a_hang(done, elapsed, raised, limit=230)  # the start of 8 processes on 2 busy cores included
+    assert re.match(
+        r"1 train training_step 0 2 2 hang_runs.py:\d+ in training_step torch's all_reduce", _row(raised, 1)
+    )
+    for rank in (0, *range(2, 8)):
+        assert re.match(rf"{rank} train backward 0 2 2 ", _row(raised, rank)), _row(raised, rank)
+    for rank in range(1, 8):
+        assert f"rank {rank}: rank 0 declared a hang; this rank's stack:" in done.stderr
+
+
+@pytest.mark.timeout(180)
 def test_under_torchrun_rank_zeros_broken_collective_raises_the_hang_error(tmp_path):
     """No tandem launcher in rank 0: the hang reaches its main thread as its all-reduce breaks (rank 1 ended)."""
     done, elapsed, raised = _run("all_reduce1", tmp_path, torchrun=True)
@@ -97,7 +116,7 @@ def test_under_torchrun_rank_zeros_broken_collective_raises_the_hang_error(tmp_p
     )
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_a_hang_in_validate_alone_is_a_hang_error_naming_the_batch(tmp_path):
     done, elapsed, raised = _run("validate_all_reduce1", tmp_path)
     _ended_as_a_hang(done, elapsed, raised)
@@ -108,7 +127,7 @@ def test_a_hang_in_validate_alone_is_a_hang_error_naming_the_batch(tmp_path):
     )
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_a_data_loader_blocked_on_one_rank_is_a_hang_error(tmp_path):
     done, elapsed, raised = _run("slow_data1", tmp_path)
     _ended_as_a_hang(done, elapsed, raised)
@@ -125,7 +144,7 @@ def test_hang_timeout_must_be_a_positive_timedelta():
     assert DDPStrategy(hang_timeout=None).hang_timeout is None
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_a_slow_rank_before_the_loop_is_no_hang(tmp_path):
     """Rank 0 in setup() for twice hang_timeout (a download) while rank 1 waits: no loop runs yet, so no hang."""
     done, _, raised = _run("slow_setup0", tmp_path)

@@ -49,6 +49,11 @@ class TwoRanks(SingleDeviceStrategy):
         self.gathers += 1
         return torch.stack([tensor, self.other(tensor.clone())])
 
+    def _reduce(self, tensor: torch.Tensor, reduce_op: str) -> torch.Tensor:
+        self.gathers += 1  # a collective
+        both = torch.stack([tensor, self.other(tensor.clone())])
+        return both.amax(0) if reduce_op == "max" else both.sum(0)
+
 
 class WithBuffers(nn.Module):
     def __init__(self, norm: type[nn.Module] = nn.BatchNorm1d) -> None:

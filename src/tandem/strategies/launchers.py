@@ -71,6 +71,9 @@ from tandem.utilities.preemption import PREEMPTION
 from tandem.utilities.processes import end_with_parent, load_libc
 
 _POLL_S = 0.1
+#: seconds the started ranks get, after rank 0 declared a hang, to print their stacks and end on their own (a rank
+#: stopped first prints nothing: at 8 ranks the first to end would otherwise stop the rest within a beat)
+_HANG_STACKS_S = 3.0
 _TERMINATE_GRACE_S = 5.0
 _ECHO_WAIT_S = 2.0  # how long rank 0, its collective broken, waits to see whether a started rank failed first
 _INTERRUPT_WAIT_S = 3.0  # a started rank ended by Ctrl-C: how long rank 0's main thread has to show its own
@@ -539,6 +542,11 @@ class _Watchdog:
         """Terminate every started rank still running; kill those that ignore it. The side channel is told first
         (``reason``): the ranks take the SIGTERM for the teardown it is, not for a pre-emption, and end at once."""
         self.stopping = True
+        channel = current_channel()
+        if channel is not None and channel.hang is not None:  # each rank's watcher prints its stack, then it ends
+            deadline = time.monotonic() + _HANG_STACKS_S
+            while any(c.proc.poll() is None for c in self.children) and time.monotonic() < deadline:
+                time.sleep(_POLL_S / 2)
         alive = [c.proc for c in self.children if c.proc.poll() is None]
         if alive:
             announce_teardown(reason, stopping=True)

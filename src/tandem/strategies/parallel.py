@@ -373,10 +373,18 @@ class ParallelStrategy(Strategy):
 
     def _ranks_with_batch(self, has_batch: bool) -> list[bool]:
         """Not agreed on through the store first (see :meth:`_check`): the loop asks this before every training
-        batch of an epoch of unknown length, on every rank at the same batch, so it is per-step hot path."""
+        batch of an epoch of unknown length, on every rank at the same batch, so it is per-step hot path. One
+        all-reduce of one number (how many ranks have a batch: its size does not grow with the ranks); only when
+        some have one and some not (once, at the end of such an epoch) a second one says which."""
         if not dist.is_initialized():
             return [has_batch]
-        flags = torch.zeros(dist.get_world_size(), dtype=torch.int32)
+        world = dist.get_world_size()
+        count = self._to_collective_device(torch.tensor([int(has_batch)], dtype=torch.int32))
+        dist.all_reduce(count, op=dist.ReduceOp.SUM)
+        have = int(count.item())
+        if have in (0, world):  # the same on every rank: all take the same branch
+            return [bool(have)] * world
+        flags = torch.zeros(world, dtype=torch.int32)
         flags[dist.get_rank()] = int(has_batch)
         flags = self._to_collective_device(flags)
         dist.all_reduce(flags, op=dist.ReduceOp.SUM)

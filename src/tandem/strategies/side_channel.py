@@ -99,6 +99,9 @@ __all__ = [
 _PREEMPTION_WAIT_S = 60.0
 #: how often the watcher posts this rank's beat (and a waiting rank looks for one that will never arrive)
 _BEAT_S = 1.0
+#: store requests a second that the ranks waiting in a collective check make together, at most, once they have
+#: waited a while (a rank polls every 20 ms, or every N / _POLL_BUDGET seconds at N ranks when that is longer)
+_POLL_BUDGET = 5000.0
 _WATCHER_JOIN_S = 10.0  # the longest close() waits for the watcher's store call to return
 
 _TANDEM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # src/tandem
@@ -301,7 +304,7 @@ class SideChannel:
         self.hang_timeout: float | None = None
         #: the hang rank 0 declared (the table of where each rank was), or None
         self.hang: str | None = None
-        self._stalled: tuple[Any, float] | None = None  # rank 0: the ranks' places and since when they stand still
+        self._stalled: tuple[int, float] | None = None  # rank 0: the ranks' moves counted, and since when
         self._stop = threading.Event()
         self.collective_check = CollectiveCheck(self)
         self.preemption_vote = PreemptionVote(self)
@@ -410,19 +413,22 @@ class SideChannel:
         """The watcher thread: once a second, post where the main thread is; run the vote's share. When the
         launcher stops the job while the main thread waits inside torch for another rank, end this process:
         that rank will never come, and no signal handler runs in a thread blocked in C++."""
-        where, since = "", time.monotonic()
+        where, since, seen = "", time.monotonic(), None
         while not self._stop.wait(_BEAT_S):
             now_where, blocked, user, hook = _main_thread_place(self._main_frame())
             if now_where != where:
                 where, since = now_where, time.monotonic()
             blocked_for = time.monotonic() - since if blocked else 0.0
             try:
-                self._post_beat(self._status, blocked_for, where, self._place_text(), hook, user)
+                place = self._place_text()
+                self._post_beat(self._status, blocked_for, where, place, hook, user)
                 self.preemption_vote._share(self._beat_store)
                 if blocked and not (self._tore_down or _REPORTER) and self._beat_store.check([self.key("stopping")]):
                     os._exit(TORN_DOWN_EXIT)  # as SIGTERM's default action would (128 + 15)
                 if self.hang_timeout is not None:
-                    self._look_for_hang()
+                    moved = seen is not None and seen != (place, where)
+                    self._look_for_hang(moved)
+                seen = (place, where)
             except Exception:  # the store is gone (the job is ending): nothing more to report
                 return
 
@@ -442,13 +448,17 @@ class SideChannel:
         )
 
     # ------------------------------------------------------------------ hangs
-    def _look_for_hang(self) -> None:
-        """Watcher thread, once a beat. Rank 0: when no rank's place or stack moved for ``hang_timeout`` seconds
-        while some rank is in a loop, declare the hang (:meth:`_declare_hang`). Every other rank: when rank 0
-        declared one, print this rank's stack and end (its collectives then break on rank 0, which raises)."""
+    def _look_for_hang(self, moved: bool) -> None:
+        """Watcher thread, once a beat; ``moved``: this rank's place or stack changed since its last beat. Every
+        rank adds that to the group's ``moved`` counter (one request, whatever the number of ranks). Rank 0: when
+        the counter has not grown for ``hang_timeout`` seconds, it reads every rank's beat (once, not every beat)
+        and, while some rank is in a loop and none has left, declares the hang (:meth:`_declare_hang`). Every
+        other rank: when rank 0 declared one (the counter is negative), print this rank's stack and end (its
+        collectives then break on rank 0, which raises)."""
         store = self._beat_store
+        total = store.add(self.key("moved"), int(moved))
         if self.rank != 0:
-            if store.check([self.key("hang")]):
+            if total < 0:
                 print(f"[tandem] rank {self.rank}: rank 0 declared a hang; this rank's stack:", file=sys.stderr)
                 faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
                 sys.stderr.flush()
@@ -456,19 +466,18 @@ class SideChannel:
             return
         if self.hang is not None:
             return
-        keys = [self.key("beat", r) for r in range(self.world_size)]
-        if not store.check(keys):
-            return
-        beats = [_Beat.parse(value) for value in _multi_get(store, keys)]
-        if any(b.status != "running" for b in beats) or not any(b.place for b in beats):
-            self._stalled = None  # a rank left (the other clients report it), or no loop runs (set-up, a download)
-            return
         now = time.monotonic()
-        snapshot = tuple((b.place, b.where) for b in beats)
-        if self._stalled is None or self._stalled[0] != snapshot:
-            self._stalled = (snapshot, now)
-        elif now - self._stalled[1] >= self.hang_timeout:
-            self._declare_hang(beats, now - self._stalled[1])
+        if self._stalled is None or self._stalled[0] != total:
+            self._stalled = (total, now)
+            return
+        if now - self._stalled[1] < self.hang_timeout:
+            return
+        keys = [self.key("beat", r) for r in range(self.world_size)]
+        beats = [_Beat.parse(value) for value in _multi_get(store, keys)] if store.check(keys) else []
+        if not beats or any(b.status != "running" for b in beats) or not any(b.place for b in beats):
+            self._stalled = (total, now)  # a rank left (the other clients report it), or no loop runs (set-up)
+            return
+        self._declare_hang(beats, now - self._stalled[1])
 
     def _declare_hang(self, beats: list[_Beat], stalled_for: float) -> None:
         """Rank 0: print the table of where each rank is and this rank's stack, tell the other ranks (they print
@@ -497,7 +506,7 @@ class SideChannel:
         # "running": a rank waiting in the collective check would fail on it before its watcher prints its stack.
         self._tore_down = True
         self._beat_store.compare_set(self.key("teardown"), "", f"rank 0 declared a hang after {stalled_for:.0f} s")
-        self._beat_store.set(self.key("hang"), "1")
+        self._beat_store.add(self.key("moved"), -(1 << 62))  # the other ranks' watchers read it negative
         if not _REPORTER:  # under tandem's launcher, it raises HangError in the main thread (it sees the ranks end)
             threading.Thread(target=self._end_if_not_raised, name="tandem-hang", daemon=True).start()
 
@@ -546,6 +555,11 @@ class _Beat:
     def parse(cls, value: bytes) -> _Beat:
         status, blocked, where, place, hook, user, last = value.decode().split("\n", 6)
         return cls(status, float(blocked), where, last, place, hook, user)
+
+    @property
+    def check_count(self) -> int:
+        """How many collective checks the rank has entered (its latest, ``check <n>: ...``)."""
+        return int(self.last.split(":", 1)[0].removeprefix("check ")) if self.last.startswith("check ") else 0
 
     @property
     def where_text(self) -> str:
@@ -621,15 +635,23 @@ def _main_thread_position(frame: FrameType | None, lineno: int | None = None) ->
 class CollectiveCheck:
     """The side channel's first client: before each checked collective, the ranks agree they enter the same.
 
-    1. Each rank writes its ``n``-th check's tag (the operation, tandem's call site, the entry point) and its
-       user-code call site under ``check/<n>/<rank>``, then counts itself in ``check/<n>/arrived``.
-    2. The last rank to arrive reads every tag and writes the verdict: ``ok`` or the mismatch, both sides
-       named. Every rank waits for the verdict and raises :class:`CollectiveMismatchError` if it is not ok.
-    3. While it waits, a rank reads the beats of the ranks that have not arrived. A rank that ended its
-       script, or whose main thread has sat in a torch collective or backward pass (for DDP: the gradient
-       all-reduce, waiting for this rank) for ``stall_timeout`` seconds, will not arrive: the waiting ranks
-       raise, naming it and where it is. A rank that is merely slow (still computing, or in user code such as
-       ``prepare_data`` on rank 0) is waited for, up to the process-group timeout, as before.
+    What it costs does not grow with the number of ranks N: each rank makes the same few store requests whatever N
+    is, and no rank reads N keys unless something is wrong (see ``benchmarks/scale.py``).
+
+    1. Each rank offers its ``n``-th check's tag (the operation, tandem's call site, the entry point) and its
+       user-code call site to ``check/<n>/tag`` with ``compare_set``: the first rank's stays, and every rank gets
+       it back. A rank whose tag differs appends its own to ``check/<n>/differ``. Then it counts itself in
+       ``check/<n>/arrived``.
+    2. The last rank to arrive writes the verdict: ``ok`` when nobody differed, else the mismatch, every side
+       named (read from the one ``differ`` key). Every rank waits for the verdict (polling, at most
+       ``_POLL_BUDGET`` requests a second from all waiting ranks together) and raises
+       :class:`CollectiveMismatchError` if it is not ok.
+    3. While they wait, the first rank to arrive reads the other ranks' beats once a beat (one request). A rank
+       that ended its script, or whose main thread has sat in a torch collective or backward pass (for DDP: the
+       gradient all-reduce, waiting for this rank) for ``stall_timeout`` seconds, will not arrive: it writes that
+       as the verdict, naming the rank and where it is, and every rank raises it. A rank that is merely slow
+       (still computing, or in user code such as ``prepare_data`` on rank 0) is waited for, up to the
+       process-group timeout, as before.
     """
 
     def __init__(self, channel: SideChannel) -> None:
@@ -646,29 +668,36 @@ class CollectiveCheck:
         channel, store = self.channel, self.channel.store
         self.count += 1
         n = self.count
-        store.set(channel.key("check", n, channel.rank), f"{site.tag}\n{site.user}")
         self.last = f"check {n}: {_describe(site.tag, site.user)}"
+        mine = f"{site.tag}\n{site.user}"
+        first = store.compare_set(channel.key("check", n, "tag"), "", mine).decode()
+        if first.split("\n", 1)[0] != site.tag:
+            store.append(channel.key("check", n, "differ"), f"{channel.rank}\n{mine}\0")
         arrived = store.add(channel.key("check", n, "arrived"), 1)
         verdict_key = channel.key("check", n, "verdict")
         if arrived == channel.world_size:
-            store.set(verdict_key, self._verdict(n))
-        verdict = self._wait_for(verdict_key, n, site, stall_timeout)
-        if n > 1:  # every rank has read check n - 1 (they all reached n): drop what this rank wrote for it
-            _delete(store, channel.key("check", n - 1, channel.rank))
-            if channel.rank == 0:
-                _delete(store, channel.key("check", n - 1, "arrived"))
-                _delete(store, channel.key("check", n - 1, "verdict"))
+            store.compare_set(verdict_key, "", self._verdict(n, first))
+        verdict = self._wait_for(verdict_key, n, site, stall_timeout, diagnose=arrived == 1)
+        if n > 1 and channel.rank == 0:  # every rank has read check n - 1 (they all reached n): drop its keys
+            for name in ("tag", "arrived", "verdict"):  # (no "differ": check n - 1 passed)
+                _delete(store, channel.key("check", n - 1, name))
         if verdict != "ok":
             raise CollectiveMismatchError(verdict)
 
-    def _verdict(self, n: int) -> str:
-        keys = [self.channel.key("check", n, r) for r in range(self.channel.world_size)]
-        entries = [v.decode().split("\n", 1) for v in _multi_get(self.channel.store, keys)]
-        tags = [tag for tag, _ in entries]
-        if len(set(tags)) == 1:
+    def _verdict(self, n: int, first: str) -> str:
+        """The last rank to arrive: "ok", or the mismatch with every side named (``first``: the first rank's
+        tag and user site, which the ranks that did not append to ``differ`` share)."""
+        store = self.channel.store
+        differ_key = self.channel.key("check", n, "differ")
+        if not store.check([differ_key]):
             return "ok"
+        differing = {}
+        for record in store.get(differ_key).decode().split("\0")[:-1]:
+            rank, tag, user = record.split("\n", 2)
+            differing[int(rank)] = (tag, user)
+        entries = [differing.get(r, tuple(first.split("\n", 1))) for r in range(self.channel.world_size)]
         groups: dict[str, list[int]] = {}
-        for r, tag in enumerate(tags):
+        for r, (tag, _) in enumerate(entries):
             groups.setdefault(tag, []).append(r)
         sides = "; ".join(
             f"rank{'s' if len(ranks) > 1 else ''} {_ranks(ranks)} entered {_describe(tag, entries[ranks[0]][1])}"
@@ -676,40 +705,51 @@ class CollectiveCheck:
         )
         return f"The ranks entered different collectives: {sides}. {_FIX}"
 
-    def _wait_for(self, key: str, n: int, site: CallSite, stall_timeout: float) -> str:
-        """Poll for ``key`` (the store's own timed wait logs a warning per timeout); every beat, look for a
-        rank that will never arrive."""
+    def _wait_for(self, key: str, n: int, site: CallSite, stall_timeout: float, diagnose: bool) -> str:
+        """Poll for ``key``, backing off to a pace at which all ranks together stay within ``_POLL_BUDGET``
+        requests a second (the store's own timed wait logs a warning per timeout). ``diagnose`` (the first rank
+        to arrive): every beat, look for a rank that will never arrive, and make that the verdict."""
         store, delay = self.channel.store, 0.0002
+        longest = max(0.02, self.channel.world_size / _POLL_BUDGET)
         diagnose_at = time.monotonic() + _BEAT_S
+        suspects: dict[int, str] = {}
         while not store.check([key]):
             time.sleep(delay)
-            delay = min(delay * 2, 0.02)
-            if time.monotonic() >= diagnose_at:
-                problem = self._missing_rank_problem(n, site, stall_timeout)
+            delay = min(delay * 2, longest)
+            if diagnose and time.monotonic() >= diagnose_at:
+                problem, suspects = self._missing_rank_problem(n, site, stall_timeout, suspects)
                 if problem is not None:
-                    raise CollectiveMismatchError(problem)
+                    store.compare_set(key, "", problem)  # unless the verdict came meanwhile: every rank reads it
                 diagnose_at = time.monotonic() + _BEAT_S
         return store.get(key).decode()
 
-    def _missing_rank_problem(self, n: int, site: CallSite, stall_timeout: float) -> str | None:
-        """Why a rank that has not arrived at check ``n`` never will, or None while it may still come."""
+    def _missing_rank_problem(
+        self, n: int, site: CallSite, stall_timeout: float, suspects: dict[int, str]
+    ) -> tuple[str | None, dict[int, str]]:
+        """Why a rank that has not arrived at check ``n`` never will, or None while it may still come; and the
+        ranks that look stalled now. Read from every rank's beat (one request). A rank that ended is a problem at
+        once; a rank stalled in torch only when it already was at the previous look (a beat is up to a second
+        old: it may have arrived since)."""
         channel = self.channel
         me = f"rank {channel.rank} entered {_describe(site.tag, site.user)}"
-        for r in range(channel.world_size):
-            if r == channel.rank or channel.store.check([channel.key("check", n, r)]):
-                continue
-            beat = channel.beat(r)
-            if beat is None:
+        keys = [channel.key("beat", r) for r in range(channel.world_size)]
+        if not channel.store.check(keys):  # a rank whose watcher has not posted yet: still starting
+            return None, {}
+        stalled = {}
+        for r, value in enumerate(_multi_get(channel.store, keys)):
+            beat = _Beat.parse(value)
+            if r == channel.rank or beat.check_count >= n:
                 continue
             if beat.status != "running":
-                return f"Rank {r} {beat.status} while {me}. {beat.where_text}{_FIX}"
+                return f"Rank {r} {beat.status} while {me}. {beat.where_text}{_FIX}", {}
             if beat.blocked_for >= stall_timeout:
-                return (
+                stalled[r] = (
                     f"Rank {r} has waited {beat.blocked_for:.0f} s in {beat.where}, a collective that rank "
                     f"{channel.rank} never entered (rank {r}'s last tandem collective was {beat.last or 'none'}), "
                     f"while {me}. {_FIX_STALLED}"
                 )
-        return None
+        confirmed = [r for r in stalled if r in suspects]
+        return (stalled[confirmed[0]] if confirmed else None), stalled
 
 
 # ---------------------------------------------------------------------------------------------- client 2
@@ -727,6 +767,8 @@ class PreemptionVote:
     first stop point at or after the largest post. A rank blocked in a collective (waiting for a rank that
     already stopped to look at the flag) gets its post from its watcher, so nobody waits for it; DDP keeps
     the ranks within one step of each other, so the largest post is at most a step or two ahead of anyone.
+    Each rank counts itself in ``preempt/<round>/posted`` as it posts; a rank at its stop point polls that one key
+    (at most ``_POLL_BUDGET`` requests a second from all ranks together), then reads the N positions once.
     """
 
     def __init__(self, channel: SideChannel) -> None:
@@ -735,6 +777,7 @@ class PreemptionVote:
         self._round = 0  # fits and pre-emption stops so far (keys of an earlier round are never read)
         self._seen = False  # this round's request is known both here and in the store
         self._target: Position | None = None
+        self._posted = False  # this rank's stop position is in the store, and counted in ``posted``
 
     def _key(self, name: str) -> str:
         return self.channel.key("preempt", self._round, name)
@@ -748,12 +791,13 @@ class PreemptionVote:
         channel, store = self.channel, self.channel.store
         with self._lock:
             store.compare_set(self._key("signal"), "", str(PREEMPTION.signum))
-            store.compare_set(self._key(f"stop/{channel.rank}"), "", _position_text(here))
+            self._post(store, here)
             keys = [self._key(f"stop/{r}") for r in range(channel.world_size)]
         timeout = _PREEMPTION_WAIT_S
         deadline = time.monotonic() + timeout
         look_at = time.monotonic() + _BEAT_S
-        while not store.check(keys):
+        delay, longest = 0.001, max(0.01, channel.world_size / _POLL_BUDGET)  # one small request a poll
+        while int(store.add(self._key("posted"), 0)) < channel.world_size:
             if time.monotonic() > look_at:  # a rank failed meanwhile: nobody stops at a common step
                 look_at = time.monotonic() + _BEAT_S
                 reason = channel.torn_down()
@@ -766,8 +810,9 @@ class PreemptionVote:
                     f"{timeout:.0f} s for rank(s) {_ranks(missing)} to say where they stop; they did not answer "
                     "(stopped or hung). No checkpoint was written for this stop."
                 )
-            time.sleep(0.01)
-        self._target = max(_parse_position(v) for v in _multi_get(store, keys))
+            time.sleep(delay)
+            delay = min(2 * delay, longest)
+        self._target = max(_parse_position(v) for v in _multi_get(store, keys))  # once a stop
         return self._target
 
     def new_round(self) -> None:
@@ -775,7 +820,16 @@ class PreemptionVote:
         a stop's keys are never read again, and a signal still pending is shared afresh."""
         with self._lock:
             self._round += 1
-            self._seen, self._target = False, None
+            self._seen, self._target, self._posted = False, None, False
+
+    def _post(self, store: Any, position: Position) -> None:
+        """Post this rank's stop position, unless it already did (its watcher or its main thread: the first wins),
+        and count it in ``posted`` (what the ranks wait on: one key, whatever the number of ranks). Under the lock."""
+        if self._posted:
+            return
+        store.compare_set(self._key(f"stop/{self.channel.rank}"), "", _position_text(position))
+        store.add(self._key("posted"), 1)
+        self._posted = True
 
     def _share(self, store: Any) -> None:
         """Watcher thread: share the local flag and the store key both ways; post this rank's position."""
@@ -792,7 +846,7 @@ class PreemptionVote:
             if progress is not None:  # in a fit: where the main thread can stop next, at the earliest
                 epoch, done, epoch_end = progress()
                 ahead = (epoch + 1, 0) if epoch_end else (epoch, done + 1)
-                store.compare_set(self._key(f"stop/{self.channel.rank}"), "", _position_text(ahead))
+                self._post(store, ahead)
 
 
 class LocalVote:

@@ -9,13 +9,15 @@ processes; one process does no work at all:
 - **Parameters and buffers, at each training epoch's end and before each checkpoint is built.** One checksum a
   tensor (the wrapping integer sum of its bits read as 32-bit words: equal for bitwise-equal tensors whatever the
   order of the reduction, so no tolerance is needed and none can hide a divergence; as fast as a float sum), one
-  small all-gather of those numbers, one read. A difference is a :class:`ReplicasDivergedError` on every rank
-  (every rank sees the same gathered numbers and takes the same decision) naming the first tensor that differs
-  and the ranks whose copy differs. DDP averages the gradients in backward, so the ranks' parameters stay
+  all-reduce of the smallest and largest value of each checksum across the ranks (16 bytes a tensor, whatever the
+  number of ranks: a gather's result would grow with it), one read. A difference (smallest != largest) is a
+  :class:`ReplicasDivergedError` on every rank (every rank sees the same reduced numbers and takes the same
+  decision); only then are the checksums gathered, to name the first tensor that differs and the ranks whose copy
+  differs. DDP averages the gradients in backward, so the ranks' parameters stay
   bitwise equal; the usual causes of a difference are named in the error.
 - **The first training batch of each epoch,** when no DistributedSampler splits the training data (an
   ``IterableDataset``, or ``use_distributed_sampler=False`` with a sampler of the user's): a checksum of every
-  tensor in the batch travels with the epoch end's all-gather. Equal on every rank means the ranks train on the
+  tensor in the batch travels with the epoch end's all-reduce. Equal on every rank means the ranks train on the
   same data; that is a one-time warning (rank 0), since a user may mean it.
 
 Not compared: statistics that each rank updates from its own batches in every training forward, by design. The
@@ -208,8 +210,8 @@ def same_data_warning(epoch: int, world: int) -> str:
 # ---------------------------------------------------------------------- the checks
 def check_replicas(strategy: Strategy, when: str, reaction: str = "raise") -> None:
     """Raise a :class:`ReplicasDivergedError` on every rank if the ranks' parameters or buffers differ (warn on rank
-    0 instead with ``reaction="warn"``). Every rank calls this; one small all-gather when ``strategy`` holds
-    identical replicas in several processes, nothing otherwise.
+    0 instead with ``reaction="warn"``). Every rank calls this; one all-reduce of two numbers a tensor when
+    ``strategy`` holds identical replicas in several processes (and a gather when they differ), nothing otherwise.
 
     Args:
         strategy: the Trainer's.
@@ -220,8 +222,18 @@ def check_replicas(strategy: Strategy, when: str, reaction: str = "raise") -> No
     if module is None or not checks_replicas(strategy):
         return
     named = replicated_tensors(module)
-    gathered = strategy.all_gather(module_checksums([t for _, _, t in named])).tolist()
-    _raise_if_diverged(module, named, gathered, when, reaction)
+    local = module_checksums([t for _, _, t in named])
+    low, high = smallest_and_largest(strategy, local)
+    if not torch.equal(low, high):
+        _raise_if_diverged(module, named, strategy.all_gather(local).tolist(), when, reaction)
+
+
+def smallest_and_largest(strategy: Strategy, local: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each element's smallest and largest value over the ranks, for an int64 ``local``: one all-reduce (max) of
+    ``local`` and its bitwise complement (``~x`` orders the values backwards, and never overflows as ``-x`` does),
+    its size independent of the number of ranks. Every rank calls this."""
+    both = strategy.reduce(torch.cat([local, torch.bitwise_not(local)]), "max")
+    return torch.bitwise_not(both[local.numel() :]), both[: local.numel()]
 
 
 def _raise_if_diverged(
@@ -265,21 +277,22 @@ class ReplicaCheck:
 
     def check_epoch_end(self, strategy: Strategy, epoch: int, reaction: str = "raise") -> None:
         """Compare every rank's replica (raising :class:`ReplicasDivergedError` on every rank if they differ) and
-        first batch (warning once if all are equal). Every rank calls this; one small all-gather under several
-        processes holding identical replicas, nothing otherwise."""
+        first batch (warning once if all are equal). Every rank calls this; one all-reduce of two numbers a tensor
+        under several processes holding identical replicas (and a gather when they differ), nothing otherwise."""
         module = strategy.module
         if module is None or not checks_replicas(strategy):
             return
         batch, self.batch = (self.batch if self.batch is not None else _NO_BATCH), None
         named = replicated_tensors(module)
         local = module_checksums([t for _, _, t in named])
-        gathered = strategy.all_gather(torch.cat([local, batch.to(local.device)])).tolist()
-        batches = [row[len(named) :] for row in gathered]
-        if not self.same_data_warned and batches[0][0] == 1 and all(b == batches[0] for b in batches):
+        low, high = smallest_and_largest(strategy, torch.cat([local, batch.to(local.device)]))
+        count = len(named)
+        if not self.same_data_warned and low[count] == 1 and torch.equal(low[count:], high[count:]):
             self.same_data_warned = True
-            rank_zero_warn(same_data_warning(epoch, len(gathered)))
-        rows = [row[: len(named)] for row in gathered]
-        _raise_if_diverged(module, named, rows, f"at the end of epoch {epoch}", reaction)
+            rank_zero_warn(same_data_warning(epoch, strategy.world_size))
+        if not torch.equal(low[:count], high[:count]):  # rare: gather the checksums to name the ranks
+            gathered = strategy.all_gather(local).tolist()
+            _raise_if_diverged(module, named, gathered, f"at the end of epoch {epoch}", reaction)
 
 
 _END = object()

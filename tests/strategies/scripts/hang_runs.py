@@ -31,6 +31,7 @@ from tandem.strategies.ddp import DDPStrategy
 MODE = sys.argv[1]
 OUT = Path(sys.argv[2])
 HANG_TIMEOUT = float(sys.argv[3]) if len(sys.argv) > 3 else 3.0
+DEVICES = int(sys.argv[4]) if len(sys.argv) > 4 else 2
 
 
 class Points(Dataset):
@@ -87,7 +88,7 @@ def main() -> None:
     trainer = tandem.Trainer(
         accelerator="cpu",
         strategy=strategy,
-        devices=2,
+        devices=DEVICES,
         max_steps=40,
         logger=False,
         enable_checkpointing=False,
