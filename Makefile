@@ -6,9 +6,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PIP_TORCH_ARGS ?=
+# make test runs the suite on TEST_WORKERS pytest-xdist workers (whole files each): the cores + 1, as many tests
+# wait on processes they launched; `make test TEST_WORKERS=0` runs it in one process.
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(8, (os.cpu_count() or 1) + 1))")
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint bench gpu-check clean
+.PHONY: setup demo test lint bench gpu-check clean docs docs-serve
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,7 +33,7 @@ demo: setup
 test: setup
 	$(PY) -m ruff check src tests examples benchmarks
 	$(PY) -m ruff format --check src tests benchmarks
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 lint: setup
 	$(PY) -m ruff check src tests examples benchmarks
@@ -49,5 +52,19 @@ GPU_CHECK_PY ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 gpu-check:
 	$(GPU_CHECK_PY) benchmarks/gpu_check.py --out $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
 
+# The docs site (docs/, mkdocs.yml) into site/: --strict fails on a broken link, anchor or API reference.
+# The docs extra is installed here only; make test runs the docs' code blocks without mkdocs (tests/test_docs.py).
+$(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
+	$(PY) -m pip install -q -e ".[docs]"
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	$(PY) docs/scripts/gen_api.py --check
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+	$(PY) docs/scripts/check_site_links.py
+
+docs-serve: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve
+
 clean:
-	rm -rf $(VENV) runs build *.egg-info src/*.egg-info .pytest_cache
+	rm -rf $(VENV) runs build site *.egg-info src/*.egg-info .pytest_cache

@@ -15,6 +15,17 @@ def _rank_zero_and_cwd(tmp_path, monkeypatch):
     rank_zero_only.rank = 0
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``pytest -n N`` hands out whole files (``--dist loadfile``) unless ``--dist`` says otherwise: a module's shared
+    launch (a module-scoped fixture) then runs once, not once on every worker that got one of its tests."""
+    if config.getoption("dist") == "load":
+        from xdist.scheduler import LoadFileScheduling
+
+        return LoadFileScheduling(config, log)
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from filelock import FileLock
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -105,6 +108,24 @@ def float16_mixed(accelerator: str = "cpu") -> dict:
     if accelerator == "cpu":
         return dict(strategy=tandem.strategies.SingleDeviceStrategy("cpu", precision="16-mixed"))
     return dict(accelerator=accelerator, precision="16-mixed")
+
+
+def shared_folder(tmp_path_factory, name: str, fill: Callable[[Path], None]) -> Path:
+    """A folder that ``fill`` fills once per test run, even when pytest-xdist workers ask for it at the same time:
+    the first worker fills it under a file lock in the run's shared temporary folder; the others wait and reuse it.
+    (Without xdist it is a folder of this session.) A ``fill`` that raises leaves nothing behind: the next asker
+    tries again."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # shared by the workers of one run
+    folder, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            fill(folder)
+            done.touch()
+    return folder
 
 
 def run_python(

@@ -18,6 +18,7 @@ from tandem.cli import CLI, CLIError, LightningCLI, LRSchedulerCallable, Optimiz
 from tandem.cli.save_config import SAVED_MARK, saved_text
 from tandem.loggers import CSVLogger
 from tandem.strategies import DDPStrategy
+from tandem.utilities.exceptions import TandemWarning
 
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.accelerator=cpu"]
 
@@ -264,12 +265,14 @@ def test_config_yaml_refuses_to_replace_a_different_one_unless_overwrite(tmp_pat
     CLI(TinyModule, Data, args=args)
     saved = tmp_path / "config.yaml"
     first = saved.read_text()
-    CLI(TinyModule, Data, args=args)  # the same config: nothing to refuse
+    with pytest.warns(TandemWarning, match="Checkpoint directory .* exists and is not empty"):
+        CLI(TinyModule, Data, args=args)  # the same config: nothing to refuse (the checkpoints of the first run stay)
     checkpoints = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     with pytest.raises(CLIError, match=r"already holds a different config.*pass --overwrite"):
         CLI(TinyModule, Data, args=[*args, "--model.lr", "0.5"])
     assert saved.read_text() == first and sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == checkpoints
-    CLI(TinyModule, Data, args=[*args, "--model.lr", "0.5", "--overwrite"])
+    with pytest.warns(TandemWarning, match="Checkpoint directory .* exists and is not empty"):
+        CLI(TinyModule, Data, args=[*args, "--model.lr", "0.5", "--overwrite"])
     assert "lr: 0.5" in saved.read_text()
 
 

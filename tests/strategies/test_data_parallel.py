@@ -109,6 +109,14 @@ def test_combine_outputs_rules():
 
 
 # ====================================================================== the weighted loss and its gradient
+class Unlogged(TinyModule):
+    """TinyModule without self.log: its steps run here outside a Trainer, where a logged value would be dropped."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+
 def whole_batch_grads(module, batch):
     module.zero_grad()
     module.training_step(batch, 0).backward()
@@ -118,7 +126,7 @@ def whole_batch_grads(module, batch):
 @pytest.mark.parametrize("parallel", [True, False], ids=["threads", "in_turn"])
 def test_uneven_split_gradient_equals_whole_batch_gradient(parallel):
     torch.manual_seed(0)
-    module = TinyModule()
+    module = Unlogged()
     reference = copy.deepcopy(module)
     x, y = make_data(10)[:]
     strategy = ready(cpu_dp(4, parallel), module)

@@ -150,7 +150,7 @@ def test_exception_in_one_rank_ends_the_job(tmp_path, crash_rank):
     done = _python([str(SCRIPT), "crash", "--crash-rank", str(crash_rank), "--out", str(tmp_path)], _env(), timeout=90)
     elapsed = time.monotonic() - start
     assert done.returncode == 1  # an uncaught Python exception in rank 0, not os._exit
-    assert elapsed < 60  # seconds, not the process group's 30 minutes; generous for a busy host
+    assert elapsed < 85  # seconds, not the process group's 30 minutes; generous for a busy host
     assert f"RuntimeError: boom at step 3 on rank {crash_rank}" in done.stderr, done.stderr
     assert all((tmp_path / f"pid{r}").exists() for r in (0, 1))  # both ranks were training
     assert (tmp_path / "finally0").read_text() == "ran"  # rank 0 left through a Python exception: finally ran
@@ -214,7 +214,7 @@ def test_a_rank_whose_script_ends_normally_is_named(tmp_path):
 @pytest.mark.timeout(150)
 def test_a_one_rank_all_gather_names_the_users_line(tmp_path):
     """self.all_gather on rank 0 only: the collective check names the user's line, not lightning-utilities'."""
-    done = _python([str(SCRIPT), "gather0", "--out", str(tmp_path)], _env(), timeout=45)
+    done = _python([str(SCRIPT), "gather0", "--out", str(tmp_path)], _env(), timeout=120)
     assert done.returncode != 0
     assert re.search(
         r"while rank 0 entered all_gather \(from user code in Trainer.fit, called at launch_fit.py:\d+ in "
@@ -231,7 +231,7 @@ def test_a_barrier_on_rank_zero_only_is_named_as_such_not_as_rank_1_failing(tmp_
     rank 0 in a collective it never enters (stall timeout 3 s) and stops the job. Rank 0's error says so, naming its
     barrier and the user's line: a CollectiveMismatchError, not "rank 1 failed" ending with gloo's "Connection
     closed by peer" from the barrier that then broke."""
-    done = _python([str(SCRIPT), "barrier0", "--out", str(tmp_path)], _env(), timeout=45)
+    done = _python([str(SCRIPT), "barrier0", "--out", str(tmp_path)], _env(), timeout=120)
     assert done.returncode == 1
     raised = (tmp_path / "raised0").read_text()
     assert re.match(
@@ -253,10 +253,10 @@ def test_save_checkpoint_on_rank_zero_only_is_named_within_seconds(tmp_path):
     next step's gradient all-reduce and rank 0 waits in the save: without the collective check this waits for
     the whole process-group timeout (30 minutes). With it (stall timeout 3 s here), rank 0 names both sides."""
     start = time.monotonic()
-    done = _python([str(SCRIPT), "save0", "--out", str(tmp_path)], _env(), timeout=45)
+    done = _python([str(SCRIPT), "save0", "--out", str(tmp_path)], _env(), timeout=120)
     elapsed = time.monotonic() - start
     assert done.returncode != 0
-    assert elapsed < 60, elapsed  # seconds, not the process group's 30 minutes; generous for a busy host
+    assert elapsed < 130, elapsed  # seconds, not the process group's 30 minutes; generous for a busy host
     assert "CollectiveMismatchError: Rank 1 has waited" in done.stderr, done.stderr[-3000:]
     assert "while rank 0 entered" in done.stderr and "save_checkpoint" in done.stderr
     assert "called at launch_fit.py" in done.stderr  # the user's line
@@ -269,7 +269,7 @@ def test_save_checkpoint_on_rank_zero_only_is_named_within_seconds(tmp_path):
 def test_trainer_call_on_rank_zero_only_is_a_clear_error(tmp_path, mode):
     """trainer.test under is_global_zero: rank 1's script ends (or it calls validate instead); rank 0 fails at
     once with tandem's message, not gloo's 'Connection closed by peer'."""
-    done = _python([str(SCRIPT), mode, "--out", str(tmp_path)], _env(), timeout=45)
+    done = _python([str(SCRIPT), mode, "--out", str(tmp_path)], _env(), timeout=120)
     assert all((tmp_path / f"fitted{r}").exists() for r in (0, 1)), done.stderr[-3000:]
     fitted = (tmp_path / "fitted0").stat().st_mtime
     assert done.returncode != 0
@@ -356,7 +356,7 @@ def test_process_group_timeout_reaches_init_process_group(tmp_path):
     elapsed = time.monotonic() - start
     assert done.returncode != 0
     assert re.search(r"Timed out after \d+ seconds waiting for clients\. 1/2 clients joined", done.stderr), done.stderr
-    assert 5 < elapsed < 60  # about 5 s, not 30 minutes (generous for a busy host)
+    assert 5 < elapsed < 85  # about 5 s, not 30 minutes (generous for a busy host)
     assert _nothing_left(tmp_path)  # rank 1, still asleep, was stopped with rank 0
 
 

@@ -12,8 +12,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import tandem
 from helpers import clear_launch_variables
-from tandem.strategies import FSDPStrategy
+from tandem.strategies import FSDPStrategy, SingleDeviceStrategy
 from tandem.strategies.environments import find_free_port
+from tandem.utilities.exceptions import TandemWarning
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -84,7 +85,8 @@ def test_bf16_fsdp_trains_and_resumes_from_a_sharded_checkpoint(tmp_path, monkey
         resumed_strategy = FSDPStrategy(auto_wrap_policy={nn.Linear}, state_dict_type="sharded")
         resumed = tandem.Trainer(strategy=resumed_strategy, max_epochs=4, **options)
         again = Net()
-        resumed.fit(again, _data(), ckpt_path=last)  # nothing left to train: the weights are the checkpoint's
+        with pytest.warns(TandemWarning, match="trained nothing: training is already at epoch 4"):
+            resumed.fit(again, _data(), ckpt_path=last)  # nothing left to train: the weights are the checkpoint's
         restored = resumed_strategy.full_module_state_dict()
         assert restored.keys() == weights.keys()
         for name, value in weights.items():
@@ -117,12 +119,13 @@ def test_batchnorm_trains_under_fsdp_mixed_precision_as_on_one_device(monkeypatc
     clear_launch_variables(monkeypatch)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(find_free_port()))
-    options = dict(accelerator="cpu", devices=1, precision=precision, max_epochs=1, logger=False)
+    # the precision goes to the strategies: a Trainer's precision="16-mixed" on the CPU would become bf16-mixed
+    options = dict(accelerator="cpu", devices=1, max_epochs=1, logger=False)
     options.update(enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     reference = Normed()
-    tandem.Trainer(strategy="single_device", **options).fit(reference, _data())
+    tandem.Trainer(strategy=SingleDeviceStrategy("cpu", precision=precision), **options).fit(reference, _data())
     try:
-        strategy = FSDPStrategy(auto_wrap_policy={nn.Linear})
+        strategy = FSDPStrategy(auto_wrap_policy={nn.Linear}, precision=precision)
         tandem.Trainer(strategy=strategy, **options).fit(Normed(), _data())
         trained = strategy.full_module_state_dict()
     finally:

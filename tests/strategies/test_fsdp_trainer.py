@@ -36,7 +36,7 @@ from tandem.callbacks import ModelCheckpoint
 from tandem.strategies import FSDPStrategy
 from tandem.strategies.environments import find_free_port
 from tandem.utilities.checkpoint import load_checkpoint_file
-from tandem.utilities.exceptions import CheckpointError
+from tandem.utilities.exceptions import CheckpointError, TandemWarning
 
 SCRIPTS = Path(__file__).parent / "scripts"
 SCENARIOS = (
@@ -328,7 +328,8 @@ def test_a_killed_sharded_save_is_removed_by_the_next_save_in_its_folder(tmp_pat
     strategy = FSDPStrategy(state_dict_type="sharded")
     callbacks = [ModelCheckpoint(dirpath=folder, save_last=True, save_top_k=0)]
     try:
-        quiet_trainer(strategy=strategy, devices=1, max_epochs=1, callbacks=callbacks).fit(TinyModule(), loader())
+        with pytest.warns(TandemWarning, match="exists and is not empty: it holds 1 checkpoint.s. of another run"):
+            quiet_trainer(strategy=strategy, devices=1, max_epochs=1, callbacks=callbacks).fit(TinyModule(), loader())
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -15,6 +16,7 @@ import tandem
 from helpers import TinyModule, loader, quiet_trainer
 from tandem.callbacks import Callback, LearningRateMonitor, ThroughputMonitor
 from tandem.loggers.logger import Logger
+from tandem.utilities.exceptions import TandemWarning
 
 
 class StepRecorder(Logger):
@@ -106,7 +108,8 @@ def test_a_window_without_a_loss_neither_steps_nor_publishes():
             seen.append((trainer.is_stepping_batch, trainer.is_log_step))
 
     trainer = quiet_trainer(max_epochs=1, log_every_n_steps=1, callbacks=[Watch()])
-    trainer.fit(SkipAll(), loader(32, batch_size=16))
+    with pytest.warns(TandemWarning, match="training_step returned None for every batch"):
+        trainer.fit(SkipAll(), loader(32, batch_size=16))
     assert seen == [(False, False), (False, False)]
     assert trainer.global_step == 0
 

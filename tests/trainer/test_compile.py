@@ -11,7 +11,7 @@ from torch import nn
 import tandem
 from helpers import TinyModule, loader, max_abs_diff, quiet_trainer
 from tandem.strategies import DataParallelStrategy
-from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError
+from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError, TandemWarning
 
 
 def weights(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -132,7 +132,8 @@ def test_validate_without_a_model_after_a_compiled_fit_runs_compiled():
 
 
 def test_strategy_dp_refuses_a_compiled_module():
-    trainer = quiet_trainer(strategy=DataParallelStrategy(devices=["cpu", "cpu"]), max_steps=1)
+    with pytest.warns(TandemWarning, match="DataParallelStrategy on CPU devices"):
+        trainer = quiet_trainer(strategy=DataParallelStrategy(devices=["cpu", "cpu"]), max_steps=1)
     with pytest.raises(TandemConfigError, match=r"torch.compile'd module with strategy='dp'.*Use strategy='ddp'"):
         trainer.fit(torch.compile(TinyModule(), backend="aot_eager"), loader())
 

@@ -115,22 +115,22 @@ def test_max_steps_checkpoints_and_logging_follow_the_manual_steps(tmp_path):
 
 
 def test_exact_resume_with_two_optimizers_and_two_schedulers(tmp_path):
-    def run(epochs, ckpt_path=None):
+    def run(epochs, ckpt_path=None, folder="whole"):
         tandem.seed_everything(5)
         model = TwoNets(dropout=0.2)
-        checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0)
+        checkpoint = ModelCheckpoint(dirpath=tmp_path / folder, save_last=True, save_top_k=0)
         trainer = quiet_trainer(max_epochs=epochs, callbacks=[checkpoint], enable_checkpointing=True)
         trainer.fit(model, loader(64, 16, shuffle=True), ckpt_path=ckpt_path)
         return model, trainer
 
     whole, _ = run(4)
-    run(2)
-    saved = load_checkpoint_file(tmp_path / "last.ckpt")
+    run(2, folder="half")
+    saved = load_checkpoint_file(tmp_path / "half" / "last.ckpt")
     assert len(saved["optimizer_states"]) == 2 and len(saved["lr_schedulers"]) == 2
-    resumed, trainer = run(4, ckpt_path=tmp_path / "last.ckpt")
+    resumed, trainer = run(4, ckpt_path=tmp_path / "half" / "last.ckpt", folder="half")
     assert trainer.global_step == 4 * 4 * 2
     assert max_abs_diff(resumed.state_dict(), whole.state_dict()) == 0.0
-    for a, b in zip(trainer.optimizers, run(4)[1].optimizers):
+    for a, b in zip(trainer.optimizers, run(4, folder="again")[1].optimizers):
         assert a.param_groups[0]["lr"] == b.param_groups[0]["lr"]
 
 

@@ -20,6 +20,7 @@ from helpers import TinyModule, loader, quiet_trainer
 from tandem.callbacks import EarlyStopping, ModelCheckpoint
 from tandem.loggers import CSVLogger
 from tandem.strategies import DataParallelStrategy
+from tandem.utilities.exceptions import TandemWarning
 from tandem.utilities.memory import free_cuda_memory
 
 WIDE = (4096, 3072)  # a 48 MiB weight: allocated (and freed) by mmap, so freeing it shows in the process's RSS
@@ -103,8 +104,12 @@ def test_what_users_read_after_a_fit_still_works(tmp_path):
     assert set(trainer.callback_metrics) >= {"train_loss", "val_loss", "val_acc"}
     assert os.path.exists(checkpoint.best_model_path) and trainer.checkpoint_callback is checkpoint
     assert trainer.test(model, loader(32), verbose=False)[0]["test_loss"] > 0
-    assert trainer.validate(dataloaders=loader(32), verbose=False)[0]["val_loss"] > 0  # the last module, best weights
-    trainer.fit(model, loader())  # fit again: the loop is done (max_epochs), as in Lightning
+    with pytest.warns(TandemWarning, match=r"validate\(\) was called without a model: the best checkpoint"):
+        assert (
+            trainer.validate(dataloaders=loader(32), verbose=False)[0]["val_loss"] > 0
+        )  # the last module, best weights
+    with pytest.warns(TandemWarning, match="trained nothing: training is already at epoch 2"):
+        trainer.fit(model, loader())  # fit again: the loop is done (max_epochs), as in Lightning
     assert trainer.global_step == 8
     again = quiet_trainer(max_epochs=1)
     again.fit(model, loader())  # the same module, another Trainer

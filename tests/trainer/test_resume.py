@@ -12,6 +12,7 @@ from torch import nn
 
 from helpers import TinyModule, killed_mid_save, loader, max_abs_diff, quiet_trainer, run_python
 from tandem.utilities.checkpoint import load_checkpoint_file
+from tandem.utilities.exceptions import TandemWarning
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "resume_run.py")
 
@@ -103,10 +104,15 @@ class OddHparams(TinyModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
+def odd_with_a_head() -> OddHparams:
+    with pytest.warns(TandemWarning, match="the argument 'head' is an nn.Module"):
+        return OddHparams(head=nn.Linear(3, 3))
+
+
 @pytest.mark.timeout(60)
 def test_a_fit_checkpoint_loads_with_plain_torch_load_and_so_do_older_ones(tmp_path):
     trainer = quiet_trainer(max_epochs=1)
-    trainer.fit(OddHparams(head=nn.Linear(3, 3)), loader(shuffle=True))
+    trainer.fit(odd_with_a_head(), loader(shuffle=True))
     trainer.save_checkpoint(tmp_path / "new.ckpt")
     plain = torch.load(tmp_path / "new.ckpt")  # torch's default weights_only=True
     assert plain["global_step"] == 4 and set(plain["state_dict"]) == set(trainer.training_module.state_dict())
@@ -120,7 +126,7 @@ def test_a_fit_checkpoint_loads_with_plain_torch_load_and_so_do_older_ones(tmp_p
     del old["tandem_checksum"]  # tandem 0.1 stored none
     torch.save(old, tmp_path / "old.ckpt")
     resumed = quiet_trainer(max_epochs=2)
-    resumed.fit(OddHparams(head=nn.Linear(3, 3)), loader(shuffle=True), ckpt_path=tmp_path / "old.ckpt")
+    resumed.fit(odd_with_a_head(), loader(shuffle=True), ckpt_path=tmp_path / "old.ckpt")
     assert resumed.global_step == 8
 
 

@@ -3,6 +3,7 @@ import warnings
 import tandem
 from helpers import quiet_trainer
 from tandem.trainer import checkpointing
+from tandem.utilities import TandemWarning
 
 
 def test_tandems_warnings_format_as_one_line_without_tandems_file_and_source():
@@ -11,9 +12,9 @@ def test_tandems_warnings_format_as_one_line_without_tandems_file_and_source():
         warnings.simplefilter("always")
         checkpointing.find_last_checkpoint(trainer)  # warns from tandem/trainer/checkpointing.py
     (warning,) = caught
-    assert warning.filename.endswith("checkpointing.py")
+    assert warning.filename.endswith("checkpointing.py") and issubclass(warning.category, TandemWarning)
     text = warnings.formatwarning(warning.message, warning.category, warning.filename, warning.lineno, None)
-    assert text == "UserWarning: ckpt_path='last' found no last.ckpt yet; training starts from scratch.\n"
+    assert text == "TandemWarning: ckpt_path='last' found no last.ckpt yet; training starts from scratch.\n"
 
 
 def test_other_warnings_keep_pythons_format():

@@ -79,7 +79,13 @@ class TunerExit(Exception):  # noqa: N818 (Lightning's _TunerExitException)
     search: the Trainer ends that fit there, as finished (the search already put the state back)."""
 
 
-class PossibleUserWarning(UserWarning):
+class TandemWarning(UserWarning):
+    """The class of every warning tandem raises (its subclasses included): silence them all with
+    ``warnings.filterwarnings("ignore", category=TandemWarning)``, or make them errors in a test suite with
+    ``filterwarnings = ["error::tandem.utilities.exceptions.TandemWarning"]``."""
+
+
+class PossibleUserWarning(TandemWarning):
     """A warning about something that may be intended (Lightning's ``PossibleUserWarning``); silence it with
     ``warnings.filterwarnings("ignore", category=PossibleUserWarning)``."""
 

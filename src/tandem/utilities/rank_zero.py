@@ -17,7 +17,10 @@ import warnings
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from lightning_utilities.core.rank_zero import WarningCache, rank_zero_info, rank_zero_only, rank_zero_warn
+from lightning_utilities.core.rank_zero import WarningCache as _WarningCache
+from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_only
+
+from tandem.utilities.exceptions import TandemWarning
 
 if getattr(rank_zero_only, "rank", None) is None:
     rank_zero_only.rank = 0
@@ -83,6 +86,24 @@ __all__ = [
     "set_bar_writer",
     "set_rank",
 ]
+
+
+@rank_zero_only
+def rank_zero_warn(
+    message: str | Warning, stacklevel: int = 4, category: type[Warning] = TandemWarning, **kwargs: Any
+) -> None:
+    """``warnings.warn`` on global rank 0 only, as a :class:`TandemWarning` unless ``category`` says otherwise.
+    ``stacklevel`` counts as lightning-utilities' ``rank_zero_warn`` does (4: the caller of this function)."""
+    warnings.warn(message, category=category, stacklevel=stacklevel - 1, **kwargs)
+
+
+class WarningCache(_WarningCache):
+    """lightning-utilities' de-duplicating cache, warning through tandem's :func:`rank_zero_warn`."""
+
+    def warn(self, message: str, stacklevel: int = 5, **kwargs: Any) -> None:
+        if message not in self:
+            self.add(message)
+            rank_zero_warn(message, stacklevel=stacklevel, **kwargs)
 
 
 def set_rank(rank: int) -> None:
