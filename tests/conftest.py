@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -17,13 +19,27 @@ def _rank_zero_and_cwd(tmp_path, monkeypatch):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """``pytest -n N`` hands out whole files (``--dist loadfile``) unless ``--dist`` says otherwise: a module's shared
-    launch (a module-scoped fixture) then runs once, not once on every worker that got one of its tests."""
-    if config.getoption("dist") == "load":
-        from xdist.scheduler import LoadFileScheduling
+    """``pytest -n N`` hands out tests one by one, except the modules that share a launch among their tests (a
+    module-scoped fixture): each of those goes whole to one worker, so its launch runs once, not once on every worker
+    that got one of its tests. An explicit ``--dist`` other than the default ``load`` is kept. (xdist's own
+    ``loadgroup`` cannot do this under pytest 9: it renames node ids through an attribute pytest no longer reads.)"""
+    if config.getoption("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
 
-        return LoadFileScheduling(config, log)
-    return None
+    tests = Path(__file__).parent
+    shared = {
+        path.relative_to(config.rootpath).as_posix()
+        for path in tests.rglob("test_*.py")
+        if 'scope="module"' in path.read_text(encoding="utf-8")
+    }
+
+    class WholeModulesThatShareALaunch(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if path in shared else nodeid
+
+    return WholeModulesThatShareALaunch(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
