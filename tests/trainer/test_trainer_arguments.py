@@ -111,3 +111,15 @@ def test_log_every_n_steps_zero_publishes_no_step_values(tmp_path):
     trainer.fit(TinyModule(), loader(64, 16))
     assert rows == []  # TinyModule logs per step only: nothing reaches the loggers
     assert "train_loss" in trainer.callback_metrics  # still collected for callbacks
+
+
+def test_lightnings_none_defaults_of_the_limits_and_val_check_interval_mean_all_and_once_an_epoch():
+    """Lightning's Trainer defaults limit_*_batches and val_check_interval to None: a ported call that passes them
+    explicitly trains on every batch and validates once an epoch, as 1.0 does."""
+    limits = dict.fromkeys(
+        ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"), None
+    )
+    trainer = quiet_trainer(max_epochs=1, val_check_interval=None, **limits)
+    trainer.fit(TinyModule(), loader(64, batch_size=16), loader(32, batch_size=16))
+    assert trainer.global_step == 4 and trainer.num_val_batches == [2]
+    assert trainer.limit_train_batches == 1.0 and trainer.val_check_interval == 1.0

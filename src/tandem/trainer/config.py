@@ -41,11 +41,11 @@ class TrainerConfig:
     max_steps: int = -1
     min_epochs: int | None = None
     min_steps: int | None = None
-    limit_train_batches: int | float = 1.0
-    limit_val_batches: int | float = 1.0
-    limit_test_batches: int | float = 1.0
-    limit_predict_batches: int | float = 1.0
-    val_check_interval: int | float = 1.0
+    limit_train_batches: int | float | None = 1.0
+    limit_val_batches: int | float | None = 1.0
+    limit_test_batches: int | float | None = 1.0
+    limit_predict_batches: int | float | None = 1.0
+    val_check_interval: int | float | None = 1.0
     check_val_every_n_epoch: int | None = 1
     num_sanity_val_steps: int = 2
     accumulate_grad_batches: int = 1
@@ -72,7 +72,11 @@ class TrainerConfig:
         _check_int("min_epochs", self.min_epochs, 0, allow_none=True)
         _check_int("min_steps", self.min_steps, 0, allow_none=True)
         for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):
+            if getattr(self, name) is None:  # Lightning's default: all the batches
+                setattr(self, name, 1.0)
             _check_limit(name, getattr(self, name))
+        if self.val_check_interval is None:  # Lightning's default: once an epoch
+            self.val_check_interval = 1.0
         v = self.val_check_interval
         if (
             isinstance(v, bool)

@@ -72,8 +72,9 @@ class Trainer:
             processes every rank stops at the same step: the next publishing step (``log_every_n_steps``).
         min_steps: take at least this many optimizer steps before ``should_stop`` may end the fit.
         limit_train_batches / limit_val_batches / limit_test_batches / limit_predict_batches: an int
-            number of batches or a fraction of each epoch (per loader).
-        val_check_interval: validate every this fraction of an epoch (float) or number of batches (int).
+            number of batches or a fraction of each epoch (per loader); None (Lightning's default) is 1.0, all.
+        val_check_interval: validate every this fraction of an epoch (float) or number of batches (int); None
+            (Lightning's default) is 1.0, once an epoch.
         check_val_every_n_epoch: validate every n epochs.
         num_sanity_val_steps: validation batches (per loader) run before training to catch bugs early (-1: all;
             default 2). The check draws no randomness from the training run (it runs under ``isolate_rng``).
@@ -166,11 +167,11 @@ class Trainer:
         max_steps: int = -1,
         min_steps: int | None = None,
         max_time: str | timedelta | dict[str, int] | None = None,
-        limit_train_batches: int | float = 1.0,
-        limit_val_batches: int | float = 1.0,
-        limit_test_batches: int | float = 1.0,
-        limit_predict_batches: int | float = 1.0,
-        val_check_interval: int | float = 1.0,
+        limit_train_batches: int | float | None = 1.0,
+        limit_val_batches: int | float | None = 1.0,
+        limit_test_batches: int | float | None = 1.0,
+        limit_predict_batches: int | float | None = 1.0,
+        val_check_interval: int | float | None = 1.0,
         check_val_every_n_epoch: int | None = 1,
         num_sanity_val_steps: int | None = None,
         accumulate_grad_batches: int = 1,
