@@ -38,7 +38,7 @@ def test_minimal_example_fits_and_tests() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(310)
 def test_digits_default_run_reaches_97_percent_and_says_where_the_logs_are(tmp_path: Path) -> None:
-    """``make demo``'s run (10 epochs, about 15 s on 2 idle cores)."""
+    """``make demo``'s run (10 epochs, about 8 s on 2 idle cores)."""
     out = run_example("digits.py", "--root-dir", str(tmp_path), timeout=300)
     match = ACCURACY_LINE.search(out)
     assert match, out
