@@ -33,7 +33,9 @@ demo: setup
 test: setup
 	$(PY) -m ruff check src tests examples benchmarks
 	$(PY) -m ruff format --check src tests benchmarks
-	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	# Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set: the suite starts hundreds of Pythons, and each
+	# would otherwise compile tandem's sources again.
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 lint: setup
 	$(PY) -m ruff check src tests examples benchmarks
