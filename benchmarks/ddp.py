@@ -73,7 +73,8 @@ def _raw_rank(rank: int, port: int, steps: int, result: str) -> None:
     model = _mlp()
     ddp = DistributedDataParallel(model)
     data = _dataset(steps)
-    sampler = DistributedSampler(data, shuffle=False)
+    # a training loader under DDP is shuffled by a DistributedSampler seeded 0, as Lightning and tandem do
+    sampler = DistributedSampler(data, shuffle=True, seed=0)
     loader = DataLoader(data, batch_size=BATCH_SIZE, sampler=sampler)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     sampler.set_epoch(0)

@@ -97,7 +97,8 @@ def _raw_rank(rank: int, world: int, port: int, args: argparse.Namespace, out: s
     fully_shard(model, mesh=mesh, mp_policy=policy)
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     data = _data(args, world)
-    loader = DataLoader(data, batch_size=args.batch_size, sampler=DistributedSampler(data, shuffle=False))
+    sampler = DistributedSampler(data, shuffle=True, seed=0)  # a training loader, as tandem shuffles it
+    loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler)
     device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
     start = None
     for step, (x, y) in enumerate(loader):

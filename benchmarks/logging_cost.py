@@ -141,7 +141,8 @@ def _ddp_raw_rank(rank: int, port: int, steps: int, n: int, root: str, result: s
     model = ddp._mlp()
     wrapped = DistributedDataParallel(model)
     data = ddp._dataset(steps)
-    sampler = DistributedSampler(data, shuffle=False)
+    # a training loader under DDP is shuffled by a DistributedSampler seeded 0, as Lightning and tandem do
+    sampler = DistributedSampler(data, shuffle=True, seed=0)
     loader = DataLoader(data, batch_size=ddp.BATCH_SIZE, sampler=sampler)
     optimizer = torch.optim.SGD(model.parameters(), lr=ddp.LR)
     sampler.set_epoch(0)
