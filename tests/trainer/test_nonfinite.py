@@ -126,6 +126,19 @@ def test_the_epoch_end_checks_the_parameters_when_nothing_else_reads_values():
     assert trainer.current_epoch == 0
 
 
+def test_without_a_logger_one_process_still_reads_the_loss_at_logging_steps():
+    """Nothing is published (one process, no logger), yet the loss is read at the logging steps, as with a logger:
+    the error names the loss at the first check after it turned NaN, not the parameters at the epoch's end."""
+    trainer = quiet_trainer(max_epochs=1, log_every_n_steps=2)
+    with pytest.raises(NonFiniteError) as caught:
+        trainer.fit(NaNFrom(3), loader(64, batch_size=4))  # 16 batches; NaN from the 4th step on
+    assert str(caught.value).startswith(
+        "NaN or inf in training: the loss returned by training_step was NaN or inf at global step 4 (the check "
+        "before, at step 2, found the loss finite; it is read every 2 steps)."
+    ), caught.value
+    assert trainer.global_step == 4 and not trainer.logged_metrics  # nothing was published
+
+
 @pytest.mark.parametrize("persistent", [False, True], ids=["one_step", "persistent"])
 def test_16_mixed_acts_only_on_a_non_finite_loss_that_persists(tmp_path, persistent):
     # The GradScaler skips the steps whose gradients hold inf / NaN, so the weights stay finite: one bad step is

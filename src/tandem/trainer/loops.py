@@ -373,6 +373,8 @@ class FitLoop:
         publish = loop.log_step and (context.sink.loggers or context.strategy.world_size > 1 or rollback is not None)
         if publish and not self._publish_step(loss):
             return False  # a bad batch since the last check: the epoch loop rolls back and replays
+        if loop.log_step and not publish:  # one process, no logger: nothing to publish, but the loss is read here too
+            context.nonfinite.check_loss([loss_is_finite(loss)], {}, loop.global_step)
         loop.batches_done = batch_idx + 1
         if plan.batch_end:
             hooks.call("on_train_batch_end", optimization.hook_outputs(output, loss), batch, batch_idx)
