@@ -415,3 +415,11 @@ def test_training_metric_objects_stay_readable_through_the_epoch_end_validation_
     for hook, values in reader.read.items():
         assert values == pytest.approx(reader.expected, abs=1e-6), hook
     assert model.train_acc.update_count == 0  # reset once the epoch's value was logged
+
+
+def test_logged_metrics_fill_at_logging_steps_without_a_logger():
+    """As in Lightning, ``trainer.logged_metrics`` holds the values published at logging steps whether or not there
+    is a logger (one process published nothing without one, so it stayed empty)."""
+    trainer = quiet_trainer(max_steps=4, log_every_n_steps=2)
+    trainer.fit(TinyModule(), loader(64, batch_size=4))
+    assert set(trainer.logged_metrics) == {"train_loss"} and math.isfinite(trainer.logged_metrics["train_loss"])

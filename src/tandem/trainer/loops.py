@@ -368,13 +368,11 @@ class FitLoop:
             optimization.step_schedulers("epoch", plateau=False, count=loop.epoch + 1)
         if empty and (loss is not None or loop.global_step != steps):  # trained on (training_step did not skip it)
             self._found_empty_batch(batch_idx)
-        # under on_nonfinite="rollback" every publishing step checks the losses, with loggers or without
+        # every logging step publishes, with loggers or without (as Lightning: logged_metrics fills either way), and
+        # reads the loss there (under on_nonfinite="rollback", every loss since the last check)
         rollback = context.nonfinite.rollback if loop.log_step else None
-        publish = loop.log_step and (context.sink.loggers or context.strategy.world_size > 1 or rollback is not None)
-        if publish and not self._publish_step(loss):
+        if loop.log_step and not self._publish_step(loss):
             return False  # a bad batch since the last check: the epoch loop rolls back and replays
-        if loop.log_step and not publish:  # one process, no logger: nothing to publish, but the loss is read here too
-            context.nonfinite.check_loss([loss_is_finite(loss)], {}, loop.global_step)
         loop.batches_done = batch_idx + 1
         if plan.batch_end:
             hooks.call("on_train_batch_end", optimization.hook_outputs(output, loss), batch, batch_idx)
