@@ -423,3 +423,16 @@ def test_logged_metrics_fill_at_logging_steps_without_a_logger():
     trainer = quiet_trainer(max_steps=4, log_every_n_steps=2)
     trainer.fit(TinyModule(), loader(64, batch_size=4))
     assert set(trainer.logged_metrics) == {"train_loss"} and math.isfinite(trainer.logged_metrics["train_loss"])
+
+
+def test_logged_metrics_get_evaluation_step_values_without_a_logger():
+    """As in Lightning, an evaluation value logged per step reaches ``trainer.logged_metrics`` without a logger too."""
+
+    class PerStep(TinyModule):
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            self.log("val_step_loss", F.cross_entropy(self(x), y), on_step=True, on_epoch=False)
+
+    trainer = quiet_trainer()
+    trainer.validate(PerStep(), loader(16, batch_size=4))
+    assert set(trainer.logged_metrics) == {"val_step_loss"}

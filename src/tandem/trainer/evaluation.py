@@ -69,7 +69,7 @@ class EvaluationLoop:
             with torch.no_grad():
                 for index, (loader, count) in enumerate(zip(data.loaders, counts)):
                     metrics.dataloader_idx = index if several else None
-                    step_logs = not sanity and stage != "predict" and bool(context.sink.loggers)
+                    step_logs = not sanity and stage != "predict"  # with loggers or without, as Lightning
                     outputs = self._run_loader(names, loader, count, (index,) if several else (), keep, step_logs)
                     if keep:  # every rank's predictions, in dataset order (a collective: all ranks run it)
                         predictions.append(strategy.gather_predictions(outputs, loader))
