@@ -168,9 +168,8 @@ class MetricCollector:
                 value = value.float()
         else:
             entry, value = self._first_call(name, value, call)
-            if (
-                entry is None
-            ):  # kept elsewhere: a DataParallel replica's buffer, or a torchmetrics object without a value
+            # None: kept elsewhere (a DataParallel replica's buffer), or a torchmetrics object without a value
+            if entry is None:
                 return
         # Record the value in its entry (and its epoch aggregate), and publish it (see _published_keys)
         _, key, also, bar, unsynced, on_epoch, reduce_fx = entry.repeat
