@@ -2,7 +2,7 @@
 
 tandem's ranks agree through the process group's ``TCPStore`` (the side channel: the collective check before each
 of tandem's own collectives, the watcher's beats once a second, the pre-emption vote) and through a few collectives
-of their own (the publishing gather of logged values, the epoch end's stop / NaN reduction, the replica check). A
+of their own (the reduction of logged values, the epoch end's stop / NaN reduction, the replica check). A
 store on rank 0 answers every rank, so what is free at 2 ranks can be the bottleneck at 1024. This counts, per rank,
 what each of those costs, in one ``ddp`` fit of a tiny MLP (16 -> 32 -> 4, batch 8 per rank, ``--epochs`` epochs of
 ``--steps`` steps, the loss logged with ``sync_dist=True`` and published every ``--log-every`` steps), then one
@@ -25,8 +25,9 @@ benchmarks/README.md.
 
 The harness asserts what the design promises: the store requests, store bytes and collective bytes per rank per
 step, publishing step, epoch end and save are flat in the world size (from 4 processes up, within ``FLAT_SLACK``);
-it exits 1 if not. The publishing gather's bytes (``KNOWN_LINEAR``), the one term still linear in N, are printed,
-not asserted. ``tests/strategies/test_world_size.py`` asserts the same at 4 and 8 ranks with :func:`counted_fit`.
+it exits 1 if not, or if any of those phases gathers (an ``all_gather`` or ``all_gather_object``, whose result grows
+with N: the logged values are reduced as packed sums when every rank logs the same names, and the replica check is a
+max all-reduce). ``tests/strategies/test_world_size.py`` asserts the same at 4 and 8 ranks with :func:`counted_fit`.
 ``make bench`` runs the whole script (``run_all.py`` runs every script here).
 
     python benchmarks/scale.py                 # worlds 1 2 4 8 16, then the store's capacity (about 6 minutes)
@@ -61,9 +62,8 @@ QUICK_WATCH_S, QUICK_CAPACITY_S = 2.0, 1.0  # --quick: shorter, and no hand-writ
 FLAT_SLACK = 1.5
 #: the counts that must stay flat (per rank, per step or per epoch end)
 FLAT = ("store_requests", "store_bytes", "coll_bytes")
-#: the one term still linear in N, printed but not asserted: the publishing gather of logged values by name (an
-#: ``all_gather_object`` of each rank's names and values, at publishing steps and epoch ends; see README)
-KNOWN_LINEAR = {("publish", "coll_bytes"), ("epoch_end", "coll_bytes")}
+#: collectives whose result grows with the world: none may run in a phase while the ranks agree
+GATHERS = ("all_gather", "all_gather_object")
 PHASES = ("step", "publish", "epoch_end", "save")
 _WATCHER = "tandem-side-channel"
 
@@ -138,6 +138,7 @@ def _counted_collective(name: str, original: Any) -> Any:
         result = original(*args, **kwargs)
         TALLY.add("coll_seconds", time.perf_counter() - started)
         TALLY.add("collectives")
+        TALLY.add("gathers", name in GATHERS)
         if name == "all_gather_object":  # (output list, object): every rank's object comes back
             TALLY.add("coll_bytes", len(pickle.dumps(args[1])) + sum(len(pickle.dumps(o)) for o in args[0]))
         elif name == "broadcast_object_list":
@@ -487,18 +488,21 @@ def print_table(results: list[dict]) -> None:
         )
 
 
-def not_flat(results: list[dict], known: bool = False) -> list[str]:
+def not_flat(results: list[dict]) -> list[str]:
     """The per-rank counts that grow from the smallest world of 4 or more to the largest (beyond FLAT_SLACK), of
-    those that must stay flat (``known``: of the known linear ones instead)."""
+    those that must stay flat, and every gather (``GATHERS``) a phase ran at any world size."""
+    problems = [
+        f"{phase}: {_per_rank(r, phase, 'gathers', 'max'):.0f} gathers a rank at {r['world']}"
+        for r in results
+        for phase in PHASES
+        if _per_rank(r, phase, "gathers", "max") > 0
+    ]
     big = [r for r in results if r["world"] >= 4]
     if len(big) < 2:
-        return []
+        return problems
     small, large = big[0], big[-1]
-    problems = []
     for phase in PHASES:
         for kind in FLAT:
-            if ((phase, kind) in KNOWN_LINEAR) != known:
-                continue
             for which in ("mean", "max"):
                 a, b = _per_rank(small, phase, kind, which), _per_rank(large, phase, kind, which)
                 if b > FLAT_SLACK * a + 2:  # + 2: a request or two of jitter on tiny counts
@@ -551,8 +555,6 @@ def main() -> None:
         )
     if args.json:
         Path(args.json).write_text(json.dumps({"worlds": results, "capacity": capacity}, indent=1))
-    for growing in not_flat(results, known=True):
-        print(f"linear in N (the publishing gather, known): {growing}")
     problems = not_flat(results)
     for problem in problems:
         print(f"NOT FLAT: {problem}")

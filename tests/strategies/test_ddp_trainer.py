@@ -224,10 +224,12 @@ def test_sync_dist_reduces_sums_and_counts_once_per_epoch(runs):
         assert result["metrics"] == pytest.approx(expected, rel=1e-6)
         # read right after self.log, a step value is this rank's own; it is reduced when published
         assert result["step_values"] == [(rank + 1) * (i + 1) for i in range(n)] * 2
-        # no collective per step, and no reduction for the values: they travel in the gathering of the names
-        # (every name at once); per epoch two reductions are left, the agreement on should_stop and the replica
-        # check (the smallest and largest checksum of each tensor over the ranks)
+        # no collective per step, and no reduction for the values: every rank logged the same names, so they
+        # travel packed (Strategy.reduce_if_agreed: sizes independent of the ranks), never in a gathering; per
+        # epoch two reductions are left, the agreement on should_stop and the replica check (the smallest and
+        # largest checksum of each tensor over the ranks)
         assert result["reductions"] == 2 * 2
+        assert result["gatherings"] == 0 and result["packed"] >= 2 * 2, result
 
 
 @pytest.mark.timeout(150)
@@ -236,6 +238,7 @@ def test_sync_dist_pairs_values_by_name_not_by_logging_order(runs):
     for result in runs["logging"]:
         paired = result["paired"]
         n = paired["batches"]
+        assert paired["gatherings"] >= n  # the names differ at every publishing step: the ranks gather them
         assert paired["epoch"] == {"a_sum": 4.0 * n, "b_sum": 400.0 * n, "lonely_epoch": 5.0}
         assert paired["steps"] == [
             {"a_step": 2.0 * (i + 1), "b_step": 200.0 * (i + 1), "lonely_step": 5.0} for i in range(n)

@@ -117,6 +117,8 @@ def test_collectives_refuse_the_same_bad_arguments_on_every_strategy(name):
     assert strategy.reduce(value, "max") is value
     assert strategy.all_gather(value).shape == (1, 2)
     assert strategy.all_gather_object({"a": 1}) == [{"a": 1}]
+    packed = (torch.tensor([0, 1]), torch.tensor([2.5]), torch.tensor([-1.0]))
+    assert strategy.reduce_if_agreed(12345, *packed) == packed  # one process agrees with itself
     assert strategy.broadcast("x") == "x" and strategy.reduce_boolean_decision(True, all=False)
     assert list(strategy.evaluation_batches(range(10), 3)) == [0, 1, 2]
     assert list(strategy.evaluation_batches(range(3), math.inf)) == [0, 1, 2]

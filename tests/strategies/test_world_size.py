@@ -129,8 +129,8 @@ def _per_rank(result: dict, phase: str, kind: str, which: str = "mean") -> float
 
 
 def test_no_count_a_rank_grows_from_4_to_8_ranks(runs, counts):
-    """The harness's own rule (store requests, store bytes and collective bytes a rank, per step, publishing step,
-    epoch end and save; the publishing gather's bytes excepted, the one term known to be linear)."""
+    """The harness's own rule: store requests, store bytes and collective bytes a rank, per step, publishing step,
+    epoch end and save, and no gather in any of them (every rank logs the same names: the values travel packed)."""
     assert runs["scale"].not_flat([counts[4], counts[8]]) == []
 
 
@@ -140,10 +140,14 @@ def test_plain_steps_cost_no_store_request_and_no_collective(counts):
             assert _per_rank(result, "step", kind, "max") == 0, (world, kind)
 
 
-def test_a_publishing_step_costs_a_rank_a_few_store_requests_and_one_collective(counts):
+def test_a_publishing_step_costs_a_rank_a_few_store_requests_and_two_small_all_reduces(counts):
+    """One checked collective: the all-reduce of the names' layout and the notes, then the packed values' (the loss,
+    logged with sync_dist=True: its sum, weight and presence); the same bytes at 4 and 8 ranks, and no gather."""
     for result in counts.values():
-        assert _per_rank(result, "publish", "collectives") == 1
+        assert _per_rank(result, "publish", "collectives") == 2
+        assert _per_rank(result, "publish", "gathers", "max") == 0
         assert _per_rank(result, "publish", "store_requests", "max") <= 14, result["phases"]["publish"]
+    assert _per_rank(counts[4], "publish", "coll_bytes") == _per_rank(counts[8], "publish", "coll_bytes")
     small, large = (_per_rank(counts[w], "publish", "store_bytes", "max") for w in (4, 8))
     assert large <= 1.5 * small + 100, (small, large)  # no rank reads every rank's keys
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
+import random
 import warnings
 from types import SimpleNamespace
 
@@ -286,6 +288,9 @@ class TwoRanks:
         self.theirs = theirs
         self.their_values = their_values or {}
 
+    def reduce_if_agreed(self, layout, flags, sums, maxes):  # the names differ: the collector gathers them
+        return None
+
     def all_gather_object(self, obj):  # the collector sends (names, note, values)
         mine, note, values = obj
         return [obj, (self.theirs, note, self.their_values)]
@@ -300,7 +305,7 @@ def test_sync_dist_names_with_different_reduce_fx_on_two_ranks_are_an_error():
 
 
 def test_combine_by_name_leaves_out_a_rank_without_the_value_on_every_rank_alike():
-    from tandem.trainer.logging import as_floats, combine_by_name
+    from tandem.trainer.logging import _as_local, as_floats, combine_by_name
 
     t = torch.tensor
     # rank 0 has a max "a", a mean "m" (sum 10 over 2), no "s"; rank 1 no "a", "m" (sum 2 over 2), "s" = 7, and an
@@ -308,11 +313,91 @@ def test_combine_by_name_leaves_out_a_rank_without_the_value_on_every_rank_alike
     local = {"a": (t(3.0), None), "m": (t(10.0), t(2.0)), "i": (t(5), None), "n": (t(1.0), None)}
     wanted = {name: (op, None) for name, op in (("a", "max"), ("m", "mean"), ("s", "sum"), ("i", "max"), ("n", "max"))}
     theirs = {"m": (2.0, 2.0), "s": (7.0, None), "i": (9.0, None), "n": (float("nan"), None)}
-    out = combine_by_name(wanted, [as_floats(local), theirs], local)
-    assert float(out["a"]) == 3.0 and float(out["m"]) == 3.0 and float(out["s"]) == 7.0
-    assert out["m"].dtype == torch.float32 and out["i"].dtype == torch.int64 and int(out["i"]) == 9
-    assert math.isnan(float(out["n"]))
-    assert combine_by_name({"z": ("sum", None)}, [{}, {}], {}) == {"z": None}  # logged by no rank
+    out = combine_by_name(wanted, [as_floats(local), theirs])
+    assert out["a"] == 3.0 and out["m"] == 3.0 and out["s"] == 7.0 and out["i"] == 9.0
+    assert math.isnan(out["n"])
+    assert combine_by_name({"z": ("sum", None)}, [{}, {}]) == {"z": None}  # logged by no rank
+    # as this rank's tensors: its dtype (an integer max stays one), float32 where it sent nothing
+    assert _as_local(out["m"], "mean", local["m"][0]).dtype == torch.float32
+    assert _as_local(out["i"], "max", local["i"][0]).dtype == torch.int64 and int(out["i"]) == 9
+    assert _as_local(out["s"], "sum", None).dtype == torch.float32
+
+
+def _packed_reduction(packs):
+    """What the ranks' :func:`pack` results come back as from ``Strategy.reduce_if_agreed``: sums added and flags and
+    maxima taken in rank order (as the backend would, in some order)."""
+    flags = torch.stack([p[2] for p in packs]).amax(0)
+    sums = functools.reduce(torch.add, [p[3] for p in packs])
+    maxes = torch.stack([p[4] for p in packs]).amax(0)
+    return flags, sums.tolist(), maxes.tolist()
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_packed_reduction_gives_the_gatherings_results(ranks):
+    """When every rank sends the same names, the packed sums and maxima give what the gathering gives: bit for bit on
+    two ranks (a sum of two is the same either way round), to the last bits on more; absent values, NaN, integers,
+    min through a negated max, and the ranks' mean losses of a rollback window."""
+    from tandem.trainer.logging import combine_by_name, pack, unpack
+
+    flags = (True, True, False, True)
+    ops = {"step/m": "mean", "epoch/w": "mean", "epoch/s": "sum", "step/x": "max", "step/n": "min", "epoch/i": "max"}
+    mine = {key: (op, True, flags) for key, op in ops.items()}
+    mine["metric/acc"] = ("metric", True, flags)
+    mine["epoch/idle"] = ("sum", False, flags)  # not wanted by anyone this time
+    generator = random.Random(ranks)
+    everyone = []
+    for rank in range(ranks):
+        floats = {
+            "step/m": (generator.uniform(-1, 1), None),
+            "epoch/w": (generator.uniform(0, 9), float(generator.randint(1, 5))),
+            "epoch/s": (None, None) if rank == 1 else (generator.uniform(-3, 3), 2.0),  # rank 1 had none
+            "step/x": (math.nan if rank == ranks - 1 else generator.uniform(-1, 1), None),
+            "step/n": (generator.uniform(-1, 1), None),
+            "epoch/i": (float(generator.randint(0, 99)), None),
+            "epoch/idle": (1.0, 1.0),
+        }
+        everyone.append(floats)
+    windows = [[(4, generator.uniform(0, 2)), (5, None if rank == 0 else generator.uniform(0, 2))] for rank in range(2)]
+    windows += [[(4, 1.0), (5, 2.0)]] * (ranks - 2)
+    packs = [pack(mine, everyone[r], (True, r == 1, None, windows[r])) for r in range(ranks)]
+    assert len({p[0] for p in packs}) == 1  # the same layout: the values may travel packed
+    wanted = packs[0][1]
+    assert list(wanted) == sorted(key for key in mine if key != "epoch/idle")
+    reduced_flags, sums, maxes = _packed_reduction(packs)
+    assert reduced_flags.tolist() == [0, 1, 0, 0]  # rank 1 asked to stop; every loss finite, no empty batch
+    results, means = unpack(wanted, sums, maxes, windows[0])
+    expected = combine_by_name(wanted, everyone)
+    assert set(results) == set(expected) == set(ops)
+    assert math.isnan(results["step/x"]) and math.isnan(expected["step/x"])
+    for key in ops.keys() - {"step/x"}:
+        if ranks == 2:
+            assert results[key] == expected[key], key
+        else:
+            assert results[key] == pytest.approx(expected[key], rel=1e-15), key
+    second = [w[1][1] for w in windows if w[1][1] is not None]
+    assert means == [
+        (4, pytest.approx(sum(w[0][1] for w in windows) / ranks)),
+        (5, pytest.approx(sum(second) / len(second))),
+    ]
+
+
+def test_the_layout_of_a_packed_reduction_follows_the_names_and_options_not_their_order():
+    from tandem.trainer.logging import pack
+
+    flags = (True, False, False, True)
+    mine = {"step/a": ("mean", True, flags), "step/b": ("max", True, flags)}
+    floats = {"step/a": (1.0, None), "step/b": (2.0, None)}
+    layout = pack(mine, floats)[0]
+    assert pack(dict(reversed(mine.items())), {"step/a": (5.0, None), "step/b": (6.0, None)})[0] == layout
+    assert pack({**mine, "step/c": ("mean", True, flags)}, floats)[0] != layout  # a name more
+    assert pack({**mine, "step/b": ("min", True, flags)}, floats)[0] != layout  # another reduce_fx
+    assert pack({**mine, "step/b": ("max", True, (True, False, True, True))}, floats)[0] != layout  # prog_bar
+    note = (True, False, None, [(0, 1.0)])
+    assert pack(mine, floats, note)[0] != layout  # a window to reduce
+    assert pack(mine, floats, (True, False, None, [(0, None)]))[0] == pack(mine, floats, note)[0]  # a None loss
+    assert pack(mine, floats, (True, False, None, [(1, 1.0)]))[0] != pack(mine, floats, note)[0]  # other batches
+    # the notes that make every rank gather (to name the ranks) are flags, not layout
+    assert pack(mine, floats, (False, False, "empty", [(0, math.nan)]))[2].tolist() == [1, 0, 1, 1]
 
 
 def test_as_floats_reads_each_value_exactly_whatever_its_dtype():

@@ -390,6 +390,30 @@ class ParallelStrategy(Strategy):
         dist.all_reduce(flags, op=dist.ReduceOp.SUM)
         return [bool(flag) for flag in flags.tolist()]
 
+    def _reduce_if_agreed(
+        self, layout: int, flags: torch.Tensor, sums: torch.Tensor, maxes: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """One checked max all-reduce of the layout, the sizes (each with its bitwise complement: the smallest
+        comes back with the largest) and the flags; only when all agree, a sum and a max all-reduce of the values."""
+        if not dist.is_initialized():
+            return flags, sums, maxes
+        self._check("reduce_if_agreed")
+        mine = [layout, sums.numel(), maxes.numel()]
+        head = torch.tensor(mine + [~n for n in mine], dtype=torch.int64)
+        first = self._to_collective_device(torch.cat([head, flags.to(torch.int64)]))
+        dist.all_reduce(first, op=dist.ReduceOp.MAX)
+        first = first.cpu()
+        if first[:6].tolist() != mine + [~n for n in mine]:  # some rank's layout differs: the same verdict everywhere
+            return None
+        reduced = []
+        for values, op in ((sums, dist.ReduceOp.SUM), (maxes, dist.ReduceOp.MAX)):
+            if values.numel():  # the sizes agree: every rank takes the same branch
+                values = self._to_collective_device(values.to(torch.float64, copy=True))
+                dist.all_reduce(values, op=op)
+                values = values.cpu()
+            reduced.append(values)
+        return first[6:], reduced[0], reduced[1]
+
     def _all_gather_object(self, obj: Any) -> list[Any]:
         if not dist.is_initialized():
             return [obj]

@@ -485,6 +485,24 @@ class Strategy:
     def _ranks_with_batch(self, has_batch: bool) -> list[bool]:
         return [has_batch]
 
+    def reduce_if_agreed(
+        self, layout: int, flags: torch.Tensor, sums: torch.Tensor, maxes: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """Reduce packed values when every process packed them alike; every process calls this.
+
+        ``layout`` names what the tensors hold, position by position (a hash of the sorted names they pack). When
+        it is the same on every rank, the int64 ``flags`` and the float64 ``maxes`` come back reduced by max and
+        the float64 ``sums`` by sum, each on the CPU: one checked collective and a reduction per non-empty tensor,
+        their sizes independent of the number of ranks. When some rank's layout differs, None on every rank (the
+        caller then gathers what each sent, by name). One process gets its tensors back unchanged.
+        """
+        return self._reduce_if_agreed(int(layout), flags, sums, maxes)
+
+    def _reduce_if_agreed(
+        self, layout: int, flags: torch.Tensor, sums: torch.Tensor, maxes: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        return flags, sums, maxes
+
     def barrier(self, name: str | None = None) -> None:
         """Wait until every process reaches a barrier; ``name`` says which, for debugging."""
         if name is not None and not isinstance(name, str):

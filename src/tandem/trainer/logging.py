@@ -5,15 +5,18 @@ turned into floats only when a logger or the progress bar needs them. Epoch mean
 weighted sum and a count, reduced across processes as sums and counts, then divided.
 
 Values logged with ``sync_dist=True`` are reduced across processes by name, never by the order they were
-logged in: in one gathering, every rank sends the names it needs reduced with its values (read as floats,
-one conversion per rank), and every rank then reduces the union of names the same way, in rank order
-(:func:`combine_by_name`); a rank without a value counts as absent. Epoch values are reduced once per
-epoch end; step values at the steps whose values are published (every ``log_every_n_steps`` steps and
+logged in. Every rank packs the names it needs reduced, sorted, with their values (read as floats, one
+conversion per rank: :func:`pack`); when every rank packed alike (one small all-reduce of the layout's hash
+says so), the values are reduced as packed sums and maxima, whose size does not grow with the ranks. When the
+names differ (conditional logging), every rank gathers what each sent and reduces the union of names the same
+way, in rank order (:func:`combine_by_name`); a rank without a value counts as absent. Epoch values are reduced
+once per epoch end; step values at the steps whose values are published (every ``log_every_n_steps`` steps and
 at the epoch's end), never on the steps in between.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import numbers
 from collections.abc import Mapping
@@ -76,7 +79,9 @@ class _Entry:
 class PublishedStep:
     """One publishing round of step values: what goes to the loggers, each process's verdict on its loss (finite or
     not, in rank order), and whether any process asked to stop (``trainer.should_stop``, e.g. ``max_time``). The
-    verdicts travel in the same gathering as the names (no collective of their own)."""
+    verdicts travel with the names (no collective of their own). When every process's loss was finite and no
+    batch was empty, the lists hold one note for all: ``[True]``, ``[None]``, and one window of the processes'
+    mean losses."""
 
     values: dict[str, torch.Tensor]
     loss_finite: list[bool]
@@ -406,8 +411,13 @@ class MetricCollector:
         since they were last computed on any process, plus synced step values not yet reduced. Publishing
         steps: the synced step values. A process that never logged a name contributes the identity and
         receives the result (its entry is created with the options the other processes used). ``note`` (the
-        loss's verdict and an empty-batch note, at publishing steps) is gathered with the names; every process's
-        is returned, in rank order.
+        loss's verdict and an empty-batch note, at publishing steps) travels with the names.
+
+        When every rank wants the same names with the same options and its note is unremarkable (see
+        :func:`pack`), the values travel as packed sums and maxima (``Strategy.reduce_if_agreed``: sizes that do
+        not grow with the ranks), and one note comes back for all. Otherwise every rank gathers what each sent
+        and reduces the union of names in rank order (:func:`combine_by_name`); every process's note comes back,
+        in rank order.
         """
         mine: dict[str, tuple[str, bool, tuple[bool, bool, bool, bool]]] = {}
         local: dict[str, tuple[torch.Tensor | None, torch.Tensor | None]] = {}  # the values and weights sent
@@ -423,13 +433,18 @@ class MetricCollector:
             elif entry.sync_dist and (entry.total is not None or entry.dirty):
                 mine[f"epoch/{name}"] = (entry.reduce_fx, entry.dirty, flags)
                 local[f"epoch/{name}"] = (entry.total, entry.count)
-        gathered = self._strategy.all_gather_object((mine, note, as_floats(local)))
-        everyone, notes = [g[0] for g in gathered], [g[1] for g in gathered]
-        wanted = _agree(everyone)
-        for key in wanted:  # decided from what every process sent: all raise together, none hangs
-            if key.startswith("metric/") and not all(key in theirs for theirs in everyone):
-                raise _metric_missing(key.split("/", 1)[1], everyone)
-        reduced = combine_by_name(wanted, [g[2] for g in gathered], local)
+        floats = as_floats(local)
+        agreed = _reduce_if_agreed(self._strategy, mine, floats, note)
+        if agreed is not None:
+            wanted, results, notes = agreed
+        else:
+            gathered = self._strategy.all_gather_object((mine, note, floats))
+            everyone, notes = [g[0] for g in gathered], [g[1] for g in gathered]
+            wanted = _agree(everyone)
+            for key in wanted:  # decided from what every process sent: all raise together, none hangs
+                if key.startswith("metric/") and not all(key in theirs for theirs in everyone):
+                    raise _metric_missing(key.split("/", 1)[1], everyone)
+            results = combine_by_name(wanted, [g[2] for g in gathered])
         for key, (op, flags) in wanted.items():
             kind, name = key.split("/", 1)
             entry = entries.get(name)
@@ -437,10 +452,12 @@ class MetricCollector:
                 entry = entries[name] = _Entry(*flags, sync_dist=True, reduce_fx=op)
             if kind == "metric":
                 entry.epoch_value, entry.dirty = self._epoch_value(entry), False
-            elif kind == "epoch":
-                entry.epoch_value, entry.dirty = reduced[key], False
-            elif reduced[key] is not None:
-                self._publish_step(name, entry, reduced[key])
+                continue
+            value = _as_local(results[key], op, local.get(key, (None, None))[0])
+            if kind == "epoch":
+                entry.epoch_value, entry.dirty = value, False
+            elif value is not None:
+                self._publish_step(name, entry, value)
         return notes
 
     def _publish_step(self, name: str, entry: _Entry, value: torch.Tensor) -> None:
@@ -723,40 +740,129 @@ def as_floats(values: Mapping[str, tuple[torch.Tensor | None, torch.Tensor | Non
 
 
 def combine_by_name(
-    wanted: Mapping[str, tuple[str, Any]],
-    everyone: list[dict[str, tuple[Any, Any]]],
-    local: Mapping[str, tuple[torch.Tensor | None, torch.Tensor | None]],
-) -> dict[str, torch.Tensor | None]:
+    wanted: Mapping[str, tuple[str, Any]], everyone: list[dict[str, tuple[Any, Any]]]
+) -> dict[str, float | None]:
     """Reduce the ``wanted`` names (name -> operation, options) over what each rank sent (``everyone``, in rank
     order: name -> value, weight as floats), the same way on every rank. ``"mean"``: the sum of the values over the
     sum of the weights (a step value weighs 1); ``"sum"``, ``"max"``, ``"min"``: of the values. A rank that did
-    not send a name is absent from it; None for a name no rank had, else a tensor in this rank's dtype (float32
-    where it had none; an integer sum, max or min stays an integer) on its device. NaN propagates."""
-    out: dict[str, torch.Tensor | None] = {}
+    not send a name is absent from it; None for a name no rank had. NaN propagates."""
+    out: dict[str, float | None] = {}
     for key, (op, _) in wanted.items():
         if key.startswith("metric/"):
             continue
         sent = [theirs[key] for theirs in everyone if key in theirs and theirs[key][0] is not None]
+        values = [value for value, _ in sent]
         if not sent:
             out[key] = None
-            continue
-        values = [value for value, _ in sent]
-        if op == "mean":
+        elif op == "mean":
             weight = sum(1.0 if w is None else w for _, w in sent)
-            result = sum(values) / weight if weight > 0 else None
+            out[key] = sum(values) / weight if weight > 0 else None
         elif op == "sum":
-            result = sum(values)
+            out[key] = sum(values)
         else:
             nan = next((v for v in values if math.isnan(v)), None)
-            result = nan if nan is not None else (max if op == "max" else min)(values)
-        if result is None:
-            out[key] = None
-            continue
-        value = local.get(key, (None, None))[0]
-        keep_integer = value is not None and not value.is_floating_point() and op != "mean"
-        dtype = value.dtype if value is not None and (value.is_floating_point() or keep_integer) else torch.float32
-        out[key] = torch.tensor(result, dtype=dtype, device=value.device if value is not None else "cpu")
+            out[key] = nan if nan is not None else (max if op == "max" else min)(values)
     return out
+
+
+def _as_local(result: float | None, op: str, value: torch.Tensor | None) -> torch.Tensor | None:
+    """A reduced number as a tensor in this rank's dtype (``value``: what it sent, or None; float32 where it sent
+    nothing; an integer sum, max or min stays an integer) on its device."""
+    if result is None:
+        return None
+    keep_integer = value is not None and not value.is_floating_point() and op != "mean"
+    dtype = value.dtype if value is not None and (value.is_floating_point() or keep_integer) else torch.float32
+    return torch.tensor(result, dtype=dtype, device=value.device if value is not None else "cpu")
+
+
+# ---------------------------------------------------------------------- the same, when every rank sends the same names
+
+
+def pack(
+    mine: Mapping[str, tuple[str, bool, Any]], floats: Mapping[str, tuple[Any, Any]], note: Any = None
+) -> tuple[int, dict[str, tuple[str, Any]], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """This rank's side of a reduction by agreement: the layout (a 63-bit hash of the sorted names, options and the
+    note's shape: equal on every rank exactly when they pack alike), the names wanted (sorted), the note's flags
+    (int64), the sums and the maxima (float64).
+
+    Each ``"mean"`` or ``"sum"`` name takes three sums (value, weight, present: 0 for a rank without the value); each
+    ``"max"`` or ``"min"`` name three maxima (the value, negated for ``"min"``, -inf for NaN or none; NaN; present);
+    each loss since the last check (``note``'s window, under on_nonfinite="rollback") two sums (the loss where
+    finite; 1 where it was). The sums are rank-order free: on two ranks they equal :func:`combine_by_name`'s bit for
+    bit; on more, the backend's order of summing, as Lightning's ``sync_dist`` reduction.
+    """
+    wanted = {key: (op, flags) for key, (op, want, flags) in sorted(mine.items()) if want}
+    finite, stop, empty, window = note if note is not None else (True, False, None, None)
+    sums: list[float] = []
+    maxes: list[float] = []
+    for key, (op, _) in wanted.items():
+        if key.startswith("metric/"):
+            continue
+        value, weight = floats.get(key, (None, None))
+        present = value is not None
+        if op in ("mean", "sum"):
+            sums += [value, 1.0 if weight is None else weight, 1.0] if present else [0.0, 0.0, 0.0]
+        elif not present:
+            maxes += [-math.inf, 0.0, 0.0]
+        elif math.isnan(value):
+            maxes += [-math.inf, 1.0, 1.0]
+        else:
+            maxes += [value if op == "max" else -value, 0.0, 1.0]
+    bad_window = False
+    for _, loss in window or ():
+        clean = loss is not None and math.isfinite(loss)
+        bad_window |= loss is not None and not clean
+        sums += [loss if clean else 0.0, float(clean)]
+    shape = (sorted(mine.items()), note is None, None if window is None else [batch_idx for batch_idx, _ in window])
+    layout = int.from_bytes(hashlib.blake2b(repr(shape).encode(), digest_size=8).digest(), "little") >> 1
+    # the note's flags, reduced by max: any but the stop sends every rank to the gathering, which names the ranks
+    flags = torch.tensor([not finite, bool(stop), empty is not None, bad_window], dtype=torch.int64)
+    return layout, wanted, flags, torch.tensor(sums, dtype=torch.float64), torch.tensor(maxes, dtype=torch.float64)
+
+
+def unpack(
+    wanted: Mapping[str, tuple[str, Any]], sums: list[float], maxes: list[float], window: Any = None
+) -> tuple[dict[str, float | None], Any]:
+    """The reduced numbers of :func:`pack`'s layout: each wanted name's result (as :func:`combine_by_name`), and the
+    window of the ranks' mean losses (batch index, mean; None where no rank's loss was finite), or None."""
+    out: dict[str, float | None] = {}
+    i = j = 0
+    for key, (op, _) in wanted.items():
+        if key.startswith("metric/"):
+            continue
+        if op in ("mean", "sum"):
+            total, weight, present = sums[i : i + 3]
+            i += 3
+            if op == "sum":
+                out[key] = total if present else None
+            else:
+                out[key] = total / weight if present and weight > 0 else None
+        else:
+            value, nan, present = maxes[j : j + 3]
+            j += 3
+            out[key] = None if not present else math.nan if nan else value if op == "max" else -value
+    if window is None:
+        return out, None
+    pairs = sums[i:]
+    means = [(batch_idx, s / c if c else None) for (batch_idx, _), s, c in zip(window, pairs[::2], pairs[1::2])]
+    return out, means
+
+
+def _reduce_if_agreed(
+    strategy: Strategy, mine: Mapping[str, tuple[str, bool, Any]], floats: Mapping[str, Any], note: Any
+) -> tuple[dict[str, tuple[str, Any]], dict[str, float | None], list[Any]] | None:
+    """The names wanted, their results and the one note for all ranks, when every rank packed alike and no note
+    asks for the gathering (:func:`pack`); None otherwise, on every rank."""
+    layout, wanted, flags, sums, maxes = pack(mine, floats, note)
+    reduced = strategy.reduce_if_agreed(layout, flags, sums, maxes)
+    if reduced is None:
+        return None
+    not_finite, stop, empty, bad_window = (bool(f) for f in reduced[0].tolist())
+    if not_finite or empty or bad_window:  # the gathering names the ranks (the same verdict on every rank)
+        return None
+    window = note[3] if note is not None else None
+    results, means = unpack(wanted, reduced[1].tolist(), reduced[2].tolist(), window)
+    return wanted, results, [(True, stop, None, means)]
 
 
 def _metric_missing(name: str, everyone: list[dict[str, Any]]) -> TandemUserCodeError:

@@ -390,7 +390,7 @@ class FitLoop:
         published = context.metrics.publish_step(finite, context.state.should_stop, self.empty_batch, window)
         if self.empty_batch is not None or any(published.empty_batches):  # named before its NaN loss is
             raise empty_batch([note for note in published.empty_batches if note], several=True)
-        if published.stop_asked:  # every rank learnt it in the same gathering: all stop at this step (max_time)
+        if published.stop_asked:  # every rank learnt it in the same reduction: all stop at this step (max_time)
             context.state.should_stop = self._stop_agreed = True
         if rollback is not None:
             self._bad = rollback.decide(published.windows, self.state.global_step, self.state.epoch)
@@ -430,7 +430,7 @@ class FitLoop:
 
     def _found_empty_batch(self, batch_idx: int) -> None:
         """Training batch ``batch_idx`` held no samples and was trained on. With one process that is an error now;
-        with several, every rank must stop together: the finding travels with the next publishing step's gathering,
+        with several, every rank must stop together: the finding travels with the next publishing step's reduction,
         or the epoch end's reduction, and all ranks raise there (no collective of its own)."""
         strategy, loop = self.context.strategy, self.state
         if strategy.world_size == 1:

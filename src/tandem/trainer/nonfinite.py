@@ -5,7 +5,7 @@ Where tandem looks (nothing runs on the other steps):
 
 - **The loss, at publishing steps.** Every ``log_every_n_steps`` stepping batches, when the logged values go
   to the loggers or are reduced across processes, the loss ``training_step`` returned is read too. The
-  processes learn each other's verdict in the gathering that publishes the values, not in another collective.
+  processes learn each other's verdict in the reduction that publishes the values, not in another collective.
 - **The parameters, at each epoch end and before each checkpoint is written.** One fused pass
   (``torch._foreach_norm``: a NaN or inf anywhere in a tensor makes its norm NaN or inf) and one read. The
   ranks agree in the epoch end's ``should_stop`` reduction, and before a save in one reduction of one number.

@@ -9,8 +9,9 @@ Where tandem looks, and what it costs:
 
 - **Each batch** records its loss on the device (a reference, no copy, no read).
 - **At publishing steps** (every ``log_every_n_steps``, where tandem reads values anyway) each rank reads the
-  losses it recorded since the last check, in one read; they travel to every rank in the gathering that publishes
-  the logged values. Every rank then finds the same first bad batch in the same list, so all decide alike.
+  losses it recorded since the last check, in one read; they travel to every rank with the logged values'
+  reduction (as sums, when every loss was finite: each batch's mean over the ranks; otherwise every rank's, in a
+  gathering). Every rank then finds the same first bad batch in the same list, so all decide alike.
 - **At the end of each epoch's batches**, the losses not yet checked are read and gathered the same way (one
   gathering per epoch, before the epoch's validation and hooks).
 
@@ -190,8 +191,9 @@ class RollbackGuard:
         return [(batch_idx, None if loss is None else next(values)) for batch_idx, loss in window]
 
     def decide(self, windows: list[Window], step: int, epoch: int) -> RollbackRecord | None:
-        """The first bad batch of the windows every rank read (rank order: the same list everywhere), or None.
-        A clean window's losses join the spike rule's recent losses."""
+        """The first bad batch of the windows every rank read (rank order: the same list everywhere; or one window
+        of the ranks' mean losses, when every loss was finite), or None. A clean window's losses join the spike
+        rule's recent losses."""
         if self.paused:
             return None
         settings, recent = self.settings, self._losses

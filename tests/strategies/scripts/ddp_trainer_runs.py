@@ -180,13 +180,27 @@ def evaluation(out: Path) -> dict[str, Any]:
 
 
 class CountingDDP(DDPStrategy):
-    """Counts the reductions (the MetricCollector's values travel in its gathering, not in one of these)."""
+    """Counts the reductions (all its instances), and its own packed reductions the ranks agreed on and gatherings:
+    the MetricCollector's values travel in a packed one when every rank sends the same names, else in a gathering."""
 
     reductions = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.packed = self.gatherings = 0
 
     def reduce(self, tensor: torch.Tensor, reduce_op: str = "mean") -> torch.Tensor:
         CountingDDP.reductions += 1
         return super().reduce(tensor, reduce_op)
+
+    def reduce_if_agreed(self, *args: Any) -> Any:
+        reduced = super().reduce_if_agreed(*args)
+        self.packed += reduced is not None
+        return reduced
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        self.gatherings += 1
+        return super().all_gather_object(obj)
 
 
 class Logs(Net):
@@ -244,9 +258,10 @@ class StepValues(tandem.Callback):
 
 def paired_by_name() -> dict[str, Any]:
     torch.manual_seed(0)
-    steps = StepValues()
-    trainer = tandem.Trainer(strategy="ddp", max_epochs=1, log_every_n_steps=1, callbacks=[steps], **QUIET)
+    steps, strategy = StepValues(), CountingDDP()
+    trainer = tandem.Trainer(strategy=strategy, max_epochs=1, log_every_n_steps=1, callbacks=[steps], **QUIET)
     trainer.fit(Unordered(), DataLoader(dataset(32), batch_size=BATCH))
+    gatherings = strategy.gatherings
     epoch = {k: float(v) for k, v in trainer.callback_metrics.items() if k in ("a_sum", "b_sum", "lonely_epoch")}
     model = LossOnly()
     one_sample = trainer.validate(model, DataLoader(dataset(1, seed=2), batch_size=1))  # rank 1 has no batch
@@ -254,6 +269,7 @@ def paired_by_name() -> dict[str, Any]:
         "steps": steps.seen,
         "epoch": epoch,
         "batches": trainer.num_training_batches,
+        "gatherings": gatherings,
         "one_sample": one_sample,
         "one_sample_weights": weights(model),
     }
@@ -323,12 +339,15 @@ def logging(out: Path) -> dict[str, Any]:
         printed = sys.stdout.copy.getvalue() + sys.stderr.copy.getvalue()
         sys.stdout, sys.stderr = stdout, stderr
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("v_")}
+    packed, gatherings = strategy.packed, strategy.gatherings
     trainer.validate(model, datamodule=data)
     return {
         "metrics": metrics,
         "step_values": model.step_values,
         "batches": trainer.num_training_batches,
         "reductions": CountingDDP.reductions,
+        "packed": packed,
+        "gatherings": gatherings,
         "printed": printed,
         "prepared": data.prepared,
         "stages": data.stages,
