@@ -75,7 +75,7 @@ def test_the_strategy_base_stays_small():
     tree = ast.parse((SRC / "strategies" / "strategy.py").read_text())
     (base,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Strategy"]
     public = [f.name for f in base.body if isinstance(f, ast.FunctionDef) and not f.name.startswith("_")]
-    assert len(public) <= 41, public  # 41 since follow_module (DDP re-wraps when the trainable set changes)
+    assert len(public) <= 42, public  # 42 since reduce_if_agreed (logged values reduced in sizes independent of N)
 
 
 def test_no_frame_locals_are_read_to_find_out_who_called():
