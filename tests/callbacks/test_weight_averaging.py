@@ -20,7 +20,7 @@ class Recorded(TinyModule):
         super().__init__(**kwargs)
         self.step_weights, self.val_weights = [], []
 
-    def on_train_batch_end(self, outputs, batch, batch_idx):  # the module's hook runs before the callbacks'
+    def on_train_batch_end(self, outputs, batch, batch_idx):  # after the callbacks' (Lightning's order)
         self.step_weights.append(_weights(self))
 
     def validation_step(self, batch, batch_idx):

@@ -102,7 +102,7 @@ def test_class_paths_build_callbacks_loggers_strategies_and_a_datamodule_subclas
         "data: {class_path: SmallData, init_args: {samples: 24}}\n"
     )
     cli = CLI(TinyModule, Data, run=False, args=["--config", str(tmp_path / "run.yaml"), *QUIET])
-    early, checkpoint = cli.trainer.callbacks[:2]
+    early, checkpoint = cli.trainer.callbacks[0], cli.trainer.callbacks[-1]  # checkpoint callbacks last, as Lightning
     assert isinstance(early, EarlyStopping) and early.patience == 2
     assert isinstance(checkpoint, ModelCheckpoint) and checkpoint.save_top_k == 2
     assert isinstance(cli.trainer.logger, CSVLogger) and cli.trainer.logger.name == "csv"

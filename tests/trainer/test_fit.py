@@ -123,7 +123,12 @@ def test_gradient_clipping_limits_what_the_optimizer_sees(algorithm):
         assert max(g.abs().max().item() for g in after) <= 0.01 + 1e-7
 
 
-def test_hooks_run_in_order_module_first_then_callbacks_in_user_order():
+def test_hooks_run_in_lightnings_order_callbacks_then_the_module_and_checkpoints_last(tmp_path):
+    """Lightning's order: each event on the callbacks, in the order given, then on the module; the checkpoint
+    callbacks moved after the others; on_train_epoch_end on the monitoring callbacks (EarlyStopping, the
+    checkpoint callbacks) after the module's, so that they see what it logged there."""
+    from tandem.callbacks import EarlyStopping, ModelCheckpoint
+
     calls = []
 
     class Recorder(tandem.Callback):
@@ -142,26 +147,60 @@ def test_hooks_run_in_order_module_first_then_callbacks_in_user_order():
 
         def on_train_epoch_end(self, trainer, module):
             assert "val_loss" in trainer.callback_metrics  # validation ran before the epoch's end
+            assert "from_module" not in trainer.callback_metrics  # the module's hook runs after this one
             calls.append((self.name, "on_train_epoch_end"))
+
+    class Stop(EarlyStopping):
+        def on_train_epoch_end(self, trainer, module):
+            calls.append(("stop", "on_train_epoch_end"))
+            super().on_train_epoch_end(trainer, module)
+
+    class Saver(ModelCheckpoint):
+        def on_train_epoch_end(self, trainer, module):
+            assert "from_module" in trainer.callback_metrics  # a monitoring callback: after the module's hook
+            calls.append(("checkpoint", "on_train_epoch_end"))
+            super().on_train_epoch_end(trainer, module)
 
     class Hooked(TinyModule):
         def on_train_epoch_start(self):
             calls.append(("module", "on_train_epoch_start"))
 
         def on_train_epoch_end(self):
+            self.log("from_module", 1.0)
             calls.append(("module", "on_train_epoch_end"))
 
-    quiet_trainer(max_epochs=1, callbacks=[Recorder("b"), Recorder("a")]).fit(Hooked(), loader(), loader())
+    saver, stop = Saver(dirpath=tmp_path, monitor="from_module"), Stop(monitor="val_loss")
+    callbacks = [saver, Recorder("b"), stop, Recorder("a")]
+    trainer = quiet_trainer(max_epochs=1, callbacks=callbacks)
+    assert [getattr(c, "name", c) for c in trainer.callbacks] == ["b", stop, "a", saver]
+    trainer.fit(Hooked(), loader(), loader())
     assert calls == [
-        ("module", "on_train_epoch_start"),
         ("b", "on_train_epoch_start"),
         ("a", "on_train_epoch_start"),
+        ("module", "on_train_epoch_start"),
         ("b", "on_validation_end"),
         ("a", "on_validation_end"),
-        ("module", "on_train_epoch_end"),
         ("b", "on_train_epoch_end"),
         ("a", "on_train_epoch_end"),
+        ("module", "on_train_epoch_end"),
+        ("stop", "on_train_epoch_end"),
+        ("checkpoint", "on_train_epoch_end"),
     ]
+    assert saver.best_model_score == 1.0  # it read the value the module logged in the same hook
+
+
+def test_the_modules_on_train_batch_start_decides_whatever_the_callbacks_return():
+    class Returns(tandem.Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            return -1  # ignored: a callback's return value says nothing (Lightning's rule)
+
+    class EndsAtSecond(TinyModule):
+        def on_train_batch_start(self, batch, batch_idx):
+            return -1 if batch_idx == 1 else None
+
+    trainer = quiet_trainer(max_epochs=1, callbacks=[Returns()])
+    trainer.fit(EndsAtSecond(), loader(64, 16))
+    assert trainer.global_step == 1  # the module's -1 at batch 1 ends the epoch; the callback's -1 did not
 
 
 def test_training_step_returning_none_skips_the_batch():

@@ -437,6 +437,26 @@ def test_validation_step_values_logged_on_step_reach_the_loggers_at_each_loaders
     assert [s for s, m in logger.records if "val_x" in m] == [0, 1]
 
 
+def test_values_logged_in_on_train_batch_end_are_in_the_same_steps_row():
+    """As Lightning: a logging step publishes after on_train_batch_end (the module's and the callbacks'), so what
+    they log lands in that step's row, not in the next logging step's."""
+
+    class AtBatchEnd(TinyModule):
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            self.log("module_idx", float(batch_idx))
+
+    class Callback(tandem.Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            module.log("callback_idx", float(batch_idx))
+
+    logger = RecordingLogger()
+    trainer = quiet_trainer(max_epochs=1, logger=logger, log_every_n_steps=2, callbacks=[Callback()])
+    trainer.fit(AtBatchEnd(), loader(64, 8))
+    rows = [(step, m) for step, m in logger.records if "module_idx" in m]
+    assert [step for step, _ in rows] == [1, 3, 5, 7]
+    assert all(m["module_idx"] == m["callback_idx"] == step for step, m in rows), rows
+
+
 def test_each_entry_point_starts_with_its_own_callback_metrics():
     class Staged(TinyModule):
         def test_step(self, batch, batch_idx):

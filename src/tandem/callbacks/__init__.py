@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tandem.callbacks.callback import Callback
+from tandem.callbacks.callback import Callback, Checkpoint
 from tandem.utilities.lazy import lazy_attributes
 
 if TYPE_CHECKING:
@@ -66,6 +66,7 @@ __all__ = [
     "BasePredictionWriter",
     "BatchSizeFinder",
     "Callback",
+    "Checkpoint",
     "DeviceStatsMonitor",
     "EMAWeightAveraging",
     "EarlyStopping",

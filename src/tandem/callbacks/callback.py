@@ -113,3 +113,9 @@ class Callback:
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class Checkpoint(Callback):
+    """The base of the callbacks that save checkpoints, ``ModelCheckpoint`` and ``OnExceptionCheckpoint``
+    (Lightning's ``Checkpoint``). As in Lightning, the Trainer moves them after its other callbacks, and runs their
+    ``on_train_epoch_end`` after the module's, so that they see what the other callbacks and the module logged."""

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tandem.callbacks.callback import Callback
+from tandem.callbacks.callback import Checkpoint
 from tandem.loggers.logger import Logger
 from tandem.utilities.checkpoint import check_writable_folder
 from tandem.utilities.exceptions import (
@@ -33,7 +33,7 @@ _MODES = ("min", "max")
 _MODE_FIX = "Use 'min' for losses, 'max' for accuracies."
 
 
-class ModelCheckpoint(Callback):
+class ModelCheckpoint(Checkpoint):
     """Save checkpoints during training: the ``save_top_k`` best by ``monitor``, and/or ``last.ckpt``.
 
     Save points, as in Lightning: every ``every_n_train_steps`` optimizer steps, every

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from tandem.callbacks.callback import Callback
+from tandem.callbacks.callback import Checkpoint
 from tandem.utilities.exceptions import TandemConfigError
 from tandem.utilities.rank_zero import rank_zero_warn
 
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from tandem.trainer.trainer import Trainer
 
 
-class OnExceptionCheckpoint(Callback):
+class OnExceptionCheckpoint(Checkpoint):
     """Save a checkpoint to ``dirpath/filename.ckpt`` when fit (or another run) raises, including
     ``KeyboardInterrupt``; resume with ``trainer.fit(model, ckpt_path=callback.ckpt_path)``. A run that ends
     without an exception removes the file (it would be stale), as Lightning does.

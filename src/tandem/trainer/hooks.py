@@ -1,7 +1,9 @@
 """The hook dispatcher: which module and callback hooks a run calls, in what order, and what is running now.
 
-One :class:`HookDispatcher` per Trainer. It collects the table once per run (the module's override first,
-then each callback's, in the user's order; hooks nobody overrides are not called at all), calls a hook with
+One :class:`HookDispatcher` per Trainer. It collects the table once per run (Lightning's order: each callback's
+override in the callbacks' order, then the module's; ``on_load_checkpoint`` the module's first, and
+``on_train_epoch_end`` the monitoring callbacks' — ``EarlyStopping``, the checkpoint callbacks — after the module's;
+hooks nobody overrides are not called at all), calls a hook with
 :meth:`HookDispatcher.call`, and keeps the two facts ``self.log`` needs: the hook now running (a context
 variable, read by :func:`current_hook`) and the stage now running (``TrainerState.stage``, set for a block
 with :meth:`HookDispatcher.running`). Whether a hook's ``self.log`` calls default to ``on_step=True`` is
@@ -16,7 +18,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from tandem.callbacks.callback import Callback
+from tandem.callbacks.callback import Callback, Checkpoint
 from tandem.module import TrainingModule
 from tandem.trainer.profiling import callback_action, module_action, timed
 
@@ -74,6 +76,7 @@ class HookDispatcher:
     def __init__(self, state: TrainerState) -> None:
         self._state = state
         self._table: dict[str, list[Callable[..., None]]] = {}
+        self._module_fns: dict[str, Callable[..., Any]] = {}  # the module's entry of each hook it overrides
         self.registered: frozenset[str] = frozenset()  # the hooks someone overrides in the current run
         self._trainer: Callable[[], Trainer | None] = _no_trainer
 
@@ -83,23 +86,32 @@ class HookDispatcher:
     def collect(
         self, trainer: Trainer, module: TrainingModule, callbacks: list[Callback], profiler: Profiler | None = None
     ) -> None:
-        """Build the table for a run: for each hook, the module's override, then each callback's. With a
+        """Build the table for a run, in Lightning's order: for each hook, each callback's override (in the order of
+        ``callbacks``), then the module's; for ``on_load_checkpoint`` the module's first; for ``on_train_epoch_end``
+        the monitoring callbacks (``EarlyStopping`` and the checkpoint callbacks) after the module. With a
         ``profiler``, each entry is timed (``[LightningModule]<Module>.<hook>``, ``[Callback]<state_key>.<hook>``):
         the profiling variant of the table, chosen here once, so that :meth:`call` itself never asks."""
+        from tandem.callbacks.early_stopping import EarlyStopping
+
         self._trainer = weakref.ref(trainer)
         table: dict[str, list[Callable[..., None]]] = {}
+        module_fns: dict[str, Callable[..., Any]] = {}
         for name in _HOOK_NAMES:
-            fns = []
-            if getattr(type(module), name, None) is not getattr(TrainingModule, name, None) and hasattr(module, name):
-                fn = _module_hook(getattr(module, name))
-                fns.append(fn if profiler is None else timed(fn, profiler, module_action(module, name)))
+            before: list[Callable[..., None]] = []  # the callbacks called before the module's hook
+            after: list[Callable[..., None]] = []
             for callback in callbacks:
                 # overridden by its class, or a function set on the instance (LambdaCallback), as Lightning reads it
                 if getattr(type(callback), name) is not getattr(Callback, name) or name in vars(callback):
                     fn = _callback_hook(getattr(callback, name), module)
-                    fns.append(fn if profiler is None else timed(fn, profiler, callback_action(callback, name)))
-            table[name] = fns
-        self._table = table
+                    fn = fn if profiler is None else timed(fn, profiler, callback_action(callback, name))
+                    monitors = name == "on_train_epoch_end" and isinstance(callback, (EarlyStopping, Checkpoint))
+                    (after if monitors or name == "on_load_checkpoint" else before).append(fn)
+            if getattr(type(module), name, None) is not getattr(TrainingModule, name, None) and hasattr(module, name):
+                fn = _module_hook(getattr(module, name))
+                module_fns[name] = fn if profiler is None else timed(fn, profiler, module_action(module, name))
+                before.append(module_fns[name])
+            table[name] = before + after
+        self._table, self._module_fns = table, module_fns
         self.registered = frozenset(name for name, fns in table.items() if fns)
 
     def has(self, name: str) -> bool:
@@ -107,18 +119,18 @@ class HookDispatcher:
         return name in self.registered
 
     def call(self, name: str, *args: Any) -> Any:
-        """Run ``name`` on the module, then on each callback in the user's order. Returns what the module's
-        override returned (``on_train_batch_start`` may return -1); callbacks' returns are ignored."""
+        """Run ``name`` on the callbacks and the module, in the table's order (see :meth:`collect`). Returns what the
+        module's override returned (``on_train_batch_start`` may return -1); callbacks' returns are ignored."""
         fns = self._table.get(name)
         if not fns:
             return None
-        trainer = self._trainer()
+        trainer, module_fn = self._trainer(), self._module_fns.get(name)
         token = _CURRENT_HOOK.set(name)
         result = None
         try:
             for fn in fns:
                 value = fn(trainer, *args)
-                if result is None:
+                if fn is module_fn:
                     result = value
         finally:
             _CURRENT_HOOK.reset(token)

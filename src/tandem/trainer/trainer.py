@@ -7,6 +7,7 @@ import functools
 import inspect
 import math
 import os
+import sys
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
@@ -14,7 +15,7 @@ from typing import Any
 
 import torch
 
-from tandem.callbacks.callback import Callback
+from tandem.callbacks.callback import Callback, Checkpoint
 from tandem.module import DataModule, TrainingModule, is_overridden
 from tandem.profilers import Profiler
 from tandem.strategies.registry import resolve_strategy
@@ -686,8 +687,8 @@ class Trainer:
 
     # ================================================================== hooks
     def call_hook(self, hook: str, *args: Any) -> None:
-        """Run ``hook`` (a ``Callback`` hook name such as ``"on_before_backward"``) on the module, then on each
-        callback in the user's order, as the loops do; hooks nobody overrides cost nothing."""
+        """Run ``hook`` (a ``Callback`` hook name such as ``"on_before_backward"``) on the callbacks, then on the
+        module, in Lightning's order, as the loops do; hooks nobody overrides cost nothing."""
         self._hooks.call(hook, *args)
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
@@ -1142,7 +1143,19 @@ def _build_callbacks(callbacks: Any, checkpointing: bool, progress_bar: bool, mo
         raise TandemConfigError(
             f"Two callbacks share the checkpoint state key {duplicates[0]!r}; give them different settings."
         )
-    return callbacks
+    return _lightning_order(callbacks)
+
+
+def _lightning_order(callbacks: list[Callback]) -> list[Callback]:
+    """Lightning's order of the callbacks: the tuner's (``BatchSizeFinder``, ``LearningRateFinder``) first, the
+    checkpoint callbacks last (a checkpoint sees what the others logged), each group in the order given."""
+    # a tuner's class exists only once its module was imported (tandem.callbacks imports each on first use)
+    tuner_classes = (("batch_size_finder", "BatchSizeFinder"), ("lr_finder", "LearningRateFinder"))
+    found = ((sys.modules.get(f"tandem.callbacks.{module}"), kind) for module, kind in tuner_classes)
+    kinds = tuple(getattr(module, kind) for module, kind in found if module is not None)
+    tuners = [c for c in callbacks if isinstance(c, kinds)]
+    checkpoints = [c for c in callbacks if isinstance(c, Checkpoint) and c not in tuners]
+    return tuners + [c for c in callbacks if c not in tuners and c not in checkpoints] + checkpoints
 
 
 def _with_module_callbacks(callbacks: list[Callback], module: TrainingModule) -> list[Callback]:
@@ -1159,7 +1172,7 @@ def _with_module_callbacks(callbacks: list[Callback], module: TrainingModule) ->
                 "tandem.Callback instances (one or a list)."
             )
     replaced = {type(c) for c in callbacks if type(c) is not Callback and any(isinstance(e, type(c)) for e in extra)}
-    return [c for c in callbacks if type(c) not in replaced and c not in extra] + extra
+    return _lightning_order([c for c in callbacks if type(c) not in replaced and c not in extra] + extra)
 
 
 def _preemption_stop(trainer: Trainer) -> Any:
