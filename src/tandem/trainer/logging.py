@@ -77,7 +77,8 @@ class _Entry:
 
 @dataclass
 class PublishedStep:
-    """One publishing round of step values: what goes to the loggers, each process's verdict on its loss (finite or
+    """One publishing round of step values: the values reduced (the loggers' row is read after the batch's
+    ``on_train_batch_end``: ``MetricCollector.step_values``), each process's verdict on its loss (finite or
     not, in rank order), and whether any process asked to stop (``trainer.should_stop``, e.g. ``max_time``). The
     verdicts travel with the names (no collective of their own). When every process's loss was finite and no
     batch was empty, the lists hold one note for all: ``[True]``, ``[None]``, and one window of the processes'
@@ -318,29 +319,44 @@ class MetricCollector:
         on_nonfinite="rollback", its losses since the last check)."""
         entries = self._stores.get(self.stage, {})
         if not self._distributed:  # one process: its own notes
-            return PublishedStep(self._updated_step_values(entries), [loss_finite], stop, [empty_batch], [window])
+            return PublishedStep(
+                self._updated_step_values(entries, False), [loss_finite], stop, [empty_batch], [window]
+            )
         notes = self._sync(entries, epoch=False, note=(loss_finite, stop, empty_batch, window))
         return PublishedStep(
-            self._updated_step_values(entries),
+            self._updated_step_values(entries, False),
             [finite for finite, _, _, _ in notes],
             any(asked for _, asked, _, _ in notes),
             [empty for _, _, empty, _ in notes],
             [losses for _, _, _, losses in notes],
         )
 
+    def step_values(self) -> dict[str, torch.Tensor]:
+        """A publishing step's row for the loggers, read after its ``on_train_batch_end`` hooks (Lightning's order):
+        the values :meth:`publish_step` reduced, and what the hooks logged since. Under several processes a
+        ``sync_dist`` value the hooks logged is not reduced yet: it waits for the next publishing step."""
+        entries = self._stores.get(self.stage, {})
+        return self._updated_step_values(entries, True, skip_unsynced=self._distributed)
+
     def evaluation_step_values(self) -> dict[str, torch.Tensor]:
         """The ``on_step`` values the evaluation batch that just ran logged, for the loggers: this process's own
         (never reduced: evaluation ranks run different numbers of batches, so a collective per batch would hang)."""
-        return self._updated_step_values(self._stores.get(self.stage, {}))
+        return self._updated_step_values(self._stores.get(self.stage, {}), True)
 
     @staticmethod
-    def _updated_step_values(entries: dict[str, _Entry]) -> dict[str, torch.Tensor]:
-        """The logger-bound step values logged since the last call, by the name the loggers get; clears the marks."""
+    def _updated_step_values(
+        entries: dict[str, _Entry], clear: bool, skip_unsynced: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """The logger-bound step values logged since the marks were last cleared, by the name the loggers get;
+        ``clear``: clear the marks of those returned."""
         out = {}
         for name, entry in entries.items():
-            if entry.updated and entry.on_step and entry.logger and entry.step_value is not None:
+            if not entry.updated or skip_unsynced and entry.step_unsynced:
+                continue
+            if entry.on_step and entry.logger and entry.step_value is not None:
                 out[_forked(name, "step") if entry.on_epoch else name] = entry.step_value
-            entry.updated = False
+            if clear:
+                entry.updated = False
         return out
 
     def epoch_metrics(self) -> dict[str, torch.Tensor]:

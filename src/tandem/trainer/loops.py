@@ -368,26 +368,27 @@ class FitLoop:
             optimization.step_schedulers("epoch", plateau=False, count=loop.epoch + 1)
         if empty and (loss is not None or loop.global_step != steps):  # trained on (training_step did not skip it)
             self._found_empty_batch(batch_idx)
-        loop.batches_done = batch_idx + 1
-        if plan.batch_end:
-            context.nonfinite.loss_unread = loop.log_step  # a save in the hooks is reported after the loss is read
-            hooks.call("on_train_batch_end", optimization.hook_outputs(output, loss), batch, batch_idx)
-        # every logging step publishes, after on_train_batch_end as in Lightning (what the batch-end hooks log is in
-        # the step's row), with loggers or without (logged_metrics fills either way), and reads the loss there
-        # (under on_nonfinite="rollback", every loss since the last check)
+        # every logging step publishes, with loggers or without (as Lightning: logged_metrics fills either way): the
+        # sync_dist values are reduced and the loss is read (under on_nonfinite="rollback", every loss since the last
+        # check) before on_train_batch_end, which sees them; the loggers get the row after it, as in Lightning, so
+        # what the batch-end hooks log is in it
         rollback = context.nonfinite.rollback if loop.log_step else None
         if loop.log_step and not self._publish_step(loss):
             return False  # a bad batch since the last check: the epoch loop rolls back and replays
+        loop.batches_done = batch_idx + 1
+        if plan.batch_end:
+            hooks.call("on_train_batch_end", optimization.hook_outputs(output, loss), batch, batch_idx)
+        if loop.log_step:
+            context.sink.log_metrics(context.metrics.step_values())
         if rollback is not None and rollback.snapshot_due():  # a clean check, the one to copy the state at
             rollback.take(context.strategy, optimization, loop, context.metrics)
         return True
 
     def _publish_step(self, loss: torch.Tensor | None) -> bool:
-        """Loggers get the step values, sync_dist ones reduced first. The step's loss is read then too (under
-        on_nonfinite="rollback", every loss since the last check), and the processes' verdicts on it travel with
-        that reduction. False: a bad batch was found, to roll back past (nothing is logged)."""
+        """The step values' sync_dist reduction (the loggers get them after on_train_batch_end). The step's loss is
+        read then too (under on_nonfinite="rollback", every loss since the last check), and the processes' verdicts
+        on it travel with that reduction. False: a bad batch was found, to roll back past (nothing is logged)."""
         context, rollback = self.context, self.context.nonfinite.rollback
-        context.nonfinite.loss_unread = False
         window = None if rollback is None else rollback.read()
         finite = loss_is_finite(loss) if window is None else True
         published = context.metrics.publish_step(finite, context.state.should_stop, self.empty_batch, window)
@@ -398,11 +399,8 @@ class FitLoop:
         if rollback is not None:
             self._bad = rollback.decide(published.windows, self.state.global_step, self.state.epoch)
             if self._bad is not None:
-                context.nonfinite.forget_refused_saves()
                 return False
-        context.sink.log_metrics(published.values)
         context.nonfinite.check_loss(published.loss_finite, published.values, self.state.global_step)
-        context.nonfinite.report_refused_saves()
         return True
 
     def _replay_after_bad_batch(self, loader: Any) -> Iterator[tuple[int, Any]] | None:

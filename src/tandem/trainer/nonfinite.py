@@ -130,10 +130,6 @@ class NonFiniteGuard:
         self.found: str | None = None  # the first finding of this fit (under "warn", training went on after it)
         self._pending: tuple[int, list[int]] | None = None  # "16-mixed": a non-finite loss waiting to persist
         self._save_warned = False  # "warn": a skipped save was reported (later ones are skipped quietly)
-        #: a publishing step's loss is not read yet: its on_train_batch_end hooks run first (Lightning's order), and a
-        #: save they make on non-finite parameters is refused at once but reported after the loss (which names why)
-        self.loss_unread = False
-        self._refused: list[tuple[list[str], str | os.PathLike, int]] = []
         if self.rollback is not None:
             self.rollback.reset()
 
@@ -178,11 +174,7 @@ class NonFiniteGuard:
 
     def refuse_save(self, names: list[str], path: str | os.PathLike, step: int) -> None:
         """The parameters hold NaN or inf (on some rank, agreed) where a checkpoint was to be written: raise, or
-        warn that the save is skipped (the first time in a fit). In a publishing step's ``on_train_batch_end``, before
-        its loss is read, it is reported after the loss (:meth:`report_refused_saves`)."""
-        if self.loss_unread:
-            self._refused.append((names, path, step))
-            return
+        warn that the save is skipped (the first time in a fit)."""
         found = (
             f"parameters hold NaN or inf at global step {step}: {_names(names)}. Checkpoint "
             f"{os.fspath(path)!r} was not written (a file already there is left as it was)."
@@ -203,17 +195,6 @@ class NonFiniteGuard:
                 "hold NaN or inf."
             )
         self._save_warned = True
-
-    def report_refused_saves(self) -> None:
-        """Report the saves refused before this publishing step's loss was read, now that it was (and found
-        finite, or tolerated); every rank calls this after :meth:`check_loss`."""
-        refused, self._refused = self._refused, []
-        for names, path, step in refused:
-            self.refuse_save(names, path, step)
-
-    def forget_refused_saves(self) -> None:
-        """A rollback restores the parameters that were refused: nothing to report."""
-        self._refused = []
 
     # ------------------------------------------------------------------ reacting
     @property
