@@ -67,7 +67,8 @@ def test_defaults_and_names_for_step_and_epoch_values():
     assert [m["epoch"] for _, m in logger.records if "train_loss" in m] == [0, 0, 1, 1]  # every row names its epoch
     epoch_records = [m for _, m in logger.records if "both_epoch" in m]
     assert [m["epoch"] for m in epoch_records] == [0, 1]
-    assert [s for s, m in logger.records if "both_epoch" in m] == [4, 8]  # the epoch's values after its last step
+    # the epoch's values at its last batch's step, as its validation's (Lightning 2.6.6 writes both at 3 and 7)
+    assert [s for s, m in logger.records if "both_epoch" in m] == [3, 7]
     assert [s for s, m in logger.records if "val_loss" in m] == [3, 7]  # validation at the last batch's step
     assert {"both_epoch", "epoch_sum", "at_end"} <= set(epoch_records[0])
     val_records = [m for _, m in logger.records if "val_loss" in m]
@@ -455,6 +456,24 @@ def test_values_logged_in_on_train_batch_end_are_in_the_same_steps_row():
     rows = [(step, m) for step, m in logger.records if "module_idx" in m]
     assert [step for step, _ in rows] == [1, 3, 5, 7]
     assert all(m["module_idx"] == m["callback_idx"] == step for step, m in rows), rows
+
+
+def test_a_validations_values_are_written_before_on_validation_end():
+    """As Lightning: the validation's epoch values reach the loggers (and trainer.logged_metrics) before the
+    on_validation_end hooks, so a callback there reads this validation's, not the one before."""
+    seen = []
+
+    class Epochs(TinyModule):
+        def validation_step(self, batch, batch_idx):
+            self.log("val_epoch", float(self.current_epoch))
+
+    class Reader(tandem.Callback):
+        def on_validation_end(self, trainer, module):
+            if not trainer.sanity_checking:
+                seen.append(float(trainer.logged_metrics.get("val_epoch", -1)))
+
+    quiet_trainer(max_epochs=2, logger=RecordingLogger(), callbacks=[Reader()]).fit(Epochs(), loader(), loader())
+    assert seen == [0.0, 1.0]
 
 
 def test_each_entry_point_starts_with_its_own_callback_metrics():

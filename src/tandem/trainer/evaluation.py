@@ -80,13 +80,13 @@ class EvaluationLoop:
             hooks.call(names.hook("epoch_end"))
             if stage != "predict" and names.hook("epoch_end") in hooks.registered:  # alike on every rank
                 epoch_metrics.update(metrics.epoch_metrics())
+            if epoch_metrics and not sanity:  # as Lightning: written before on_<stage>_end (its hooks find them)
+                context.sink.log_metrics(epoch_metrics)
             hooks.call(names.hook("end"))
             metrics.reset_metric_objects()  # as Lightning, after on_<stage>_end: its hooks may read them
             if sanity:
                 hooks.call("on_sanity_check_end")
                 metrics.clear_published()
-            elif epoch_metrics:
-                context.sink.log_metrics(epoch_metrics)
             values = metrics.stage_values()
         module.train(was_training)
         if stage == "predict":

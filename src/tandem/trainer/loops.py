@@ -337,8 +337,10 @@ class FitLoop:
         context.state.should_stop = bool(stop > 0)
         context.nonfinite.check_epoch_end(nonfinite, bool(anywhere > 0), loop.epoch, loop.global_step)
         self.replicas.check_epoch_end(strategy, loop.epoch, config.on_replica_divergence)
-        loop.logger_step = loop.batches_stepped  # the epoch's values, after its validation's (Lightning's steps)
+        # the epoch's values, after its validation's, at the step of the epoch's last batch (Lightning's)
+        loop.logger_step = max(loop.batches_stepped - 1, 0)
         context.sink.log_metrics(train_epoch_metrics)  # nothing logged for the epoch: no row (not an epoch-only one)
+        loop.logger_step = loop.batches_stepped
         metrics.reset_metric_objects()
         context.sink.save()
         loop.finish_epoch()

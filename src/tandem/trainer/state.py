@@ -46,7 +46,8 @@ class LoopState:
     log_step: bool = False  # its logged values are published at its end (every log_every_n_steps stepping batch)
     # The loggers' default step (Lightning's): the batches stepped before the current batch, so the first window is
     # written at step log_every_n_steps - 1 and a validation inside the epoch at its batch's; set at each batch's
-    # top and, after the epoch-end validation, to ``batches_stepped`` for the epoch's values (not saved).
+    # top, to ``batches_stepped - 1`` for the epoch's values (the step of its last batch, as the epoch-end
+    # validation's), then to ``batches_stepped`` (not saved).
     logger_step: int = 0
     # Restored from a checkpoint, applied when the loop reaches the point they belong to (not saved).
     resume_rng: dict[str, Any] | None = field(default=None, repr=False)
