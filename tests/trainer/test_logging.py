@@ -476,6 +476,38 @@ def test_a_validations_values_are_written_before_on_validation_end():
     assert seen == [0.0, 1.0]
 
 
+def test_logged_metrics_hold_the_latest_training_step_values_written_or_not():
+    """As Lightning, which updates ``logged_metrics`` after every training batch: after the fit it holds the last
+    batch's step values, not the last publishing step's."""
+
+    class Indexed(TinyModule):
+        def training_step(self, batch, batch_idx):
+            self.log("idx", float(batch_idx))
+            return super().training_step(batch, batch_idx)
+
+    trainer = quiet_trainer(max_epochs=1, logger=RecordingLogger(), log_every_n_steps=3)
+    trainer.fit(Indexed(), loader(64, 8))  # 8 batches: written at batches 2 and 5
+    assert [m["idx"] for _, m in trainer.logger.records if "idx" in m] == [2.0, 5.0]
+    assert trainer.logged_metrics["idx"] == 7.0
+
+
+def test_evaluation_step_values_are_not_callback_metrics():
+    """As Lightning: an evaluation step value goes to the loggers (and the progress bar), but callback_metrics hold only
+    evaluation epoch values."""
+
+    class Both(TinyModule):
+        def validation_step(self, batch, batch_idx):
+            self.log("val_step_only", 1.0, on_step=True, on_epoch=False)
+            self.log("val_both", 2.0, on_step=True, on_epoch=True)
+
+    logger = RecordingLogger()
+    trainer = quiet_trainer(logger=logger)
+    trainer.validate(Both(), loader(32, 16))
+    assert {"val_both", "val_both_epoch"} <= set(trainer.callback_metrics)
+    assert not {"val_step_only", "val_both_step"} & set(trainer.callback_metrics)
+    assert [m["val_step_only"] for _, m in logger.records if "val_step_only" in m] == [1.0, 1.0]
+
+
 def test_each_entry_point_starts_with_its_own_callback_metrics():
     class Staged(TinyModule):
         def test_step(self, batch, batch_idx):

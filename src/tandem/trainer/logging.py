@@ -186,7 +186,8 @@ class MetricCollector:
             entry.dirty = True
         entry.step_value = value
         entry.updated = True
-        self.callback_metrics[key] = value
+        if key is not None:  # None: an evaluation step value, not a callback metric (Lightning's)
+            self.callback_metrics[key] = value
         if also is not None:
             self.callback_metrics[also] = value
         if bar is not None:
@@ -259,7 +260,7 @@ class MetricCollector:
             elif entry.loader is None:
                 entry.loader = loader
             entry.hook = hook
-        keys = _published_keys(name, on_step, on_epoch, prog_bar)
+        keys = _published_keys(name, on_step, on_epoch, prog_bar, callbacks=stage == "train")
         if metric is not None:  # its step value (forward's); its epoch value is computed at the epoch's end
             entry.metric = metric
             entry.dirty = entry.dirty or on_epoch
@@ -337,6 +338,15 @@ class MetricCollector:
         ``sync_dist`` value the hooks logged is not reduced yet: it waits for the next publishing step."""
         entries = self._stores.get(self.stage, {})
         return self._updated_step_values(entries, True, skip_unsynced=self._distributed)
+
+    def logged(self) -> dict[str, float]:
+        """``trainer.logged_metrics``: what was last sent to the loggers and, as Lightning updates it after every
+        training batch, written or not, the training step values logged since the last publishing step (read now,
+        as numbers: one host sync on an accelerator)."""
+        pending = self._updated_step_values(self._stores.get("train", {}), False, skip_unsynced=self._distributed)
+        if pending:
+            self.logged_metrics.update(to_float(pending))
+        return self.logged_metrics
 
     def evaluation_step_values(self) -> dict[str, torch.Tensor]:
         """The ``on_step`` values the evaluation batch that just ran logged, for the loggers: this process's own
@@ -498,8 +508,10 @@ class MetricCollector:
         self._repeats = {}
 
     def clear_published(self) -> None:
-        """Forget published values (e.g. after the sanity check)."""
+        """Forget published values (e.g. after the sanity check), and the training step values not published."""
         self.callback_metrics, self.logged_metrics, self.progress_bar_metrics = {}, {}, {}
+        for entry in self._stores.get("train", {}).values():
+            entry.updated = False
 
     def log_deferred(self) -> None:
         """Log the calls a compiled training step deferred (:class:`CompiledStepLog`), in their order; called right
@@ -576,11 +588,17 @@ _STORE = {"sanity_check": "validate"}
 LOADER_SUFFIX = "/dataloader_idx_"
 
 
-def _published_keys(name: str, on_step: bool, on_epoch: bool, prog_bar: bool) -> tuple[str, str | None, str | None]:
+def _published_keys(
+    name: str, on_step: bool, on_epoch: bool, prog_bar: bool, callbacks: bool = True
+) -> tuple[str | None, str | None, str | None]:
     """Where a logged step value is published: its ``callback_metrics`` key (``loss_step`` when logged per step and
-    per epoch), the plain name too in that case (else None), and its progress bar key (None: not shown)."""
+    per epoch), the plain name too in that case (else None), and its progress bar key (None: not shown). Evaluation
+    step values (``callbacks=False``) are not callback metrics, as in Lightning: only their epoch values are."""
     key = _forked(name, "step") if on_step and on_epoch else name
-    return key, name if on_step and on_epoch else None, key if prog_bar and on_step else None
+    bar = key if prog_bar and on_step else None
+    if not callbacks and on_step:
+        return None, None, bar
+    return key, name if on_step and on_epoch else None, bar
 
 
 def _forked(name: str, kind: str) -> str:

@@ -785,7 +785,7 @@ class Trainer:
 
     @property
     def logged_metrics(self) -> dict[str, float]:
-        return self._metrics.logged_metrics
+        return self._metrics.logged()
 
     @property
     def progress_bar_metrics(self) -> dict[str, torch.Tensor]:
