@@ -124,6 +124,20 @@ def test_collectives_refuse_the_same_bad_arguments_on_every_strategy(name):
     assert list(strategy.evaluation_batches(range(3), math.inf)) == [0, 1, 2]
 
 
+def test_a_strategy_of_several_processes_without_a_packed_reduction_makes_its_callers_gather():
+    """``reduce_if_agreed`` of a strategy that does not implement it under several processes answers None (the
+    logged values then travel in ``all_gather_object``), never its own tensors as if every rank had agreed."""
+    from tandem.strategies.strategy import Strategy
+
+    class Several(Strategy):
+        @property
+        def world_size(self) -> int:
+            return 2
+
+    packed = (torch.tensor([0, 1]), torch.tensor([2.5]), torch.tensor([-1.0]))
+    assert Several().reduce_if_agreed(1, *packed) is None
+
+
 def test_sharding_follows_distributed_sampler_kwargs(monkeypatch):
     loader = DataLoader(TensorDataset(torch.arange(8.0)), batch_size=2)
     assert SingleDeviceStrategy().distributed_sampler_kwargs is None

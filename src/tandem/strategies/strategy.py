@@ -501,7 +501,8 @@ class Strategy:
     def _reduce_if_agreed(
         self, layout: int, flags: torch.Tensor, sums: torch.Tensor, maxes: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        return flags, sums, maxes
+        # several processes through a strategy that does not override this: its callers gather instead
+        return (flags, sums, maxes) if self.world_size == 1 else None
 
     def barrier(self, name: str | None = None) -> None:
         """Wait until every process reaches a barrier; ``name`` says which, for debugging."""
