@@ -508,6 +508,20 @@ def test_evaluation_step_values_are_not_callback_metrics():
     assert [m["val_step_only"] for _, m in logger.records if "val_step_only" in m] == [1.0, 1.0]
 
 
+def test_rows_of_self_log_values_name_their_epoch_and_the_callbacks_rows_do_not():
+    """As Lightning: a row of self.log values has an ``epoch`` value; a callback's own row (LearningRateMonitor's,
+    through trainer.log_metrics) is the values alone, as Lightning's monitors write straight to the loggers."""
+    from tandem.callbacks import LearningRateMonitor
+
+    logger = RecordingLogger()
+    trainer = quiet_trainer(max_epochs=1, logger=logger, log_every_n_steps=2, callbacks=[LearningRateMonitor()])
+    trainer.fit(TinyModule(), loader(64, 16))
+    rates = [m for _, m in logger.records if "lr-SGD" in m]
+    losses = [m for _, m in logger.records if "train_loss" in m]
+    assert rates and len(losses) == 2
+    assert all("epoch" not in m for m in rates) and all(m["epoch"] == 0 for m in losses)
+
+
 def test_each_entry_point_starts_with_its_own_callback_metrics():
     class Staged(TinyModule):
         def test_step(self, batch, batch_idx):

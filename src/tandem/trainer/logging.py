@@ -721,13 +721,14 @@ class LogSink:
         self.loggers = loggers
         self._collector, self._strategy, self._loop = collector, strategy, loop
 
-    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
-        """See :meth:`tandem.Trainer.log_metrics`."""
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None, epoch: bool = True) -> None:
+        """See :meth:`tandem.Trainer.log_metrics`. ``epoch``: a row at the default step names its epoch (the rows of
+        ``self.log`` values, as Lightning writes them; the callbacks' rows, through the Trainer, do not)."""
         if not metrics:
             return
         values = to_float(dict(metrics))
         self._collector.logged_metrics.update(values)
-        if step is None:  # as Lightning: every row says its epoch (metrics.csv gets an epoch column)
+        if step is None and epoch:  # as Lightning: every row of self.log values says its epoch (a CSV column)
             values.setdefault("epoch", self._loop.epoch)
         if self.loggers and self._strategy.is_global_zero:
             for logger in self.loggers:

@@ -694,12 +694,13 @@ class Trainer:
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         """Send ``metrics`` (name -> number or scalar tensor) to every logger, on global rank 0.
 
-        The one way values reach the loggers: the loops call it with ``self.log`` values, callbacks with
-        theirs (e.g. learning rates). Needs no other process (it is not a collective). ``step``
-        defaults to the number of training batches that stepped (``global_step`` with one optimizer; under
-        manual optimization, the batches); the values also appear in ``logged_metrics``.
+        How callbacks write their own values (e.g. learning rates). Needs no other process (it is not a
+        collective). ``step`` defaults to the loggers' current step: the number of training batches that stepped
+        (``global_step`` with one optimizer; under manual optimization, the batches). The row holds the values alone,
+        as Lightning's callbacks write theirs (the rows of ``self.log`` values also name the epoch); the values also
+        appear in ``logged_metrics``.
         """
-        self._sink.log_metrics(metrics, step)
+        self._sink.log_metrics(metrics, step, epoch=False)
 
     # ================================================================== checkpoints
     def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool = False) -> bool:
