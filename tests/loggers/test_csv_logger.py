@@ -94,6 +94,21 @@ def test_a_resumed_run_appends_to_the_existing_file(tmp_path):
     assert _read(second) == [["loss", "step"], ["1.0", "0"], ["0.5", "1"]]
 
 
+def test_the_file_is_byte_for_byte_the_csv_lightning_writes(tmp_path):
+    """Lightning's metrics.csv has the csv module's "\r\n" line ends: a port's file compares with ``diff`` or ``cmp``
+    line by line, also after a resumed run appends and after new columns rewrite it."""
+    first = CSVLogger(tmp_path, version=0)
+    first.log_metrics({"loss": 1.0}, step=0)
+    first.finalize("success")
+    second = CSVLogger(tmp_path, version=0)
+    second.log_metrics({"loss": 0.5}, step=1)
+    second.save()
+    second.log_metrics({"acc": 0.25, "epoch": 0}, step=2)
+    second.finalize("success")
+    with open(os.path.join(second.log_dir, "metrics.csv"), "rb") as f:
+        assert f.read() == b"acc,epoch,loss,step\r\n,,1.0,0\r\n,,0.5,1\r\n0.25,0,,2\r\n"
+
+
 def test_flush_interval_must_be_positive(tmp_path):
     with pytest.raises(TandemConfigError, match="CSVLogger: flush_logs_every_n_steps=0 is out of range"):
         CSVLogger(tmp_path, flush_logs_every_n_steps=0)

@@ -171,7 +171,7 @@ def _cell(name: str, value: Any) -> int | float:
 
 def _format_rows(columns: list[str], rows: list[dict[str, Any]], header: bool) -> str:
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    writer = csv.DictWriter(buffer, fieldnames=columns)  # the csv default "\r\n" line ends, as Lightning's file
     if header:
         writer.writeheader()
     writer.writerows(rows)
