@@ -399,11 +399,11 @@ class ParallelStrategy(Strategy):
             return flags, sums, maxes
         self._check("reduce_if_agreed")
         mine = [layout, sums.numel(), maxes.numel()]
-        head = torch.tensor(mine + [~n for n in mine], dtype=torch.int64)
-        first = self._to_collective_device(torch.cat([head, flags.to(torch.int64)]))
+        mine += [~n for n in mine]
+        first = self._to_collective_device(torch.cat([torch.tensor(mine, dtype=torch.int64), flags.to(torch.int64)]))
         dist.all_reduce(first, op=dist.ReduceOp.MAX)
         first = first.cpu()
-        if first[:6].tolist() != mine + [~n for n in mine]:  # some rank's layout differs: the same verdict everywhere
+        if first[:6].tolist() != mine:  # some rank's layout differs: the same verdict everywhere
             return None
         reduced = []
         for values, op in ((sums, dist.ReduceOp.SUM), (maxes, dist.ReduceOp.MAX)):

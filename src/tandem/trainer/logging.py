@@ -77,14 +77,12 @@ class _Entry:
 
 @dataclass
 class PublishedStep:
-    """One publishing round of step values: the values reduced (the loggers' row is read after the batch's
-    ``on_train_batch_end``: ``MetricCollector.step_values``), each process's verdict on its loss (finite or
-    not, in rank order), and whether any process asked to stop (``trainer.should_stop``, e.g. ``max_time``). The
+    """One publishing round of step values (the loggers' row is read after the batch's ``on_train_batch_end``:
+    ``MetricCollector.step_values``): each process's verdict on its loss (finite or not, in rank order), and whether any process asked to stop (``trainer.should_stop``, e.g. ``max_time``). The
     verdicts travel with the names (no collective of their own). When every process's loss was finite and no
     batch was empty, the lists hold one note for all: ``[True]``, ``[None]``, and one window of the processes'
     mean losses."""
 
-    values: dict[str, torch.Tensor]
     loss_finite: list[bool]
     stop_asked: bool = False
     empty_batches: list[Any] = field(default_factory=list)  # each process's note (rank order), see publish_step
@@ -320,12 +318,9 @@ class MetricCollector:
         on_nonfinite="rollback", its losses since the last check)."""
         entries = self._stores.get(self.stage, {})
         if not self._distributed:  # one process: its own notes
-            return PublishedStep(
-                self._updated_step_values(entries, False), [loss_finite], stop, [empty_batch], [window]
-            )
+            return PublishedStep([loss_finite], stop, [empty_batch], [window])
         notes = self._sync(entries, epoch=False, note=(loss_finite, stop, empty_batch, window))
         return PublishedStep(
-            self._updated_step_values(entries, False),
             [finite for finite, _, _, _ in notes],
             any(asked for _, asked, _, _ in notes),
             [empty for _, _, empty, _ in notes],
@@ -339,11 +334,15 @@ class MetricCollector:
         entries = self._stores.get(self.stage, {})
         return self._updated_step_values(entries, True, skip_unsynced=self._distributed)
 
+    def unwritten_step_values(self) -> dict[str, torch.Tensor]:
+        """The logger-bound training step values logged since the loggers' last row (the marks stay)."""
+        return self._updated_step_values(self._stores.get("train", {}), False, skip_unsynced=self._distributed)
+
     def logged(self) -> dict[str, float]:
         """``trainer.logged_metrics``: what was last sent to the loggers and, as Lightning updates it after every
-        training batch, written or not, the training step values logged since the last publishing step (read now,
-        as numbers: one host sync on an accelerator)."""
-        pending = self._updated_step_values(self._stores.get("train", {}), False, skip_unsynced=self._distributed)
+        training batch, written or not, the training step values logged since (read now, as numbers: one host sync
+        on an accelerator)."""
+        pending = self.unwritten_step_values()
         if pending:
             self.logged_metrics.update(to_float(pending))
         return self.logged_metrics
@@ -460,7 +459,7 @@ class MetricCollector:
                 mine[f"epoch/{name}"] = (entry.reduce_fx, entry.dirty, flags)
                 local[f"epoch/{name}"] = (entry.total, entry.count)
         floats = as_floats(local)
-        agreed = _reduce_if_agreed(self._strategy, mine, floats, note)
+        agreed = _packed_reduction(self._strategy, mine, floats, note)
         if agreed is not None:
             wanted, results, notes = agreed
         else:
@@ -826,7 +825,7 @@ def pack(
     finite; 1 where it was). The sums are rank-order free: on two ranks they equal :func:`combine_by_name`'s bit for
     bit; on more, the backend's order of summing, as Lightning's ``sync_dist`` reduction.
     """
-    wanted = {key: (op, flags) for key, (op, want, flags) in sorted(mine.items()) if want}
+    wanted = _agree([mine])
     finite, stop, empty, window = note if note is not None else (True, False, None, None)
     sums: list[float] = []
     maxes: list[float] = []
@@ -883,7 +882,7 @@ def unpack(
     return out, means
 
 
-def _reduce_if_agreed(
+def _packed_reduction(
     strategy: Strategy, mine: Mapping[str, tuple[str, bool, Any]], floats: Mapping[str, Any], note: Any
 ) -> tuple[dict[str, tuple[str, Any]], dict[str, float | None], list[Any]] | None:
     """The names wanted, their results and the one note for all ranks, when every rank packed alike and no note

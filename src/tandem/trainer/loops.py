@@ -402,7 +402,8 @@ class FitLoop:
             self._bad = rollback.decide(published.windows, self.state.global_step, self.state.epoch)
             if self._bad is not None:
                 return False
-        context.nonfinite.check_loss(published.loss_finite, published.values, self.state.global_step)
+        step = self.state.global_step
+        context.nonfinite.check_loss(published.loss_finite, context.metrics.unwritten_step_values, step)
         return True
 
     def _replay_after_bad_batch(self, loader: Any) -> Iterator[tuple[int, Any]] | None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -134,9 +134,10 @@ class NonFiniteGuard:
             self.rollback.reset()
 
     # ------------------------------------------------------------------ the loss, at publishing steps
-    def check_loss(self, finite: list[bool], published: Mapping[str, Any], step: int) -> None:
+    def check_loss(self, finite: list[bool], logged: Callable[[], Mapping[str, Any]], step: int) -> None:
         """Act on the losses read at publishing step ``step`` (:func:`loss_is_finite` of every process, in rank
-        order: the same list on every rank, so every rank decides alike). ``published``: the step's values."""
+        order: the same list on every rank, so every rank decides alike). ``logged``: the step's values, read only to
+        name those that are not finite."""
         several = self._strategy.world_size > 1
         ranks = [rank for rank, ok in enumerate(finite) if not ok]
         if not ranks:
@@ -155,7 +156,7 @@ class NonFiniteGuard:
                 "not recover"
             )
         found += f"{self._since(first)}."
-        others = sorted(name for name, value in published.items() if not math.isfinite(float(value)))
+        others = sorted(name for name, value in logged().items() if not math.isfinite(float(value)))
         if others:
             here = " on this rank" if several else ""
             found += f" Logged values that were NaN or inf at step {step}{here}: {_names(others)}."

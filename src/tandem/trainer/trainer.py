@@ -1153,10 +1153,9 @@ def _lightning_order(callbacks: list[Callback]) -> list[Callback]:
     # a tuner's class exists only once its module was imported (tandem.callbacks imports each on first use)
     tuner_classes = (("batch_size_finder", "BatchSizeFinder"), ("lr_finder", "LearningRateFinder"))
     found = ((sys.modules.get(f"tandem.callbacks.{module}"), kind) for module, kind in tuner_classes)
-    kinds = tuple(getattr(module, kind) for module, kind in found if module is not None)
-    tuners = [c for c in callbacks if isinstance(c, kinds)]
-    checkpoints = [c for c in callbacks if isinstance(c, Checkpoint) and c not in tuners]
-    return tuners + [c for c in callbacks if c not in tuners and c not in checkpoints] + checkpoints
+    tuners = tuple(getattr(module, kind) for module, kind in found if module is not None)
+    # a stable sort: each group keeps the order given
+    return sorted(callbacks, key=lambda c: 0 if isinstance(c, tuners) else 2 if isinstance(c, Checkpoint) else 1)
 
 
 def _with_module_callbacks(callbacks: list[Callback], module: TrainingModule) -> list[Callback]:
