@@ -118,7 +118,7 @@ class HyperparametersMixin:
                 rank_zero_warn(
                     f"save_hyperparameters(): the argument {name!r} is an nn.Module ({type(value).__name__}); its "
                     "weights are saved with the module's state_dict in every checkpoint already, and as a "
-                    "hyperparameter the whole object would be pickled into the checkpoint and sent to the loggers. "
+                    "hyperparameter it would be sent to the loggers and is left out of checkpoints (they hold plain data only). "
                     f"Leave it out: self.save_hyperparameters(ignore=[{name!r}]) (load_from_checkpoint then needs "
                     f"it passed again: load_from_checkpoint(path, {name}=...))."
                 )
@@ -593,6 +593,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         checkpoint_path: str | os.PathLike,
         map_location: str | torch.device | None = None,
         strict: bool = True,
+        weights_only: bool | None = None,
         **kwargs: Any,
     ) -> Self:
         """A module rebuilt from a checkpoint: ``cls(**saved hparams, **kwargs)`` with the saved weights.
@@ -601,6 +602,10 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
             checkpoint_path: a file written by the Trainer (``ModelCheckpoint``, ``trainer.save_checkpoint``).
             map_location: the device to put the module on (default: the CPU).
             strict: the saved weights must match the module's parameters and buffers exactly.
+            weights_only: ``False`` says the file is trusted: it is unpickled in full, which can run any code it
+                holds (needed only for files of other programs or of earlier tandem versions). ``None`` (default)
+                or ``True``: read as tensors and plain data only, as tandem writes it; a file holding anything
+                else is refused, naming what it holds.
             kwargs: ``__init__`` arguments that replace saved ones, or that were not saved
                 (``save_hyperparameters(ignore=[...])``, or added to ``__init__`` since). A saved hyperparameter
                 that ``__init__`` no longer takes (a renamed argument) is an error while an argument would fall
@@ -613,7 +618,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
             with torch.no_grad():
                 prediction = model(x)
         """
-        checkpoint = _read_checkpoint(checkpoint_path)
+        checkpoint = _read_checkpoint(checkpoint_path, weights_only)
         module = _instantiate(cls, checkpoint.get("hparams", {}), kwargs, checkpoint_path)
         module.on_load_checkpoint(checkpoint)
         try:
@@ -810,10 +815,10 @@ def _gather_with_grads(tensor: torch.Tensor) -> torch.Tensor:
     return torch.stack(all_gather(tensor))
 
 
-def _read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+def _read_checkpoint(path: str | os.PathLike, weights_only: bool | None) -> dict[str, Any]:
     from tandem.utilities.checkpoint import load_checkpoint_file
 
-    return load_checkpoint_file(path)
+    return load_checkpoint_file(path, weights_only)
 
 
 def _instantiate(cls: type, saved: Mapping[str, Any], passed: Mapping[str, Any], path: str | os.PathLike) -> Any:
@@ -929,10 +934,13 @@ class DataModule(HyperparametersMixin, DataHooks):
         return datamodule
 
     @class_only
-    def load_from_checkpoint(cls, checkpoint_path: str | os.PathLike, **kwargs: Any) -> Self:
+    def load_from_checkpoint(
+        cls, checkpoint_path: str | os.PathLike, weights_only: bool | None = None, **kwargs: Any
+    ) -> Self:
         """A DataModule rebuilt from a checkpoint of a fit that used one: ``cls(**saved hparams, **kwargs)``,
-        with its ``load_state_dict`` given the saved state."""
-        checkpoint = _read_checkpoint(checkpoint_path)
+        with its ``load_state_dict`` given the saved state. ``weights_only=False``: the file is trusted (see
+        :meth:`TrainingModule.load_from_checkpoint`)."""
+        checkpoint = _read_checkpoint(checkpoint_path, weights_only)
         datamodule = _instantiate(cls, checkpoint.get("datamodule_hparams", {}), kwargs, checkpoint_path)
         if "datamodule" in checkpoint:
             datamodule.load_state_dict(checkpoint["datamodule"])

@@ -10,6 +10,8 @@ run here, in the test process.
 from __future__ import annotations
 
 import math
+import pickle
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -292,6 +294,41 @@ def test_checkpoints_written_by_two_ranks_resume_in_one_process(runs, scripts, m
         if dist.is_initialized():
             dist.destroy_process_group()
     assert rank0["restored_step"] == 24
+
+
+def test_a_sharded_checkpoint_holding_code_is_refused_and_nothing_runs(runs, scripts, tmp_path, monkeypatch):
+    """A sharded directory whose ``.metadata`` (torch unpickles it with ``pickle.load``) or ``meta.pt`` was replaced
+    by one holding code: the resume is refused, naming the directory and weights_only=False; nothing runs."""
+    common, fsdp_runs = scripts
+    marker = tmp_path / "ran"
+    payload = pickle.dumps(_Payload(marker))
+    clear_launch_variables(monkeypatch)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(find_free_port()))
+    try:
+        for name in (".metadata", "meta.pt"):
+            path = tmp_path / name / "last.ckpt"
+            shutil.copytree(runs["out"] / "sharded-halves" / "checkpoints" / "epoch=1-step=24.ckpt", path)
+            if name == ".metadata":
+                (path / name).write_bytes(payload)
+            else:
+                torch.save({"tandem_version": "0.1.0", "x": _Payload(marker)}, path / name)
+            strategy = FSDPStrategy(auto_wrap_policy={nn.Linear}, state_dict_type="sharded")
+            trainer = quiet_trainer(strategy=strategy, devices=1, max_epochs=3)
+            with pytest.raises(CheckpointError, match=r"(?s)not loaded: it holds .*exec.*weights_only=False") as caught:
+                trainer.fit(common.Net("adam"), DataLoader(common.dataset(8), batch_size=4), ckpt_path=path)
+            assert str(path) in str(caught.value) and not marker.exists(), name
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class _Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'w').write('ran')",)
 
 
 def test_a_sharded_checkpoint_of_two_ranks_resumes_mid_epoch_on_one_with_twice_the_batch(runs, scripts, monkeypatch):

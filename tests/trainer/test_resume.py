@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ from torch import nn
 
 from helpers import TinyModule, killed_mid_save, loader, max_abs_diff, quiet_trainer, run_python
 from tandem.utilities.checkpoint import load_checkpoint_file
-from tandem.utilities.exceptions import TandemWarning
+from tandem.utilities.exceptions import CheckpointError, TandemWarning
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "resume_run.py")
 
@@ -110,24 +111,36 @@ def odd_with_a_head() -> OddHparams:
 
 
 @pytest.mark.timeout(60)
-def test_a_fit_checkpoint_loads_with_plain_torch_load_and_so_do_older_ones(tmp_path):
+def test_a_fit_checkpoint_loads_with_plain_torch_load_and_older_ones_only_when_trusted(tmp_path):
     trainer = quiet_trainer(max_epochs=1)
-    trainer.fit(odd_with_a_head(), loader(shuffle=True))
-    trainer.save_checkpoint(tmp_path / "new.ckpt")
+    with pytest.warns(TandemWarning, match=r"The hyperparameter 'head' \(torch.nn.modules.linear.Linear\) is left out"):
+        trainer.fit(odd_with_a_head(), loader(shuffle=True))
+        trainer.save_checkpoint(tmp_path / "new.ckpt")  # warned once per Trainer, not at every save
     plain = torch.load(tmp_path / "new.ckpt")  # torch's default weights_only=True
     assert plain["global_step"] == 4 and set(plain["state_dict"]) == set(trainer.training_module.state_dict())
     hparams = load_checkpoint_file(tmp_path / "new.ckpt")["hparams"]
     assert hparams["data_dir"] == Path("/data") and type(hparams["scale"]) is np.float32
-    assert isinstance(hparams["head"], nn.Linear)
+    assert "head" not in hparams  # a module is no plain data: its weights are in the state_dict already
 
-    # a tandem 0.1 checkpoint (numpy's RNG state as its own tuple) still resumes
-    old = load_checkpoint_file(tmp_path / "new.ckpt")
+    # a tandem 0.1 checkpoint (numpy's RNG state as its own tuple, a value pickled into a tensor) resumes only when
+    # the user says the file is trusted: reading it means unpickling it
+    old = torch.load(tmp_path / "new.ckpt")  # as stored: the plain data of its values
     old["rng_states"]["numpy"] = np.random.get_state()
+    old["hparams"]["head"] = {"__tandem_pickled__": torch.frombuffer(bytearray(pickle.dumps(None)), dtype=torch.uint8)}
     del old["tandem_checksum"]  # tandem 0.1 stored none
     torch.save(old, tmp_path / "old.ckpt")
+    with pytest.raises(CheckpointError, match=r"holds objects of numpy.*weights_only=False"):
+        quiet_trainer(max_epochs=2).fit(OddHparams(), loader(shuffle=True), ckpt_path=tmp_path / "old.ckpt")
     resumed = quiet_trainer(max_epochs=2)
-    resumed.fit(odd_with_a_head(), loader(shuffle=True), ckpt_path=tmp_path / "old.ckpt")
+    resumed.fit(OddHparams(), loader(shuffle=True), ckpt_path=tmp_path / "old.ckpt", weights_only=False)
     assert resumed.global_step == 8
+    del old["rng_states"]["numpy"]  # without the numpy arrays, the pickled hyperparameter is what is refused
+    torch.save(old, tmp_path / "old.ckpt")
+    with pytest.raises(
+        CheckpointError, match=r"earlier tandem version, which stored checkpoint\['hparams'\]\['head'\] as pickled"
+    ):
+        OddHparams.load_from_checkpoint(tmp_path / "old.ckpt")
+    assert OddHparams.load_from_checkpoint(tmp_path / "old.ckpt", weights_only=False).hparams["head"] is None
 
 
 @pytest.mark.timeout(60)

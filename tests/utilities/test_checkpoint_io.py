@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import argparse
 import collections
+import datetime
 import enum
 import errno
 import fcntl
 import os
 import pathlib
+import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -28,7 +32,6 @@ from tandem.utilities import checkpoint as checkpoint_io
 from tandem.utilities.checkpoint import (
     CHECKPOINT_MARKER,
     CHECKSUM_KEY,
-    PICKLED_KEY,
     atomic_save,
     check_writable_folder,
     load_checkpoint_file,
@@ -36,7 +39,7 @@ from tandem.utilities.checkpoint import (
     remove_stale_temporaries_in,
     replace_directory,
     temporary_directory,
-    to_weights_only,
+    to_plain,
 )
 from tandem.utilities.exceptions import CheckpointError, FileWriteError
 
@@ -480,36 +483,53 @@ class Color(enum.Enum):
 Point = collections.namedtuple("Point", "x y")
 
 
-def test_values_torch_refuses_are_pickled_into_tensors_and_come_back(tmp_path):
+def test_values_torch_refuses_are_written_as_plain_data_and_come_back(tmp_path):
     odd = {
         "path": pathlib.Path("/data/train"),
         "color": Color.RED,
         "numpy": np.float64(0.5),
         "array": np.arange(3),
         "namespace": argparse.Namespace(lr=0.1),
-        "point": Point(1, 2),
-        "layer": nn.Linear(2, 2),
         "by_tuple": {(1, "a"): [1.5, None, {"deep": Color.RED}]},
-        "by_enum": {Color.RED: 1},  # a key torch refuses: the whole dict is pickled
+        "by_enum": {Color.RED: 1},  # a key torch refuses: the dict is written as its items
+        "frozen": frozenset({1, 2}),
+        "when": datetime.timedelta(hours=1, microseconds=5),
+        "tagged": {"__tandem_value__": "path", "cls": "PosixPath", "path": "/mine"},  # a user's dict, kept as is
         "plain": {"lr": 0.1, "betas": (0.9, 0.99), "names": {"a", "b"}, "t": torch.ones(2), "dtype": torch.float16},
     }
     path = tmp_path / "c.ckpt"
-    atomic_save({CHECKPOINT_MARKER: "x", "hparams": to_weights_only(odd)}, path)
+    atomic_save(to_plain({CHECKPOINT_MARKER: "x", "hparams": odd}), path)
     raw = torch.load(path)  # torch's default: weights_only=True
     assert raw["hparams"]["plain"]["betas"] == (0.9, 0.99)  # safe values are stored as they are
-    assert set(raw["hparams"]["path"]) == {PICKLED_KEY}
+    assert raw["hparams"]["path"] == {"__tandem_value__": "path", "cls": "PosixPath", "path": "/data/train"}
     back = load_checkpoint_file(path)["hparams"]
-    assert back["path"] == odd["path"] and back["color"] is Color.RED and back["point"] == Point(1, 2)
+    assert back["path"] == odd["path"] and back["color"] is Color.RED
     assert back["numpy"] == 0.5 and type(back["numpy"]) is np.float64 and back["array"].tolist() == [0, 1, 2]
     assert back["namespace"] == odd["namespace"] and back["by_enum"] == {Color.RED: 1}
     assert back["by_tuple"] == {(1, "a"): [1.5, None, {"deep": Color.RED}]}
-    assert torch.equal(back["layer"].weight, odd["layer"].weight)
+    assert back["frozen"] == frozenset({1, 2}) and back["when"] == odd["when"] and back["tagged"] == odd["tagged"]
     assert back["plain"]["names"] == {"a", "b"} and back["plain"]["dtype"] is torch.float16
 
 
-def test_a_value_that_cannot_be_pickled_names_where_it_is():
-    with pytest.raises(CheckpointError, match=r"checkpoint\['hparams'\]\['fn'\] holds a function that cannot be"):
-        to_weights_only({"hparams": {"fn": lambda x: x}})
+def test_a_hyperparameter_that_is_no_plain_data_is_left_out_with_a_warning_naming_the_fix():
+    hparams = {"layer": nn.Linear(2, 2), "lr": 0.1, "p": Point(1, 2)}
+    warned: set = set()  # the Trainer keeps one per fit
+    with pytest.warns(UserWarning) as caught:
+        plain = to_plain({CHECKPOINT_MARKER: "x", "hparams": hparams}, warned)
+    assert plain["hparams"] == {"lr": 0.1}  # the namedtuple is no plain tuple either: left out
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 2 and "'p' (tests.utilities.test_checkpoint_io.Point) is left out" in messages[1]
+    assert re.search(
+        r"'layer' \(torch.nn.modules.linear.Linear\) is left out of checkpoints.*save_hyperparameters\(ignore="
+        r"\['layer'\]\).*load_from_checkpoint\(path, layer=\.\.\.\)",
+        messages[0],
+    )
+    to_plain({CHECKPOINT_MARKER: "x", "hparams": hparams}, warned)  # once per name: no second warning (an error here)
+
+
+def test_a_value_that_is_no_plain_data_elsewhere_refuses_the_save_naming_where_it_is():
+    with pytest.raises(CheckpointError, match=r"checkpoint\['callbacks'\]\['C'\]\['fn'\] holds a builtins.function"):
+        to_plain({CHECKPOINT_MARKER: "x", "callbacks": {"C": {"fn": lambda x: x}}})
 
 
 def test_a_file_torch_did_not_write_is_called_not_a_checkpoint_and_nothing_else(tmp_path):
@@ -545,6 +565,43 @@ def test_a_state_dict_or_lightning_file_gets_a_load_recipe_that_works(tmp_path):
     torch.save(
         {"state_dict": nn.Linear(2, 2).state_dict(), "pytorch-lightning_version": "2.6.0", "x": Color.RED}, lightning
     )
+    with pytest.raises(
+        CheckpointError,
+        match=r"holds objects of tests.utilities.test_checkpoint_io.Color\. .*"
+        r"weights_only=False",
+    ):
+        load_checkpoint_file(lightning)  # read weights-only first: the enum is refused before anything else
     with pytest.raises(CheckpointError, match=r"torch.load\(path, weights_only=False\)\['state_dict'\]"):
-        load_checkpoint_file(lightning)
+        load_checkpoint_file(lightning, weights_only=False)  # trusted: named a foreign file, with the recipe
     nn.Linear(2, 2).load_state_dict(torch.load(lightning, weights_only=False)["state_dict"])
+
+
+def test_the_sweep_never_opens_waits_on_or_removes_what_is_no_temporary_of_its_own(tmp_path):
+    """Named like a dead writer's temporaries: a FIFO (opening it would block every save into the folder), a
+    symlink (to a file elsewhere), and a file of another user. The save completes, and all three stay."""
+    dead = _dead_pid()
+    name = lambda kind: tmp_path / f".last.ckpt.{checkpoint_io._writer_host()}-{dead}-{kind}.tmp"  # noqa: E731
+    fifo, link, theirs = name("0000f1f0"), name("0000111c"), name("0000aaaa")
+    os.mkfifo(fifo)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("not tandem's")
+    link.symlink_to(elsewhere / "keep.txt")
+    theirs.write_text("another user's")
+    if os.getuid() == 0:  # CI runs as root, who may give a file away; another user cannot
+        os.chown(theirs, 65534, 65534)
+    saved = threading.Thread(target=atomic_save, args=({"x": 1}, tmp_path / "last.ckpt"), daemon=True)
+    saved.start()
+    saved.join(30)
+    assert not saved.is_alive(), "the save blocked on the FIFO"
+    assert torch.load(tmp_path / "last.ckpt") == {"x": 1}
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and link.is_symlink()
+    assert theirs.exists() is (os.getuid() == 0)  # another user's stays; one's own dead temporary goes
+    assert (elsewhere / "keep.txt").read_text() == "not tandem's"
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has ended (its number is not reused this soon)."""
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid

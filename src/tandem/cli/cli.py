@@ -67,7 +67,7 @@ LRSchedulerCallable = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler
 
 _METHOD_DATA_ARGS = ("model", "train_dataloaders", "val_dataloaders", "dataloaders", "datamodule")
 _METHOD_HELP = {
-    "ckpt_path": "a checkpoint file to start from; 'last' (the newest last.ckpt of the experiment) or 'best'.",
+    "ckpt_path": "a checkpoint file to start from; 'last' (the newest last.ckpt of this run's folders) or 'best'.",
 }
 _SEED_HELP = "seed for python, numpy and torch; true: a random seed (written to the saved config), false: none."
 _HELP_WIDTH = 100

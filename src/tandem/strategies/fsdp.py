@@ -545,16 +545,20 @@ class FSDPStrategy(ParallelStrategy):
                     shutil.rmtree(temporary, ignore_errors=True)
                 raise
 
-    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+    def load_checkpoint(self, path: str | Path, weights_only: bool | None = None) -> dict[str, Any]:
         """A file (full, or written by another strategy) as usual; a sharded directory is read into this rank's
-        shards, whatever the number of ranks that wrote it."""
+        shards, whatever the number of ranks that wrote it. Tensors and plain data only, its ``.metadata`` too
+        (:mod:`~tandem.strategies.sharded_reader`), unless ``weights_only=False`` says the checkpoint is trusted."""
         path = Path(path)
         if not is_sharded_checkpoint(path):
-            return load_checkpoint_file(path)  # a file, or a plain folder (named as one there)
+            return load_checkpoint_file(path, weights_only)  # a file, or a plain folder (named as one there)
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-        checkpoint = load_checkpoint_file(_meta_file(path))
+        from tandem.strategies.sharded_reader import readers, refusal, refused_message
+
+        checkpoint = load_checkpoint_file(_meta_file(path), weights_only)
         with self._reading():
             target: dict[str, Any] = {"state_dict": get_model_state_dict(self.module)}
             plain = checkpoint.get("optimizer_states")
@@ -564,9 +568,13 @@ class FSDPStrategy(ParallelStrategy):
                     for i, optimizer in enumerate(self._optimizers)
                     if i < len(plain) and plain[i] is None
                 }
+        arguments = readers(path, trusted=weights_only is False)
         try:
-            dcp.load(target, checkpoint_id=str(path))
-        except Exception as err:  # torch raises several types for a checkpoint that does not fit
+            dcp.load(target, **arguments)
+        except (Exception, CheckpointException) as err:  # several types for a checkpoint that does not fit
+            refused = refusal(arguments)
+            if refused is not None:
+                raise CheckpointError(refused_message(path, refused)) from None
             raise CheckpointError(
                 f"Sharded checkpoint {str(path)!r} does not fit {type(self.module).__name__}: "
                 f"{type(err).__name__}: {str(err).strip().splitlines()[0][:500]}"

@@ -554,13 +554,14 @@ class Strategy:
                 atomic_save(checkpoint, path)
         self.barrier("save_checkpoint")
 
-    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
-        """Read a checkpoint file onto the CPU (a sharded checkpoint directory needs the strategy that wrote it)."""
+    def load_checkpoint(self, path: str | Path, weights_only: bool | None = None) -> dict[str, Any]:
+        """Read a checkpoint file onto the CPU (a sharded checkpoint directory needs the strategy that wrote it);
+        as tensors and plain data only unless ``weights_only=False`` says the file is trusted."""
         if self.checkpoint_io is not None:
             self.checkpoint_io.wait_for(path)  # a file still being written in the background
         if is_sharded_checkpoint(path):
             raise sharded_checkpoint_error(path, self.name)
-        return load_checkpoint_file(path)  # a plain folder is named as one there
+        return load_checkpoint_file(path, weights_only)  # a plain folder is named as one there
 
     def remove_checkpoint(self, path: str | Path) -> None:
         """Delete a checkpoint file (or a sharded checkpoint's directory), on global rank 0."""

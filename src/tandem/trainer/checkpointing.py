@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import TYPE_CHECKING, Any
 
 from tandem.trainer.replicas import check_replicas
@@ -56,7 +57,12 @@ def checkpoint_state(trainer: Trainer, weights_only: bool = False) -> dict[str, 
 
 
 def restore(
-    trainer: Trainer, ckpt_path: str | os.PathLike, fn: str, rng: bool = True, announce: bool = True
+    trainer: Trainer,
+    ckpt_path: str | os.PathLike,
+    fn: str,
+    rng: bool = True,
+    announce: bool = True,
+    weights_only: bool | None = None,
 ) -> str | None:
     """Load the weights; for ``fit``, everything the run needs to continue exactly. Returns the file loaded
     (None when ``ckpt_path="last"`` found none). Rank 0 first settles what killed saves left in the checkpoint's
@@ -64,14 +70,15 @@ def restore(
     replacement that never arrived is put back (see :func:`~tandem.utilities.checkpoint.replace_directory`); the
     other ranks wait for it. ``rng=False``: the RNG states saved are not brought back (a tuner's search keeps the
     RNG as it was itself); ``announce=False``: a search's trial coming back, not a resume (nothing said of the
-    data layout)."""
+    data layout); ``weights_only=False``: the file is trusted, and unpickled in full (see
+    :func:`~tandem.utilities.checkpoint.load_checkpoint_file`)."""
     path = resolve_ckpt_path(trainer, ckpt_path, fn)
     if path is None:
         return None
     if trainer.is_global_zero and not is_url(path):  # the resumed run may write to another folder
         remove_stale_temporaries_in(os.path.dirname(os.path.abspath(path)))
     trainer.strategy.barrier("restore")  # every rank reads what rank 0 put back in place
-    checkpoint = trainer.strategy.load_checkpoint(path)
+    checkpoint = trainer.strategy.load_checkpoint(path, weights_only=weights_only)
     module = trainer.strategy.module
     trainer.call_hook("on_load_checkpoint", checkpoint)
     try:
@@ -161,6 +168,28 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | os.PathLike, fn: str) -
     return os.fspath(ckpt_path)
 
 
+def own_checkpoint_folders(trainer: Trainer) -> list[str]:
+    """Where ``ckpt_path="last"`` looks: the checkpoint callbacks' folders, and the ``checkpoints`` folder of each
+    of this run's versions. A logger that numbers its versions (``version_<n>``, the default) gives a new version
+    to each launch, so every ``version_<n>`` of its experiment folder counts; a logger given a version by name
+    (``version="exp-b"``) and a run without a logger count their own folder only. Other folders beside them
+    (another experiment's, another named version's, whatever else is in the working directory) never count: a
+    file there is not this run's, and whoever can write there could plant one."""
+    folders = [callback.dirpath for callback in trainer.checkpoint_callbacks if callback.dirpath]
+    folders.append(os.path.join(trainer.log_dir, "checkpoints"))  # where a pre-emption stop writes without one
+    for logger in trainer.loggers:
+        if logger.log_dir is None:  # no local folder (a remote MLflow or W&B run)
+            continue
+        if isinstance(logger.version, int) and logger.root_dir is not None:
+            versions = glob_files(os.path.join(logger.root_dir, "version_*"))
+            folders += [os.path.join(v, "checkpoints") for v in versions if _VERSION.match(os.path.basename(v))]
+        folders.append(os.path.join(logger.log_dir, "checkpoints"))
+    return list(dict.fromkeys(folders))
+
+
+_VERSION = re.compile(r"^version_\d+$")
+
+
 def last_checkpoint_path(trainer: Trainer) -> str:
     """Where a ``last.ckpt`` written outside ModelCheckpoint's schedule (a pre-emption stop) goes, so that
     :func:`find_last_checkpoint` finds it: the first ModelCheckpoint's ``last`` file, else the run folder's
@@ -172,15 +201,10 @@ def last_checkpoint_path(trainer: Trainer) -> str:
 
 
 def find_last_checkpoint(trainer: Trainer) -> str | None:
-    """Rank 0: the newest ``last*.ckpt`` of the checkpoint callbacks' folders and the run folders of every version.
+    """Rank 0: the newest ``last*.ckpt`` of this run's own checkpoint folders (:func:`own_checkpoint_folders`).
     Those folders are first settled (:func:`~tandem.utilities.checkpoint.remove_stale_temporaries_in`): a sharded
     ``last.ckpt`` whose replacement a kill interrupted is put back, so it is found."""
-    folders = [callback.dirpath for callback in trainer.checkpoint_callbacks if callback.dirpath]
-    # The run folder's version changes with each launch; "last" means the newest last.ckpt of any version.
-    roots = [lg.root_dir for lg in trainer.loggers if lg.root_dir is not None] or [trainer.default_root_dir]
-    for root in roots:
-        folders += glob_files(os.path.join(root, "*", "checkpoints"))
-        folders.append(os.path.join(root, "checkpoints"))
+    folders = own_checkpoint_folders(trainer)
     candidates = []
     for folder in folders:
         if not is_url(folder):

@@ -34,7 +34,7 @@ from tandem.trainer.profiling import active, resolve_profiler, timed_transfer
 from tandem.trainer.rollback import Rollback, RollbackRecord
 from tandem.trainer.state import LoopState, TrainerState
 from tandem.trainer.trial import Trial, TrialParts, open_trial
-from tandem.utilities.checkpoint import to_weights_only
+from tandem.utilities.checkpoint import to_plain
 from tandem.utilities.compile import Compiler, unwrap_compiled
 from tandem.utilities.exceptions import (
     Preempted,
@@ -290,6 +290,7 @@ class Trainer:
         # the module of the latest run, as given (torch.compile'd or not), for validate() without a model
         self._module: TrainingModule | torch.nn.Module | None = None
         self._ckpt_path: str | None = None
+        self._left_out: set[tuple[str, str]] = set()  # hyperparameters left out of checkpoints, warned once
         # what the latest fit's loaders were built from (train, evaluation, datamodule): a trial builds them again
         self._fit_sources: tuple[Any, Any, Any] | None = None
 
@@ -305,6 +306,7 @@ class Trainer:
         val_dataloaders: Any = None,
         datamodule: DataModule | None = None,
         ckpt_path: str | os.PathLike | None = None,
+        weights_only: bool | None = None,
     ) -> None:
         """Train ``model``.
 
@@ -316,7 +318,11 @@ class Trainer:
                 module's ``train_dataloader()`` / ``val_dataloader()`` are used.
             val_dataloaders: one loader, a list or a dict of loaders.
             datamodule: a DataModule giving the loaders.
-            ckpt_path: a checkpoint file to resume from exactly, or ``'last'`` (the newest ``last.ckpt``).
+            ckpt_path: a checkpoint file to resume from exactly, or ``'last'`` (the newest ``last.ckpt`` of this
+                run's folders).
+            weights_only: ``False`` says the checkpoint file is trusted: it is unpickled in full, which can run
+                any code it holds (needed only for files written by other programs or earlier tandem versions).
+                ``None`` (default) or ``True``: it is read as tensors and plain data only, as tandem writes it.
         """
         if data.is_datamodule(train_dataloaders):
             datamodule, train_dataloaders = train_dataloaders, None
@@ -327,6 +333,7 @@ class Trainer:
             eval_dataloaders=val_dataloaders,
             datamodule=datamodule,
             ckpt_path=ckpt_path,
+            weights_only=weights_only,
         )
 
     def validate(
@@ -336,6 +343,7 @@ class Trainer:
         ckpt_path: str | os.PathLike | None = None,
         verbose: bool = True,
         datamodule: DataModule | None = None,
+        weights_only: bool | None = None,
     ) -> list[dict[str, float]]:
         """One pass over the validation data; returns ``[{metric: value}]``, one dict per loader.
 
@@ -346,8 +354,11 @@ class Trainer:
             ckpt_path: weights to load first: a file, ``"best"`` or ``"last"``.
             verbose: print the results table (rank 0).
             datamodule: a DataModule giving the loaders.
+            weights_only: ``False`` says the checkpoint file is trusted: it is unpickled in full, which can run
+                any code it holds (needed only for files written by other programs or earlier tandem versions).
+                ``None`` (default) or ``True``: it is read as tensors and plain data only, as tandem writes it.
         """
-        return self._evaluate("validate", model, dataloaders, ckpt_path, verbose, datamodule)
+        return self._evaluate("validate", model, dataloaders, ckpt_path, verbose, datamodule, weights_only)
 
     def test(
         self,
@@ -356,9 +367,10 @@ class Trainer:
         ckpt_path: str | os.PathLike | None = None,
         verbose: bool = True,
         datamodule: DataModule | None = None,
+        weights_only: bool | None = None,
     ) -> list[dict[str, float]]:
         """One pass over the test data; returns ``[{metric: value}]``, one dict per loader (see :meth:`validate`)."""
-        return self._evaluate("test", model, dataloaders, ckpt_path, verbose, datamodule)
+        return self._evaluate("test", model, dataloaders, ckpt_path, verbose, datamodule, weights_only)
 
     def predict(
         self,
@@ -367,12 +379,13 @@ class Trainer:
         datamodule: DataModule | None = None,
         return_predictions: bool | None = None,
         ckpt_path: str | os.PathLike | None = None,
+        weights_only: bool | None = None,
     ) -> list[Any] | None:
         """Run ``predict_step`` over the data; returns one output per batch, in dataset order (a list per
         loader when there are several), or None with ``return_predictions=False`` (e.g. when a
         ``BasePredictionWriter`` writes them)."""
         self._evaluation.return_predictions = return_predictions is not False
-        return self._evaluate("predict", model, dataloaders, ckpt_path, False, datamodule)
+        return self._evaluate("predict", model, dataloaders, ckpt_path, False, datamodule, weights_only)
 
     def _evaluate(
         self,
@@ -382,6 +395,7 @@ class Trainer:
         ckpt_path: str | os.PathLike | None,
         verbose: bool,
         datamodule: DataModule | None,
+        weights_only: bool | None = None,
     ) -> Any:
         if data.is_datamodule(dataloaders):
             datamodule, dataloaders = dataloaders, None
@@ -397,7 +411,14 @@ class Trainer:
                     f"trainer.{fn}() was called without a model: the best checkpoint of the previous fit is loaded "
                     f"first. Pass ckpt_path='best' or 'last' (or the model) to silence this warning."
                 )
-        result = self._launch(fn, model, eval_dataloaders=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path)
+        result = self._launch(
+            fn,
+            model,
+            eval_dataloaders=dataloaders,
+            datamodule=datamodule,
+            ckpt_path=ckpt_path,
+            weights_only=weights_only,
+        )
         if verbose and result and self.is_global_zero:
             table = format_results(result, fn)
             if table:
@@ -413,6 +434,7 @@ class Trainer:
         eval_dataloaders: Any = None,
         datamodule: DataModule | None = None,
         ckpt_path: str | os.PathLike | None = None,
+        weights_only: bool | None = None,
     ) -> Any:
         module, compiler = unwrap_compiled(model)  # torch.compile(model): the module runs, compiled after wrapping
         if not isinstance(module, TrainingModule):
@@ -442,6 +464,7 @@ class Trainer:
             eval_dataloaders=eval_dataloaders,
             datamodule=datamodule,
             ckpt_path=ckpt_path,
+            weights_only=weights_only,
             compiler=compiler,
         )
 
@@ -454,6 +477,7 @@ class Trainer:
         eval_dataloaders: Any = None,
         datamodule: DataModule | None = None,
         ckpt_path: str | os.PathLike | None = None,
+        weights_only: bool | None = None,
         compiler: Compiler | None = None,
     ) -> Any:
         """Runs in every process: set up, restore, loop, tear down. The side channel's collective check names
@@ -466,7 +490,7 @@ class Trainer:
                 self._ckpt_path = None
                 self._setup(fn, model, train_dataloaders, eval_dataloaders, datamodule, compiler)
                 if ckpt_path is not None:
-                    self._ckpt_path = checkpointing.restore(self, ckpt_path, fn)
+                    self._ckpt_path = checkpointing.restore(self, ckpt_path, fn, weights_only=weights_only)
                 if fn == "fit":
                     anomaly = torch.autograd.detect_anomaly() if self.detect_anomaly else contextlib.nullcontext()
                     with (
@@ -732,7 +756,7 @@ class Trainer:
             if self.strategy.reduce_boolean_decision(bool(nonfinite), all=False):  # any rank's shard: all alike
                 self._nonfinite.refuse_save(nonfinite, filepath, self.global_step)
                 return False
-            self.strategy.save_checkpoint(to_weights_only(self._checkpoint_state(weights_only)), filepath)
+            self.strategy.save_checkpoint(to_plain(self._checkpoint_state(weights_only), self._left_out), filepath)
             if self.state.status != "running":  # outside a run nothing overlaps the write, and nothing reports it
                 self._wait_for_checkpoint_write()
             return True

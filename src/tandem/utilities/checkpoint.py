@@ -9,7 +9,8 @@ the lock), and never one that a live writer is still writing. A later write into
 them, whatever file they were for (a new run saves ``last-v1.ckpt``, never ``last.ckpt`` again). A sharded
 checkpoint's temporary directory (:func:`temporary_directory`) is named and locked the same way, and a
 resumed run clears its checkpoint's folder of them (:func:`remove_stale_temporaries_in`): the run that died
-may never write there again.
+may never write there again. The sweep considers only regular files and folders owned by this user, checked
+without following symbolic links, and opens nothing that could block (a FIFO named like a temporary stays).
 
 A finished directory replaces the previous one in three steps (:func:`replace_directory`): the previous one
 is renamed aside to ``.<target>.<host>-<pid>-<random>.old``, the new one renamed onto the target, then the
@@ -21,8 +22,11 @@ A tandem checkpoint (a dict with the ``tandem_version`` key) also stores ``tande
 of its entries (every tensor's bytes, dtype and shape, and the plain values and keys around them), checked
 when the file is loaded: a changed byte is reported as a damaged file instead of training on wrong weights.
 
-Values that plain ``torch.load(path)`` (``weights_only=True``, torch's default) would refuse are encoded
-by :func:`to_weights_only` before the save, so every tandem checkpoint reads with it.
+A checkpoint holds plain data only (:func:`to_plain`, :mod:`tandem.utilities.plain_data`), so plain
+``torch.load(path)`` (``weights_only=True``, torch's default) reads every tandem checkpoint, and tandem reads every
+checkpoint that way: nothing in a file is unpickled (no code in it runs) unless the caller says the file is trusted
+(``weights_only=False``). The checksum is for integrity (a damaged file), not authenticity: whoever can write a file
+can write its checksum too.
 """
 
 from __future__ import annotations
@@ -30,11 +34,11 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
-import pickle
 import re
 import secrets
 import shutil
 import socket
+import stat
 import struct
 import time
 import zlib
@@ -47,6 +51,7 @@ from typing import IO, Any
 import torch
 
 from tandem.utilities.exceptions import CheckpointError, FileWriteError, write_failed
+from tandem.utilities.plain_data import BadPlainData, LegacyPickledValue, NotPlainData, decode, encode
 
 try:  # advisory locks on the temporary files; absent on Windows
     import fcntl
@@ -66,9 +71,6 @@ _TEMPORARY = re.compile(r"^\.(?P<target>.+)\.(?P<host>[A-Za-z0-9-]+)-(?P<pid>\d+
 _UNNAMED_OLD = re.compile(r"^\.(?P<target>.+)\.[0-9a-f]{8}\.old$")  # moved aside by earlier versions: no writer named
 #: a sharded checkpoint (a directory written by torch.distributed.checkpoint) holds its other state in this file
 SHARDED_META_FILE = "meta.pt"
-#: a value ``torch.load(weights_only=True)`` would refuse is stored as ``{PICKLED_KEY: uint8 tensor}``
-PICKLED_KEY = "__tandem_pickled__"
-_SAFE_LEAVES = (type(None), bool, int, float, complex, str, bytes, bytearray, torch.dtype, torch.device, torch.Size)
 _SAFE_MAPPINGS = (dict, OrderedDict)
 _HEAD_BYTES = 64  # what is read of a file torch could not load, to tell a damaged checkpoint from another file
 
@@ -350,11 +352,14 @@ def _settle_if_stale(old: str, target: Path, host: str | None, pid: int | None) 
     replacement is at ``target``, renamed back onto ``target`` when the writer was killed before the replacement
     got there. A writer on another host (or one an earlier tandem did not name) cannot be asked: it is gone when
     the rename is two minutes old."""
+    found = _ours(old)
+    if found is None:
+        return False
     try:
         if host == _writer_host():
             if _process_alive(pid):
                 return False
-        elif time.time() - os.stat(old).st_ctime < _FOREIGN_IDLE_S:  # ctime: when it was renamed aside
+        elif time.time() - found.st_ctime < _FOREIGN_IDLE_S:  # ctime: when it was renamed aside
             return False
         if os.path.lexists(target):
             _remove_path(old)
@@ -403,16 +408,34 @@ def _create_temporary(path: Path) -> tuple[str, int]:
 
 def _last_change(tmp: str) -> float:
     """When ``tmp`` last changed: a directory's newest entry (its shards are written inside it)."""
-    latest = os.stat(tmp).st_mtime
-    if os.path.isdir(tmp):
+    latest = os.lstat(tmp).st_mtime
+    if os.path.isdir(tmp) and not os.path.islink(tmp):
         for folder, _, files in os.walk(tmp):
             for name in files:
                 with contextlib.suppress(OSError):
-                    latest = max(latest, os.stat(os.path.join(folder, name)).st_mtime)
+                    latest = max(latest, os.lstat(os.path.join(folder, name)).st_mtime)
     return latest
 
 
+def _ours(path: str) -> os.stat_result | None:
+    """``path``'s own status (links not followed) when it can be a temporary tandem wrote: a regular file or a
+    folder, owned by this user; None for anything else (a symlink, a FIFO, a socket, a device, another user's
+    file), which the sweep never opens, waits on or removes."""
+    try:
+        found = os.lstat(path)
+    except OSError:
+        return None
+    if not (stat.S_ISREG(found.st_mode) or stat.S_ISDIR(found.st_mode)):
+        return None
+    if hasattr(os, "getuid") and found.st_uid != os.getuid():
+        return None
+    return found
+
+
 def _remove_if_stale(tmp: str, host: str, pid: int) -> bool:
+    found = _ours(tmp)
+    if found is None:
+        return False
     if host == _writer_host():
         if _process_alive(pid):
             return False
@@ -422,11 +445,14 @@ def _remove_if_stale(tmp: str, host: str, pid: int) -> bool:
                 return False
         except OSError:
             return False
-    try:
-        fd = os.open(tmp, os.O_RDONLY)
+    try:  # never blocks, never follows a link; the file opened must be the one checked
+        fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return False
     try:
+        opened = os.fstat(fd)
+        if (opened.st_dev, opened.st_ino) != (found.st_dev, found.st_ino):
+            return False
         if fcntl is not None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -484,48 +510,77 @@ def _sync_folder(folder: Path) -> None:
             os.close(fd)
 
 
-# ---------------------------------------------------------------------------------------------- weights_only
+# ---------------------------------------------------------------------------------------------- plain data
+
+#: checkpoint entries whose values are the user's ``__init__`` arguments: one that cannot be plain data is left out
+_HPARAMS_ENTRIES = ("hparams", "datamodule_hparams")
 
 
-def to_weights_only(obj: Any, where: str = "checkpoint") -> Any:
-    """``obj`` in a form ``torch.load(weights_only=True)`` reads: tensors, numbers, strings, None, dtypes,
-    devices and dicts / lists / tuples / sets of them stay as they are; any other value (a ``Path``, an
-    enum, a numpy number, an ``nn.Module`` in the hyperparameters, ...) becomes ``{PICKLED_KEY: its pickle
-    as a uint8 tensor}``, which :func:`from_weights_only` turns back into the value."""
-    kind = type(obj)
-    if isinstance(obj, torch.Tensor) or kind in _SAFE_LEAVES:
-        return obj
-    if kind in _SAFE_MAPPINGS and all(_safe_key(k) for k in obj):
-        return kind((k, to_weights_only(v, f"{where}[{k!r}]")) for k, v in obj.items())
-    if kind in (list, tuple):
-        return kind(to_weights_only(v, f"{where}[{i}]") for i, v in enumerate(obj))
-    if kind is set and all(type(v) in _SAFE_LEAVES for v in obj):
-        return obj
+def to_plain(checkpoint: dict[str, Any], warned: set[tuple[str, str]] | None = None) -> dict[str, Any]:
+    """``checkpoint`` as plain data (:func:`~tandem.utilities.plain_data.encode`), for a file that
+    ``torch.load(weights_only=True)`` reads. A hyperparameter that cannot be (an ``nn.Module``, a function, an
+    arbitrary object) is left out of the file, with a warning naming it and ``save_hyperparameters(ignore=[...])``
+    (once per name while the same ``warned`` set is passed: the Trainer keeps one); such a value anywhere else (a
+    callback's state, an entry added in ``on_save_checkpoint``) is a :class:`CheckpointError` naming it, before
+    anything is written."""
+    warned = set() if warned is None else warned
+    plain = {}
+    for entry, value in checkpoint.items():
+        if entry in _HPARAMS_ENTRIES and isinstance(value, dict):
+            plain[entry] = {}
+            for name, hparam in value.items():
+                try:
+                    plain[entry][name] = encode(hparam, f"{entry}[{name!r}]")
+                except NotPlainData as err:
+                    if (entry, name) not in warned:
+                        warned.add((entry, name))
+                        _warn_left_out(entry, name, err)
+            continue
+        try:
+            plain[entry] = encode(value, f"checkpoint[{entry!r}]")
+        except NotPlainData as err:
+            raise CheckpointError(
+                f"The checkpoint was not written: {err}. A checkpoint holds plain data only (tensors, numbers, "
+                "strings, lists, dicts, paths, enums, numpy arrays), so that loading it never runs code. Return "
+                "plain values from the state_dict / on_save_checkpoint that put it there (for an object, its "
+                "state_dict() or the arguments that rebuild it)."
+            ) from None
+    return plain
+
+
+def _warn_left_out(entry: str, name: str, err: NotPlainData) -> None:
+    from tandem.utilities.rank_zero import rank_zero_warn
+
+    owner = "self" if entry == "hparams" else "the DataModule's self"
+    rank_zero_warn(
+        f"The hyperparameter {name!r} ({err.kind}) is left out of checkpoints: a checkpoint holds plain data only, "
+        f"so that loading it never runs code. Leave it out of the hyperparameters, "
+        f"{owner}.save_hyperparameters(ignore=[{name!r}]), and pass it again when loading: "
+        f"load_from_checkpoint(path, {name}=...)."
+    )
+
+
+def from_plain(checkpoint: dict[str, Any], path: str | os.PathLike, trusted: bool) -> dict[str, Any]:
+    """Undo :func:`to_plain` for the checkpoint loaded from ``path``. Values that an earlier tandem version stored
+    pickled are unpickled only when ``trusted`` (``weights_only=False``); otherwise the error names them and
+    that argument."""
     try:
-        data = pickle.dumps(obj)
-    except Exception as err:
+        return decode(checkpoint, trusted)
+    except LegacyPickledValue as err:
         raise CheckpointError(
-            f"{where} holds a {kind.__name__} that cannot be saved ({type(err).__name__}: {err}). Store plain "
-            "values (numbers, strings, tensors, lists, dicts) there, or leave it out (e.g. "
-            "save_hyperparameters(ignore=[...]))."
+            f"Checkpoint {str(path)!r} was written by an earlier tandem version, which stored {err.where} as "
+            "pickled bytes: unpickling runs whatever code the file holds, so tandem does it only for a file you "
+            f"trust. If you wrote it (or trust who did), load it with weights_only=False: {_TRUST_FIX} A checkpoint "
+            "saved again after that holds plain data and loads without it."
         ) from None
-    return {PICKLED_KEY: torch.frombuffer(bytearray(data), dtype=torch.uint8)}
+    except BadPlainData as err:
+        raise CheckpointError(f"Checkpoint {str(path)!r}: {err}") from None
 
 
-def from_weights_only(obj: Any) -> Any:
-    """Undo :func:`to_weights_only` (values pickled there are unpickled: load only files you trust)."""
-    kind = type(obj)
-    if kind in _SAFE_MAPPINGS:
-        if len(obj) == 1 and isinstance(obj.get(PICKLED_KEY), torch.Tensor):
-            return pickle.loads(obj[PICKLED_KEY].numpy().tobytes())
-        return kind((k, from_weights_only(v)) for k, v in obj.items())
-    if kind in (list, tuple):
-        return kind(from_weights_only(v) for v in obj)
-    return obj
-
-
-def _safe_key(key: Any) -> bool:
-    return type(key) in _SAFE_LEAVES or type(key) is tuple and all(type(k) in _SAFE_LEAVES for k in key)
+_TRUST_FIX = (
+    "Model.load_from_checkpoint(path, weights_only=False), trainer.fit(model, ckpt_path=path, weights_only=False) "
+    "(likewise validate, test and predict), or --weights_only false on the command line."
+)
 
 
 # ---------------------------------------------------------------------------------------------- checksum
@@ -540,7 +595,7 @@ def checksum(obj: dict[str, Any]) -> dict[str, Any]:
     tensor's dtype, shape and bytes (read in place, without a copy, for contiguous CPU tensors), numpy
     arrays, and the keys, plain values (None, bool, int, float, complex, str, bytes, dtypes, devices) and
     nesting of dicts, lists, tuples and sets; other objects count by their type name only (tandem's
-    checkpoints hold none: :func:`to_weights_only` stores them as tensors). The ``tandem_checksum`` entry
+    checkpoints hold none: :func:`to_plain` writes plain data). The ``tandem_checksum`` entry
     itself is left out. The values do not depend on the process (no ``id``, ``hash`` or set order).
     """
     hasher = _Hasher()
@@ -709,62 +764,76 @@ def verify_checksum(checkpoint: dict[str, Any], path: str | os.PathLike) -> None
 # ---------------------------------------------------------------------------------------------- reading
 
 
-def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
+def load_checkpoint_file(path: str | os.PathLike, weights_only: bool | None = None) -> dict[str, Any]:
     """Read a tandem checkpoint onto the CPU and check its checksum, or raise :class:`CheckpointError`
-    naming the file (missing, a folder, unreadable, damaged, or not a tandem checkpoint).
+    naming the file (missing, a folder, unreadable, damaged, not a tandem checkpoint, or holding code).
 
-    Checkpoints of earlier tandem versions (with numpy arrays in the RNG state, without a checksum) load too.
-    ``path`` may be an fsspec URL (``memory://``, ``s3://``).
+    The file is read with ``torch.load(weights_only=True)``: tensors and plain data only, so nothing in it runs.
+    ``weights_only=False`` (Lightning's spelling) says the file is trusted: it is unpickled in full (an object
+    of any class is rebuilt, which can run any code), and values an earlier tandem version stored pickled are
+    unpickled too. ``None`` is ``True``. ``path`` may be an fsspec URL (``memory://``, ``s3://``).
     """
+    trusted = weights_only is False
     if is_url(path):
-        return _load_url(os.fspath(path))
-    path = Path(path)
-    if path.is_dir():
-        raise CheckpointError(_folder_message(path))
-    if not path.is_file():
-        raise CheckpointError(
-            f"Checkpoint {str(path)!r} does not exist. Check ckpt_path, or pass "
-            "ckpt_path='last' to resume from the newest last.ckpt of this run."
-        )
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as err:  # torch raises many types for a damaged file
-        head = _head(path)
-        if not _written_by_torch_save(head):
-            raise CheckpointError(_not_a_checkpoint(str(path), head)) from None
-        raise CheckpointError(
-            f"Checkpoint {str(path)!r} could not be read ({type(err).__name__}: {err}). The file is truncated, "
-            f"damaged or not a torch checkpoint; {_earlier_checkpoints(path)}"
-        ) from None
+        url = os.fspath(path)
+        fs, inner = url_filesystem(url)
+        if not fs.isfile(inner):
+            raise CheckpointError(f"Checkpoint {url!r} does not exist. Check ckpt_path.")
+        with fs.open(inner, "rb") as f:
+            checkpoint = _torch_load(f, url, trusted, lambda: _head(inner, fs), "")
+    else:
+        path = Path(path)
+        if path.is_dir():
+            raise CheckpointError(_folder_message(path))
+        if not path.is_file():
+            raise CheckpointError(
+                f"Checkpoint {str(path)!r} does not exist. Check ckpt_path, or pass "
+                "ckpt_path='last' to resume from the newest last.ckpt of this run."
+            )
+        checkpoint = _torch_load(path, str(path), trusted, lambda: _head(path), f" {_earlier_checkpoints(path)}")
     if not isinstance(checkpoint, dict) or CHECKPOINT_MARKER not in checkpoint:
         raise CheckpointError(
             f"{str(path)!r} is not a tandem checkpoint (no {CHECKPOINT_MARKER!r} key). {_foreign_file_advice(checkpoint)}"
         )
     verify_checksum(checkpoint, path)  # over what was saved: before the values are decoded
-    return from_weights_only(checkpoint)
+    return from_plain(checkpoint, path, trusted)
 
 
-def _load_url(url: str) -> dict[str, Any]:
-    fs, path = url_filesystem(url)
-    if not fs.isfile(path):
-        raise CheckpointError(f"Checkpoint {url!r} does not exist. Check ckpt_path.")
+def _torch_load(source: Any, name: str, trusted: bool, head: Callable[[], bytes], advice: str) -> Any:
+    """``torch.load`` of ``source`` (a path or an open file) onto the CPU, weights-only unless ``trusted``; a file it
+    refuses or cannot read is a :class:`CheckpointError` naming ``name`` (``head()``: the file's first bytes, read
+    only then)."""
     try:
-        with fs.open(path, "rb") as f:
-            checkpoint = torch.load(f, map_location="cpu", weights_only=False)
-    except Exception as err:
-        head = _head(path, fs)
-        if not _written_by_torch_save(head):
-            raise CheckpointError(_not_a_checkpoint(url, head)) from None
+        return torch.load(source, map_location="cpu", weights_only=not trusted)
+    except Exception as err:  # torch raises many types for a damaged file
+        first = head()
+        if not _written_by_torch_save(first):
+            raise CheckpointError(_not_a_checkpoint(name, first)) from None
+        if not trusted and "Weights only load failed" in str(err):
+            raise CheckpointError(_refused(source, name, err)) from None
         raise CheckpointError(
-            f"Checkpoint {url!r} could not be read ({type(err).__name__}: {err}). The file is truncated, damaged "
-            "or not a torch checkpoint."
+            f"Checkpoint {name!r} could not be read ({type(err).__name__}: {err}). The file is truncated, "
+            f"damaged or not a torch checkpoint.{advice}"
         ) from None
-    if not isinstance(checkpoint, dict) or CHECKPOINT_MARKER not in checkpoint:
-        raise CheckpointError(
-            f"{url!r} is not a tandem checkpoint (no {CHECKPOINT_MARKER!r} key). {_foreign_file_advice(checkpoint)}"
-        )
-    verify_checksum(checkpoint, url)
-    return from_weights_only(checkpoint)
+
+
+def _refused(source: Any, name: str, err: Exception) -> str:
+    """The message for a file ``torch.load(weights_only=True)`` refused: the types it holds, why, and the fix."""
+    try:
+        if hasattr(source, "seek"):
+            source.seek(0)
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(source)
+    except Exception:  # a legacy-format file: torch's own message names the first one
+        found = re.search(r"GLOBAL ([\w.]+)", str(err))
+        names = [found.group(1)] if found else []
+    held = f"objects of {', '.join(sorted(names)[:6])}" if names else "objects that are not plain data"
+    return (
+        f"Checkpoint {name!r} was not loaded: it holds {held}. Loading those means unpickling them, which runs "
+        "whatever code the file names, so tandem reads checkpoints with torch.load(weights_only=True): tensors "
+        "and plain data only (tandem's own checkpoints hold nothing else). If you trust the file (you or your "
+        f"team wrote it), load it with weights_only=False: {_TRUST_FIX} Never do so for a file from an unknown "
+        "source."
+    )
 
 
 def _head(path: str | os.PathLike, fs: Any = None) -> bytes:
