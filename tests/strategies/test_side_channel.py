@@ -1,11 +1,15 @@
 """The side channel: its collective check with two real processes (agreement, a mismatch, a blocked rank, an
-ended rank); the entry point and the pre-emption vote without processes."""
+ended rank); the entry point and the pre-emption vote without processes; the signed store, and what values an
+outsider writes do to the watcher, the hang watch, the check and the vote (two channels of one process over a
+HashStore). A real fit under forgery: ``test_side_channel_forgery.py``."""
 
 from __future__ import annotations
 
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -16,12 +20,15 @@ from helpers import launch_free_env
 from tandem.strategies import side_channel
 from tandem.strategies.side_channel import (
     CallSite,
+    SideChannel,
+    SignedStore,
     close_channel,
     current_channel,
     entry_point,
     open_channel,
     preemption_vote,
 )
+from tandem.utilities.preemption import PREEMPTION
 
 SCRIPT = Path(__file__).parent / "scripts" / "side_channel_runs.py"
 
@@ -116,7 +123,7 @@ def test_without_a_side_channel_the_pre_emption_vote_stops_where_it_is(no_channe
 
 
 def test_a_side_channel_serves_both_clients_until_it_is_closed(no_channel):
-    channel = open_channel(dist.HashStore(), rank=0, world_size=1, run_id="unit")
+    channel = open_channel(dist.HashStore(), rank=0, world_size=1, run_id="unit", secret=b"k" * 32)
     try:
         assert current_channel() is channel and preemption_vote() is channel.preemption_vote
         channel.collective_check.check(CallSite("barrier@Trainer.fit", "train.py:1 in main"))  # one rank agrees
@@ -155,14 +162,14 @@ store = dist.TCPStore("127.0.0.1", port, 1, True, wait_for_workers=False)
 slow = dist.TCPStore("127.0.0.1", port, 1, False)  # a connection of its own: the main thread is not held up
 
 post = side_channel.SideChannel._post_beat
-def slow_post(self, status, blocked_for, where):  # the watcher's beat is a stream of C++ store calls (a busy store)
+def slow_post(self, *args):  # the watcher's beat is a stream of C++ store calls (a busy store)
     if threading.current_thread() is self._watcher:
         for _ in range(2000):
             slow.set("busy", "x" * 100)
-    post(self, status, blocked_for, where)
+    post(self, *args)
 side_channel.SideChannel._post_beat = slow_post
 side_channel._BEAT_S = 0.0
-side_channel.open_channel(store, rank=0, world_size=1, run_id="exit")
+side_channel.open_channel(store, rank=0, world_size=1, run_id="exit", secret=side_channel.new_secret())
 time.sleep(0.5)
 """
 
@@ -181,3 +188,192 @@ def test_a_process_ends_cleanly_while_its_watcher_talks_to_the_store():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "terminate called" not in done.stderr
+
+
+# ---------------------------------------------------------------------------------------------- signed values
+
+
+SECRET = b"s" * 32
+
+
+def test_a_signed_value_reads_back_only_at_its_own_key_and_with_the_jobs_secret():
+    raw = dist.HashStore()
+    store = SignedStore(raw, SECRET)
+    store.set("job/teardown", "rank 1 failed")
+    assert store.get("job/teardown") == "rank 1 failed"
+    assert store.get("job/absent") is None
+    raw.set("job/stopping", raw.get("job/teardown"))  # a signed value moved to another key
+    assert store.get("job/stopping") is None
+    assert SignedStore(raw, b"t" * 32).get("job/teardown") is None  # another job's secret
+    for malformed in (b"", b"\xff\x00\x01", b"0" * 64 + b"rank 1 failed", b"\xff" * 200):
+        raw.set("job/hang", malformed)
+        assert store.get("job/hang") is None
+
+
+def test_a_value_not_signed_by_the_job_is_ignored_and_reported_once_per_key(capsys):
+    raw = dist.HashStore()
+    store = SignedStore(raw, SECRET)
+    raw.set("job/teardown", b"0" * 64 + b"forged")
+    assert [store.get("job/teardown"), store.clone().get("job/teardown")] == [None, None]
+    reported = capsys.readouterr().err.splitlines()
+    assert reported == [
+        "[tandem] ignored job/teardown in the process group's store: its value is not signed by this job (an outsider "
+        "wrote it, or it is malformed); the job goes on as if the key were absent."
+    ]
+    for n in range(100):  # a flood of forged keys: a bounded number of lines
+        raw.set(f"job/flood/{n}", b"forged")
+        assert store.get(f"job/flood/{n}") is None
+    reported = capsys.readouterr().err.splitlines()
+    assert len(reported) == side_channel._REPORT_LIMIT - 1
+    assert reported[-1].endswith(f"Further such keys are not reported ({side_channel._REPORT_LIMIT} were).")
+
+
+def test_the_first_signed_writer_wins_over_an_outsider_who_wrote_first():
+    raw = dist.HashStore()
+    rank0, rank1 = SignedStore(raw, SECRET), SignedStore(raw, SECRET)
+    raw.set("job/check/1/tag", b"forged tag")
+    assert rank0.first("job/check/1/tag", "0\nbarrier") == "0\nbarrier"
+    assert rank1.first("job/check/1/tag", "1\nbarrier") == "0\nbarrier"  # the first signed value stays
+    raw.set("job/check/1/verdict", b"0" * 64 + b"The ranks entered different collectives")
+    assert rank1.first("job/check/1/verdict", "ok") == "ok"
+    assert rank0.get("job/check/1/verdict") == "ok"
+
+
+def test_records_skip_whatever_an_outsider_appended():
+    raw = dist.HashStore()
+    store = SignedStore(raw, SECRET)
+    assert store.records("job/differ") == []
+    raw.append("job/differ", b"\0" + b"0" * 64 + b"1\nforged")
+    store.append("job/differ", "1\nbroadcast")
+    raw.append("job/differ", b"no NUL around me")  # it does not glue to the records around it
+    store.append("job/differ", "2\nbarrier")
+    assert store.records("job/differ") == ["1\nbroadcast", "2\nbarrier"]
+
+
+@pytest.fixture
+def fast_beats(monkeypatch):
+    """Beats every 20 ms; a pre-emption request and os._exit recorded, never acted on."""
+    monkeypatch.setattr(side_channel, "_BEAT_S", 0.02)
+    monkeypatch.setattr(PREEMPTION, "signum", None)
+    monkeypatch.setattr(PREEMPTION, "teardown", None)
+    exits: list[int] = []
+    monkeypatch.setattr(side_channel.os, "_exit", exits.append)
+    return exits
+
+
+def _channel(store, rank: int, world_size: int = 2) -> SideChannel:
+    return SideChannel(store, rank, world_size, run_id="unit", secret=SECRET)
+
+
+def _wait(condition, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_malformed_and_unsigned_values_never_end_the_watcher(fast_beats, capfd):
+    raw = dist.HashStore()
+    channel = _channel(raw, rank=1)
+    try:
+        channel.hang_timeout = 0.1
+        prefix = channel.prefix
+        raw.set(f"{prefix}/beat/0", b"\xff\x00\x01 not a beat")
+        raw.set(f"{prefix}/preempt/0/signal", b"0" * 64 + b"15")
+        raw.set(f"{prefix}/teardown", b"forged")
+        raw.set(f"{prefix}/hang", b"0" * 64 + b"rank 0 declared a hang")
+        raw.add(f"{prefix}/moved", -(1 << 62))  # "a hang was declared", as the counter says
+        assert _wait(lambda: channel.beat(1) is not None)
+        beats = channel.beat(1).number
+        assert _wait(lambda: channel.beat(1).number > beats + 5)  # the watcher beats on
+        assert channel._watcher.is_alive() and fast_beats == []  # it did not end the process either
+        assert channel.beat(0) is None and channel.torn_down() is None and PREEMPTION.signum is None
+        err = capfd.readouterr().err
+        assert f"[tandem] ignored {prefix}/hang in the process group's store" in err
+        assert err.count(f"{prefix}/hang ") == 1 and f"{prefix}/preempt/0/signal" in err
+        assert "skipped a beat" not in err
+    finally:
+        channel.close()
+
+
+def test_the_hang_watch_ignores_an_unsigned_beat_and_a_held_back_count_and_still_sees_a_hang(fast_beats, monkeypatch):
+    declared: list[list] = []
+    monkeypatch.setattr(SideChannel, "_declare_hang", lambda self, beats, stalled: declared.append(beats))
+    raw = dist.HashStore()
+    channel = _channel(raw, rank=0)
+    try:
+        channel.place = lambda: ("train", 0, 3, 3)  # rank 0 sits at one place: its beats say it has not moved
+        channel.hang_timeout = 0.1
+        beat1 = f"{channel.prefix}/beat/1"
+        raw.set(beat1, b"\xff\x00 not a beat")
+        time.sleep(0.5)  # rank 1's beat is not the job's: no hang can be told from it
+        assert declared == [] and channel._watcher.is_alive()
+        moving = "1\n0.0\nrunning\n0.0\ntraining_step (train.py:3)\ntrain 0 4 4\ntraining_step\n\n"  # rank 1 moves
+        channel.store.set(beat1, moving)  # the counter stays put (an outsider holds it back): the beat decides
+        time.sleep(0.5)
+        assert declared == []
+        channel.store.set(beat1, "2\n60.0\nrunning\n60.0\nall_reduce (torch)\ntrain 0 4 4\ntraining_step\n\n")
+        assert _wait(lambda: declared != [])  # both ranks still, signed: a hang
+        assert [beat.place for beat in declared[0]] == ["train 0 3 3", "train 0 4 4"]
+    finally:
+        channel.close()
+
+
+def _check_on_both(channels: list[SideChannel], n: int) -> list[str | None]:
+    """Rank 0's check ``n`` in a thread, rank 1's here: what each raised (None: it passed)."""
+    outcome: list[str | None] = [None, None]
+
+    def check(rank: int) -> None:
+        try:
+            channels[rank].collective_check.check(CallSite("barrier@Trainer.fit", "train.py:1 in main"), 60.0)
+        except Exception as error:
+            outcome[rank] = repr(error)
+
+    other = threading.Thread(target=check, args=(0,))
+    other.start()
+    check(1)
+    other.join(30)
+    assert not other.is_alive() and [c.collective_check.count for c in channels] == [n, n]
+    return outcome
+
+
+def test_a_collective_check_whose_count_an_outsider_changed_still_agrees(fast_beats):
+    raw = dist.HashStore()
+    channels = [_channel(raw, rank=0), _channel(raw, rank=1)]
+    prefix = channels[0].prefix
+    try:
+        for n in (1, 2, 3):
+            raw.set(f"{prefix}/check/{n}/tag", b"0" * 64 + b"1\nbroadcast@forged\nforged.py:1 in main")
+            raw.append(f"{prefix}/check/{n}/differ", b"\0" + b"0" * 64 + b"1\nbroadcast@forged\nforged.py:1 in main")
+            raw.set(f"{prefix}/check/{n}/verdict", b"0" * 64 + b"The ranks entered different collectives: forged")
+        raw.add(f"{prefix}/check/1/arrived", -5)  # held back: no rank counts itself last
+        raw.add(f"{prefix}/check/2/arrived", 1)  # pushed up: the first rank counts itself last
+        raw.add(f"{prefix}/check/3/arrived", -1)
+        for n in (1, 2, 3):
+            assert _check_on_both(channels, n) == [None, None]
+    finally:
+        for channel in channels:
+            channel.close()
+
+
+def test_a_pre_emption_vote_whose_count_an_outsider_held_back_still_agrees(fast_beats, monkeypatch):
+    raw = dist.HashStore()
+    channels = [_channel(raw, rank=0), _channel(raw, rank=1)]
+    try:
+        for channel in channels:
+            channel.preemption_vote.new_round()
+        prefix = channels[0].prefix
+        raw.add(f"{prefix}/preempt/1/posted", -3)  # held back: the ranks read the signed positions instead
+        raw.set(f"{prefix}/preempt/1/stop/1", b"0" * 64 + b"99 0")  # an outsider's stop position for rank 1
+        monkeypatch.setattr(PREEMPTION, "signum", 15)
+        targets: list = [None, None]
+        other = threading.Thread(target=lambda: targets.__setitem__(0, channels[0].preemption_vote.target((2, 5))))
+        other.start()
+        targets[1] = channels[1].preemption_vote.target((2, 7))
+        other.join(30)
+        assert targets == [(2, 7), (2, 7)]
+    finally:
+        for channel in channels:
+            channel.close()

@@ -47,7 +47,14 @@ from tandem.strategies.samplers import (
     shard_evaluation,
     shard_training,
 )
-from tandem.strategies.side_channel import CallSite, close_channel, current_channel, new_run_id, open_channel
+from tandem.strategies.side_channel import (
+    CallSite,
+    close_channel,
+    current_channel,
+    new_run_id,
+    new_secret,
+    open_channel,
+)
 from tandem.strategies.strategy import ReduceOp, Strategy
 from tandem.utilities.compile import Compiler
 from tandem.utilities.data import has_len, is_iterable_style, rebuild_dataloader
@@ -319,8 +326,10 @@ class ParallelStrategy(Strategy):
                 "watch are off (collective_check_timeout and hang_timeout have no effect)."
             )
             return
-        run_id = self._broadcast(new_run_id(), 0)  # one token per group: an earlier group's keys are never read
-        channel = open_channel(store, dist.get_rank(), dist.get_world_size(), run_id)
+        # One run id per group (an earlier group's keys are never read) and the secret that signs every value the
+        # channel writes: broadcast over the group's backend, never through the store (anyone may read the store)
+        run_id, secret = self._broadcast((new_run_id(), new_secret()), 0)
+        channel = open_channel(store, dist.get_rank(), dist.get_world_size(), run_id, secret)
         channel.hang_timeout = self.hang_timeout.total_seconds() if self.hang_timeout is not None else None
 
     def _check(self, op: str) -> None:

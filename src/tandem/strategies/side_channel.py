@@ -36,6 +36,15 @@ Trainer entry point). A failing rank, or the launcher stopping the job, announce
 instead of starting a pre-emption stop, and a rank blocked in a collective waiting for the launching rank
 ends from its watcher.
 
+What the store is trusted with. The store listens on every interface without authentication (torchrun's does too):
+anyone who reaches its port can list, read, write and delete keys. So every value that controls the job (beats,
+check tags, differ records and verdicts, teardown, stopping, the hang declaration, the pre-emption signal and stop
+positions) is signed (:class:`SignedStore`): an HMAC-SHA256 with a per-job secret that rank 0 draws and broadcasts
+over the process group's own backend with the run id (never through the store), over the key's full name and the
+value. A value that is not signed by this job (an outsider's, a malformed one) reads as absent and is reported once
+on stderr. The counters the store keeps with ``add`` (``arrived``, ``posted``, ``moved``) cannot be signed: they are
+hints that wake the ranks or save requests, and nothing the job does rests on them alone.
+
 The Strategy keeps placement and collectives; coordination between ranks lives here. The cost of a
 checked collective is a few store round trips (no work on the per-step path);
 ``benchmarks/collective_check.py`` measures it.
@@ -58,7 +67,11 @@ import atexit
 import contextlib
 import contextvars
 import faulthandler
+import hashlib
+import hmac
+import itertools
 import os
+import secrets
 import sys
 import threading
 import time
@@ -85,10 +98,12 @@ __all__ = [
     "error_summary",
     "PreemptionVote",
     "SideChannel",
+    "SignedStore",
     "close_channel",
     "current_channel",
     "entry_point",
     "new_run_id",
+    "new_secret",
     "open_channel",
     "placed",
     "preemption_vote",
@@ -121,6 +136,14 @@ TORN_DOWN_EXIT = 143
 HANG_EXIT = 124
 #: seconds rank 0's main thread has, after a hang was declared, to raise HangError before the process ends itself
 _HANG_RESPONSE_S = 10.0
+#: a value's signature: HMAC-SHA256 in hex, ahead of the value
+_MAC_LEN = 64
+#: values not signed by this job that one channel reports (one line each, once per key), at most: a flood is not
+_REPORT_LIMIT = 20
+#: times a first-writer-wins write replaces a value not signed by this job before it simply sets its own
+_REPLACE_TRIES = 10
+#: the ``moved`` counter stays in [0, _MOVES_LIMIT) until rank 0 declares a hang (it then subtracts 2**62)
+_MOVES_LIMIT = 1 << 61
 #: where a rank's loop is, as the watcher reads it: (stage, epoch, batch in the epoch, global step)
 Place = tuple[str | None, int, int, int]
 _HOOK_NAMES = frozenset(
@@ -261,6 +284,130 @@ def _describe(tag: str, user: str) -> str:
     return text + (f", called at {user})" if user else ")")
 
 
+# ---------------------------------------------------------------------------------------------- the signed store
+
+
+class SignedStore:
+    """The process group's store as the side channel reads and writes it: only values this job signed count.
+
+    Every value written carries an HMAC-SHA256, keyed with the job's secret, over the key's full name and the value
+    (a signed value cannot be forged, nor moved to another key). A value read counts only when its signature holds;
+    any other (an outsider's, a malformed one) reads as absent, and the first time a key holds one, a ``[tandem]``
+    line on stderr says so (at most ``_REPORT_LIMIT`` lines a channel). Counters (:meth:`add`) cannot be signed:
+    callers take them as hints and act on signed values only.
+
+    Args:
+        store: the process group's ``torch.distributed`` store.
+        secret: the job's secret, the same on every rank (rank 0 draws it with :func:`new_secret` and broadcasts it
+            over the process group's backend: it never goes through the store).
+
+    Example::
+
+        store = SignedStore(dist.distributed_c10d._get_default_store(), secret)
+        store.set("tandem/side/ab12/teardown", "rank 1 failed")
+        store.get("tandem/side/ab12/teardown")  # "rank 1 failed"; None if an outsider wrote it
+    """
+
+    def __init__(self, store: Any, secret: bytes, reported: set[str] | None = None) -> None:
+        self.raw, self._secret = store, secret
+        self._reported = reported if reported is not None else set()  # shared with clones: once per key, per channel
+        self._lock = threading.RLock()  # a signal handler may read the store (torn_down) while this thread reports
+
+    def clone(self) -> SignedStore:
+        """The same store and secret over a connection of its own (for another thread)."""
+        return SignedStore(self.raw.clone() if hasattr(self.raw, "clone") else self.raw, self._secret, self._reported)
+
+    def seal(self, key: str, payload: str) -> bytes:
+        """``payload`` signed for ``key``: the value to write there."""
+        data = payload.encode()
+        return self._mac(key, data) + data
+
+    def open(self, key: str, value: bytes) -> str | None:
+        """The payload of ``value`` read at ``key``, or None (reported once) when this job did not sign it there."""
+        data = value[_MAC_LEN:]
+        if len(value) >= _MAC_LEN and hmac.compare_digest(value[:_MAC_LEN], self._mac(key, data)):
+            with contextlib.suppress(UnicodeDecodeError):
+                return data.decode()
+        self._report(key)
+        return None
+
+    def _mac(self, key: str, data: bytes) -> bytes:
+        return hmac.new(self._secret, key.encode() + b"\0" + data, hashlib.sha256).hexdigest().encode()
+
+    def _report(self, key: str) -> None:
+        with self._lock:
+            if key in self._reported or len(self._reported) >= _REPORT_LIMIT:
+                return
+            self._reported.add(key)
+            last = len(self._reported) == _REPORT_LIMIT
+        with contextlib.suppress(Exception):  # (a print inside a print, from a signal handler): the value stays ignored
+            print(
+                f"[tandem] ignored {key} in the process group's store: its value is not signed by this job (an "
+                "outsider wrote it, or it is malformed); the job goes on as if the key were absent."
+                + (f" Further such keys are not reported ({_REPORT_LIMIT} were)." if last else ""),
+                file=sys.stderr,
+                flush=True,
+            )
+
+    # ------------------------------------------------------------------ signed values
+    def set(self, key: str, payload: str) -> None:
+        self.raw.set(key, self.seal(key, payload))
+
+    def get(self, key: str, present: bool = False) -> str | None:
+        """The payload at ``key``; None when the key is absent or not signed by this job. ``present``: the caller
+        just saw the key (one request instead of two)."""
+        if not present and not self.raw.check([key]):
+            return None
+        return self.open(key, self.raw.get(key))
+
+    def get_all(self, keys: list[str]) -> list[str | None] | None:
+        """The payloads at ``keys`` (None for one not signed by this job), in one request; None while one is absent."""
+        if not self.raw.check(keys):
+            return None
+        values = self.raw.multi_get(keys) if hasattr(self.raw, "multi_get") else [self.raw.get(k) for k in keys]
+        return [self.open(k, v) for k, v in zip(keys, values)]
+
+    def first(self, key: str, payload: str) -> str:
+        """Write ``payload`` at ``key`` unless a signed value is there: the first signed payload, which every writer
+        gets back. A value this job did not sign (an outsider wrote it first) is replaced: only that exact value, so
+        that of several ranks replacing it one wins and the others read its payload."""
+        mine = self.seal(key, payload)
+        current = self.raw.compare_set(key, "", mine)
+        for _ in range(_REPLACE_TRIES):
+            if current == mine:
+                return payload
+            found = self.open(key, current)
+            if found is not None:
+                return found
+            current = self.raw.compare_set(key, current, mine)
+        self.raw.set(key, mine)  # an outsider keeps rewriting the key
+        return payload
+
+    def append(self, key: str, record: str) -> None:
+        """Add ``record`` (text without NUL) to the records at ``key``."""
+        self.raw.append(key, b"\0" + self.seal(key, record) + b"\0")  # NUL-framed: bytes appended around it stay apart
+
+    def records(self, key: str) -> list[str]:
+        """The signed records at ``key`` (none when it is absent); anything else appended there is skipped."""
+        if not self.raw.check([key]):
+            return []
+        found = [self.open(key, part) for part in self.raw.get(key).split(b"\0") if part]
+        return [record for record in found if record is not None]
+
+    # ------------------------------------------------------------------ unsigned: hints
+    def add(self, key: str, amount: int) -> int:
+        """Add to the counter at ``key``: anyone can, so the count is a hint."""
+        return int(self.raw.add(key, amount))
+
+    def check(self, keys: list[str]) -> bool:
+        """Whether every key is present (signed or not)."""
+        return bool(self.raw.check(keys))
+
+    def delete(self, key: str) -> None:
+        with contextlib.suppress(Exception):  # some stores (FileStore) cannot delete: the key only costs memory
+            self.raw.delete_key(key)
+
+
 # ---------------------------------------------------------------------------------------------- the channel
 
 
@@ -273,6 +420,8 @@ class SideChannel:
         world_size: processes in the group.
         run_id: a token shared by every rank of this group (keys of another group, e.g. an earlier
             torchrun attempt sharing the store, are never read).
+        secret: the group's secret, shared by every rank over the group's backend (never through the store):
+            every value the channel writes is signed with it, and it reads only values signed with it.
         main_thread: the thread whose stack the watcher samples (the one running the Trainer).
 
     Attributes:
@@ -286,11 +435,12 @@ class SideChannel:
         rank: int,
         world_size: int,
         run_id: str,
+        secret: bytes,
         main_thread: threading.Thread | None = None,
     ) -> None:
-        self.store, self.rank, self.world_size = store, rank, world_size
+        self.store, self.rank, self.world_size = SignedStore(store, secret), rank, world_size
         self.prefix = f"tandem/side/{run_id}"
-        self._beat_store = store.clone() if hasattr(store, "clone") else store  # the watcher's own connection
+        self._beat_store = self.store.clone()  # the watcher's own connection
         self._main = main_thread or threading.main_thread()
         self._status = "running"
         self._failure: str | None = None  # "failed (...)": an uncaught exception ends this rank's script
@@ -305,6 +455,9 @@ class SideChannel:
         #: the hang rank 0 declared (the table of where each rank was), or None
         self.hang: str | None = None
         self._stalled: tuple[int, float] | None = None  # rank 0: the ranks' moves counted, and since when
+        self._beats = itertools.count(1)  # this rank's beats, numbered: a beat older than one read is a replay
+        self._latest: dict[int, int] = {}  # each rank's latest beat read here (its number)
+        self._skipped = False  # the watcher reported a beat it skipped (once)
         self._stop = threading.Event()
         self.collective_check = CollectiveCheck(self)
         self.preemption_vote = PreemptionVote(self)
@@ -319,11 +472,22 @@ class SideChannel:
         return "/".join([self.prefix, *map(str, parts)])
 
     def beat(self, rank: int) -> _Beat | None:
-        """The latest beat ``rank``'s watcher posted, or None before its first."""
-        key = self.key("beat", rank)
-        if not self.store.check([key]):
+        """The latest beat ``rank``'s watcher posted, or None before its first (or when the key holds a value this
+        job did not sign, or a beat older than one read before)."""
+        return self._fresh(rank, self.store.get(self.key("beat", rank)))
+
+    def beats(self, store: SignedStore | None = None) -> list[_Beat | None] | None:
+        """Every rank's latest beat, in one request (None for a rank whose key holds a value this job did not sign,
+        or a beat older than one read before); None until every rank posted its first."""
+        payloads = (store or self.store).get_all([self.key("beat", r) for r in range(self.world_size)])
+        return None if payloads is None else [self._fresh(r, payload) for r, payload in enumerate(payloads)]
+
+    def _fresh(self, rank: int, payload: str | None) -> _Beat | None:
+        beat = _Beat.parse(payload) if payload is not None else None
+        if beat is None or beat.number < self._latest.get(rank, 0):  # an older beat written again: a replay
             return None
-        return _Beat.parse(self.store.get(key))
+        self._latest[rank] = beat.number
+        return beat
 
     def _failed(self, kind: type[BaseException], error: BaseException, tb: Any) -> None:
         """Uncaught exception: this rank fails, so the job is torn down (the others end at once, see torn_down)."""
@@ -351,8 +515,8 @@ class SideChannel:
         ends at once (a rank that fails instead closes its connections as it exits: the collective breaks)."""
         self._tore_down = True
         with contextlib.suppress(Exception):  # the store may be gone already
-            store = self.store.clone() if hasattr(self.store, "clone") else self.store  # any thread may call this
-            store.compare_set(self.key("teardown"), "", reason)  # the first reason stays; a round trip
+            store = self.store.clone()  # any thread may call this
+            store.first(self.key("teardown"), reason)  # the first reason stays; a round trip
             if stopping:
                 store.set(self.key("stopping"), reason)
             if self._status == "running":
@@ -362,9 +526,8 @@ class SideChannel:
     def torn_down(self) -> str | None:
         """Why the job is being torn down (a rank failed, the launcher stops it), or None while it runs. An
         unreachable store counts as torn down: it lives in a process of the job."""
-        key = self.key("teardown")
         try:
-            return self.store.get(key).decode() if self.store.check([key]) else None
+            return self.store.get(self.key("teardown"))  # a value this job did not sign: None
         except Exception:
             return "the job's store is gone"
 
@@ -412,25 +575,44 @@ class SideChannel:
     def _watch(self) -> None:
         """The watcher thread: once a second, post where the main thread is; run the vote's share. When the
         launcher stops the job while the main thread waits inside torch for another rank, end this process:
-        that rank will never come, and no signal handler runs in a thread blocked in C++."""
-        where, since, seen = "", time.monotonic(), None
+        that rank will never come, and no signal handler runs in a thread blocked in C++. Only a store that is gone
+        ends the thread (the job is ending): a value this job did not sign reads as absent."""
+        where, since, seen, still_since = "", time.monotonic(), None, time.monotonic()
         while not self._stop.wait(_BEAT_S):
-            now_where, blocked, user, hook = _main_thread_place(self._main_frame())
-            if now_where != where:
-                where, since = now_where, time.monotonic()
-            blocked_for = time.monotonic() - since if blocked else 0.0
             try:
+                now = time.monotonic()
+                now_where, blocked, user, hook = _main_thread_place(self._main_frame())
+                if now_where != where:
+                    where, since = now_where, now
                 place = self._place_text()
-                self._post_beat(self._status, blocked_for, where, place, hook, user)
+                moved = seen is not None and seen != (place, where)
+                if seen != (place, where):
+                    seen, still_since = (place, where), now
+                blocked_for = now - since if blocked else 0.0
+                self._post_beat(self._status, blocked_for, where, place, hook, user, now - still_since)
                 self.preemption_vote._share(self._beat_store)
-                if blocked and not (self._tore_down or _REPORTER) and self._beat_store.check([self.key("stopping")]):
+                stopping = blocked and not (self._tore_down or _REPORTER)
+                if stopping and self._beat_store.get(self.key("stopping")) is not None:
                     os._exit(TORN_DOWN_EXIT)  # as SIGTERM's default action would (128 + 15)
                 if self.hang_timeout is not None:
-                    moved = seen is not None and seen != (place, where)
                     self._look_for_hang(moved)
-                seen = (place, where)
-            except Exception:  # the store is gone (the job is ending): nothing more to report
-                return
+            except Exception as error:
+                if not self._store_reachable():
+                    return  # the store is gone (the job is ending): nothing more to report
+                if not self._skipped:
+                    self._skipped = True
+                    print(
+                        f"[tandem] rank {self.rank}'s side-channel watcher skipped a beat: {error_summary(error)}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+
+    def _store_reachable(self) -> bool:
+        try:
+            self._beat_store.check([self.key("beat", self.rank)])
+        except Exception:
+            return False
+        return True
 
     def _place_text(self) -> str:
         place = self.place
@@ -440,25 +622,32 @@ class SideChannel:
         return f"{stage or '-'} {epoch} {batch} {step}"
 
     def _post_beat(
-        self, status: str, blocked_for: float, where: str, place: str = "", hook: str = "", user: str = ""
+        self,
+        status: str,
+        blocked_for: float,
+        where: str,
+        place: str = "",
+        hook: str = "",
+        user: str = "",
+        still_for: float = 0.0,
     ) -> None:
-        last = self.collective_check.last
-        self._beat_store.set(
-            self.key("beat", self.rank), f"{status}\n{blocked_for:.1f}\n{where}\n{place}\n{hook}\n{user}\n{last}"
-        )
+        fields = (next(self._beats), f"{still_for:.1f}", status, f"{blocked_for:.1f}", where, place, hook, user)
+        self._beat_store.set(self.key("beat", self.rank), "\n".join(map(str, (*fields, self.collective_check.last))))
 
     # ------------------------------------------------------------------ hangs
     def _look_for_hang(self, moved: bool) -> None:
         """Watcher thread, once a beat; ``moved``: this rank's place or stack changed since its last beat. Every
         rank adds that to the group's ``moved`` counter (one request, whatever the number of ranks). Rank 0: when
         the counter has not grown for ``hang_timeout`` seconds, it reads every rank's beat (once, not every beat)
-        and, while some rank is in a loop and none has left, declares the hang (:meth:`_declare_hang`). Every
-        other rank: when rank 0 declared one (the counter is negative), print this rank's stack and end (its
-        collectives then break on rank 0, which raises)."""
+        and, while some rank is in a loop, none has left and every rank's beat says it has not moved for about that
+        long, declares the hang (:meth:`_declare_hang`). Every other rank: when rank 0 declared one (its signed
+        ``hang`` key; the counter out of its range only says when to look), print this rank's stack and end (its
+        collectives then break on rank 0, which raises). Anyone can add to the counter: that can keep a hang from
+        being seen, never make one (the beats decide)."""
         store = self._beat_store
         total = store.add(self.key("moved"), int(moved))
         if self.rank != 0:
-            if total < 0:
+            if not 0 <= total < _MOVES_LIMIT and store.get(self.key("hang")) is not None:
                 print(f"[tandem] rank {self.rank}: rank 0 declared a hang; this rank's stack:", file=sys.stderr)
                 faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
                 sys.stderr.flush()
@@ -472,12 +661,18 @@ class SideChannel:
             return
         if now - self._stalled[1] < self.hang_timeout:
             return
-        keys = [self.key("beat", r) for r in range(self.world_size)]
-        beats = [_Beat.parse(value) for value in _multi_get(store, keys)] if store.check(keys) else []
-        if not beats or any(b.status != "running" for b in beats) or not any(b.place for b in beats):
-            self._stalled = (total, now)  # a rank left (the other clients report it), or no loop runs (set-up)
+        beats = self.beats(store)
+        still = max(self.hang_timeout - 2 * _BEAT_S, self.hang_timeout / 2)  # a beat is up to a second old
+        if (
+            beats is None
+            or any(b is None or b.status != "running" or b.still_for < still for b in beats)
+            or not any(b.place for b in beats)
+        ):
+            # a rank left (the other clients report it), no loop runs (set-up), or a rank moved after all (the
+            # counter was held back), or a beat is missing or not signed by this job: no hang to declare now
+            self._stalled = (total, now)
             return
-        self._declare_hang(beats, now - self._stalled[1])
+        self._declare_hang([b for b in beats if b is not None], now - self._stalled[1])
 
     def _declare_hang(self, beats: list[_Beat], stalled_for: float) -> None:
         """Rank 0: print the table of where each rank is and this rank's stack, tell the other ranks (they print
@@ -505,8 +700,10 @@ class SideChannel:
         # The job is torn down (a SIGTERM that follows, torchrun's, ends a rank at once), but this rank's status stays
         # "running": a rank waiting in the collective check would fail on it before its watcher prints its stack.
         self._tore_down = True
-        self._beat_store.compare_set(self.key("teardown"), "", f"rank 0 declared a hang after {stalled_for:.0f} s")
-        self._beat_store.add(self.key("moved"), -(1 << 62))  # the other ranks' watchers read it negative
+        store = self._beat_store
+        store.set(self.key("hang"), f"rank 0 declared a hang after {stalled_for:.0f} s")  # what the other ranks trust
+        store.first(self.key("teardown"), f"rank 0 declared a hang after {stalled_for:.0f} s")
+        store.add(self.key("moved"), -(1 << 62))  # out of the counter's range: the other ranks' watchers look
         if not _REPORTER:  # under tandem's launcher, it raises HangError in the main thread (it sees the ranks end)
             threading.Thread(target=self._end_if_not_raised, name="tandem-hang", daemon=True).start()
 
@@ -543,6 +740,8 @@ class SideChannel:
 
 @dataclass
 class _Beat:
+    number: int  # the rank's beats so far: a beat older than one already read is a replay
+    still_for: float  # seconds since the rank's place or stack last moved
     status: str
     blocked_for: float
     where: str
@@ -552,9 +751,13 @@ class _Beat:
     user: str = ""  # the user's line the main thread is in
 
     @classmethod
-    def parse(cls, value: bytes) -> _Beat:
-        status, blocked, where, place, hook, user, last = value.decode().split("\n", 6)
-        return cls(status, float(blocked), where, last, place, hook, user)
+    def parse(cls, payload: str) -> _Beat | None:
+        """The beat posted as ``payload``, or None when it is not one."""
+        try:
+            number, still, status, blocked, where, place, hook, user, last = payload.split("\n", 8)
+            return cls(int(number), float(still), status, float(blocked), where, last, place, hook, user)
+        except ValueError:
+            return None
 
     @property
     def check_count(self) -> int:
@@ -641,17 +844,23 @@ class CollectiveCheck:
     1. Each rank offers its ``n``-th check's tag (the operation, tandem's call site, the entry point) and its
        user-code call site to ``check/<n>/tag`` with ``compare_set``: the first rank's stays, and every rank gets
        it back. A rank whose tag differs appends its own to ``check/<n>/differ``. Then it counts itself in
-       ``check/<n>/arrived``.
+       ``check/<n>/arrived`` (and its next beat says it arrived).
     2. The last rank to arrive writes the verdict: ``ok`` when nobody differed, else the mismatch, every side
        named (read from the one ``differ`` key). Every rank waits for the verdict (polling, at most
        ``_POLL_BUDGET`` requests a second from all waiting ranks together) and raises
        :class:`CollectiveMismatchError` if it is not ok.
-    3. While they wait, the first rank to arrive reads the other ranks' beats once a beat (one request). A rank
-       that ended its script, or whose main thread has sat in a torch collective or backward pass (for DDP: the
-       gradient all-reduce, waiting for this rank) for ``stall_timeout`` seconds, will not arrive: it writes that
-       as the verdict, naming the rank and where it is, and every rank raises it. A rank that is merely slow
-       (still computing, or in user code such as ``prepare_data`` on rank 0) is waited for, up to the
-       process-group timeout, as before.
+    3. While they wait, the rank whose tag was written first reads the other ranks' beats once a beat (one
+       request). A rank that ended its script, or whose main thread has sat in a torch collective or backward
+       pass (for DDP: the gradient all-reduce, waiting for this rank) for ``stall_timeout`` seconds, will not
+       arrive: it writes that as the verdict, naming the rank and where it is, and every rank raises it. A rank
+       that is merely slow (still computing, or in user code such as ``prepare_data`` on rank 0) is waited for, up
+       to the process-group timeout, as before. When every beat says its rank arrived and no verdict came (an
+       outsider held the ``arrived`` count back), it writes the verdict itself.
+
+    Tags, differ records and verdicts are signed (:class:`SignedStore`); ``arrived`` is a count anyone can change,
+    so it only says who writes the verdict soonest: pushed up, a verdict may be written before a differing rank
+    arrived (its mismatch then fails in the collective itself, as without the check); a job whose ranks agree gets
+    ``ok`` whatever the count says.
     """
 
     def __init__(self, channel: SideChannel) -> None:
@@ -668,33 +877,31 @@ class CollectiveCheck:
         channel, store = self.channel, self.channel.store
         self.count += 1
         n = self.count
-        self.last = f"check {n}: {_describe(site.tag, site.user)}"
         mine = f"{site.tag}\n{site.user}"
-        first = store.compare_set(channel.key("check", n, "tag"), "", mine).decode()
+        writer, _, first = store.first(channel.key("check", n, "tag"), f"{channel.rank}\n{mine}").partition("\n")
         if first.split("\n", 1)[0] != site.tag:
-            store.append(channel.key("check", n, "differ"), f"{channel.rank}\n{mine}\0")
-        arrived = store.add(channel.key("check", n, "arrived"), 1)
+            store.append(channel.key("check", n, "differ"), f"{channel.rank}\n{mine}")
+        self.last = f"check {n}: {_describe(site.tag, site.user)}"  # its next beat says this rank arrived
+        arrived = store.add(channel.key("check", n, "arrived"), 1)  # a hint: anyone can add to it
         verdict_key = channel.key("check", n, "verdict")
         if arrived == channel.world_size:
-            store.compare_set(verdict_key, "", self._verdict(n, first))
-        verdict = self._wait_for(verdict_key, n, site, stall_timeout, diagnose=arrived == 1)
+            store.first(verdict_key, self._verdict(n, first))
+        verdict = self._wait_for(verdict_key, n, site, stall_timeout, first, diagnose=writer == str(channel.rank))
         if n > 1 and channel.rank == 0:  # every rank has read check n - 1 (they all reached n): drop its keys
             for name in ("tag", "arrived", "verdict"):  # (no "differ": check n - 1 passed)
-                _delete(store, channel.key("check", n - 1, name))
+                store.delete(channel.key("check", n - 1, name))
         if verdict != "ok":
             raise CollectiveMismatchError(verdict)
 
     def _verdict(self, n: int, first: str) -> str:
         """The last rank to arrive: "ok", or the mismatch with every side named (``first``: the first rank's
         tag and user site, which the ranks that did not append to ``differ`` share)."""
-        store = self.channel.store
-        differ_key = self.channel.key("check", n, "differ")
-        if not store.check([differ_key]):
-            return "ok"
         differing = {}
-        for record in store.get(differ_key).decode().split("\0")[:-1]:
+        for record in self.channel.store.records(self.channel.key("check", n, "differ")):
             rank, tag, user = record.split("\n", 2)
             differing[int(rank)] = (tag, user)
+        if not differing:
+            return "ok"
         entries = [differing.get(r, tuple(first.split("\n", 1))) for r in range(self.channel.world_size)]
         groups: dict[str, list[int]] = {}
         for r, (tag, _) in enumerate(entries):
@@ -705,40 +912,49 @@ class CollectiveCheck:
         )
         return f"The ranks entered different collectives: {sides}. {_FIX}"
 
-    def _wait_for(self, key: str, n: int, site: CallSite, stall_timeout: float, diagnose: bool) -> str:
+    def _wait_for(self, key: str, n: int, site: CallSite, stall_timeout: float, first: str, diagnose: bool) -> str:
         """Poll for ``key``, backing off to a pace at which all ranks together stay within ``_POLL_BUDGET``
-        requests a second (the store's own timed wait logs a warning per timeout). ``diagnose`` (the first rank
-        to arrive): every beat, look for a rank that will never arrive, and make that the verdict."""
+        requests a second (the store's own timed wait logs a warning per timeout). ``diagnose`` (the rank whose
+        tag was written first, and any rank that finds a value this job did not sign at ``key``): every beat, look
+        for a rank that will never arrive, or for every rank arrived, and make that the verdict."""
         store, delay = self.channel.store, 0.0002
         longest = max(0.02, self.channel.world_size / _POLL_BUDGET)
         diagnose_at = time.monotonic() + _BEAT_S
-        suspects: dict[int, str] = {}
-        while not store.check([key]):
+        suspects: dict[int, tuple[str, int]] = {}
+        while True:
+            if store.check([key]):
+                verdict = store.get(key, present=True)
+                if verdict is not None:
+                    return verdict
+                diagnose = True  # an outsider's value: the verdict may never come from the rank that wrote it
             time.sleep(delay)
             delay = min(delay * 2, longest)
             if diagnose and time.monotonic() >= diagnose_at:
-                problem, suspects = self._missing_rank_problem(n, site, stall_timeout, suspects)
+                problem, suspects = self._missing_rank_problem(n, site, stall_timeout, suspects, first)
                 if problem is not None:
-                    store.compare_set(key, "", problem)  # unless the verdict came meanwhile: every rank reads it
+                    store.first(key, problem)  # unless the verdict came meanwhile: every rank reads it
                 diagnose_at = time.monotonic() + _BEAT_S
-        return store.get(key).decode()
 
     def _missing_rank_problem(
-        self, n: int, site: CallSite, stall_timeout: float, suspects: dict[int, str]
-    ) -> tuple[str | None, dict[int, str]]:
-        """Why a rank that has not arrived at check ``n`` never will, or None while it may still come; and the
-        ranks that look stalled now. Read from every rank's beat (one request). A rank that ended is a problem at
-        once; a rank stalled in torch only when it already was at the previous look (a beat is up to a second
-        old: it may have arrived since)."""
+        self, n: int, site: CallSite, stall_timeout: float, suspects: dict[int, tuple[str, int]], first: str
+    ) -> tuple[str | None, dict[int, tuple[str, int]]]:
+        """The verdict this rank can give while it waits, or None; and the ranks that look stalled now (their
+        message and beat). Read from every rank's beat (one request). When every rank's beat says it arrived, the
+        verdict (whatever ``arrived`` counts). Else why a rank that has not arrived never will: a rank that ended
+        is a problem at once; a rank stalled in torch only when it already was at the previous look, in an older
+        beat (a beat is up to a second old: it may have arrived since). A beat from before check ``n - 1`` is
+        stale (every rank passed that check since): it says nothing."""
         channel = self.channel
         me = f"rank {channel.rank} entered {_describe(site.tag, site.user)}"
-        keys = [channel.key("beat", r) for r in range(channel.world_size)]
-        if not channel.store.check(keys):  # a rank whose watcher has not posted yet: still starting
+        beats = channel.beats()
+        if beats is None:  # a rank whose watcher has not posted yet: still starting
             return None, {}
+        others = [(r, beat) for r, beat in enumerate(beats) if r != channel.rank]
+        if all(beat is not None and beat.check_count >= n for _, beat in others):
+            return self._verdict(n, first), {}  # every rank arrived, yet no verdict came: give it here
         stalled = {}
-        for r, value in enumerate(_multi_get(channel.store, keys)):
-            beat = _Beat.parse(value)
-            if r == channel.rank or beat.check_count >= n:
+        for r, beat in others:
+            if beat is None or not n - 1 <= beat.check_count < n:
                 continue
             if beat.status != "running":
                 return f"Rank {r} {beat.status} while {me}. {beat.where_text}{_FIX}", {}
@@ -746,10 +962,11 @@ class CollectiveCheck:
                 stalled[r] = (
                     f"Rank {r} has waited {beat.blocked_for:.0f} s in {beat.where}, a collective that rank "
                     f"{channel.rank} never entered (rank {r}'s last tandem collective was {beat.last or 'none'}), "
-                    f"while {me}. {_FIX_STALLED}"
+                    f"while {me}. {_FIX_STALLED}",
+                    beat.number,
                 )
-        confirmed = [r for r in stalled if r in suspects]
-        return (stalled[confirmed[0]] if confirmed else None), stalled
+        confirmed = [r for r, (_, number) in stalled.items() if r in suspects and suspects[r][1] < number]
+        return (stalled[confirmed[0]][0] if confirmed else None), stalled
 
 
 # ---------------------------------------------------------------------------------------------- client 2
@@ -768,7 +985,9 @@ class PreemptionVote:
     already stopped to look at the flag) gets its post from its watcher, so nobody waits for it; DDP keeps
     the ranks within one step of each other, so the largest post is at most a step or two ahead of anyone.
     Each rank counts itself in ``preempt/<round>/posted`` as it posts; a rank at its stop point polls that one key
-    (at most ``_POLL_BUDGET`` requests a second from all ranks together), then reads the N positions once.
+    (at most ``_POLL_BUDGET`` requests a second from all ranks together), then reads the N positions once. The
+    signal and the positions are signed (:class:`SignedStore`); ``posted``, a count anyone can change, only says
+    when to read them: a rank also reads them once a second, and stops only when all N are there and signed.
     """
 
     def __init__(self, channel: SideChannel) -> None:
@@ -790,21 +1009,29 @@ class PreemptionVote:
             return self._target
         channel, store = self.channel, self.channel.store
         with self._lock:
-            store.compare_set(self._key("signal"), "", str(PREEMPTION.signum))
+            store.first(self._key("signal"), str(PREEMPTION.signum))
             self._post(store, here)
             keys = [self._key(f"stop/{r}") for r in range(channel.world_size)]
         timeout = _PREEMPTION_WAIT_S
         deadline = time.monotonic() + timeout
         look_at = time.monotonic() + _BEAT_S
         delay, longest = 0.001, max(0.01, channel.world_size / _POLL_BUDGET)  # one small request a poll
-        while int(store.add(self._key("posted"), 0)) < channel.world_size:
-            if time.monotonic() > look_at:  # a rank failed meanwhile: nobody stops at a common step
+        read_at_count = 0
+        while True:
+            posted = store.add(self._key("posted"), 0)  # a hint: the positions themselves are signed
+            looking = time.monotonic() > look_at
+            if looking or (posted >= channel.world_size and posted != read_at_count):
+                read_at_count = posted
+                positions = store.get_all(keys)
+                if positions is not None and None not in positions:
+                    break
+            if looking:  # a rank failed meanwhile: nobody stops at a common step
                 look_at = time.monotonic() + _BEAT_S
                 reason = channel.torn_down()
                 if reason is not None:
                     raise RankFailedError(f"Pre-emption: rank {channel.rank} stopped waiting for the others: {reason}.")
             if time.monotonic() > deadline:
-                missing = [r for r, k in enumerate(keys) if not store.check([k])]
+                missing = [r for r, k in enumerate(keys) if store.get(k) is None]
                 raise CollectiveMismatchError(
                     f"Pre-emption: rank {channel.rank} stopped at epoch {here[0]}, batch {here[1]} and waited "
                     f"{timeout:.0f} s for rank(s) {_ranks(missing)} to say where they stop; they did not answer "
@@ -812,7 +1039,7 @@ class PreemptionVote:
                 )
             time.sleep(delay)
             delay = min(2 * delay, longest)
-        self._target = max(_parse_position(v) for v in _multi_get(store, keys))  # once a stop
+        self._target = max(_parse_position(p) for p in positions if p is not None)  # once a stop
         return self._target
 
     def new_round(self) -> None:
@@ -822,25 +1049,26 @@ class PreemptionVote:
             self._round += 1
             self._seen, self._target, self._posted = False, None, False
 
-    def _post(self, store: Any, position: Position) -> None:
+    def _post(self, store: SignedStore, position: Position) -> None:
         """Post this rank's stop position, unless it already did (its watcher or its main thread: the first wins),
         and count it in ``posted`` (what the ranks wait on: one key, whatever the number of ranks). Under the lock."""
         if self._posted:
             return
-        store.compare_set(self._key(f"stop/{self.channel.rank}"), "", _position_text(position))
+        store.first(self._key(f"stop/{self.channel.rank}"), _position_text(position))
         store.add(self._key("posted"), 1)
         self._posted = True
 
-    def _share(self, store: Any) -> None:
+    def _share(self, store: SignedStore) -> None:
         """Watcher thread: share the local flag and the store key both ways; post this rank's position."""
         with self._lock:
             if not self._seen:
                 if PREEMPTION.signum is not None:
-                    store.compare_set(self._key("signal"), "", str(PREEMPTION.signum))
-                elif store.check([self._key("signal")]):
-                    PREEMPTION.request(int(store.get(self._key("signal"))))
+                    store.first(self._key("signal"), str(PREEMPTION.signum))
                 else:
-                    return
+                    signum = store.get(self._key("signal"))  # another rank's signal, signed; an outsider's: None
+                    if signum is None:
+                        return
+                    PREEMPTION.request(int(signum))
                 self._seen = True
             progress = PREEMPTION.progress
             if progress is not None:  # in a fit: where the main thread can stop next, at the earliest
@@ -877,16 +1105,23 @@ def preemption_vote() -> PreemptionVote | LocalVote:
 
 
 def new_run_id() -> str:
-    """A fresh token for one process group (rank 0 makes it; the strategy broadcasts it)."""
+    """A fresh token for one process group (rank 0 makes it; the strategy broadcasts it). Anyone who reaches the
+    store can read it (``list_keys``): it keeps groups apart, it guards nothing."""
     return uuid.uuid4().hex[:12]
 
 
-def open_channel(store: Any, rank: int, world_size: int, run_id: str) -> SideChannel:
-    """Open the side channel of the process group this process just joined (every rank, right after joining);
-    any earlier group's channel is closed."""
+def new_secret() -> bytes:
+    """A fresh secret for one process group's side channel (rank 0 draws it; the strategy broadcasts it over the
+    group's backend, never through the store)."""
+    return secrets.token_bytes(32)
+
+
+def open_channel(store: Any, rank: int, world_size: int, run_id: str, secret: bytes) -> SideChannel:
+    """Open the side channel of the process group this process just joined (every rank, right after joining, with
+    the run id and secret rank 0 broadcast); any earlier group's channel is closed."""
     global _CHANNEL
     close_channel()
-    _CHANNEL = SideChannel(store, rank, world_size, run_id)
+    _CHANNEL = SideChannel(store, rank, world_size, run_id, secret)
     return _CHANNEL
 
 
@@ -927,22 +1162,9 @@ def _position_text(position: Position) -> str:
     return f"{position[0]} {position[1]}"
 
 
-def _parse_position(value: bytes) -> Position:
-    epoch, done = value.decode().split()
+def _parse_position(payload: str) -> Position:
+    epoch, done = payload.split()
     return int(epoch), int(done)
-
-
-def _multi_get(store: Any, keys: list[str]) -> list[bytes]:
-    if hasattr(store, "multi_get"):
-        return store.multi_get(keys)
-    return [store.get(k) for k in keys]
-
-
-def _delete(store: Any, key: str) -> None:
-    try:
-        store.delete_key(key)
-    except Exception:  # noqa: S110 - some stores (FileStore) cannot delete: the key only costs memory
-        pass
 
 
 def _ranks(ranks: list[int]) -> str:

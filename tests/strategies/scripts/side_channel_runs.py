@@ -16,11 +16,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from tandem.strategies.side_channel import CallSite, CollectiveMismatchError, SideChannel
+from tandem.strategies.side_channel import CallSite, CollectiveMismatchError, SideChannel, new_secret
 
 
 def guard(name: str) -> SideChannel:
-    return SideChannel(dist.distributed_c10d._get_default_store(), rank, 2, run_id=name)
+    return SideChannel(dist.distributed_c10d._get_default_store(), rank, 2, run_id=name, secret=SECRET)
 
 
 def attempt(g: SideChannel, tag: str, user: str = "", stall: float = 60.0) -> tuple[str | None, float]:
@@ -36,6 +36,9 @@ if __name__ == "__main__":
     out = Path(sys.argv[1])
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    box = [new_secret()]
+    dist.broadcast_object_list(box, 0)  # as the strategy shares it: over the group's backend, not the store
+    SECRET = box[0]
     result: dict = {}
 
     g = guard("agree")
