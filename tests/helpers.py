@@ -201,3 +201,14 @@ class Regression(tandem.TrainingModule):
 
     def train_dataloader(self):
         return DataLoader(regression_data(self.hparams.n), batch_size=self.hparams.batch_size, shuffle=True)
+
+
+class Payload:
+    """An object whose unpickling writes the file ``marker`` (what a malicious checkpoint holds): a test that passes a
+    file holding it asserts the marker is absent."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'w').write('ran')",)

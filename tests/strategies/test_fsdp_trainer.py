@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader
 
 import tandem
 from helpers import (
+    Payload,
     TinyModule,
     clear_launch_variables,
     killed_mid_save,
@@ -301,7 +302,7 @@ def test_a_sharded_checkpoint_holding_code_is_refused_and_nothing_runs(runs, scr
     by one holding code: the resume is refused, naming the directory and weights_only=False; nothing runs."""
     common, fsdp_runs = scripts
     marker = tmp_path / "ran"
-    payload = pickle.dumps(_Payload(marker))
+    payload = pickle.dumps(Payload(marker))
     clear_launch_variables(monkeypatch)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(find_free_port()))
@@ -312,7 +313,7 @@ def test_a_sharded_checkpoint_holding_code_is_refused_and_nothing_runs(runs, scr
             if name == ".metadata":
                 (path / name).write_bytes(payload)
             else:
-                torch.save({"tandem_version": "0.1.0", "x": _Payload(marker)}, path / name)
+                torch.save({"tandem_version": "0.1.0", "x": Payload(marker)}, path / name)
             strategy = FSDPStrategy(auto_wrap_policy={nn.Linear}, state_dict_type="sharded")
             trainer = quiet_trainer(strategy=strategy, devices=1, max_epochs=3)
             with pytest.raises(CheckpointError, match=r"(?s)not loaded: it holds .*exec.*weights_only=False") as caught:
@@ -321,14 +322,6 @@ def test_a_sharded_checkpoint_holding_code_is_refused_and_nothing_runs(runs, scr
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-class _Payload:
-    def __init__(self, marker: Path) -> None:
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return exec, (f"open({self.marker!r}, 'w').write('ran')",)
 
 
 def test_a_sharded_checkpoint_of_two_ranks_resumes_mid_epoch_on_one_with_twice_the_batch(runs, scripts, monkeypatch):

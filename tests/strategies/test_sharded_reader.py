@@ -13,17 +13,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from helpers import Payload
 from tandem.strategies.sharded_reader import Refused, readers, refusal, refused_message
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class Payload:
-    def __init__(self, marker: Path) -> None:
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return exec, (f"open({self.marker!r}, 'w').write('ran')",)
 
 
 def _save(state: dict, path: Path) -> None:

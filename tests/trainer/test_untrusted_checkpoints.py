@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import tandem
-from helpers import TinyModule, loader, max_abs_diff, quiet_trainer
+from helpers import Payload, TinyModule, loader, max_abs_diff, quiet_trainer
 from tandem.callbacks import ModelCheckpoint
 from tandem.cli import CLI
 from tandem.loggers import CSVLogger
@@ -28,16 +28,6 @@ from tandem.utilities.checkpoint import CHECKPOINT_MARKER, load_checkpoint_file
 from tandem.utilities.exceptions import CheckpointError
 
 pytestmark = pytest.mark.timeout(120)
-
-
-class Payload:
-    """Unpickling it writes the file ``marker``."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return exec, (f"open({self.marker!r}, 'w').write('ran')",)
 
 
 class Data(tandem.DataModule):
