@@ -26,6 +26,7 @@ SCENARIOS = (
     "tuner",
     "profiling",
     "compiled",
+    "evaluation",
     "unused",
 )  # unused ends in an error on every rank
 

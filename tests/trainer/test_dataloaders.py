@@ -418,3 +418,55 @@ def test_state_assigned_in_prepare_data_and_read_on_another_process_names_prepar
     data = Prepared()
     quiet_trainer(max_epochs=1).fit(TinyModule(), datamodule=data)  # on local rank 0 it runs
     assert data.vocab == {"a": 0}
+
+
+# ---------------------------------------------------------------------------------------------- evaluation loaders as Lightning's
+class EpochsSeen(torch.utils.data.SequentialSampler):
+    """Records each ``set_epoch`` it gets."""
+
+    def __init__(self, data, seen: list[int]) -> None:
+        super().__init__(data)
+        self.seen = seen
+
+    def set_epoch(self, epoch: int) -> None:
+        self.seen.append(epoch)
+
+
+def test_evaluation_samplers_get_the_epoch_as_lightning_gives_it():
+    # measured with Lightning 2.6.6 (the same program): fit [0, 0, 1], then validate 2, test 2, a new Trainer's test 0
+    data, val_seen, test_seen, fresh_seen = make_data(32), [], [], []
+    val = DataLoader(data, batch_size=16, sampler=EpochsSeen(data, val_seen))
+    model, trainer = TinyModule(), quiet_trainer(max_epochs=2, num_sanity_val_steps=1)
+    trainer.fit(model, loader(32), val)
+    assert val_seen == [0, 0, 1]  # the sanity check's pass, then each epoch's
+    trainer.validate(model, val, verbose=False)
+    trainer.test(model, DataLoader(data, batch_size=16, sampler=EpochsSeen(data, test_seen)), verbose=False)
+    assert val_seen == [0, 0, 1, 2] and test_seen == [2]  # once, with the fit's epoch
+    quiet_trainer().test(model, DataLoader(data, batch_size=16, sampler=EpochsSeen(data, fresh_seen)), verbose=False)
+    assert fresh_seen == [0]
+
+
+def test_the_trainer_exposes_the_loaders_it_was_given():
+    train, val = loader(32), [loader(16), loader(16)]
+    trainer = quiet_trainer(max_epochs=1)
+    trainer.fit(TinyModuleWithIdx(), train, val)
+    assert trainer.train_dataloader is train  # one process: the loader passed, as Lightning's
+    assert isinstance(trainer.val_dataloaders, list) and all(a is b for a, b in zip(trainer.val_dataloaders, val))
+
+
+class TinyModuleWithIdx(TinyModule):
+    def validation_step(self, batch, batch_idx, dataloader_idx=0):
+        self.log("val_loss", F.cross_entropy(self(batch[0]), batch[1]))
+
+
+@pytest.mark.parametrize(("limit", "batches"), [(2.0, 2), (1e50, 4)])
+def test_a_whole_float_limit_above_one_counts_batches(limit, batches):
+    trainer = quiet_trainer(limit_val_batches=limit, limit_test_batches=limit)
+    assert trainer.limit_val_batches == int(limit) and isinstance(trainer.limit_val_batches, int)
+    trainer.validate(TinyModule(), loader(64, 16), verbose=False)
+    assert trainer.num_val_batches == [batches]
+
+
+def test_a_fractional_limit_above_one_is_refused():
+    with pytest.raises(TandemConfigError, match=r"limit_val_batches=1\.5"):
+        quiet_trainer(limit_val_batches=1.5)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from helpers import TinyModule, loader, quiet_trainer
 from tandem.callbacks import Callback
 from tandem.trainer.hooks import STEP_HOOKS, HookDispatcher, current_hook
@@ -57,3 +59,118 @@ def test_call_hook_is_public_and_dispatches_like_the_loop():
     trainer.fit(TinyModule(), loader(16))
     trainer.call_hook("on_before_backward", 2.5)
     assert len(calls) == 2 and calls[-1] == 2.5
+
+
+# ---------------------------------------------------------------------------------------------- when loaders are asked for
+class Recorded(TinyModule):
+    """Records the hooks around the loader requests of Lightning 2.6.5's tests/tests_pytorch/models/test_hooks.py."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def configure_optimizers(self):
+        self.calls.append("configure_optimizers")
+        return super().configure_optimizers()
+
+    def on_fit_start(self):
+        self.calls.append("on_fit_start")
+
+    def on_validation_start(self):
+        self.calls.append("on_validation_start")
+
+    def on_train_start(self):
+        self.calls.append("on_train_start")
+
+    def train_dataloader(self):
+        self.calls.append("train_dataloader")
+        return loader(32, 16)
+
+    def val_dataloader(self):
+        self.calls.append(f"val_dataloader sanity_checking={self.trainer.sanity_checking}")
+        return loader(32, 16)
+
+
+class SanityMarks(Callback):
+    def __init__(self, calls: list[str]) -> None:
+        self.calls = calls
+
+    def on_sanity_check_start(self, trainer, module):
+        self.calls.append("on_sanity_check_start")
+
+    def on_sanity_check_end(self, trainer, module):
+        self.calls.append("on_sanity_check_end")
+
+
+def test_a_fit_asks_for_its_loaders_where_lightning_does():
+    model = Recorded()
+    quiet_trainer(max_epochs=1, num_sanity_val_steps=1, callbacks=[SanityMarks(model.calls)]).fit(model)
+    assert model.calls == [
+        "configure_optimizers",
+        "on_fit_start",
+        "on_sanity_check_start",
+        "val_dataloader sanity_checking=True",  # inside the sanity check, before the module's evaluation mode
+        "on_validation_start",
+        "on_sanity_check_end",
+        "train_dataloader",
+        "on_train_start",
+        "on_validation_start",  # the epoch's validation: the sanity check's loaders, not asked for again
+    ]
+
+
+def test_without_a_sanity_check_the_validation_loaders_come_after_the_training_loader():
+    model = Recorded()
+    quiet_trainer(max_epochs=1, num_sanity_val_steps=0).fit(model)
+    assert model.calls == [
+        "configure_optimizers",
+        "on_fit_start",
+        "train_dataloader",
+        "val_dataloader sanity_checking=False",
+        "on_train_start",
+        "on_validation_start",
+    ]
+
+
+def test_validate_asks_for_its_loader_as_it_starts():
+    model = Recorded()
+    quiet_trainer().validate(model, verbose=False)
+    assert model.calls == ["val_dataloader sanity_checking=False", "on_validation_start"]
+
+
+# Lightning 2.6.5's test_dataloaders_load_every_n_epochs_infrequent_val, a few of its cases: (num_sanity_val_steps,
+# check_val_every_n_epoch, reload_dataloaders_every_n_epochs) -> the epochs train_dataloader() and (outside the sanity
+# check) val_dataloader() are called in, over 10 epochs
+@pytest.mark.parametrize(
+    ("sanity", "check_every", "reload_every", "train_epochs", "val_epochs"),
+    [
+        (0, 1, 1, list(range(10)), list(range(10))),
+        (1, 1, 2, [0, 2, 4, 6, 8], [2, 4, 6, 8]),
+        (0, 3, 4, [0, 4, 8], [2, 8]),
+        (1, 3, 4, [0, 4, 8], [2, 8]),
+        (1, 2, 1, list(range(10)), [1, 3, 5, 7, 9]),
+        (0, 5, 2, [0, 2, 4, 6, 8], [4, 9]),
+        (1, 2, 2, [0, 2, 4, 6, 8], [1, 3, 5, 7, 9]),
+    ],
+)
+def test_reload_dataloaders_every_n_epochs_asks_again_in_lightnings_epochs(
+    sanity, check_every, reload_every, train_epochs, val_epochs
+):
+    asked: dict[str, list[int]] = {"train": [], "val": [], "sanity": []}
+
+    class Reloaded(TinyModule):
+        def train_dataloader(self):
+            asked["train"].append(self.current_epoch)
+            return loader(16, 16)
+
+        def val_dataloader(self):
+            asked["sanity" if self.trainer.sanity_checking else "val"].append(self.current_epoch)
+            return loader(16, 16)
+
+    trainer = quiet_trainer(
+        max_epochs=10,
+        num_sanity_val_steps=sanity,
+        check_val_every_n_epoch=check_every,
+        reload_dataloaders_every_n_epochs=reload_every,
+    )
+    trainer.fit(Reloaded())
+    assert asked == {"train": train_epochs, "val": val_epochs, "sanity": [0] if sanity else []}

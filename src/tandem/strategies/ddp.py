@@ -289,6 +289,19 @@ class DDPStrategy(ParallelStrategy):
                 raise
             raise explained from err
 
+    def before_evaluation(self, fitting: bool) -> None:
+        """Lightning's validation inside ``fit`` runs its steps through the DDP wrapper, whose first forward after a
+        training step (``broadcast_buffers``) gives every rank rank 0's buffers (a BatchNorm's running statistics),
+        and leaves the next training forward without that broadcast. tandem's evaluation steps call the module (the
+        ranks' batch counts may differ): the same broadcast happens here, once per pass. ``validate`` / ``test`` /
+        ``predict`` on their own: each rank keeps its buffers, as in Lightning (no wrapper there)."""
+        model = self._model
+        if not fitting or not isinstance(model, DistributedDataParallel) or not model.will_sync_module_buffers():
+            return
+        self._check("evaluation buffers")
+        model._sync_buffers()  # torch's own broadcast (coalesced, from rank 0), as its forward calls it
+        model.require_forward_param_sync = False  # as the no-grad forward leaves it
+
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         model = self._model
         if self._manual and isinstance(model, DistributedDataParallel):

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 from tandem.strategies import launchers
 from tandem.strategies.environments import (
@@ -444,8 +444,9 @@ class ParallelStrategy(Strategy):
             if stage == "fit":  # rank 0's seed: ranks seeded differently must still shard one permutation
                 seed = self.broadcast(global_seed())
                 dataloader = shard_training(dataloader, replicas, rank, seed, self.data_order)
-            else:
-                dataloader = shard_evaluation(dataloader, replicas, rank)
+            else:  # a shuffling loader is sharded in an order of rank 0's seed (Lightning's evaluation sampler)
+                seed = self.broadcast(global_seed()) if _shuffles(dataloader) else 0
+                dataloader = shard_evaluation(dataloader, replicas, rank, seed)
         elif shards is None:  # one process: the order several would share, as on a single device
             dataloader = super()._process_dataloader(dataloader, stage)
         if stage == "fit" and shards is not None:
@@ -526,3 +527,8 @@ def leave_process_group() -> None:
     close_channel()
     if dist.is_initialized() and not joined_external_group():
         dist.destroy_process_group()
+
+
+def _shuffles(loader: DataLoader) -> bool:
+    """The loader draws a RandomSampler's order (``shuffle=True``)."""
+    return type(loader.batch_sampler) is BatchSampler and type(loader.sampler) is RandomSampler

@@ -162,6 +162,11 @@ class EvalDistributedSampler(Sampler):
     def __len__(self) -> int:
         return len(range(self.rank, len(self.source), self.num_replicas))
 
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch for a source that orders by it (a shuffled loader's order, a sampler of the user's)."""
+        if callable(set_epoch := getattr(self.source, "set_epoch", None)):
+            set_epoch(epoch)
+
 
 class FirstItems(BatchSampler):
     """The first ``count`` items of ``sampler`` (indices or batches).
@@ -179,6 +184,10 @@ class FirstItems(BatchSampler):
 
     def __len__(self) -> int:
         return min(self.count, len(self.sampler))
+
+    def set_epoch(self, epoch: int) -> None:
+        if callable(set_epoch := getattr(self.sampler, "set_epoch", None)):
+            set_epoch(epoch)
 
 
 #: the Trainer's ``data_order`` choices (see the module's docstring)
@@ -250,12 +259,16 @@ def _global_order(loader: DataLoader, num_replicas: int, rank: int, seed: int) -
     )
 
 
-def shard_evaluation(loader: DataLoader, num_replicas: int, rank: int) -> DataLoader:
-    """Interleave samples across ranks, each exactly once, in the order one process would see them."""
+def shard_evaluation(loader: DataLoader, num_replicas: int, rank: int, seed: int = 0) -> DataLoader:
+    """Interleave samples across ranks, each exactly once: in dataset order, or for a shuffling loader (a
+    RandomSampler) in Lightning's evaluation order, a permutation seeded with ``seed`` plus the epoch that every
+    rank draws alike (its DistributedSampler's, ``shuffle=True``; ``seed`` must be the same on every rank)."""
     if type(loader.batch_sampler) is BatchSampler:
         sampler, batch_size = loader.sampler, loader.batch_size
-        if isinstance(sampler, (SequentialSampler, RandomSampler, DistributedSampler)):
-            source: Sized = range(len(loader.dataset))  # in order: every rank must agree on the sequence
+        if type(sampler) is RandomSampler:  # rank r's items are the DistributedSampler's, less its padding
+            source: Sized = GlobalOrderSampler(loader.dataset, num_replicas=1, rank=0, shuffle=True, seed=seed)
+        elif isinstance(sampler, (SequentialSampler, RandomSampler, DistributedSampler)):
+            source = range(len(loader.dataset))  # in order: every rank must agree on the sequence
         else:
             source = sampler
         if loader.drop_last:  # one process would drop the last partial batch: drop the same samples

@@ -362,6 +362,11 @@ class Strategy:
             return dataloader
         return ordered_training(dataloader, order_seed(), self.data_order)
 
+    def before_evaluation(self, fitting: bool) -> None:
+        """Called on every process as an evaluation pass begins (``fitting``: a validation inside ``fit``, the
+        sanity check's too). Nothing here; DDP gives every rank rank 0's buffers there, as its wrapper's forward
+        does in Lightning's validation."""
+
     def evaluation_batches(self, dataloader: Iterable[Any], limit: int | float) -> Iterator[Any]:
         """The batches one evaluation pass runs in this process: the first ``limit`` of ``dataloader``
         (``math.inf``: all). A strategy whose evaluation steps are collectives keeps the ranks in step here

@@ -12,11 +12,15 @@ from tandem.utilities.exceptions import TandemConfigError, bad_choice, out_of_ra
 
 
 def _check_limit(name: str, value: int | float) -> int | float:
-    """``limit_*_batches``: an int count >= 0 or a fraction in [0, 1]."""
+    """``limit_*_batches``: an int count >= 0 or a fraction in [0, 1]; a whole float above 1 (``1e3``) counts
+    batches, as in Lightning."""
+    expected = "an int >= 0 (batches), a float in [0.0, 1.0] (fraction of the data) or a whole float above 1.0"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise out_of_range(name, value, "an int >= 0 (batches) or a float in [0.0, 1.0] (fraction of the data)")
+        raise out_of_range(name, value, expected)
+    if isinstance(value, float) and value > 1.0 and value % 1.0 == 0:
+        return int(value)
     if isinstance(value, int) and value < 0 or isinstance(value, float) and not 0.0 <= value <= 1.0:
-        raise out_of_range(name, value, "an int >= 0 (batches) or a float in [0.0, 1.0] (fraction of the data)")
+        raise out_of_range(name, value, expected)
     return value
 
 
@@ -74,7 +78,7 @@ class TrainerConfig:
         for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):
             if getattr(self, name) is None:  # Lightning's default: all the batches
                 setattr(self, name, 1.0)
-            _check_limit(name, getattr(self, name))
+            setattr(self, name, _check_limit(name, getattr(self, name)))
         if self.val_check_interval is None:  # Lightning's default: once an epoch
             self.val_check_interval = 1.0
         v = self.val_check_interval
@@ -91,7 +95,7 @@ class TrainerConfig:
         _check_int("accumulate_grad_batches", self.accumulate_grad_batches, 1)
         _check_int("log_every_n_steps", self.log_every_n_steps, 0)
         _check_int("reload_dataloaders_every_n_epochs", self.reload_dataloaders_every_n_epochs, 0)
-        _check_limit("overfit_batches", self.overfit_batches)
+        self.overfit_batches = _check_limit("overfit_batches", self.overfit_batches)
         if self.on_replica_divergence not in DIVERGENCE_REACTIONS:
             raise bad_choice("on_replica_divergence", self.on_replica_divergence, DIVERGENCE_REACTIONS)
         if self.gradient_clip_algorithm is not None and self.gradient_clip_algorithm not in CLIP_ALGORITHMS:

@@ -87,41 +87,22 @@ def setup(owner: TrainingModule | DataModule, fn: str, strategy: Strategy) -> No
         raise explained from err
 
 
-def stage_records(
-    fn: str,
-    module: TrainingModule,
-    train: Any,
-    evaluation: Any,
-    datamodule: DataModule | None,
-    strategy: Strategy,
-    config: TrainerConfig,
-) -> tuple[StageData | None, str, StageData]:
-    """The records of the stages an entry point uses: the training loader (``fit``; None otherwise), and the
-    name and record of its evaluation stage ("validate" for ``fit``). Loaders given to the entry point come
-    first, then the DataModule's, then the module's own hooks."""
-    train_data = None
-    if fn == "fit":
-        given = train if train is not None else request(TRAIN, module, datamodule, fn, strategy)
-        if given is None:
-            raise TandemConfigError(
-                "Trainer.fit needs training data: pass train_dataloaders=DataLoader(...), a datamodule whose "
-                "train_dataloader() returns one, or define train_dataloader() on the module."
-            )
-        if config.overfit_batches > 0:
-            given = in_order(given, "training batches")
-        train_data = training_data(given, strategy, config.limit_train_batches)
-        if train_data.num_batches[0] == 0:
-            rank_zero_warn("No training batches (limit_train_batches or an empty dataloader): fit trains nothing.")
+def check_sources(
+    fn: str, module: TrainingModule, train: Any, evaluation: Any, datamodule: DataModule | None, config: TrainerConfig
+) -> bool:
+    """What ``fn`` needs of its data sources, checked before any hook runs, without asking for a loader (Lightning
+    asks for them where the loops first need them). Returns whether a fit validates: validation data is given or a
+    ``val_dataloader`` hook is defined, the module has ``validation_step``, and ``limit_val_batches`` is not 0."""
+    source = datamodule if datamodule is not None else module
+    if fn == "fit" and train is None and not defines(source, TRAIN.loader_hook):
+        raise _no_training_data()
     stage = "validate" if fn == "fit" else fn
     names = EVAL_STAGES[stage]
-    given = evaluation if evaluation is not None else request(names, module, datamodule, fn, strategy)
-    if given is None and fn != "fit":
-        raise TandemConfigError(
-            f"Trainer.{fn} needs data: pass dataloaders=DataLoader(...), a datamodule whose "
-            f"{names.loader_hook}() returns one, or define {names.loader_hook}() on the module."
-        )
+    defined = evaluation is not None or defines(source, names.loader_hook)
+    if not defined and fn != "fit":
+        raise _no_evaluation_data(fn, names)
     has_step = is_overridden(module, names.step)
-    if given is not None and stage != "predict" and not has_step:
+    if defined and stage != "predict" and not has_step:
         if fn != "fit":
             raise TandemUserCodeError(
                 f"Trainer.{fn} needs {type(module).__name__}.{names.step}() to be defined: define "
@@ -132,23 +113,86 @@ def stage_records(
             f"{type(module).__name__} has no validation_step: the validation loop is skipped. Define "
             "validation_step(self, batch, batch_idx), or drop the validation data."
         )
-        given = None
-    if given is None and fn == "fit" and has_step and config.limit_val_batches != 0:
-        rank_zero_warn(
-            f"{type(module).__name__} defines validation_step but the fit got no validation data: the validation "
-            "loop is skipped (no val_* metrics for callbacks to monitor). Pass val_dataloaders=DataLoader(...), or "
-            "a datamodule / module whose val_dataloader() returns one; set limit_val_batches=0 to turn validation "
-            "off knowingly.",
-            category=PossibleUserWarning,
-        )
+        return False
+    if fn == "fit" and not defined and has_step and config.limit_val_batches != 0:
+        _warn_no_validation_data(module)
+    return fn == "fit" and defined and has_step and config.limit_val_batches != 0
+
+
+def defines(source: TrainingModule | DataModule, hook: str) -> bool:
+    """``source`` has a loader hook of its own: its class overrides it, or it was set on the object."""
+    return is_overridden(source, hook) or hook in vars(source)
+
+
+def _no_training_data() -> TandemConfigError:
+    return TandemConfigError(
+        "Trainer.fit needs training data: pass train_dataloaders=DataLoader(...), a datamodule whose "
+        "train_dataloader() returns one, or define train_dataloader() on the module."
+    )
+
+
+def _no_evaluation_data(fn: str, names: StageNames) -> TandemConfigError:
+    return TandemConfigError(
+        f"Trainer.{fn} needs data: pass dataloaders=DataLoader(...), a datamodule whose "
+        f"{names.loader_hook}() returns one, or define {names.loader_hook}() on the module."
+    )
+
+
+def _warn_no_validation_data(module: TrainingModule) -> None:
+    rank_zero_warn(
+        f"{type(module).__name__} defines validation_step but the fit got no validation data: the validation "
+        "loop is skipped (no val_* metrics for callbacks to monitor). Pass val_dataloaders=DataLoader(...), or "
+        "a datamodule / module whose val_dataloader() returns one; set limit_val_batches=0 to turn validation "
+        "off knowingly.",
+        category=PossibleUserWarning,
+    )
+
+
+def training_record(
+    module: TrainingModule,
+    train: Any,
+    datamodule: DataModule | None,
+    strategy: Strategy,
+    config: TrainerConfig,
+    validates: bool,
+) -> StageData:
+    """The fit's training record, its loader asked for now (given to ``fit``, else the DataModule's or the module's
+    ``train_dataloader()``). ``validates``: the fit validates, so an int ``val_check_interval`` must fit an epoch."""
+    given = train if train is not None else request(TRAIN, module, datamodule, "fit", strategy)
     if given is None:
-        return train_data, stage, StageData(names)
+        raise _no_training_data()
+    if config.overfit_batches > 0:
+        given = in_order(given, "training batches")
+    train_data = training_data(given, strategy, config.limit_train_batches)
+    if train_data.num_batches[0] == 0:
+        rank_zero_warn("No training batches (limit_train_batches or an empty dataloader): fit trains nothing.")
+    elif validates:
+        check_val_check_interval(config, train_data.num_batches[0])
+    if strategy.distributed_sampler_kwargs is None:  # one process: the loader the user gave, as Lightning's
+        train_data.given = given
+    return train_data
+
+
+def evaluation_record(
+    fn: str,
+    module: TrainingModule,
+    evaluation: Any,
+    datamodule: DataModule | None,
+    strategy: Strategy,
+    config: TrainerConfig,
+) -> StageData:
+    """The record of ``fn``'s evaluation stage ("validate" for ``fit``), its loaders asked for now."""
+    stage = "validate" if fn == "fit" else fn
+    names = EVAL_STAGES[stage]
+    given = evaluation if evaluation is not None else request(names, module, datamodule, fn, strategy)
+    if given is None:
+        if fn != "fit":
+            raise _no_evaluation_data(fn, names)
+        _warn_no_validation_data(module)
+        return StageData(names)
     if fn == "fit" and config.overfit_batches > 0:
         given = _map_loaders(given, lambda loader: in_order(loader, "validation batches"))
-    eval_data = evaluation_data(names, given, strategy, stage, getattr(config, names.limit))
-    if train_data is not None and eval_data.total_batches:
-        check_val_check_interval(config, train_data.num_batches[0])
-    return train_data, stage, eval_data
+    return evaluation_data(names, given, strategy, stage, getattr(config, names.limit))
 
 
 def check_val_check_interval(config: TrainerConfig, train_batches: int | float) -> None:

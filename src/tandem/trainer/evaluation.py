@@ -7,9 +7,11 @@ logged from them are named ``name/dataloader_idx_N`` (Lightning's names). Result
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -20,6 +22,7 @@ from tandem.trainer.hooks import running_hook
 from tandem.trainer.logging import LOADER_SUFFIX
 from tandem.trainer.profiling import NEXT_BATCH, StrategyCalls, timed_batches
 from tandem.trainer.state import EVAL_STAGES, LoopState, StageData
+from tandem.utilities.data import set_sampler_epoch
 from tandem.utilities.logged_values import to_float
 
 if TYPE_CHECKING:
@@ -39,6 +42,9 @@ class EvaluationLoop:
     def __init__(self, context: LoopContext, training: LoopState | None = None) -> None:
         self.context, self._training = context, training or LoopState()
         self.records: dict[str, StageData] = {fn: StageData(names) for fn, names in EVAL_STAGES.items()}
+        self._source: tuple[str, Callable[[], StageData]] | None = None  # the run's stage and how to build its record
+        self._loaded_at: float | None = None  # the epoch its loaders were built in (-inf: in a sanity check that
+        # does not count, Lightning's rule); None: not built yet this run
         self.batch_transfer: Any = None  # the batch-transfer hooks of the module or DataModule, when overridden
         self.return_predictions = True
         # Batches run per (stage, loader) since the Trainer's entry point began, not counting the sanity check: the
@@ -46,49 +52,107 @@ class EvaluationLoop:
         self.seen_batches: dict[tuple[str, int], int] = {}
         self._at = [0]  # the batch this rank evaluates, for a hang's report
 
-    def run(self, stage: str, sanity: bool = False) -> Any:
-        """One pass over ``stage``'s loaders. Returns one dict of epoch metrics per loader, or the predictions
-        (one list per loader when there are several; None when ``return_predictions`` is off)."""
-        context, data = self.context, self.records[stage]
+    def attach(self, stage: str | None, load: Callable[[], StageData] | None) -> None:
+        """The run's evaluation stage and how to build its record (asking for its loaders); nothing is asked for
+        yet. Its record is emptied (the other stages keep theirs). ``attach(None, None)``: the run is over."""
+        self._source, self._loaded_at = (stage, load) if stage is not None and load is not None else None, None
+        if stage is not None:
+            self.records[stage] = StageData(EVAL_STAGES[stage])
+
+    def forget(self, stage: str) -> None:
+        """``stage``'s loaders are asked for again where the run next needs them."""
+        if self._source is not None and self._source[0] == stage:
+            self.records[stage], self._loaded_at = StageData(EVAL_STAGES[stage]), None
+
+    def load(self, stage: str, epoch: int | None = None, sanity: bool = False, counts: bool = True) -> None:
+        """Ask for ``stage``'s loaders if this run has not yet, or, in a fit (``epoch``: the epoch in progress), if
+        ``reload_dataloaders_every_n_epochs`` says so (Lightning's rule: a sanity check's asking counts only when
+        its epoch validates, ``counts``). Outside a fit, the samplers get the fit's epoch, once (Lightning's)."""
+        if self._source is None or self._source[0] != stage:
+            return
+        every, loaded_at = self.context.config.reload_dataloaders_every_n_epochs, self._loaded_at
+        fitting = epoch is not None
+        if loaded_at is not None and not (fitting and every and epoch - loaded_at >= every):
+            return
+        self.records[stage] = self._source[1]()
+        self._loaded_at = epoch if fitting and (counts or not sanity) else -math.inf
+        if not fitting:
+            for loader in self.records[stage].loaders:
+                set_sampler_epoch(loader, self._training.epoch)
+
+    def run(self, stage: str, sanity: bool = False, epoch: int | None = None, counts: bool = True) -> Any:
+        """One pass over ``stage``'s loaders, asked for first where due (see :meth:`load`; ``epoch``: the fit's epoch
+        in progress, None outside a fit). Returns one dict of epoch metrics per loader, or the predictions (one list
+        per loader when there are several; None when ``return_predictions`` is off); nothing (``[]``, or None for
+        predict) when there is nothing to evaluate, and then no evaluation hook runs (Lightning's skip)."""
+        context = self.context
         strategy, metrics, hooks = context.strategy, context.metrics, context.hooks
-        names, module = data.names, strategy.module
-        counts = [min(context.config.sanity_steps, n) for n in data.num_batches] if sanity else data.num_batches
-        several = check_dataloader_idx(module, names, data.several)
-        keep = stage == "predict" and self.return_predictions
-        was_training = module.training
-        module.eval()
+        module = strategy.module
         training, at, place = self._training, self._at, "sanity_check" if sanity else stage
         at[0] = 0
+        was_training = module.training
         with hooks.running(place), placed(lambda: (place, training.epoch, at[0], training.global_step)):
             metrics.reset()
             if sanity:
                 hooks.call("on_sanity_check_start")
-            hooks.call(names.hook("start"))
-            hooks.call(names.hook("epoch_start"))
-            predictions: list[Any] = []
-            with torch.no_grad():
-                for index, (loader, count) in enumerate(zip(data.loaders, counts)):
-                    metrics.dataloader_idx = index if several else None
-                    step_logs = not sanity and stage != "predict"  # with loggers or without, as Lightning
-                    outputs = self._run_loader(names, loader, count, (index,) if several else (), keep, step_logs)
-                    if keep:  # every rank's predictions, in dataset order (a collective: all ranks run it)
-                        predictions.append(strategy.gather_predictions(outputs, loader))
-            metrics.dataloader_idx = None
-            # as Lightning: the epoch's values are published before the epoch-end hooks (which read them in
-            # callback_metrics), and what those hooks log is added after them
-            epoch_metrics = metrics.epoch_metrics() if stage != "predict" else {}
-            hooks.call(names.hook("epoch_end"))
-            if stage != "predict" and names.hook("epoch_end") in hooks.registered:  # alike on every rank
-                epoch_metrics.update(metrics.epoch_metrics())
-            if epoch_metrics and not sanity:  # as Lightning: written before on_<stage>_end (its hooks find them)
-                context.sink.log_metrics(epoch_metrics)
-            hooks.call(names.hook("end"))
-            metrics.reset_metric_objects()  # as Lightning, after on_<stage>_end: its hooks may read them
-            if sanity:
-                hooks.call("on_sanity_check_end")
-                metrics.clear_published()
-            values = metrics.stage_values()
-        module.train(was_training)
+            self.load(stage, epoch, sanity, counts)  # Lightning's order: in the sanity check, before the module's eval
+            data = self.records[stage]
+            if self._nothing_to_run(data, sanity):
+                if sanity:
+                    hooks.call("on_sanity_check_end")
+                return None if stage == "predict" else []
+            if epoch is not None:  # as Lightning: in a fit, each pass gives the samplers the epoch in progress
+                for loader in data.loaders:
+                    set_sampler_epoch(loader, epoch)
+            strategy.before_evaluation(fitting=epoch is not None)
+            module.eval()
+            try:
+                return self._run_stage(stage, data, sanity)
+            finally:
+                module.train(was_training)
+
+    def _nothing_to_run(self, data: StageData, sanity: bool) -> bool:
+        """No loaders, or none with a batch to run. Under several processes only what every rank agrees on counts
+        (a rank's share of a small dataset may be empty while the others' are not): ``limit_*_batches=0``."""
+        if not data.loaders:
+            return True
+        config = self.context.config
+        if sanity and config.num_sanity_val_steps == 0 or getattr(config, data.names.limit) == 0:
+            return True
+        return self.context.strategy.world_size == 1 and data.total_batches == 0
+
+    def _run_stage(self, stage: str, data: StageData, sanity: bool) -> Any:
+        context = self.context
+        strategy, metrics, hooks = context.strategy, context.metrics, context.hooks
+        names = data.names
+        counts = [min(context.config.sanity_steps, n) for n in data.num_batches] if sanity else data.num_batches
+        several = check_dataloader_idx(strategy.module, names, data.several)
+        keep = stage == "predict" and self.return_predictions
+        hooks.call(names.hook("start"))
+        hooks.call(names.hook("epoch_start"))
+        predictions: list[Any] = []
+        with torch.no_grad():
+            for index, (loader, count) in enumerate(zip(data.loaders, counts)):
+                metrics.dataloader_idx = index if several else None
+                step_logs = not sanity and stage != "predict"  # with loggers or without, as Lightning
+                outputs = self._run_loader(names, loader, count, (index,) if several else (), keep, step_logs)
+                if keep:  # every rank's predictions, in dataset order (a collective: all ranks run it)
+                    predictions.append(strategy.gather_predictions(outputs, loader))
+        metrics.dataloader_idx = None
+        # as Lightning: the epoch's values are published before the epoch-end hooks (which read them in
+        # callback_metrics), and what those hooks log is added after them
+        epoch_metrics = metrics.epoch_metrics() if stage != "predict" else {}
+        hooks.call(names.hook("epoch_end"))
+        if stage != "predict" and names.hook("epoch_end") in hooks.registered:  # alike on every rank
+            epoch_metrics.update(metrics.epoch_metrics())
+        if epoch_metrics and not sanity:  # as Lightning: written before on_<stage>_end (its hooks find them)
+            context.sink.log_metrics(epoch_metrics)
+        hooks.call(names.hook("end"))
+        metrics.reset_metric_objects()  # as Lightning, after on_<stage>_end: its hooks may read them
+        if sanity:
+            hooks.call("on_sanity_check_end")
+            metrics.clear_published()
+        values = metrics.stage_values()
         if stage == "predict":
             return (predictions if several else predictions[0]) if keep else None
         return per_dataloader(to_float(values), len(data.loaders))

@@ -78,9 +78,10 @@ class FitLoop:
         self.optimization = Optimization()  # the fit's (set when a fit starts)
         self.batch_transfer: Any = None  # the batch-transfer hooks of the module or DataModule, when overridden
         self.replicas = ReplicaCheck()  # DDP: the ranks' parameters alike, their data not
-        # reload_dataloaders_every_n_epochs: builds the fit's loaders again (the module's / DataModule's hooks)
-        self.reload_data: Callable[[], None] | None = None
-        self._loaded_at = 0  # the epoch the loaders were built for
+        self._load: Callable[[], StageData] | None = None  # builds the fit's training record (set per fit)
+        self.validates = False  # the fit has validation (data, validation_step, limit_val_batches != 0)
+        self._loaded_at: float = -math.inf  # the epoch the training loader was built in (-inf: not yet this fit)
+        self._pending_layout: tuple[dict[str, Any], bool] | None = None  # a checkpoint's, until the loader is built
         self._stop_agreed = False  # every process knows that one asked to stop (several processes)
         self.plan = BatchPlan.FULL  # the fit's batch path (composed when a fit starts, see _compose)
         self._store_ready = False  # the training values' store was emptied for the coming epoch
@@ -88,7 +89,43 @@ class FitLoop:
         self._bad: RollbackRecord | None = None  # on_nonfinite="rollback": a publishing check found a bad batch
 
     def __getstate__(self) -> dict[str, Any]:  # ddp_spawn pickles the Trainer, which binds ``preempt`` again
-        return {**self.__dict__, "_preempt": None, "reload_data": None, "plan": BatchPlan.FULL}
+        return {**self.__dict__, "_preempt": None, "_load": None, "plan": BatchPlan.FULL}
+
+    # ------------------------------------------------------------------ the training data
+    def attach(self, load: Callable[[], StageData] | None, validates: bool) -> None:
+        """A fit's source of training data (``load`` builds its record, asking for the loader) and whether it
+        validates; nothing is asked for yet. ``attach(None, False)``: the run is over."""
+        self._load, self.validates = load, validates
+        if load is not None:
+            self.data, self._loaded_at, self._pending_layout = StageData(TRAIN), -math.inf, None
+
+    @property
+    def needs_training_data(self) -> bool:
+        """The fit's training loader has not been asked for yet."""
+        return self._load is not None and self._loaded_at == -math.inf
+
+    def load_training(self) -> None:
+        """Ask for the training loader where Lightning does: once the sanity check is over (or earlier, for
+        ``estimated_stepping_batches``), and again at the start of every ``reload_dataloaders_every_n_epochs``-th
+        epoch after the one it was built in."""
+        every, epoch = self.context.config.reload_dataloaders_every_n_epochs, self.state.epoch
+        if self._load is None or not (self.needs_training_data or every and epoch - self._loaded_at >= every):
+            return
+        self.reload_training()
+
+    def reload_training(self) -> None:
+        """Build the training record again now; a resumed run's order (the checkpoint's) carries over."""
+        assert self._load is not None
+        self.data, self._loaded_at, loop = self._load(), self.state.epoch, self.state
+        if self._pending_layout is not None:  # restored before the loader existed: the checkpoint's place in it
+            (saved, announce), self._pending_layout = self._pending_layout, None
+            now = self._data_layout()
+            if now is not None:
+                continue_from(saved, now, loop, self.data, announce)
+            return
+        sampler = order_sampler(self.data)
+        if loop.order is not None and sampler is not None:  # a resumed run keeps the checkpoint's order
+            sampler.follow(loop.order, mid_epoch=False)
 
     def bind_preemption_stop(self, preempt: Callable[[], None]) -> None:
         """What to call at the agreed pre-emption stop (the Trainer's save and exit)."""
@@ -129,6 +166,8 @@ class FitLoop:
         now = self._data_layout()
         if "data" in state and now is not None:  # another device count or batch size: the same place
             continue_from(state["data"], now, loop, self.data, announce)
+        elif "data" in state and self._load is not None:  # the loader is asked for later: its place then
+            self._pending_layout = (state["data"], announce)
 
     @property
     def validates_only_at_epoch_ends(self) -> bool:
@@ -148,7 +187,7 @@ class FitLoop:
 
     def _run(self, announce: bool) -> None:
         context = self.context
-        self._loaded_at, self._stop_agreed = self.state.epoch, False
+        self._stop_agreed = False
         if self._done():  # before any work: a finished Trainer fit again, or max_epochs / max_steps of 0
             if self._limit_reached():  # else should_stop was set (a Timer out of time): who set it says why
                 _warn_nothing_to_train(self.state, context.config)
@@ -156,10 +195,13 @@ class FitLoop:
         profiler = context.profiler
         self.plan = self._compose()
         self.optimization.follow_plan(self.plan)
-        if self.evaluation.records["validate"].loaders and context.config.num_sanity_val_steps != 0:
-            with isolate_rng():  # as Lightning: the check draws no training randomness (a loader's iter seeds)
-                self.evaluation.run("validate", sanity=True)
         loop = self.state
+        if self.validates and context.config.num_sanity_val_steps != 0:
+            with isolate_rng():  # as Lightning: the check draws no training randomness (a loader's iter seeds)
+                self.evaluation.run("validate", sanity=True, epoch=loop.epoch, counts=self._validates_this_epoch())
+        self.load_training()  # Lightning's order: after the sanity check, before on_train_start
+        if self._validates_this_epoch():  # the validation loaders too, where no sanity check asked for them
+            self.evaluation.load("validate", epoch=loop.epoch)
         if loop.resume_schedulers is not None:  # the checkpoint's epoch ended before its schedulers stepped
             self.optimization.step_schedulers("epoch", plateau=True, count=loop.epoch, values=loop.resume_schedulers)
             loop.resume_schedulers = None
@@ -205,9 +247,7 @@ class FitLoop:
 
     def _validates_this_epoch(self) -> bool:
         every = self.context.config.check_val_every_n_epoch
-        return self.evaluation.records["validate"].total_batches > 0 and (
-            every is None or (self.state.epoch + 1) % every == 0
-        )
+        return self.validates and (every is None or (self.state.epoch + 1) % every == 0)
 
     def _stop_if_preempted(self, epoch_end: bool = False) -> None:
         """After a pre-emption signal: stop here if every rank stops here. Within an epoch, only between
@@ -257,13 +297,8 @@ class FitLoop:
         context, loop = self.context, self.state
         strategy, metrics, hooks, config = context.strategy, context.metrics, context.hooks, context.config
         module = strategy.module
-        every = config.reload_dataloaders_every_n_epochs
-        if self.reload_data is not None and loop.epoch - self._loaded_at >= every and not loop.batches_done:
-            self.reload_data()  # Lightning's: train_dataloader() / val_dataloader() again every n epochs
-            self._loaded_at = loop.epoch
-            sampler = order_sampler(self.data)
-            if loop.order is not None and sampler is not None:  # a resumed run keeps the checkpoint's order
-                sampler.follow(loop.order, mid_epoch=False)
+        if not loop.batches_done:  # reload_dataloaders_every_n_epochs: train_dataloader() again (Lightning's rule)
+            self.load_training()
         if not self._store_ready:  # each epoch starts empty; the first one in run(), before on_train_start
             metrics.reset()
         self._store_ready = False
@@ -300,7 +335,7 @@ class FitLoop:
                 # not after the epoch's last batch (known there in an evened epoch too): the epoch-end validation
                 due = val_every and (offset + batch_idx + 1) % val_every == 0 and batch_idx + 1 < loop.epoch_batches
                 if due and self._validates_this_epoch():
-                    self.evaluation.run("validate")
+                    self.evaluation.run("validate", epoch=loop.epoch)
                 if plateau_per_step and loop.stepping:  # after the batch's validation, whether it ran or not
                     self.optimization.step_schedulers("step", plateau=True, count=batch_idx + 1)
                 if PREEMPTION.signum is not None:  # a signal: one read per batch
@@ -316,7 +351,7 @@ class FitLoop:
         stopping = context.state.should_stop and (not several or self._stop_agreed) and self._min_reached()
         due = not val_every or (offset + loop.batches_done) % val_every == 0 or stopping
         if due and self._validates_this_epoch():
-            self.evaluation.run("validate")
+            self.evaluation.run("validate", epoch=loop.epoch)
         # Lightning's order: the epoch's values after its validation, the hooks, then the plateau schedulers (the
         # others stepped at the last batch); the values' torchmetrics objects are reset once logged (a callback may
         # read them in the hooks). Under manual optimization the module steps its schedulers.

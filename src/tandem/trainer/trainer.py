@@ -584,7 +584,7 @@ class Trainer:
         """
         load_data, from_hooks = None, False
         if self.state.fn == "fit" and self._fit_sources is not None and self._module is not None:
-            load_data = functools.partial(self._load_data, "fit", self._module, *self._fit_sources)
+            load_data = self.fit_loop.reload_training
             from_hooks = self._fit_sources[0] is None
         parts = TrialParts(
             self._config, self._hooks, self._nonfinite, self._evaluation, self._metrics, load_data, from_hooks
@@ -639,10 +639,19 @@ class Trainer:
         self.strategy.setup(model, compiler)
         self.metric_collector = self._collector if compiler is None else CompiledStepLog(self._collector)
 
-        load_data = functools.partial(self._load_data, fn, model, train, evaluation, datamodule)
-        load_data()
-        self.fit_loop.reload_data = load_data if fn == "fit" and self.reload_dataloaders_every_n_epochs else None
+        # The loaders are asked for where the loops first need them (Lightning's order): a fit's validation loaders
+        # in the sanity check or before on_train_start, its training loader after the sanity check; an evaluation's
+        # as it starts (after a checkpoint's restore)
+        validates = data.check_sources(fn, model, train, evaluation, datamodule, self._config)
+        stage = "validate" if fn == "fit" else fn
+        self._evaluation.attach(
+            stage, functools.partial(data.evaluation_record, fn, model, evaluation, datamodule, self.strategy, self._config)
+        )
         if fn == "fit":  # a trial (the tuner's batch size search) builds the loaders again
+            self.fit_loop.attach(
+                functools.partial(data.training_record, model, train, datamodule, self.strategy, self._config, validates),
+                validates,
+            )
             self._fit_sources = (train, evaluation, datamodule)
         transfer = data.batch_transfer(self.strategy, model, datamodule)
         if self.fit_loop.context.profiler is not None:
@@ -660,15 +669,6 @@ class Trainer:
             for logger in self.loggers:
                 logger.log_hyperparams(hparams)
                 logger.log_graph(model)  # TensorBoardLogger(log_graph=True) traces model.example_input_array
-
-    def _load_data(self, fn: str, model: TrainingModule, train: Any, evaluation: Any, datamodule: Any) -> None:
-        """Build the stage's loaders (again): given ones processed for the strategy, else from the hooks."""
-        train_data, stage, eval_data = data.stage_records(
-            fn, model, train, evaluation, datamodule, self.strategy, self._config
-        )
-        if train_data is not None:
-            self.fit_loop.data = train_data
-        self._evaluation.records[stage] = eval_data  # the other stages keep theirs (num_val_batches after a test)
 
     def _setup_profiling(self, fn: str, model: TrainingModule) -> None:
         """The run's profiler set up (Lightning's arguments), and the loops told whether to time (once per run)."""
@@ -695,7 +695,8 @@ class Trainer:
             profiler.teardown(stage=fn)
 
     def _finish(self, fn: str, status: str) -> None:
-        self.fit_loop.reload_data = None  # a bound method of this Trainer: no cycle outlives the run
+        self.fit_loop.attach(None, False)  # no loader source (it holds the module) outlives the run
+        self._evaluation.attach(None, None)
         module = self.strategy.module
         if self.datamodule is not None:
             self.datamodule.teardown(fn)
@@ -1082,6 +1083,10 @@ class Trainer:
     @property
     def estimated_stepping_batches(self) -> int | float:
         """Optimizer steps the fit will take (for schedulers such as OneCycleLR)."""
+        running = self.state.fn == "fit" and self.state.status == "running"
+        if running and self._config.epoch_limit != math.inf and self.fit_loop.needs_training_data:
+            rank_zero_info("Loading `train_dataloader` to estimate number of stepping batches.")
+            self.fit_loop.load_training()  # as Lightning: asked for early (configure_optimizers), not again later
         per_epoch = math.ceil(self.num_training_batches / self.accumulate_grad_batches)
         total = per_epoch * self._config.epoch_limit
         return min(total, self.max_steps) if self.max_steps != -1 else total

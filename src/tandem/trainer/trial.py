@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from tandem.callbacks.callback import Callback
 from tandem.trainer import checkpointing
-from tandem.trainer.state import EVAL_STAGES, StageData
 from tandem.utilities.exceptions import TandemConfigError, out_of_range
 from tandem.utilities.seed import isolate_rng
 
@@ -71,7 +70,6 @@ class Trial:
         """Build the fit's loaders again from the module's or DataModule's hooks (after a hyperparameter they
         read, such as ``batch_size``, changed). Trials still validate nothing."""
         self._parts.load_data()
-        self._parts.evaluation.records["validate"] = StageData(EVAL_STAGES["validate"])
         self.reloaded = True
 
 
@@ -100,7 +98,7 @@ def open_trial(trainer: Trainer, parts: TrialParts, callbacks: Sequence[Callback
         saved_callbacks, saved_loggers = list(trainer.callbacks), trainer.loggers
         saved_limits = config.max_steps, config.max_epochs
         saved_schedulers = loop.optimization.lr_scheduler_configs
-        saved_validation = parts.evaluation.records["validate"]
+        saved_validates = loop.validates
         trial = Trial(trainer, parts, copy.deepcopy(loop.state_dict()))
         try:
             trainer.callbacks = list(callbacks)
@@ -109,7 +107,7 @@ def open_trial(trainer: Trainer, parts: TrialParts, callbacks: Sequence[Callback
             config.max_steps = loop.state.global_step + max_steps
             config.max_epochs = loop.state.epoch + max_steps  # an epoch without a step cannot make it loop forever
             loop.optimization.lr_scheduler_configs = []
-            parts.evaluation.records["validate"] = StageData(EVAL_STAGES["validate"])
+            loop.validates = False  # trials validate nothing (no sanity check either)
             with parts.nonfinite.paused():
                 yield trial
         finally:
@@ -118,10 +116,10 @@ def open_trial(trainer: Trainer, parts: TrialParts, callbacks: Sequence[Callback
             trainer.loggers = saved_loggers
             config.max_steps, config.max_epochs = saved_limits
             loop.optimization.lr_scheduler_configs = saved_schedulers
+            loop.validates = saved_validates
             if trial.reloaded:  # the fit goes on with loaders of the hyperparameters the search left
                 parts.load_data()
-            else:
-                parts.evaluation.records["validate"] = saved_validation
+                parts.evaluation.forget("validate")  # asked for again where the fit next needs them
             _drop_gradients(trainer)
             checkpointing.restore(trainer, path, "fit", rng=False, announce=False)
             strategy.barrier("trial")  # every rank has read the file before rank 0 removes it

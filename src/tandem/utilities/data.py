@@ -204,6 +204,21 @@ def find_sampler(loader: DataLoader) -> Sampler | None:
             return sampler
 
 
+def set_sampler_epoch(loader: Any, epoch: int) -> None:
+    """``set_epoch(epoch)`` on the loader's sampler and on its batch sampler's sampler, each once, where they have one
+    (Lightning's ``_set_sampler_epoch``: a DistributedSampler, or a sampler of the user's that shuffles by epoch)."""
+    samplers: dict[int, Any] = {}
+    if (sampler := getattr(loader, "sampler", None)) is not None:
+        samplers[id(sampler)] = sampler
+    batches = unwrapped(getattr(loader, "batch_sampler", None))
+    if batches is not None and (sampler := getattr(batches, "sampler", None)) is not None:
+        samplers[id(sampler)] = sampler
+    for sampler in samplers.values():
+        set_epoch = getattr(sampler, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+
+
 def extract_batch_size(batch: Any) -> int:
     """Size of dim 0 of the first tensor found in ``batch`` (tensors, mappings, sequences, dataclasses)."""
     if isinstance(batch, torch.Tensor):

@@ -21,6 +21,7 @@ those files against single-process references.
     tuner      Tuner(trainer).lr_find: rank 0's results on every rank, the weights back, the fit after with the rate
     profiling  Trainer(profiler=...): a report file per rank, or one report printed by rank 0
     compiled   trainer.fit(torch.compile(module)) trains as the eager fit (the DDP module compiled)
+    evaluation the programs of eval_ddp_programs.py (BatchNorm statistics in validation, shuffled evaluation loaders)
     unused     (last) the GAN under plain ddp: a clear error naming ddp_find_unused_parameters_true
 """
 
@@ -43,6 +44,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import eval_ddp_programs  # noqa: E402
 import lightning_programs as programs  # noqa: E402
 import manual_modules as manual_modules  # noqa: E402
 
@@ -359,6 +361,10 @@ def unused(out: Path) -> dict[str, Any]:
     return {"error": None}
 
 
+def evaluation(out: Path) -> dict[str, Any]:
+    return eval_ddp_programs.run_all("tandem", out / "evaluation")
+
+
 SCENARIOS = {
     f.__name__: f
     for f in (
@@ -373,6 +379,7 @@ SCENARIOS = {
         tuner,
         profiling,
         compiled,
+        evaluation,
         unused,
     )
 }
