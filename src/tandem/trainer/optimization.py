@@ -344,7 +344,11 @@ class AutomaticOptimization(Optimization):
                 value = metrics.get(config.monitor)
                 if value is None:
                     if config.strict:
-                        raise missing_metric("The lr_scheduler config", config.monitor, metrics)
+                        lead = (
+                            f"ReduceLROnPlateau conditioned on metric {config.monitor} which is not available. "
+                            f"Available metrics are: {sorted(metrics)}."
+                        )
+                        raise missing_metric("The lr_scheduler config", config.monitor, metrics, lead)
                     rank_zero_warn(
                         f"lr_scheduler monitor {config.monitor!r} was not logged; the scheduler did not step."
                     )
