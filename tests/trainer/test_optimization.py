@@ -351,3 +351,16 @@ def test_a_module_can_be_attached_to_a_trainer_by_hand_as_in_lightning():
     trainer = quiet_trainer()
     outer.trainer = trainer
     assert outer.trainer is trainer and inner.trainer is trainer
+
+
+def test_a_non_strict_plateau_without_its_metric_skips_with_lightnings_runtime_warning():
+    class Loose(TinyModule):
+        def configure_optimizers(self):
+            sgd = torch.optim.SGD(self.parameters(), lr=0.1)
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(sgd)
+            return {"optimizer": sgd, "lr_scheduler": {"scheduler": plateau, "monitor": "giraffe", "strict": False}}
+
+    trainer = quiet_trainer(max_epochs=1)
+    with pytest.warns(RuntimeWarning, match=r"conditioned on metric giraffe which is not available but strict is set"):
+        trainer.fit(Loose(), loader())
+    assert trainer.lr_scheduler_configs[0].scheduler.last_epoch == 0  # skipped
