@@ -643,6 +643,15 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
             )
         return trainer
 
+    @trainer.setter
+    def trainer(self, trainer: Trainer | None) -> None:
+        """Attach the module, and the ``TrainingModule`` modules inside it, to ``trainer`` (Lightning's setter; a run
+        attaches its module itself). The module refers to it weakly, as above."""
+        for child in self.children():
+            if isinstance(child, TrainingModule):
+                child.trainer = trainer
+        self._trainer = trainer
+
     @property
     def device(self) -> torch.device:
         for tensor in self.parameters():

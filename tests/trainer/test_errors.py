@@ -7,7 +7,7 @@ import torch
 
 import tandem
 from helpers import TinyModule, loader, quiet_trainer
-from tandem.utilities.exceptions import CheckpointError, TandemConfigError, TandemUserCodeError
+from tandem.utilities.exceptions import CheckpointError, TandemConfigError, TandemUserCodeError, TandemWarning
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -80,12 +80,18 @@ def test_training_step_returning_the_wrong_thing(returned, match):
 @pytest.mark.parametrize(
     ("returned", "match"),
     [
-        (None, r"configure_optimizers returned None: that is not an optimizer"),
-        ("sgd", r"that is not an optimizer"),
+        ("sgd", r"^Unknown configuration for model optimizers: configure_optimizers returned 'sgd': that is not"),
         ({"lr_scheduler": None}, r"a dict needs the key 'optimizer'"),
         ("two", r"returned 2 optimizers; training with several optimizers needs manual optimization"),
-        ("plateau", r"ReduceLROnPlateau needs a metric: add 'monitor'"),
-        ("interval", r"lr_scheduler 'interval'='hour' is not valid"),
+        (
+            "plateau",
+            r"^`configure_optimizers` must include a monitor when a `ReduceLROnPlateau` scheduler is used: .*"
+            r"ReduceLROnPlateau needs a metric: add 'monitor'",
+        ),
+        ("plateau_dict", r"^The lr scheduler dict must include a monitor when a `ReduceLROnPlateau`"),
+        ("no_scheduler", r'^The lr scheduler dict must have the key "scheduler" with its item being an lr scheduler'),
+        ("other_optimizer", r"^Some schedulers are attached with an optimizer that wasn't returned from"),
+        ("interval", r'^The "interval" key in lr scheduler dict must be "step" or "epoch" but is "hour"'),
     ],
 )
 def test_configure_optimizers_shape(returned, match):
@@ -96,6 +102,16 @@ def test_configure_optimizers_shape(returned, match):
                 return [sgd, torch.optim.SGD(self.parameters(), lr=0.1)]
             if returned == "plateau":
                 return {"optimizer": sgd, "lr_scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(sgd)}
+            if returned == "plateau_dict":
+                return {
+                    "optimizer": sgd,
+                    "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(sgd)},
+                }
+            if returned == "no_scheduler":
+                return {"optimizer": sgd, "lr_scheduler": {}}
+            if returned == "other_optimizer":
+                other = torch.optim.SGD(self.parameters(), lr=0.1)
+                return [sgd], [torch.optim.lr_scheduler.StepLR(other, 1)]
             if returned == "interval":
                 return {
                     "optimizer": sgd,
@@ -105,6 +121,45 @@ def test_configure_optimizers_shape(returned, match):
 
     with pytest.raises((TandemUserCodeError, TandemConfigError), match=match):
         quiet_trainer(max_steps=1).fit(Bad(), loader())
+
+
+def test_configure_optimizers_returning_none_runs_without_changing_the_weights_as_lightning():
+    """Lightning warns "this fit will run with no optimizer" and runs the steps; tandem did the same only under
+    manual optimization and refused otherwise."""
+
+    class NoOptimizer(TinyModule):
+        def configure_optimizers(self):
+            return None
+
+    model = NoOptimizer()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = quiet_trainer(max_epochs=1)
+    with pytest.warns(
+        TandemWarning, match=r"`configure_optimizers` returned `None`, this fit will run with no optimizer"
+    ):
+        trainer.fit(model, loader())
+    assert trainer.global_step == 4  # the steps ran (and counted) as Lightning's do
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_unsupported_keys_and_a_one_cycle_stepped_per_epoch_warn_as_lightning():
+    """Lightning ignores unknown keys of the optimizer and scheduler dicts with a RuntimeWarning (tandem refused
+    them), and warns about a OneCycleLR stepped per epoch."""
+
+    class Extra(TinyModule):
+        def configure_optimizers(self):
+            sgd = torch.optim.SGD(self.parameters(), lr=0.1)
+            scheduler = torch.optim.lr_scheduler.OneCycleLR(sgd, max_lr=0.1, total_steps=100)
+            return {"optimizer": sgd, "lr_scheduler": {"scheduler": scheduler, "foo": 1}, "bar": 2}
+
+    trainer = quiet_trainer(max_steps=1)
+    with pytest.warns(RuntimeWarning) as caught:
+        trainer.fit(Extra(), loader())
+    messages = sorted(str(w.message) for w in caught if issubclass(w.category, RuntimeWarning))
+    assert messages[0].startswith("A `OneCycleLR` scheduler is using 'interval': 'epoch'")
+    assert messages[1].startswith("Found unsupported keys in the lr scheduler dict: {'foo'}")
+    assert messages[2].startswith("Found unsupported keys in the optimizer configuration: {'bar'}")
+    assert trainer.lr_scheduler_configs[0].interval == "epoch"  # the known keys still apply
 
 
 def test_configure_optimizers_missing():

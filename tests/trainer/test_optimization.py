@@ -307,3 +307,60 @@ def test_a_checkpoint_saved_in_on_train_epoch_end_resumes_exactly_with_the_pendi
     assert after.lrs == saver.lrs[2:]
     assert again.optimizers[0].param_groups[0]["lr"] == trainer.optimizers[0].param_groups[0]["lr"]
     assert max_abs_diff(resumed.state_dict(), whole.state_dict()) == 0.0
+
+
+def test_a_plateau_scheduler_stepped_per_step_steps_after_the_epochs_validation_as_lightning(tmp_path):
+    """Lightning steps a per-step ReduceLROnPlateau after the validation that follows the batch, the epoch's last
+    batch included: a checkpoint saved in the epoch-end validation records 3 plateau steps of 4 batches (tandem
+    stepped it before that validation: 4), and the scheduler sees that validation's value."""
+    from tandem.callbacks import ModelCheckpoint
+
+    seen = {}
+
+    class Plateau(TinyModule):
+        def training_step(self, batch, batch_idx):
+            self.log("foo", float(batch_idx))
+            return super().training_step(batch, batch_idx)
+
+        def configure_optimizers(self):
+            sgd = torch.optim.SGD(self.parameters(), lr=0.1)
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(sgd)
+            step = torch.optim.lr_scheduler.StepLR(sgd, step_size=1)
+            return [sgd], [
+                {"scheduler": plateau, "interval": "step", "monitor": "foo"},
+                {"scheduler": step, "interval": "step"},
+            ]
+
+        def on_save_checkpoint(self, checkpoint):
+            seen["plateau"] = checkpoint["lr_schedulers"][0]["last_epoch"]
+            seen["step"] = checkpoint["lr_schedulers"][1]["_step_count"] - 1
+
+    callback = ModelCheckpoint(dirpath=tmp_path, save_on_train_epoch_end=False)
+    trainer = quiet_trainer(max_epochs=1, limit_val_batches=1, callbacks=[callback], enable_checkpointing=True)
+    trainer.fit(Plateau(), loader(), loader())
+    assert seen == {
+        "plateau": 3,
+        "step": 4,
+    }  # Lightning 2.6.6's test_plateau_scheduler_lr_step_interval_updated_after_saving
+    assert trainer.lr_scheduler_configs[0].scheduler.last_epoch == 4  # and it stepped after the validation
+
+
+def test_a_module_can_be_attached_to_a_trainer_by_hand_as_in_lightning():
+    inner, outer = TinyModule(), TinyModule()
+    outer.inner = inner
+    trainer = quiet_trainer()
+    outer.trainer = trainer
+    assert outer.trainer is trainer and inner.trainer is trainer
+
+
+def test_a_non_strict_plateau_without_its_metric_skips_with_lightnings_runtime_warning():
+    class Loose(TinyModule):
+        def configure_optimizers(self):
+            sgd = torch.optim.SGD(self.parameters(), lr=0.1)
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(sgd)
+            return {"optimizer": sgd, "lr_scheduler": {"scheduler": plateau, "monitor": "giraffe", "strict": False}}
+
+    trainer = quiet_trainer(max_epochs=1)
+    with pytest.warns(RuntimeWarning, match=r"conditioned on metric giraffe which is not available but strict is set"):
+        trainer.fit(Loose(), loader())
+    assert trainer.lr_scheduler_configs[0].scheduler.last_epoch == 0  # skipped

@@ -326,6 +326,7 @@ class FitLoop:
         if rollback is not None:  # a rollback goes back at most to here
             rollback.take(strategy, self.optimization, loop, metrics)
         indexed: Iterator[tuple[int, Any]] | None = enumerate(batches, start=loop.batches_done)
+        plateau_after_epoch_validation = 0  # the epoch's last batch: its plateau schedulers step after that validation
         while indexed is not None:
             for batch_idx, batch in indexed:
                 if batch_idx >= n:
@@ -337,8 +338,14 @@ class FitLoop:
                 if due and self._validates_this_epoch():
                     self.evaluation.run("validate", epoch=loop.epoch)
                 if plateau_per_step and loop.stepping:  # after the batch's validation, whether it ran or not
-                    self.optimization.step_schedulers("step", plateau=True, count=batch_idx + 1)
+                    if batch_idx + 1 == loop.epoch_batches:
+                        plateau_after_epoch_validation = batch_idx + 1
+                    else:
+                        self.optimization.step_schedulers("step", plateau=True, count=batch_idx + 1)
                 if PREEMPTION.signum is not None:  # a signal: one read per batch
+                    if plateau_after_epoch_validation:  # the checkpoint of the stop records the step
+                        self.optimization.step_schedulers("step", plateau=True, count=plateau_after_epoch_validation)
+                        plateau_after_epoch_validation = 0
                     self._stop_if_preempted()
                 stop = context.state.should_stop and (not several or self._stop_agreed)
                 if 0 <= max_steps <= loop.global_step or stop and self._min_reached():
@@ -352,6 +359,8 @@ class FitLoop:
         due = not val_every or (offset + loop.batches_done) % val_every == 0 or stopping
         if due and self._validates_this_epoch():
             self.evaluation.run("validate", epoch=loop.epoch)
+        if plateau_after_epoch_validation:
+            self.optimization.step_schedulers("step", plateau=True, count=plateau_after_epoch_validation)
         # Lightning's order: the epoch's values after its validation, the hooks, then the plateau schedulers (the
         # others stepped at the last batch); the values' torchmetrics objects are reset once logged (a callback may
         # read them in the hooks). Under manual optimization the module steps its schedulers.

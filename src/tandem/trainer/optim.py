@@ -7,10 +7,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch.optim import Optimizer
-from torch.optim.lr_scheduler import ReduceLROnPlateau
+from torch.optim.lr_scheduler import OneCycleLR, ReduceLROnPlateau
 
-from tandem.utilities.exceptions import TandemUserCodeError, bad_choice, incompatible
+from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError, incompatible
 from tandem.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
@@ -65,8 +66,26 @@ def check_manual_optimization(module: TrainingModule, strategy: Strategy, config
         )
 
 
-def _wrong(got: Any, why: str) -> TandemUserCodeError:
-    return TandemUserCodeError(f"configure_optimizers returned {got!r}: {why}. Return {_SHAPES}.")
+#: Lightning's first sentence of each mistake, kept at the start of tandem's message (programs and tests match it)
+_UNKNOWN = "Unknown configuration for model optimizers"
+_NO_SCHEDULER_KEY = 'The lr scheduler dict must have the key "scheduler" with its item being an lr scheduler'
+_NOT_ATTACHED = "Some schedulers are attached with an optimizer that wasn't returned from `configure_optimizers`"
+
+
+def _wrong(got: Any, why: str, lead: str = _UNKNOWN) -> TandemUserCodeError:
+    return TandemUserCodeError(f"{lead}: configure_optimizers returned {got!r}: {why}. Return {_SHAPES}.")
+
+
+class _NoOptimizer(Optimizer):
+    """What a fit steps when ``configure_optimizers`` returned None (Lightning's ``_MockOptimizer``): a real
+    optimizer over one placeholder tensor whose ``step`` changes nothing, so the loop, ``global_step`` and the
+    checkpoints go on as with any optimizer."""
+
+    def __init__(self) -> None:
+        super().__init__([torch.zeros(1)], {})
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        return closure() if closure is not None else None
 
 
 def parse_optimizers(result: Any, automatic: bool = True) -> tuple[list[Optimizer], list[LRSchedulerConfig]]:
@@ -75,9 +94,12 @@ def parse_optimizers(result: Any, automatic: bool = True) -> tuple[list[Optimize
     Several optimizers need manual optimization (``automatic=False``); with automatic optimization they
     are an error that says so.
     """
-    if result is None and not automatic:
-        rank_zero_warn("configure_optimizers returned None: this fit runs without an optimizer.")
-        return [], []
+    if result is None:
+        rank_zero_warn(
+            "`configure_optimizers` returned `None`, this fit will run with no optimizer: the steps run, the weights "
+            "do not change. Return an optimizer (torch.optim.SGD(self.parameters(), lr=0.1)) to train."
+        )
+        return ([_NoOptimizer()] if automatic else []), []
     optimizers, schedulers, monitor = _split(result)
     for optimizer in optimizers:
         if not isinstance(optimizer, Optimizer):
@@ -94,7 +116,7 @@ def parse_optimizers(result: Any, automatic: bool = True) -> tuple[list[Optimize
     configs = [_parse_scheduler(s, monitor, automatic) for s in schedulers]
     for config in configs:
         if getattr(config.scheduler, "optimizer", optimizers[0]) not in optimizers:
-            raise _wrong(result, "a scheduler was built for an optimizer that configure_optimizers did not return")
+            raise _wrong(result, "a scheduler was built for another optimizer than those returned", _NOT_ATTACHED)
     return optimizers, configs
 
 
@@ -128,7 +150,11 @@ def _from_dict(result: Mapping[str, Any]) -> tuple[list[Any], list[Any], str | N
         raise _wrong(dict(result), "a dict needs the key 'optimizer'")
     unknown = set(result) - {"optimizer", "lr_scheduler", "monitor"}
     if unknown:
-        raise _wrong(dict(result), f"unknown keys {sorted(unknown)} (expected 'optimizer', 'lr_scheduler', 'monitor')")
+        rank_zero_warn(
+            f"Found unsupported keys in the optimizer configuration: {unknown}. They are ignored; the keys are "
+            "'optimizer', 'lr_scheduler' and 'monitor' (a misspelt one does nothing).",
+            category=RuntimeWarning,
+        )
     scheduler = result.get("lr_scheduler")
     return [result["optimizer"]], [scheduler] if scheduler is not None else [], result.get("monitor")
 
@@ -136,11 +162,15 @@ def _from_dict(result: Mapping[str, Any]) -> tuple[list[Any], list[Any], str | N
 def _parse_scheduler(entry: Any, monitor: str | None, automatic: bool) -> LRSchedulerConfig:
     if isinstance(entry, Mapping):
         if "scheduler" not in entry:
-            raise _wrong(dict(entry), "an lr_scheduler dict needs the key 'scheduler'")
+            raise _wrong(dict(entry), "an lr_scheduler dict needs the key 'scheduler'", _NO_SCHEDULER_KEY)
         unknown = set(entry) - set(_SCHEDULER_KEYS)
         if unknown:
-            raise _wrong(dict(entry), f"unknown lr_scheduler keys {sorted(unknown)}")
-        config = LRSchedulerConfig(**entry)
+            rank_zero_warn(
+                f"Found unsupported keys in the lr scheduler dict: {unknown}. They are ignored; the keys are "
+                f"{', '.join(map(repr, _SCHEDULER_KEYS))} (a misspelt one does nothing).",
+                category=RuntimeWarning,
+            )
+        config = LRSchedulerConfig(**{k: v for k, v in entry.items() if k in _SCHEDULER_KEYS})
         if "reduce_on_plateau" not in entry:
             config.reduce_on_plateau = isinstance(config.scheduler, ReduceLROnPlateau)
     else:
@@ -150,14 +180,25 @@ def _parse_scheduler(entry: Any, monitor: str | None, automatic: bool) -> LRSche
     if not hasattr(config.scheduler, "step") or not hasattr(config.scheduler, "state_dict"):
         raise _wrong(entry, f"{type(config.scheduler).__name__} is not a learning-rate scheduler")
     if config.interval not in INTERVALS:
-        raise bad_choice("lr_scheduler 'interval'", config.interval, INTERVALS)
+        raise TandemConfigError(
+            f'The "interval" key in lr scheduler dict must be "step" or "epoch" but is "{config.interval}": '
+            "'step' steps the scheduler after every optimizer step, 'epoch' after every epoch."
+        )
+    if isinstance(config.scheduler, OneCycleLR) and config.interval == "epoch":
+        rank_zero_warn(
+            "A `OneCycleLR` scheduler is using 'interval': 'epoch'. Are you sure you didn't mean 'interval': 'step'? "
+            "OneCycleLR counts optimizer steps (total_steps=trainer.estimated_stepping_batches).",
+            category=RuntimeWarning,
+        )
     if not isinstance(config.frequency, int) or config.frequency < 1:
         raise _wrong(entry, f"'frequency' must be an int >= 1, got {config.frequency!r}")
     if automatic and config.reduce_on_plateau and config.monitor is None:
+        owner = "The lr scheduler dict" if isinstance(entry, Mapping) else "`configure_optimizers`"
         raise _wrong(
             entry,
             "ReduceLROnPlateau needs a metric: add 'monitor': 'val_loss' (a key you self.log), beside "
             "'optimizer' or inside the lr_scheduler dict",
+            f"{owner} must include a monitor when a `ReduceLROnPlateau` scheduler is used",
         )
     return config
 

@@ -344,9 +344,16 @@ class AutomaticOptimization(Optimization):
                 value = metrics.get(config.monitor)
                 if value is None:
                     if config.strict:
-                        raise missing_metric("The lr_scheduler config", config.monitor, metrics)
+                        lead = (
+                            f"ReduceLROnPlateau conditioned on metric {config.monitor} which is not available. "
+                            f"Available metrics are: {sorted(metrics)}."
+                        )
+                        raise missing_metric("The lr_scheduler config", config.monitor, metrics, lead)
                     rank_zero_warn(
-                        f"lr_scheduler monitor {config.monitor!r} was not logged; the scheduler did not step."
+                        f"ReduceLROnPlateau conditioned on metric {config.monitor} which is not available but strict "
+                        "is set to `False`. Skipping learning rate update: log it with self.log("
+                        f"{config.monitor!r}, value), or set the lr_scheduler dict's monitor to a logged key.",
+                        category=RuntimeWarning,
                     )
                     continue
                 metric = strategy.broadcast(float(value))  # rank 0's value: equal LRs

@@ -122,12 +122,13 @@ def out_of_range(what: str, value: Any, expected: str, fix: str = "") -> TandemC
     return TandemConfigError(f"{msg} {fix}".strip())
 
 
-def missing_metric(owner: str, monitor: str, available: Iterable[str]) -> MissingMetricError:
-    """A monitored key was never logged; list the keys that were."""
+def missing_metric(owner: str, monitor: str, available: Iterable[str], lead: str = "") -> MissingMetricError:
+    """A monitored key was never logged; list the keys that were. ``lead``: Lightning's sentence for the same
+    mistake, put first (programs match it)."""
     keys = sorted(available)
     shown = ", ".join(repr(k) for k in keys) if keys else "none"
     return MissingMetricError(
-        f"{owner} monitors {monitor!r}, which was never logged. Logged metrics: {shown}. "
+        f"{lead + ' ' if lead else ''}{owner} monitors {monitor!r}, which was never logged. Logged metrics: {shown}. "
         f"Log it with self.log({monitor!r}, value) in your module, or set monitor to a logged key."
     )
 
