@@ -57,3 +57,18 @@ def test_call_hook_is_public_and_dispatches_like_the_loop():
     trainer.fit(TinyModule(), loader(16))
     trainer.call_hook("on_before_backward", 2.5)
     assert len(calls) == 2 and calls[-1] == 2.5
+
+
+def test_hooks_set_on_the_instance_are_called_and_none_is_skipped():
+    """Lightning calls what ``getattr`` finds: a function set on the module or a callback instance runs; a hook set
+    to None does not (and does not crash)."""
+    seen = []
+    model = TinyModule()
+    model.on_train_start = lambda: seen.append("module.on_train_start")
+    model.on_train_epoch_end = None
+    callback = Callback()
+    callback.on_train_end = lambda trainer, module: seen.append("callback.on_train_end")
+    callback.on_train_epoch_start = None
+    trainer = quiet_trainer(max_epochs=1, limit_train_batches=2, callbacks=[callback])
+    trainer.fit(model, loader(32))
+    assert seen == ["module.on_train_start", "callback.on_train_end"]
