@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tandem.module import TrainingModule, is_overridden
 from tandem.strategies.side_channel import placed
 from tandem.trainer.data import check_dataloader_idx, takes_batch_idx
 from tandem.trainer.hooks import running_hook
@@ -55,14 +56,15 @@ class EvaluationLoop:
         counts = [min(context.config.sanity_steps, n) for n in data.num_batches] if sanity else data.num_batches
         several = check_dataloader_idx(module, names, data.several)
         keep = stage == "predict" and self.return_predictions
-        was_training = module.training
-        module.eval()
         training, at, place = self._training, self._at, "sanity_check" if sanity else stage
         at[0] = 0
         with hooks.running(place), placed(lambda: (place, training.epoch, at[0], training.global_step)):
             metrics.reset()
             if sanity:
                 hooks.call("on_sanity_check_start")
+            model = strategy.model if strategy.model is not None else module
+            modes = ModuleModes(model)  # every submodule's own mode, given back after the stage (Lightning's)
+            call_module_hook(module, names.hook("model_eval"))
             hooks.call(names.hook("start"))
             hooks.call(names.hook("epoch_start"))
             predictions: list[Any] = []
@@ -83,12 +85,16 @@ class EvaluationLoop:
             if epoch_metrics and not sanity:  # as Lightning: written before on_<stage>_end (its hooks find them)
                 context.sink.log_metrics(epoch_metrics)
             hooks.call(names.hook("end"))
+            back_to_training = names.hook("model_train")  # an override takes over from the recorded modes
+            if stage != "predict" and is_overridden(module, back_to_training):
+                call_module_hook(module, back_to_training)
+            else:
+                modes.restore(model)
             metrics.reset_metric_objects()  # as Lightning, after on_<stage>_end: its hooks may read them
             if sanity:
                 hooks.call("on_sanity_check_end")
                 metrics.clear_published()
             values = metrics.stage_values()
-        module.train(was_training)
         if stage == "predict":
             return (predictions if several else predictions[0]) if keep else None
         return per_dataloader(to_float(values), len(data.loaders))
@@ -130,6 +136,31 @@ class EvaluationLoop:
                 sink.log_metrics(metrics.evaluation_step_values(), step=self.seen_batches.get(seen, 0))
                 self.seen_batches[seen] = self.seen_batches.get(seen, 0) + 1
         return outputs
+
+
+class ModuleModes:
+    """The ``training`` flag of every submodule of ``model``, recorded now, to give back with :meth:`restore`:
+    a submodule the user put in eval mode (a frozen BatchNorm, an EMA copy) stays there through the fit."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.modes = {name: sub.training for name, sub in model.named_modules()}
+
+    def restore(self, model: torch.nn.Module) -> None:
+        """Each submodule recorded gets its mode back (one added since keeps its own)."""
+        modes = self.modes
+        for name, sub in model.named_modules():
+            mode = modes.get(name)
+            if mode is not None:
+                sub.training = mode
+
+
+def call_module_hook(module: TrainingModule, name: str) -> Any:
+    """The module's hook ``name`` (one the callbacks do not have), marked as the hook running."""
+    fn = getattr(module, name, None)
+    if not callable(fn):  # set to None on the instance: not called
+        return None
+    with running_hook(name):
+        return fn()
 
 
 def per_dataloader(values: dict[str, float], count: int) -> list[dict[str, float]]:

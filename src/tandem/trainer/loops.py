@@ -21,6 +21,7 @@ from tandem.strategies.precision import Precision
 from tandem.strategies.side_channel import placed, preemption_vote
 from tandem.strategies.strategy import moves_batches
 from tandem.trainer.elastic import continue_from, data_layout, order_sampler
+from tandem.trainer.evaluation import call_module_hook
 from tandem.trainer.nonfinite import loss_is_finite, nonfinite_parameters
 from tandem.trainer.optimization import Optimization
 from tandem.trainer.profiling import TRAIN_NEXT_BATCH, timed, timed_batches
@@ -28,7 +29,7 @@ from tandem.trainer.replicas import ReplicaCheck
 from tandem.trainer.rollback import skipping
 from tandem.trainer.state import TRAIN, BatchPlan, LoopState, StageData
 from tandem.utilities.data import find_sampler, has_len, is_empty_batch
-from tandem.utilities.exceptions import empty_batch
+from tandem.utilities.exceptions import PossibleUserWarning, empty_batch
 from tandem.utilities.preemption import PREEMPTION
 from tandem.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from tandem.utilities.seed import capture_rng_state, isolate_rng, restore_rng_state
@@ -166,6 +167,7 @@ class FitLoop:
         context.metrics.reset(loop.resume_train_metrics)  # before on_train_start: its values belong to the first epoch
         loop.resume_train_metrics = None
         self._store_ready, self.empty_batch, self._bad = True, None, None
+        _warn_if_modules_in_eval_mode(context.strategy.module)
         context.hooks.call("on_train_start")
         context.strategy.follow_module()  # a head added, or layers frozen or unfrozen, since the wrapper was built
         while not self._done():
@@ -274,7 +276,6 @@ class FitLoop:
         if loop.resume_rng is not None and loop.batches_done == 0:  # resumed at an epoch boundary
             restore_rng_state(loop.resume_rng)
             loop.resume_rng = None
-        module.train()
         hooks.call("on_train_epoch_start")
         strategy.follow_module()  # BaseFinetuning unfreezes here
         n = loop.epoch_batches = self.data.num_batches[0]
@@ -300,7 +301,7 @@ class FitLoop:
                 # not after the epoch's last batch (known there in an evened epoch too): the epoch-end validation
                 due = val_every and (offset + batch_idx + 1) % val_every == 0 and batch_idx + 1 < loop.epoch_batches
                 if due and self._validates_this_epoch():
-                    self.evaluation.run("validate")
+                    self._validate()
                 if plateau_per_step and loop.stepping:  # after the batch's validation, whether it ran or not
                     self.optimization.step_schedulers("step", plateau=True, count=batch_idx + 1)
                 if PREEMPTION.signum is not None:  # a signal: one read per batch
@@ -316,7 +317,7 @@ class FitLoop:
         stopping = context.state.should_stop and (not several or self._stop_agreed) and self._min_reached()
         due = not val_every or (offset + loop.batches_done) % val_every == 0 or stopping
         if due and self._validates_this_epoch():
-            self.evaluation.run("validate")
+            self._validate()
         # Lightning's order: the epoch's values after its validation, the hooks, then the plateau schedulers (the
         # others stepped at the last batch); the values' torchmetrics objects are reset once logged (a callback may
         # read them in the hooks). Under manual optimization the module steps its schedulers.
@@ -344,6 +345,13 @@ class FitLoop:
         metrics.reset_metric_objects()
         context.sink.save()
         loop.finish_epoch()
+
+    def _validate(self) -> None:
+        """Validation within the fit. After an optimizer step (not inside an accumulation window) the module's
+        ``on_validation_model_zero_grad`` releases the gradients first (Lightning's)."""
+        if self.state.stepping:
+            call_module_hook(self.context.strategy.module, "on_validation_model_zero_grad")
+        self.evaluation.run("validate")
 
     # ------------------------------------------------------------------ one batch
     def _run_batch(self, batch: Any, batch_idx: int) -> bool:
@@ -560,6 +568,21 @@ def _warn_nothing_to_train(loop: LoopState, config: TrainerConfig) -> None:
         "resumed from was saved there). To train again from the start, use a new Trainer; to train further, use a "
         "Trainer with a higher max_epochs (or max_steps) and pass ckpt_path=<the last checkpoint> to fit."
     )
+
+
+def _warn_if_modules_in_eval_mode(module: torch.nn.Module) -> None:
+    """Lightning's warning as training starts: the fit keeps each submodule's mode (it never calls ``train()``), so a
+    module left in eval mode trains in it."""
+    names = [name or type(module).__name__ for name, sub in module.named_modules() if not sub.training]
+    if names:
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        rank_zero_warn(
+            f"Found {len(names)} module(s) in eval mode at the start of training ({shown}). The fit keeps each "
+            "submodule's mode as you set it (it does not call model.train()), so these train in eval mode "
+            "(dropout off, BatchNorm running statistics frozen). If this is intentional (a frozen layer), you can "
+            "ignore this warning; otherwise call model.train() before fit.",
+            category=PossibleUserWarning,
+        )
 
 
 def _warn_uneven(epoch: int, count: int, have: list[bool]) -> None:
