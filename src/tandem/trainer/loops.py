@@ -433,13 +433,18 @@ class FitLoop:
 
     def _read_batches(self, batches: Iterator[Any], loader: Any) -> Iterator[Any]:
         """The epoch's batches as the loop reads them: timed when profiling, and, for a loader of unknown length
-        whose steps are collectives or accumulate, agreed batch by batch (:meth:`_agreed_batches`)."""
+        whose steps are collectives or accumulate, or whose epoch has no limit, agreed batch by batch, and read one
+        batch ahead where the epoch's length is unknown (:meth:`_agreed_batches`). That is Lightning's order: it
+        reads batch ``i + 1`` before ``training_step`` runs on batch ``i`` when the length is unknown, and never
+        reads ahead when it is known (a sized loader, or a ``limit_train_batches`` count), so a dataset whose items
+        depend on the training state (episodes played with the current policy) yields the same sequence."""
         context = self.context
         if context.profiler is not None:
             batches = timed_batches(batches, context.profiler, TRAIN_NEXT_BATCH)
         several = context.strategy.world_size > 1  # only then is there a collective per step
-        if (several or context.config.accumulate_grad_batches > 1) and not has_len(loader):
-            batches = self._agreed_batches(batches, self.data.num_batches[0])
+        limit = self.data.num_batches[0]
+        if (several or context.config.accumulate_grad_batches > 1 or limit == math.inf) and not has_len(loader):
+            batches = self._agreed_batches(batches, limit)
         return batches
 
     def _found_empty_batch(self, batch_idx: int) -> None:
@@ -492,8 +497,9 @@ class FitLoop:
         return iterator
 
     def _agreed_batches(self, batches: Iterator[Any], limit: int | float) -> Iterator[Any]:
-        """An epoch of unknown length, read a batch ahead so that the loop knows its last batch (an accumulation
-        window cut short steps there, as in Lightning). When the steps are collectives (several processes), the
+        """An epoch from a loader of unknown length, read a batch ahead so that the loop knows its last batch (an
+        accumulation window cut short steps there, as in Lightning); with a ``limit`` count the last batch is known,
+        and each batch is read as its step comes (Lightning's order). When the steps are collectives (several processes), the
         ranks agree on each batch that every one of them has it (one small all-reduce; one process asks nobody),
         so every rank ends the epoch at the same batch, at the same ``global_step``. A rank's batches beyond the
         first one another rank lacks are not trained on."""
@@ -513,6 +519,11 @@ class FitLoop:
             return _END
 
         index = loop.batches_done
+        if limit != math.inf:  # a known length (a limit_train_batches count): each batch read as its step comes, as
+            while (batch := agreed(index)) is not _END:  # Lightning reads them then; the last one is known already
+                yield batch
+                index += 1
+            return
         batch = agreed(index)
         while batch is not _END:
             following = agreed(index + 1)
