@@ -241,3 +241,27 @@ def test_rank_zero_only_values_are_logged_without_a_collective():
     trainer.fit(RankZero(), loader())
     assert trainer.callback_metrics["only_here"].item() == 1.0
     assert not trainer.metric_collector._stores["train"]["only_here"].sync_dist
+
+
+def test_is_overridden_reads_the_instance_as_lightning_does():
+    import functools
+    from unittest import mock
+
+    from tandem.module import is_overridden
+
+    model = TinyModule()
+    assert is_overridden(model, "training_step") and not is_overridden(model, "on_train_start")
+    model.on_train_start = lambda: None  # a function set on the instance
+    assert is_overridden(model, "on_train_start")
+    model.validation_step = None  # the idiom that turns a stage off
+    assert not is_overridden(model, "validation_step")
+    # a wrapper counts as what it wraps: the base's own method wrapped is not an override
+    base = model.on_train_end
+    model.on_train_end = functools.partial(base)
+    assert not is_overridden(model, "on_train_end")
+    model.on_train_end = mock.Mock(wraps=base)
+    assert not is_overridden(model, "on_train_end")
+    model.on_fit_end = functools.wraps(model.on_fit_end)(lambda: None)
+    assert not is_overridden(model, "on_fit_end")
+    model.on_fit_end = mock.Mock(wraps=lambda: None)
+    assert is_overridden(model, "on_fit_end")

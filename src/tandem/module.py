@@ -8,6 +8,7 @@ import functools
 import inspect
 import itertools
 import os
+import sys
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -741,6 +742,41 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None: ...
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None: ...
 
+    # ------------------------------------------------------------------ the module's mode around an evaluation
+    # The loops record every submodule's ``training`` flag before an evaluation and give each its own back after it
+    # (a frozen BatchNorm stays in eval mode); the fit itself never calls ``train()``. Override to change the switch.
+    def on_validation_model_zero_grad(self) -> None:
+        """Called by the fit before a validation that follows an optimizer step: releases the gradients."""
+        self.zero_grad()
+
+    def on_validation_model_eval(self) -> None:
+        """Called as validation starts: puts the model in eval mode (see :meth:`on_validation_model_train`)."""
+        self._stepped_model().eval()
+
+    def on_validation_model_train(self) -> None:
+        """Called as validation ends, only when overridden: by default each submodule gets back the mode it had
+        before validation. An override takes that over (``super()`` puts the whole model in training mode)."""
+        self._stepped_model().train()
+
+    def on_test_model_eval(self) -> None:
+        """Called as testing starts: puts the model in eval mode (see :meth:`on_test_model_train`)."""
+        self._stepped_model().eval()
+
+    def on_test_model_train(self) -> None:
+        """Called as testing ends, only when overridden: by default each submodule gets back the mode it had
+        before testing. An override takes that over (``super()`` puts the whole model in training mode)."""
+        self._stepped_model().train()
+
+    def on_predict_model_eval(self) -> None:
+        """Called as prediction starts: puts the model in eval mode (each submodule's mode returns after it)."""
+        self._stepped_model().eval()
+
+    def _stepped_model(self) -> nn.Module:
+        """The model the steps run (a strategy's wrapper, or this module)."""
+        trainer = self._trainer
+        model = trainer.model if trainer is not None else None
+        return self if model is None else model
+
 
 _LOG_WITHOUT_TRAINER_WARNED = False
 
@@ -807,9 +843,34 @@ def _resolve_clipping(
 
 
 def is_overridden(obj: TrainingModule | DataModule, name: str) -> bool:
-    """``obj``'s class defines its own ``name`` (tandem calls hooks only when they do something)."""
+    """``obj`` has its own ``name`` (tandem calls hooks only when they do something), as Lightning reads it: its
+    class overrides the method, or a function is set on the instance (``model.on_train_start = fn``). An attribute
+    set to None is not (``model.validation_step = None`` turns validation off); a wrapper (``functools.wraps``,
+    ``partial``, ``Mock(wraps=...)``) counts as the function it wraps."""
     base = DataModule if isinstance(obj, DataModule) else TrainingModule
-    return getattr(type(obj), name, None) is not getattr(base, name, None)
+    found = _wrapped(getattr(obj, name, None))
+    if not callable(found):
+        return False
+    own = getattr(base, name, None)
+    if own is None:
+        return callable(found)
+    code = getattr(found, "__code__", None)
+    return code is None or code is not getattr(own, "__code__", None)
+
+
+def calls_hook(obj: TrainingModule | DataModule, name: str) -> bool:
+    """Whether the loops call ``obj``'s hook ``name``: it is overridden (:func:`is_overridden`), or a callable is set on
+    the instance, whatever it wraps (Lightning calls every hook; tandem skips only the base's own no-ops)."""
+    return is_overridden(obj, name) or callable(vars(obj).get(name))
+
+
+def _wrapped(fn: Any) -> Any:
+    """The function behind ``fn`` (a bound method's, a ``functools.wraps`` wrapper's, a partial's, a Mock's)."""
+    fn = getattr(fn, "__wrapped__", fn)
+    mock = sys.modules.get("unittest.mock")  # no Mock exists unless the module was imported
+    if mock is not None and isinstance(fn, mock.Mock):
+        return fn._mock_wraps
+    return fn.func if isinstance(fn, functools.partial) else fn
 
 
 def _on_device(inputs: Any, device: torch.device) -> Any:

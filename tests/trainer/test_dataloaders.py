@@ -470,3 +470,40 @@ def test_a_whole_float_limit_above_one_counts_batches(limit, batches):
 def test_a_fractional_limit_above_one_is_refused():
     with pytest.raises(TandemConfigError, match=r"limit_val_batches=1\.5"):
         quiet_trainer(limit_val_batches=1.5)
+
+
+class _WithEvaluation(TinyModule):
+    """A module with its own loaders, for turning one stage off on the instance."""
+
+    def train_dataloader(self):
+        return loader(32)
+
+    def val_dataloader(self):
+        raise AssertionError("turned off: never requested")
+
+    def test_dataloader(self):
+        return loader(16)
+
+
+@pytest.mark.parametrize("off", ["val_dataloader", "validation_step"])
+def test_a_stage_set_to_none_on_the_instance_is_turned_off(off):
+    """Lightning's idiom ``model.val_dataloader = None`` / ``model.validation_step = None``: no validation this run."""
+    model = _WithEvaluation()
+    setattr(model, off, None)
+    if off == "validation_step":
+        model.val_dataloader = lambda: loader(16)
+    trainer = quiet_trainer(max_epochs=1, limit_train_batches=2)
+    if off == "val_dataloader":
+        with pytest.warns(tandem.utilities.PossibleUserWarning, match="no validation data"):
+            trainer.fit(model)
+    else:
+        with pytest.warns(UserWarning, match="has no validation_step"):
+            trainer.fit(model)
+    assert trainer.num_val_batches in ([], [0]) and "val_loss" not in trainer.callback_metrics
+
+
+def test_a_step_set_to_none_on_the_instance_is_missing_for_its_entry_point():
+    model = _WithEvaluation()
+    model.test_step = None
+    with pytest.raises(TandemUserCodeError, match="test_step"):
+        quiet_trainer().test(model, verbose=False)

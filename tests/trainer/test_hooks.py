@@ -174,3 +174,18 @@ def test_reload_dataloaders_every_n_epochs_asks_again_in_lightnings_epochs(
     )
     trainer.fit(Reloaded())
     assert asked == {"train": train_epochs, "val": val_epochs, "sanity": [0] if sanity else []}
+
+
+def test_hooks_set_on_the_instance_are_called_and_none_is_skipped():
+    """Lightning calls what ``getattr`` finds: a function set on the module or a callback instance runs; a hook set
+    to None does not (and does not crash)."""
+    seen = []
+    model = TinyModule()
+    model.on_train_start = lambda: seen.append("module.on_train_start")
+    model.on_train_epoch_end = None
+    callback = Callback()
+    callback.on_train_end = lambda trainer, module: seen.append("callback.on_train_end")
+    callback.on_train_epoch_start = None
+    trainer = quiet_trainer(max_epochs=1, limit_train_batches=2, callbacks=[callback])
+    trainer.fit(model, loader(32))
+    assert seen == ["module.on_train_start", "callback.on_train_end"]

@@ -11,10 +11,10 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from tandem.callbacks.callback import Callback
-from tandem.module import DataModule, TrainingModule, is_overridden
+from tandem.module import DataModule, TrainingModule, calls_hook, is_overridden
 from tandem.strategies.strategy import Strategy
 from tandem.trainer.config import TrainerConfig, limit_batches
+from tandem.trainer.hooks import callback_overrides
 from tandem.trainer.state import EVAL_STAGES, TRAIN, StageData, StageNames
 from tandem.utilities.data import has_len, in_order, make_skippable
 from tandem.utilities.exceptions import (
@@ -55,7 +55,7 @@ def check_stage_hooks(fn: str, module: TrainingModule, datamodule: DataModule | 
     signatures), checked before any of them runs: a ``def setup(self)`` would fail with Python's "takes 1
     positional argument but 2 were given"."""
     calls = [(owner, ("stage",), is_overridden) for owner in (module, datamodule) if owner is not None]
-    calls += [(callback, ("trainer", "pl_module", "stage"), _callback_overrides) for callback in callbacks]
+    calls += [(callback, ("trainer", "pl_module", "stage"), callback_overrides) for callback in callbacks]
     for owner, names, overrides in calls:
         for hook in ("setup", "teardown"):
             method = getattr(owner, hook, None)
@@ -66,20 +66,16 @@ def check_stage_hooks(fn: str, module: TrainingModule, datamodule: DataModule | 
             except (TypeError, ValueError):  # a builtin or C callable: nothing to read
                 continue
             try:
-                parameters.bind(*names[:-1], fn)
+                parameters.bind(*names[:-1], stage=fn)  # called with stage= as Lightning calls it
             except TypeError:
                 raise stage_hook_signature(type(owner).__name__, hook, str(parameters), ", ".join(names)) from None
-
-
-def _callback_overrides(callback: Callback, hook: str) -> bool:
-    return getattr(type(callback), hook, None) is not getattr(Callback, hook) or hook in vars(callback)
 
 
 def setup(owner: TrainingModule | DataModule, fn: str, strategy: Strategy) -> None:
     """``owner.setup(fn)``. An AttributeError on a process that did not run ``owner.prepare_data`` is named as
     what it most likely is: state that prepare_data set on another process."""
     try:
-        owner.setup(fn)
+        owner.setup(stage=fn)
     except AttributeError as err:
         explained = _missing_state(owner, "setup", err, fn, strategy)
         if explained is None:
@@ -268,8 +264,11 @@ def request(
     AttributeError for an attribute of the hook's owner (``self.test_ds``) names the ``setup(fn)`` that ran just
     before and did not create it, or the ``prepare_data`` that set it on another process."""
     source = datamodule if datamodule is not None else module
+    hook = getattr(source, names.loader_hook, None)
+    if hook is None or source is module and not is_overridden(module, names.loader_hook):
+        return None  # ``model.val_dataloader = None`` turns the stage's data off, as in Lightning
     try:
-        return getattr(source, names.loader_hook)()
+        return hook()
     except AttributeError as err:
         explained = _missing_state(source, names.loader_hook, err, fn, strategy)
         if explained is None:
@@ -410,9 +409,9 @@ def batch_transfer(
 
 
 def _override(name: str, module: TrainingModule, datamodule: DataModule | None) -> Callable[..., Any] | None:
-    if datamodule is not None and is_overridden(datamodule, name):
+    if datamodule is not None and calls_hook(datamodule, name):
         return getattr(datamodule, name)
-    return getattr(module, name) if is_overridden(module, name) else None
+    return getattr(module, name) if calls_hook(module, name) else None
 
 
 def is_datamodule(obj: Any) -> bool:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tandem.module import TrainingModule, is_overridden
 from tandem.strategies.side_channel import placed
 from tandem.trainer.data import check_dataloader_idx, takes_batch_idx
 from tandem.trainer.hooks import running_hook
@@ -87,10 +88,8 @@ class EvaluationLoop:
         predict) when there is nothing to evaluate, and then no evaluation hook runs (Lightning's skip)."""
         context = self.context
         strategy, metrics, hooks = context.strategy, context.metrics, context.hooks
-        module = strategy.module
         training, at, place = self._training, self._at, "sanity_check" if sanity else stage
         at[0] = 0
-        was_training = module.training
         with hooks.running(place), placed(lambda: (place, training.epoch, at[0], training.global_step)):
             metrics.reset()
             if sanity:
@@ -105,11 +104,7 @@ class EvaluationLoop:
                 for loader in data.loaders:
                     set_sampler_epoch(loader, epoch)
             strategy.before_evaluation(fitting=epoch is not None)
-            module.eval()
-            try:
-                return self._run_stage(stage, data, sanity)
-            finally:
-                module.train(was_training)
+            return self._run_stage(stage, data, sanity)
 
     def _nothing_to_run(self, data: StageData, sanity: bool) -> bool:
         """No loaders, or none with a batch to run. Under several processes only what every rank agrees on counts
@@ -128,6 +123,10 @@ class EvaluationLoop:
         counts = [min(context.config.sanity_steps, n) for n in data.num_batches] if sanity else data.num_batches
         several = check_dataloader_idx(strategy.module, names, data.several)
         keep = stage == "predict" and self.return_predictions
+        module = strategy.module
+        model = strategy.model if strategy.model is not None else module
+        modes = ModuleModes(model)  # every submodule's own mode, given back after the stage (Lightning's)
+        call_module_hook(module, names.hook("model_eval"))
         hooks.call(names.hook("start"))
         hooks.call(names.hook("epoch_start"))
         predictions: list[Any] = []
@@ -148,6 +147,11 @@ class EvaluationLoop:
         if epoch_metrics and not sanity:  # as Lightning: written before on_<stage>_end (its hooks find them)
             context.sink.log_metrics(epoch_metrics)
         hooks.call(names.hook("end"))
+        back_to_training = names.hook("model_train")  # an override takes over from the recorded modes
+        if stage != "predict" and is_overridden(module, back_to_training):
+            call_module_hook(module, back_to_training)
+        else:
+            modes.restore(model)
         metrics.reset_metric_objects()  # as Lightning, after on_<stage>_end: its hooks may read them
         if sanity:
             hooks.call("on_sanity_check_end")
@@ -194,6 +198,31 @@ class EvaluationLoop:
                 sink.log_metrics(metrics.evaluation_step_values(), step=self.seen_batches.get(seen, 0))
                 self.seen_batches[seen] = self.seen_batches.get(seen, 0) + 1
         return outputs
+
+
+class ModuleModes:
+    """The ``training`` flag of every submodule of ``model``, recorded now, to give back with :meth:`restore`:
+    a submodule the user put in eval mode (a frozen BatchNorm, an EMA copy) stays there through the fit."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.modes = {name: sub.training for name, sub in model.named_modules()}
+
+    def restore(self, model: torch.nn.Module) -> None:
+        """Each submodule recorded gets its mode back (one added since keeps its own)."""
+        modes = self.modes
+        for name, sub in model.named_modules():
+            mode = modes.get(name)
+            if mode is not None:
+                sub.training = mode
+
+
+def call_module_hook(module: TrainingModule, name: str) -> Any:
+    """The module's hook ``name`` (one the callbacks do not have), marked as the hook running."""
+    fn = getattr(module, name, None)
+    if not callable(fn):  # set to None on the instance: not called
+        return None
+    with running_hook(name):
+        return fn()
 
 
 def per_dataloader(values: dict[str, float], count: int) -> list[dict[str, float]]:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from tandem.callbacks.callback import Callback, Checkpoint
-from tandem.module import TrainingModule
+from tandem.module import TrainingModule, calls_hook
 from tandem.trainer.profiling import callback_action, module_action, timed
 
 if TYPE_CHECKING:
@@ -100,13 +100,12 @@ class HookDispatcher:
             before: list[Callable[..., None]] = []  # the callbacks called before the module's hook
             after: list[Callable[..., None]] = []
             for callback in callbacks:
-                # overridden by its class, or a function set on the instance (LambdaCallback), as Lightning reads it
-                if getattr(type(callback), name) is not getattr(Callback, name) or name in vars(callback):
+                if callback_overrides(callback, name):
                     fn = _callback_hook(getattr(callback, name), module)
                     fn = fn if profiler is None else timed(fn, profiler, callback_action(callback, name))
                     monitors = name == "on_train_epoch_end" and isinstance(callback, (EarlyStopping, Checkpoint))
                     (after if monitors or name == "on_load_checkpoint" else before).append(fn)
-            if getattr(type(module), name, None) is not getattr(TrainingModule, name, None) and hasattr(module, name):
+            if calls_hook(module, name):  # overridden by its class, or a function set on the instance
                 fn = _module_hook(getattr(module, name))
                 module_fns[name] = fn if profiler is None else timed(fn, profiler, module_action(module, name))
                 before.append(module_fns[name])
@@ -146,6 +145,13 @@ class HookDispatcher:
             yield
         finally:
             state.stage = previous
+
+
+def callback_overrides(callback: Callback, name: str) -> bool:
+    """``callback`` has its own hook ``name``: overridden by its class, or a function set on the instance
+    (``LambdaCallback``), as Lightning reads it; one set to None is not called."""
+    own = getattr(type(callback), name, None) is not getattr(Callback, name, None) or name in vars(callback)
+    return own and callable(getattr(callback, name, None))
 
 
 def _no_trainer() -> None:

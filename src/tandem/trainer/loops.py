@@ -21,6 +21,7 @@ from tandem.strategies.precision import Precision
 from tandem.strategies.side_channel import placed, preemption_vote
 from tandem.strategies.strategy import moves_batches
 from tandem.trainer.elastic import continue_from, data_layout, order_sampler
+from tandem.trainer.evaluation import call_module_hook
 from tandem.trainer.nonfinite import loss_is_finite, nonfinite_parameters
 from tandem.trainer.optimization import Optimization
 from tandem.trainer.profiling import TRAIN_NEXT_BATCH, timed, timed_batches
@@ -28,7 +29,7 @@ from tandem.trainer.replicas import ReplicaCheck
 from tandem.trainer.rollback import skipping
 from tandem.trainer.state import TRAIN, BatchPlan, LoopState, StageData
 from tandem.utilities.data import find_sampler, has_len, is_empty_batch
-from tandem.utilities.exceptions import empty_batch
+from tandem.utilities.exceptions import PossibleUserWarning, empty_batch
 from tandem.utilities.preemption import PREEMPTION
 from tandem.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from tandem.utilities.seed import capture_rng_state, isolate_rng, restore_rng_state
@@ -208,6 +209,7 @@ class FitLoop:
         context.metrics.reset(loop.resume_train_metrics)  # before on_train_start: its values belong to the first epoch
         loop.resume_train_metrics = None
         self._store_ready, self.empty_batch, self._bad = True, None, None
+        _warn_if_modules_in_eval_mode(context.strategy.module)
         context.hooks.call("on_train_start")
         context.strategy.follow_module()  # a head added, or layers frozen or unfrozen, since the wrapper was built
         while not self._done():
@@ -309,7 +311,6 @@ class FitLoop:
         if loop.resume_rng is not None and loop.batches_done == 0:  # resumed at an epoch boundary
             restore_rng_state(loop.resume_rng)
             loop.resume_rng = None
-        module.train()
         hooks.call("on_train_epoch_start")
         strategy.follow_module()  # BaseFinetuning unfreezes here
         n = loop.epoch_batches = self.data.num_batches[0]
@@ -336,7 +337,7 @@ class FitLoop:
                 # not after the epoch's last batch (known there in an evened epoch too): the epoch-end validation
                 due = val_every and (offset + batch_idx + 1) % val_every == 0 and batch_idx + 1 < loop.epoch_batches
                 if due and self._validates_this_epoch():
-                    self.evaluation.run("validate", epoch=loop.epoch)
+                    self._validate()
                 if plateau_per_step and loop.stepping:  # after the batch's validation, whether it ran or not
                     if batch_idx + 1 == loop.epoch_batches:
                         plateau_after_epoch_validation = batch_idx + 1
@@ -358,7 +359,7 @@ class FitLoop:
         stopping = context.state.should_stop and (not several or self._stop_agreed) and self._min_reached()
         due = not val_every or (offset + loop.batches_done) % val_every == 0 or stopping
         if due and self._validates_this_epoch():
-            self.evaluation.run("validate", epoch=loop.epoch)
+            self._validate()
         if plateau_after_epoch_validation:
             self.optimization.step_schedulers("step", plateau=True, count=plateau_after_epoch_validation)
         # Lightning's order: the epoch's values after its validation, the hooks, then the plateau schedulers (the
@@ -388,6 +389,13 @@ class FitLoop:
         metrics.reset_metric_objects()
         context.sink.save()
         loop.finish_epoch()
+
+    def _validate(self) -> None:
+        """Validation within the fit. After an optimizer step (not inside an accumulation window) the module's
+        ``on_validation_model_zero_grad`` releases the gradients first (Lightning's)."""
+        if self.state.stepping:
+            call_module_hook(self.context.strategy.module, "on_validation_model_zero_grad")
+        self.evaluation.run("validate", epoch=self.state.epoch)
 
     # ------------------------------------------------------------------ one batch
     def _run_batch(self, batch: Any, batch_idx: int) -> bool:
@@ -469,13 +477,18 @@ class FitLoop:
 
     def _read_batches(self, batches: Iterator[Any], loader: Any) -> Iterator[Any]:
         """The epoch's batches as the loop reads them: timed when profiling, and, for a loader of unknown length
-        whose steps are collectives or accumulate, agreed batch by batch (:meth:`_agreed_batches`)."""
+        whose steps are collectives or accumulate, or whose epoch has no limit, agreed batch by batch, and read one
+        batch ahead where the epoch's length is unknown (:meth:`_agreed_batches`). That is Lightning's order: it
+        reads batch ``i + 1`` before ``training_step`` runs on batch ``i`` when the length is unknown, and never
+        reads ahead when it is known (a sized loader, or a ``limit_train_batches`` count), so a dataset whose items
+        depend on the training state (episodes played with the current policy) yields the same sequence."""
         context = self.context
         if context.profiler is not None:
             batches = timed_batches(batches, context.profiler, TRAIN_NEXT_BATCH)
         several = context.strategy.world_size > 1  # only then is there a collective per step
-        if (several or context.config.accumulate_grad_batches > 1) and not has_len(loader):
-            batches = self._agreed_batches(batches, self.data.num_batches[0])
+        limit = self.data.num_batches[0]
+        if (several or context.config.accumulate_grad_batches > 1 or limit == math.inf) and not has_len(loader):
+            batches = self._agreed_batches(batches, limit)
         return batches
 
     def _found_empty_batch(self, batch_idx: int) -> None:
@@ -528,8 +541,9 @@ class FitLoop:
         return iterator
 
     def _agreed_batches(self, batches: Iterator[Any], limit: int | float) -> Iterator[Any]:
-        """An epoch of unknown length, read a batch ahead so that the loop knows its last batch (an accumulation
-        window cut short steps there, as in Lightning). When the steps are collectives (several processes), the
+        """An epoch from a loader of unknown length, read a batch ahead so that the loop knows its last batch (an
+        accumulation window cut short steps there, as in Lightning); with a ``limit`` count the last batch is known,
+        and each batch is read as its step comes (Lightning's order). When the steps are collectives (several processes), the
         ranks agree on each batch that every one of them has it (one small all-reduce; one process asks nobody),
         so every rank ends the epoch at the same batch, at the same ``global_step``. A rank's batches beyond the
         first one another rank lacks are not trained on."""
@@ -549,6 +563,11 @@ class FitLoop:
             return _END
 
         index = loop.batches_done
+        if limit != math.inf:  # a known length (a limit_train_batches count): each batch read as its step comes, as
+            while (batch := agreed(index)) is not _END:  # Lightning reads them then; the last one is known already
+                yield batch
+                index += 1
+            return
         batch = agreed(index)
         while batch is not _END:
             following = agreed(index + 1)
@@ -604,6 +623,21 @@ def _warn_nothing_to_train(loop: LoopState, config: TrainerConfig) -> None:
         "resumed from was saved there). To train again from the start, use a new Trainer; to train further, use a "
         "Trainer with a higher max_epochs (or max_steps) and pass ckpt_path=<the last checkpoint> to fit."
     )
+
+
+def _warn_if_modules_in_eval_mode(module: torch.nn.Module) -> None:
+    """Lightning's warning as training starts: the fit keeps each submodule's mode (it never calls ``train()``), so a
+    module left in eval mode trains in it."""
+    names = [name or type(module).__name__ for name, sub in module.named_modules() if not sub.training]
+    if names:
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        rank_zero_warn(
+            f"Found {len(names)} module(s) in eval mode at the start of training ({shown}). The fit keeps each "
+            "submodule's mode as you set it (it does not call model.train()), so these train in eval mode "
+            "(dropout off, BatchNorm running statistics frozen). If this is intentional (a frozen layer), you can "
+            "ignore this warning; otherwise call model.train() before fit.",
+            category=PossibleUserWarning,
+        )
 
 
 def _warn_uneven(epoch: int, count: int, have: list[bool]) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from tandem.callbacks.callback import Callback, Checkpoint
-from tandem.module import DataModule, TrainingModule, is_overridden
+from tandem.module import DataModule, TrainingModule, calls_hook
 from tandem.profilers import Profiler
 from tandem.strategies.registry import resolve_strategy
 from tandem.strategies.side_channel import entry_point
@@ -624,7 +624,7 @@ class Trainer:
         if datamodule is not None:
             data.setup(datamodule, fn, self.strategy)
         for callback in self.callbacks:
-            callback.setup(self, model, fn)
+            callback.setup(self, model, stage=fn)
         data.setup(model, fn, self.strategy)
         data.check_steps(fn, model)
         if fn == "fit":
@@ -637,6 +637,7 @@ class Trainer:
         self._metrics.clear_published()
         self._evaluation.seen_batches.clear()
         self.strategy.setup(model, compiler)
+        model.zero_grad()  # as Lightning, every entry point starts with no gradients (none left by an earlier run)
         self.metric_collector = self._collector if compiler is None else CompiledStepLog(self._collector)
 
         # The loaders are asked for where the loops first need them (Lightning's order): a fit's validation loaders
@@ -645,11 +646,14 @@ class Trainer:
         validates = data.check_sources(fn, model, train, evaluation, datamodule, self._config)
         stage = "validate" if fn == "fit" else fn
         self._evaluation.attach(
-            stage, functools.partial(data.evaluation_record, fn, model, evaluation, datamodule, self.strategy, self._config)
+            stage,
+            functools.partial(data.evaluation_record, fn, model, evaluation, datamodule, self.strategy, self._config),
         )
         if fn == "fit":  # a trial (the tuner's batch size search) builds the loaders again
             self.fit_loop.attach(
-                functools.partial(data.training_record, model, train, datamodule, self.strategy, self._config, validates),
+                functools.partial(
+                    data.training_record, model, train, datamodule, self.strategy, self._config, validates
+                ),
                 validates,
             )
             self._fit_sources = (train, evaluation, datamodule)
@@ -699,11 +703,11 @@ class Trainer:
         self._evaluation.attach(None, None)
         module = self.strategy.module
         if self.datamodule is not None:
-            self.datamodule.teardown(fn)
+            self.datamodule.teardown(stage=fn)
         for callback in self.callbacks:
-            callback.teardown(self, module, fn)
+            callback.teardown(self, module, stage=fn)
         if module is not None:
-            module.teardown(fn)
+            module.teardown(stage=fn)
         for logger in self.loggers:
             logger.finalize(status)
         self.strategy.teardown()
@@ -1190,7 +1194,7 @@ def _lightning_order(callbacks: list[Callback]) -> list[Callback]:
 def _with_module_callbacks(callbacks: list[Callback], module: TrainingModule) -> list[Callback]:
     """The Trainer's callbacks with the module's ``configure_callbacks()`` added; a Trainer callback whose class
     one of them is (a subclass of) is replaced (Lightning's rule)."""
-    if not is_overridden(module, "configure_callbacks"):
+    if not calls_hook(module, "configure_callbacks"):
         return callbacks
     extra = module.configure_callbacks()
     extra = [extra] if isinstance(extra, Callback) else list(extra or [])
