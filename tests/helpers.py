@@ -89,11 +89,16 @@ class TinyModule(tandem.TrainingModule):
 
 
 def quiet_trainer(**kwargs) -> tandem.Trainer:
-    """A CPU trainer without logger, checkpoints, progress bar or summary unless asked."""
+    """A CPU trainer without logger, checkpoints, progress bar or summary unless asked (a ModelCheckpoint in
+    ``callbacks`` asks for checkpoints)."""
+    from tandem.callbacks import ModelCheckpoint
+
+    callbacks = kwargs.get("callbacks") or []
+    callbacks = [callbacks] if isinstance(callbacks, tandem.Callback) else callbacks
     defaults = dict(
         accelerator="cpu",
         logger=False,
-        enable_checkpointing=False,
+        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,

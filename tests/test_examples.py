@@ -48,7 +48,8 @@ def test_digits_default_run_reaches_97_percent_and_says_where_the_logs_are(tmp_p
     assert f"tensorboard --logdir {tmp_path}" in out
     assert list(log_dir.glob("events.out.tfevents.*")), "no TensorBoard event file was written"
     assert (log_dir / "hparams.yaml").is_file()
-    assert (log_dir / "checkpoints" / "last.ckpt").is_file()
+    # Lightning's default ModelCheckpoint(): the latest epoch's checkpoint alone
+    assert [p.name for p in (log_dir / "checkpoints").iterdir()] == ["epoch=9-step=200.ckpt"]
 
 
 def test_digits_cli_config_files_merge_and_interpolate(monkeypatch, capsys) -> None:

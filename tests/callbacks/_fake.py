@@ -46,6 +46,10 @@ class FakeStrategy:
     def barrier(self, name: str | None = None) -> None:
         pass
 
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        """One rank's vote (the fake ranks run one after the other, so they cannot vote together)."""
+        return bool(decision)
+
     def remove_checkpoint(self, path: str | os.PathLike) -> None:
         self.removed.append(os.fspath(path))
         if self.is_global_zero:

@@ -17,7 +17,13 @@ from helpers import TinyModule, launch_free_env, loader, max_abs_diff, quiet_tra
 from tandem.callbacks import Callback, ModelCheckpoint
 from tandem.loggers import CSVLogger
 from tandem.utilities.checkpoint import load_checkpoint_file
-from tandem.utilities.exceptions import FileWriteError, MissingMetricError, TandemConfigError
+from tandem.utilities.exceptions import (
+    CheckpointError,
+    FileWriteError,
+    MisconfigurationException,
+    MissingMetricError,
+    TandemConfigError,
+)
 
 
 def _setup(callback, tmp_path, **attrs):
@@ -132,11 +138,23 @@ def test_without_monitor_the_latest_checkpoint_is_kept(tmp_path):
 
 
 def test_existing_file_of_the_same_name_gets_a_version_suffix(tmp_path):
+    callback = ModelCheckpoint(dirpath=tmp_path, filename="model", monitor="val_loss", save_top_k=-1)
+    trainer = _setup(callback, tmp_path)
+    for epoch in range(3):
+        _epoch_end(callback, trainer, epoch, val_loss=1.0)
+    assert _files(tmp_path) == ["model-v1.ckpt", "model-v2.ckpt", "model.ckpt"]
+
+
+def test_without_a_monitor_a_name_that_does_not_change_is_overwritten(tmp_path):
+    """Lightning's rule: without a monitor the new checkpoint may take the name of the latest one (measured with
+    Lightning 2.6.6: ModelCheckpoint(filename="model", save_top_k=-1) over 3 epochs leaves model.ckpt alone; with
+    save_last=True and another run's last.ckpt there, last-v1.ckpt, last.ckpt and model.ckpt)."""
     callback = ModelCheckpoint(dirpath=tmp_path, filename="model", save_top_k=-1)
     trainer = _setup(callback, tmp_path)
     for epoch in range(3):
         _epoch_end(callback, trainer, epoch)
-    assert _files(tmp_path) == ["model-v1.ckpt", "model-v2.ckpt", "model.ckpt"]
+    assert _files(tmp_path) == ["model.ckpt"]
+    assert callback.best_model_path == str(tmp_path / "model.ckpt") and callback.best_k_models == {}
 
 
 def test_nan_score_never_becomes_best(tmp_path):
@@ -230,25 +248,25 @@ def test_under_ddp_a_dirpath_built_from_the_time_on_each_rank_finds_rank_zeros_b
     assert sorted(os.listdir(tmp_path / "runs")) == [os.path.basename(rank0["given"])]  # one folder, rank 0's
 
 
-def test_every_rank_follows_rank_zeros_score(tmp_path):
+def test_every_rank_names_rank_zeros_files(tmp_path):
+    """File names come from rank 0's metrics on every rank (the save decisions themselves are voted on by the
+    ranks: a real two-process run in tests/strategies/test_ddp_trainer.py)."""
     channel = []
-    rank0, rank1 = ModelCheckpoint(monitor="val_loss"), ModelCheckpoint(monitor="val_loss")
+    rank0 = ModelCheckpoint(monitor="val_loss", filename="{epoch}-{val_loss:.1f}")
+    rank1 = ModelCheckpoint(monitor="val_loss", filename="{epoch}-{val_loss:.1f}")
     trainer0 = fake_trainer(tmp_path, rank=0, channel=channel, callbacks=[rank0])
     trainer1 = fake_trainer(tmp_path, rank=1, channel=channel, callbacks=[rank1])
     rank0.setup(trainer0, None, "fit")
     rank1.setup(trainer1, None, "fit")
-    # rank 0 improves every epoch; rank 1's local metric gets worse, and one epoch it is missing
-    local0 = [{"val_loss": 3.0}, {"val_loss": 2.0}, {"val_loss": 1.0}]
-    local1 = [{"val_loss": 1.0}, {"val_loss": 2.0}, {"other": 0.0}]
-    for epoch in range(3):
-        _epoch_end(rank0, trainer0, epoch, **local0[epoch])
-        _epoch_end(rank1, trainer1, epoch, **local1[epoch])
-    assert channel == []
-    assert trainer1.saved == trainer0.saved and len(trainer0.saved) == 3
-    assert trainer1.strategy.removed == trainer0.strategy.removed
-    assert rank1.best_k_models == rank0.best_k_models
-    assert rank1.best_model_score == rank0.best_model_score == 1.0
-    assert _files(tmp_path / "checkpoints") == ["epoch=2-step=30.ckpt"]
+    _epoch_end(rank0, trainer0, 0, val_loss=3.0)
+    _epoch_end(rank1, trainer1, 0, val_loss=1.0)
+    assert channel == [] and trainer1.saved == trainer0.saved
+    assert (
+        list(rank1.best_k_models)
+        == list(rank0.best_k_models)
+        == [str(tmp_path / "checkpoints" / "epoch=0-val_loss=3.0.ckpt")]
+    )
+    assert rank0.best_model_score == 3.0 and rank1.best_model_score == 1.0  # each rank's own value, as Lightning's
 
 
 # ---------------------------------------------------------------------- state
@@ -315,7 +333,7 @@ def test_save_weights_only_and_the_version_counter(tmp_path):
     trainer = _setup(counted, tmp_path)
     for epoch in range(2):
         _epoch_end(counted, trainer, epoch)
-    assert _files(tmp_path / "v") == ["last-v1.ckpt", "last.ckpt", "model-v1.ckpt", "model.ckpt"]
+    assert _files(tmp_path / "v") == ["last-v1.ckpt", "last.ckpt", "model.ckpt"]  # Lightning's (see above)
     assert (tmp_path / "v" / "last.ckpt").read_bytes() == b"another run's"  # not overwritten
 
     overwrite = ModelCheckpoint(dirpath=tmp_path / "o", filename="model", save_top_k=-1, enable_version_counter=False)
@@ -500,3 +518,88 @@ def test_a_filename_naming_an_unlogged_metric_warns_once(tmp_path):
     assert len(messages) == 1
     assert "names 'val_acc', which was not logged (logged: ['val_loss'])" in messages[0]
     assert _files(tmp_path) == ["epoch=0-val_acc=0.00.ckpt", "epoch=1-val_acc=0.00.ckpt"]  # Lightning's 0, as before
+
+
+# ---------------------------------------------------------------------- Lightning's contract
+def test_the_default_checkpoint_is_lightnings_and_best_model_path_names_it(tmp_path):
+    """Trainer(enable_checkpointing=True) with no ModelCheckpoint adds Lightning's ModelCheckpoint(): the latest
+    epoch's ``epoch=N-step=M.ckpt`` alone (save_top_k=1, no monitor, no last.ckpt), named by best_model_path, so
+    load_from_checkpoint(best_model_path) and test(ckpt_path="best") work (Lightning 2.6.6, 3 epochs of 2 batches
+    of BoringModel: ['epoch=2-step=6.ckpt'], best_model_score None, best_k_models {}, kth_value tensor(inf))."""
+    trainer = quiet_trainer(max_epochs=3, enable_checkpointing=True, default_root_dir=tmp_path)
+    trainer.fit(TinyModule(), loader(32), loader(16))
+    callback = trainer.checkpoint_callback
+    assert _files(tmp_path / "checkpoints") == ["epoch=2-step=6.ckpt"]
+    assert callback.best_model_path == str(tmp_path / "checkpoints" / "epoch=2-step=6.ckpt")
+    assert (callback.save_top_k, callback.save_last, callback.monitor, callback.last_model_path) == (1, None, None, "")
+    assert callback.best_model_score is None and callback.best_k_models == {}
+    assert torch.equal(callback.kth_value, torch.tensor(float("inf")))
+    loaded = TinyModule.load_from_checkpoint(callback.best_model_path)
+    assert max_abs_diff(loaded.state_dict(), trainer.strategy.module.state_dict()) == 0.0
+    (result,) = trainer.test(ckpt_path="best", dataloaders=loader(16), verbose=False)
+    assert trainer.ckpt_path == callback.best_model_path and "test_loss" in result
+
+
+def test_scores_are_tensors_as_lightnings(tmp_path):
+    """best_model_score, current_score, kth_value and best_k_models' values are 0-dim tensors (programs call
+    .item() on them); kth_value starts at tensor(inf) for mode="min", tensor(-inf) for "max"; a checkpoint of an
+    earlier tandem (floats) restores as tensors."""
+    assert torch.equal(ModelCheckpoint(mode="max").kth_value, torch.tensor(float("-inf")))
+    callback = ModelCheckpoint(dirpath=tmp_path, monitor="val_loss", save_top_k=2)
+    trainer = _setup(callback, tmp_path)
+    for epoch, score in enumerate([0.3, 0.1, 0.2]):
+        _epoch_end(callback, trainer, epoch, val_loss=score)
+    for score in (
+        callback.best_model_score,
+        callback.current_score,
+        callback.kth_value,
+        *callback.best_k_models.values(),
+    ):
+        assert type(score) is torch.Tensor and score.dim() == 0
+    assert callback.best_model_score.item() == pytest.approx(0.1) and callback.current_score.item() == pytest.approx(
+        0.2
+    )
+    assert callback.kth_value.item() == pytest.approx(0.2)
+    state = callback.state_dict()
+    old = {**state, "best_model_score": 0.1, "current_score": 0.2, "kth_value": 0.2}
+    old["best_k_models"] = {path: float(score) for path, score in state["best_k_models"].items()}
+    restored = ModelCheckpoint(dirpath=tmp_path, monitor="val_loss", save_top_k=2)
+    restored.load_state_dict(old)
+    assert type(restored.best_model_score) is torch.Tensor and type(restored.kth_value) is torch.Tensor
+    assert all(type(s) is torch.Tensor for s in restored.best_k_models.values())
+
+
+def test_a_model_checkpoint_with_checkpointing_off_is_an_error():
+    """Lightning raises MisconfigurationException for Trainer(enable_checkpointing=False, callbacks=[ModelCheckpoint()])."""
+    with pytest.raises(MisconfigurationException, match="enable_checkpointing=False.*ModelCheckpoint"):
+        quiet_trainer(enable_checkpointing=False, callbacks=[ModelCheckpoint()])
+    assert issubclass(TandemConfigError, MisconfigurationException) and issubclass(TandemConfigError, ValueError)
+
+
+def test_dirpath_expands_the_home_folder_and_is_absolute(tmp_path, monkeypatch):
+    """As Lightning: dirpath="~/ckpts" is the home folder's (not a folder named "~"), and a relative one absolute."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert ModelCheckpoint(dirpath="~/ckpts").dirpath == str(tmp_path / "ckpts")
+    monkeypatch.chdir(tmp_path)
+    assert ModelCheckpoint(dirpath="rel").dirpath == str(tmp_path / "rel")
+
+
+def test_an_empty_checkpoint_path_says_no_best_checkpoint_was_saved(tmp_path):
+    """best_model_path is "" when no checkpoint was kept; loading it names that, not the working folder."""
+    trainer = quiet_trainer(max_epochs=1, callbacks=[ModelCheckpoint(dirpath=tmp_path, save_top_k=0)])
+    trainer.fit(TinyModule(), loader(32))
+    assert trainer.checkpoint_callback.best_model_path == ""
+    with pytest.raises(CheckpointError, match="checkpoint path is empty.*no best checkpoint was saved"):
+        TinyModule.load_from_checkpoint(trainer.checkpoint_callback.best_model_path)
+    with pytest.raises(ValueError, match=r"trainer.fit\(ckpt_path=''\): the checkpoint path is empty"):
+        quiet_trainer(max_epochs=1).fit(TinyModule(), loader(32), ckpt_path="")
+
+
+def test_a_resumed_fit_never_deletes_the_checkpoint_it_resumed_from(tmp_path):
+    """As Lightning: the default ModelCheckpoint (save_top_k=1) of a fit resumed from its folder keeps that file."""
+    first = quiet_trainer(max_epochs=1, enable_checkpointing=True, default_root_dir=tmp_path)
+    first.fit(TinyModule(), loader(32))
+    start = first.checkpoint_callback.best_model_path
+    resumed = quiet_trainer(max_epochs=2, enable_checkpointing=True, default_root_dir=tmp_path)
+    resumed.fit(TinyModule(), loader(32), ckpt_path=start)
+    assert _files(tmp_path / "checkpoints") == ["epoch=0-step=2.ckpt", "epoch=1-step=4.ckpt"]

@@ -136,7 +136,15 @@ def test_fit_runs_the_subcommand_with_the_trainer_methods_arguments(tmp_path, ca
     cli = CLI(
         TinyModule,
         Data,
-        args=["fit", "--trainer.max_epochs", "2", f"--trainer.default_root_dir={tmp_path}", *QUIET],
+        args=[
+            "fit",
+            "--trainer.max_epochs",
+            "2",
+            f"--trainer.default_root_dir={tmp_path}",
+            *QUIET,
+            "--trainer.callbacks+=ModelCheckpoint",  # last.ckpt, for --ckpt_path last
+            "--trainer.callbacks.init_args.save_last=true",
+        ],
     )
     assert cli.subcommand == "fit" and cli.trainer.current_epoch == 2 and cli.config.ckpt_path is None
     saved = tmp_path / "tandem_logs" / "version_0" / "config.yaml"

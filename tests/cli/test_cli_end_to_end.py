@@ -64,7 +64,7 @@ def test_fit_from_configs_and_overrides_builds_the_expected_run(runs: Path) -> N
     assert config["data"] == {"samples": 12, "batch_size": 16}  # ${model.hidden}, resolved
     assert isinstance(config["seed_everything"], int)  # true became the seed the run used
     assert config["ckpt_path"] is None
-    checkpoint = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
+    checkpoint = torch.load(run / "checkpoints" / "epoch=1-step=2.ckpt", weights_only=False)  # Lightning's default
     assert checkpoint["epoch"] == 1 and checkpoint["global_step"] == 2  # 12 samples / 16 = 1 batch, 2 epochs
 
 
@@ -72,7 +72,8 @@ def test_fit_from_configs_and_overrides_builds_the_expected_run(runs: Path) -> N
 def test_saved_config_reproduces_the_run_bit_for_bit(runs: Path) -> None:
     first, again = (runs / "tandem_logs" / f"version_{v}" for v in (0, 1))
     assert (again / "config.yaml").read_text() == (first / "config.yaml").read_text()
-    a, b = weights(first / "checkpoints" / "last.ckpt"), weights(again / "checkpoints" / "last.ckpt")
+    name = "epoch=1-step=2.ckpt"  # the default ModelCheckpoint's, as Lightning's
+    a, b = weights(first / "checkpoints" / name), weights(again / "checkpoints" / name)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 

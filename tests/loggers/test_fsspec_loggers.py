@@ -90,7 +90,7 @@ def test_default_root_dir_url_holds_the_default_loggers_files_and_the_checkpoint
     trainer.fit(TinyModule(), loader())
     assert trainer.log_dir == f"{URL}/root/tandem_logs/version_0"
     names = _files(memory, f"{ROOT}/root/tandem_logs/version_0")
-    assert "checkpoints/last.ckpt" in names and "hparams.yaml" in names
+    assert "checkpoints/epoch=0-step=4.ckpt" in names and "hparams.yaml" in names  # Lightning's default file
     assert any(name.startswith("events.out.tfevents.") for name in names)
     assert os.listdir(tmp_path) == []  # nothing in the working directory
 

@@ -273,12 +273,14 @@ def test_evaluating_without_a_model_uses_the_fitted_one_and_its_best_checkpoint(
         quiet_trainer().validate()
 
 
-def test_ckpt_path_best_without_a_monitor_is_the_latest_checkpoint_with_a_warning(tmp_path):
+def test_ckpt_path_best_without_a_monitor_is_the_latest_checkpoint(tmp_path):
+    """As Lightning: without a monitor best_model_path names the latest checkpoint, and "best" loads it (quietly:
+    that is the meaning of the default ModelCheckpoint's best_model_path)."""
     trainer = quiet_trainer(max_epochs=2, enable_checkpointing=True, default_root_dir=tmp_path)
     model = TinyModule()
     trainer.fit(model, loader(32, 16), loader(32, 16))
-    with pytest.warns(UserWarning, match=r"has no monitor, so the best checkpoint is the latest one"):
-        (result,) = trainer.validate(model, loader(32, 16), ckpt_path="best", verbose=False)
+    (result,) = trainer.validate(model, loader(32, 16), ckpt_path="best", verbose=False)
+    assert trainer.ckpt_path == str(tmp_path / "checkpoints" / "epoch=1-step=4.ckpt")
     assert math.isclose(result["val_loss"], _single_loss(model, loader(32, 16)), rel_tol=1e-6)
     with pytest.raises(TandemConfigError, match=r"ckpt_path='best'\) needs a ModelCheckpoint"):
         quiet_trainer().validate(model, loader(), ckpt_path="best")

@@ -170,3 +170,26 @@ def test_a_save_killed_in_version_0_is_removed_when_the_run_resumes_into_version
     assert trainer.global_step == 12 and Path(trainer.log_dir).name == "version_1"
     assert not stale.exists()
     assert all(path.read_text() == "the user's" for path in mine)
+
+
+@pytest.mark.timeout(60)
+def test_resuming_past_max_epochs_is_an_error_as_in_lightning(tmp_path):
+    """Lightning raises MisconfigurationException when the checkpoint's current_epoch is above max_epochs; at or
+    one above it the fit ends at once. Lightning 2.6.6, a checkpoint of epoch 2 (3 epochs of 2 batches): max_epochs=1
+    raises "You restored a checkpoint with current_epoch=2, but you have set Trainer(max_epochs=1)."; max_epochs=2 and
+    3 end with current_epoch 3, global_step 6; max_epochs=4 trains one more epoch (current_epoch 4, global_step 8)."""
+    from tandem.utilities.exceptions import MisconfigurationException
+
+    first = quiet_trainer(max_epochs=3, enable_checkpointing=True, default_root_dir=tmp_path)
+    first.fit(TinyModule(), loader(32))
+    path = first.checkpoint_callback.best_model_path
+    with pytest.raises(MisconfigurationException, match=r"current_epoch=2 .*Trainer\(max_epochs=1\)"):
+        quiet_trainer(max_epochs=1).fit(TinyModule(), loader(32), ckpt_path=path)
+    for max_epochs, expected in ((2, (3, 6)), (3, (3, 6))):
+        trainer = quiet_trainer(max_epochs=max_epochs)
+        with pytest.warns(TandemWarning, match="trained nothing"):  # tandem says so; Lightning is silent
+            trainer.fit(TinyModule(), loader(32), ckpt_path=path)
+        assert (trainer.current_epoch, trainer.global_step) == expected, max_epochs
+    trainer = quiet_trainer(max_epochs=4)
+    trainer.fit(TinyModule(), loader(32), ckpt_path=path)
+    assert (trainer.current_epoch, trainer.global_step) == (4, 8)

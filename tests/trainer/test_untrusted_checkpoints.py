@@ -120,11 +120,13 @@ def test_every_torch_load_tandem_makes_reads_weights_only(tmp_path, monkeypatch)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(torch, "load", spy)
-    trainer = quiet_trainer(max_epochs=1, default_root_dir=tmp_path, enable_checkpointing=True)
-    trainer.fit(TinyModule(), loader())
-    quiet_trainer(max_epochs=2, default_root_dir=tmp_path, enable_checkpointing=True).fit(
-        TinyModule(), loader(), ckpt_path="last"
+    trainer = quiet_trainer(
+        max_epochs=1, default_root_dir=tmp_path, callbacks=[ModelCheckpoint(save_last=True, save_top_k=0)]
     )
+    trainer.fit(TinyModule(), loader())
+    quiet_trainer(
+        max_epochs=2, default_root_dir=tmp_path, callbacks=[ModelCheckpoint(save_last=True, save_top_k=0)]
+    ).fit(TinyModule(), loader(), ckpt_path="last")
     TinyModule.load_from_checkpoint(trainer.checkpoint_callback.last_model_path)
 
     class Tunable(TinyModule):

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from helpers import TinyModule, loader, quiet_trainer
+from tandem.callbacks import ModelCheckpoint
 from tandem.loggers import CSVLogger
 from tandem.utilities import checkpoint as checkpoint_io
 from tandem.utilities.checkpoint import (
@@ -297,7 +298,7 @@ def test_files_get_the_mode_open_gives(tmp_path, umask):
         trainer = quiet_trainer(
             max_epochs=1,
             logger=CSVLogger(tmp_path),
-            enable_checkpointing=True,
+            callbacks=[ModelCheckpoint(save_last=True, save_top_k=0)],  # last.ckpt
             default_root_dir=tmp_path,
             log_every_n_steps=1,  # rows for metrics.csv
         )

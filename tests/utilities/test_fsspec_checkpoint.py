@@ -68,7 +68,7 @@ def test_model_checkpoint_keeps_top_k_at_a_url_and_last_resumes(memory) -> None:
 
 
 def test_default_root_dir_url_holds_last_and_resumes(memory) -> None:
-    from tandem.callbacks import Callback
+    from tandem.callbacks import Callback, ModelCheckpoint
 
     starts = []
 
@@ -79,7 +79,9 @@ def test_default_root_dir_url_holds_last_and_resumes(memory) -> None:
     def trainer(epochs: int) -> object:
         root = "memory://tandem-test/root"
         return quiet_trainer(
-            max_epochs=epochs, enable_checkpointing=True, default_root_dir=root, callbacks=[StartStep()]
+            max_epochs=epochs,
+            default_root_dir=root,
+            callbacks=[StartStep(), ModelCheckpoint(save_last=True, save_top_k=0)],
         )
 
     trainer(1).fit(TinyModule(), loader())

@@ -14,7 +14,7 @@ import torch
 
 from tandem.callbacks.callback import Checkpoint
 from tandem.loggers.logger import Logger
-from tandem.utilities.checkpoint import check_writable_folder
+from tandem.utilities.checkpoint import check_writable_folder, is_url
 from tandem.utilities.exceptions import (
     FileWriteError,
     NonFiniteError,
@@ -41,17 +41,21 @@ class ModelCheckpoint(Checkpoint):
     training epoch (after that epoch's validation) or, when validation does not run exactly once at the
     end of each epoch, at the end of each validation (``save_on_train_epoch_end`` picks one). ``last.ckpt``
     is written at every save point. Nothing is saved during the sanity check, outside ``fit`` or with
-    ``fast_dev_run``. Every decision uses the metric values of global rank 0, so all processes save and
-    delete the same files. A resumed fit restores the ranking, so ``best_model_path`` and
+    ``fast_dev_run``. File names come from global rank 0's metric values, so all processes name the same
+    files; a checkpoint that would replace one of the top k is saved only when every rank finds its own value of
+    ``monitor`` better (Lightning's rule: a metric logged without ``sync_dist`` differs between ranks).
+    ``best_model_score``, ``current_score``, ``kth_value`` and the values of ``best_k_models`` are 0-dim
+    tensors, as in Lightning. A resumed fit restores the ranking, so ``best_model_path`` and
     ``ckpt_path="best"`` keep meaning the best of the whole run; files of the run that live in another
     folder (an earlier ``version_<n>``) keep their rank but are never deleted from here.
 
     Args:
-        dirpath: folder of the checkpoints. Default: ``<log_dir of the first logger>/checkpoints``, or
+        dirpath: folder of the checkpoints (``~`` is expanded, and the path made absolute). Default: ``<log_dir of the first logger>/checkpoints``, or
             ``<default_root_dir>/checkpoints`` without loggers.
         filename: name template without extension. Default ``"{epoch}-{step}"`` gives
             ``epoch=0-step=100.ckpt``; metric names and format specs work too: ``"{epoch}-{val_loss:.2f}"``.
-        monitor: the logged metric that ranks checkpoints. ``None`` ranks them by step (the latest are kept).
+        monitor: the logged metric that ranks checkpoints. ``None``: the latest are kept, ``best_model_path``
+            names the newest and no score is kept (``best_k_models`` stays empty).
         verbose: say what was saved, and when a checkpoint did not make the top k.
         save_last: also write ``last.ckpt`` at every save point (overwritten each time).
         save_top_k: how many of the best to keep; ``-1`` keeps all, ``0`` none (``save_last`` still works).
@@ -126,7 +130,11 @@ class ModelCheckpoint(Checkpoint):
             )
         if every_n_train_steps is None and every_n_epochs is None and train_time_interval is None:
             every_n_epochs = 1
-        self._user_dirpath = os.fspath(dirpath) if dirpath is not None else None
+        if dirpath is not None:
+            dirpath = os.fspath(dirpath)
+            if dirpath and not is_url(dirpath):  # as Lightning: "~/ckpts" is the home folder's, and absolute
+                dirpath = os.path.realpath(os.path.expanduser(dirpath))
+        self._user_dirpath = dirpath
         self.dirpath: str | None = self._user_dirpath
         self.filename = filename
         self.monitor = monitor
@@ -142,13 +150,16 @@ class ModelCheckpoint(Checkpoint):
         self.save_on_train_epoch_end = save_on_train_epoch_end
         self.enable_version_counter = enable_version_counter
 
-        self.best_k_models: dict[str, float] = {}  # path -> score (the step when there is no monitor)
+        # scores are 0-dim tensors, as Lightning's (programs call .item() on them); without a monitor no score
+        # is kept: best_k_models stays empty and best_model_path names the latest checkpoint
+        self.best_k_models: dict[str, torch.Tensor] = {}  # path -> score
         self.kth_best_model_path = ""
-        self.kth_value: float | None = None
+        self.kth_value: torch.Tensor = torch.tensor(math.inf if mode == "min" else -math.inf)
         self.best_model_path = ""
-        self.best_model_score: float | None = None
-        self.current_score: float | None = None
+        self.best_model_score: torch.Tensor | None = None
+        self.current_score: torch.Tensor | None = None
         self.last_model_path = ""
+        self._latest: list[str] = []  # without a monitor: the checkpoints kept, oldest first
         self._last_global_step_saved = 0  # nothing to save before the first step
         self._last_time_checked: float | None = None
         self._validated = False  # a validation ran in this fit: a missing monitor is then an error
@@ -209,7 +220,8 @@ class ModelCheckpoint(Checkpoint):
         resumed = trainer.ckpt_path
         if resumed is not None and os.path.dirname(os.path.abspath(resumed)) == folder:
             return
-        own = {os.path.abspath(p) for p in (*self.best_k_models, self.last_model_path) if p}
+        kept = (*self.best_k_models, *self._latest, self.best_model_path, self.last_model_path)
+        own = {os.path.abspath(p) for p in kept if p}
         foreign = sorted(
             name
             for name in os.listdir(folder)
@@ -303,13 +315,11 @@ class ModelCheckpoint(Checkpoint):
         metrics["step"] = trainer.global_step
         return trainer.strategy.broadcast(metrics)
 
-    def _score(self, trainer: Trainer, metrics: Mapping[str, Any]) -> float | None:
-        """Rank 0's value of the monitored metric (the step without a monitor); NaN ranks last; None when
-        the metric was not logged before the first validation (a warning, as in Lightning)."""
-        if self.monitor is None:
-            return float(trainer.global_step)
-        value = metrics.get(self.monitor)  # rank 0's (see _monitor_candidates)
-        if value is None:
+    def _current(self, trainer: Trainer, metrics: Mapping[str, Any]) -> torch.Tensor | None:
+        """This rank's value of the monitored metric, as a tensor (Lightning's ``current_score``); NaN ranks last;
+        None when the metric was not logged before the first validation (a warning, as in Lightning). Whether it
+        was logged is rank 0's view (``metrics``), so every rank takes the same path."""
+        if self.monitor not in metrics:
             available = [k for k in metrics if k not in ("epoch", "step")]
             if self._validated:
                 raise missing_metric("ModelCheckpoint", self.monitor, available)
@@ -321,48 +331,74 @@ class ModelCheckpoint(Checkpoint):
                     "validation metric, this is expected before the first validation."
                 )
             return None
-        score = float(value)
-        if math.isnan(score):
-            score = math.inf if self.mode == "min" else -math.inf
-        return score
+        # each rank's own value, as Lightning's: a metric logged without sync_dist differs between ranks
+        value = trainer.callback_metrics.get(self.monitor, metrics[self.monitor])
+        current = value.detach().clone() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
+        if torch.isnan(current):
+            current = torch.tensor(math.inf if self.mode == "min" else -math.inf, device=current.device)
+        return current
 
-    def _better(self, a: float, b: float) -> bool:
-        maximize = self.monitor is None or self.mode == "max"
-        return a > b if maximize else a < b
+    def _better(self, a: torch.Tensor, b: torch.Tensor) -> bool:
+        return bool(a > b) if self.mode == "max" else bool(a < b)
+
+    def _makes_top_k(self, trainer: Trainer, current: torch.Tensor) -> bool:
+        """Lightning's ``check_monitor_top_k``: while fewer than k are kept, yes; else only when every rank finds
+        its own value better than its k-th (one reduction), so a metric logged without ``sync_dist`` saves
+        where Lightning saves."""
+        if self.save_top_k == -1 or len(self.best_k_models) < self.save_top_k:
+            return True
+        better = self._better(current, self.best_k_models[self.kth_best_model_path])
+        return trainer.strategy.reduce_boolean_decision(better)
 
     def _save_top_k(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
-        score = self._score(trainer, metrics)
-        if score is None:
+        if self.monitor is None:
+            self._save_latest(trainer, metrics)
+            return
+        current = self._current(trainer, metrics)
+        if current is None:
             return
         where = f"Epoch {trainer.current_epoch}, global step {trainer.global_step}"
-        full = self.save_top_k != -1 and len(self.best_k_models) >= self.save_top_k
-        if full and not self._better(score, self.kth_value):
+        if not self._makes_top_k(trainer, current):
             if self.verbose:
                 rank_zero_info(f"{where}: {self.monitor!r} was not in top {self.save_top_k}")
             return
+        k = len(self.best_k_models) + 1 if self.save_top_k == -1 else self.save_top_k
         dropped = None
-        if full:
+        if len(self.best_k_models) == k:
             dropped = self.kth_best_model_path
             del self.best_k_models[dropped]
         path = self._free_path(trainer, metrics, keep=dropped)
-        self.current_score = score if self.monitor is not None else None
-        self.best_k_models[path] = score
-        self._update_best()
+        self.current_score = current
+        self.best_k_models[path] = current
+        self._update_best(k)
         if self.verbose:
-            k = self.save_top_k if self.save_top_k != -1 else len(self.best_k_models)
-            if self.monitor is None:
-                rank_zero_info(f"{where}: saving model to {path!r}")
-            else:
-                rank_zero_info(
-                    f"{where}: {self.monitor!r} reached {score:0.5f} (best {self.best_model_score:0.5f}), "
-                    f"saving model to {path!r} as top {k}"
-                )
+            rank_zero_info(
+                f"{where}: {self.monitor!r} reached {current:0.5f} (best {self.best_model_score:0.5f}), "
+                f"saving model to {path!r} as top {k}"
+            )
         self._write(trainer, path)  # the callback's state saved with it already counts this file
         if dropped is not None and dropped not in (path, self.last_model_path):
             self._remove(trainer, dropped)
 
+    def _save_latest(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        """No monitor: ``best_model_path`` is the checkpoint just written, and the latest ``save_top_k`` are kept
+        (all with -1); no score is kept (Lightning's ``_save_none_monitor_checkpoint``)."""
+        path = self._free_path(trainer, metrics, keep=self.best_model_path or None)
+        self._latest = [p for p in self._latest if p != path] + [path]
+        dropped = self._latest[: -self.save_top_k] if self.save_top_k > 0 else []
+        del self._latest[: len(dropped)]
+        self.best_model_path = path  # set first: it is part of the state saved in the file
+        if self.verbose:
+            rank_zero_info(
+                f"Epoch {trainer.current_epoch}, global step {trainer.global_step}: saving model to {path!r}"
+            )
+        self._write(trainer, path)
+        for old in dropped:
+            if old not in (path, self.last_model_path):
+                self._remove(trainer, old)
+
     def _write(self, trainer: Trainer, path: str) -> None:
-        if trainer.save_checkpoint(path, weights_only=self.save_weights_only) is False:
+        if trainer.save_checkpoint(path, self.save_weights_only) is False:  # positional, as Lightning calls it
             raise _Skipped  # Trainer(on_nonfinite="warn") refused to write non-finite parameters
         self._last_global_step_saved = trainer.global_step
         if trainer.is_global_zero:  # e.g. MLFlowLogger(log_model="all") logs the new file
@@ -376,19 +412,22 @@ class ModelCheckpoint(Checkpoint):
 
     def _remove(self, trainer: Trainer, path: str) -> None:
         """Delete a checkpoint this callback no longer keeps, unless it lives outside ``dirpath`` (a file of
-        an earlier launch of the run, in its own folder: never deleted from here)."""
+        an earlier launch of the run, in its own folder: never deleted from here) or is the checkpoint this fit
+        resumed from (as in Lightning)."""
         folder = os.path.abspath(self.dirpath or ".")
-        if os.path.dirname(os.path.abspath(path)) == folder:
+        resumed = trainer.ckpt_path is not None and os.path.abspath(trainer.ckpt_path) == os.path.abspath(path)
+        if os.path.dirname(os.path.abspath(path)) == folder and not resumed:
             trainer.strategy.remove_checkpoint(path)
 
-    def _update_best(self) -> None:
-        best_first = self._better(1.0, 0.0)  # True when higher is better
-        ranked = sorted(self.best_k_models, key=self.best_k_models.__getitem__, reverse=best_first)
-        self.best_model_path = ranked[0]
-        self.best_model_score = self.best_k_models[ranked[0]] if self.monitor is not None else None
-        if self.save_top_k == -1 or len(ranked) >= self.save_top_k:
-            self.kth_best_model_path = ranked[-1]
-            self.kth_value = self.best_k_models[ranked[-1]]
+    def _update_best(self, k: int) -> None:
+        """Lightning's choice among equal scores: the first kept is the best, and the first of the worst is the
+        k-th (the next to go)."""
+        best, worst = (max, min) if self.mode == "max" else (min, max)
+        if len(self.best_k_models) == k:
+            self.kth_best_model_path = worst(self.best_k_models, key=self.best_k_models.__getitem__)
+            self.kth_value = self.best_k_models[self.kth_best_model_path]
+        self.best_model_path = best(self.best_k_models, key=self.best_k_models.__getitem__)
+        self.best_model_score = self.best_k_models[self.best_model_path]
 
     def _free_path(self, trainer: Trainer, metrics: Mapping[str, Any], keep: str | None) -> str:
         """The formatted path; with the version counter, ``-v1``, ``-v2``... appended while that file
@@ -402,7 +441,8 @@ class ModelCheckpoint(Checkpoint):
         ):
             path = self.format_checkpoint_name(metrics, ver=version)
             version += 1
-        return path
+        # rank 0's name on every rank: another rank's kept files (its own scores rank them) may differ
+        return trainer.strategy.broadcast(path)
 
     @staticmethod
     def _exists(trainer: Trainer, path: str) -> bool:
@@ -439,7 +479,7 @@ class ModelCheckpoint(Checkpoint):
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        return {
+        state = {
             "monitor": self.monitor,
             "best_model_score": self.best_model_score,
             "best_model_path": self.best_model_path,
@@ -451,6 +491,9 @@ class ModelCheckpoint(Checkpoint):
             "last_model_path": self.last_model_path,
             "last_global_step_saved": self._last_global_step_saved,
         }
+        if self.monitor is None and self.save_top_k > 1:  # the latest k, oldest first: which one goes next
+            state["latest_model_paths"] = list(self._latest)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.dirpath is None:  # the Trainer restored before setup: wait for the dirpath
@@ -463,11 +506,19 @@ class ModelCheckpoint(Checkpoint):
         saved elsewhere before (a new ``version_<n>`` folder per launch), its files keep their rank there and
         are never deleted from here; the last checkpoint is then written afresh in this folder."""
         self.best_model_path = state["best_model_path"]
-        self.best_model_score = state["best_model_score"]
-        self.current_score = state.get("current_score")
-        self.best_k_models = dict(state["best_k_models"])
+        self.best_model_score = _tensor(state["best_model_score"])
+        self.current_score = _tensor(state.get("current_score"))
+        best_k_models = {path: _tensor(score) for path, score in state["best_k_models"].items()}
         self.kth_best_model_path = state["kth_best_model_path"]
-        self.kth_value = state["kth_value"]
+        if state["kth_value"] is not None:  # None: written by tandem before 0-dim tensors, with fewer than k kept
+            self.kth_value = _tensor(state["kth_value"])
+        if self.monitor is None:  # no scores; tandem before Lightning's rule ranked these files by step
+            self.best_k_models, self.best_model_score = {}, None
+            by_step = sorted(best_k_models, key=best_k_models.__getitem__)
+            self._latest = list(state.get("latest_model_paths", by_step or [self.best_model_path]))
+            self._latest = [p for p in self._latest if p]
+        else:
+            self.best_k_models = best_k_models
         self._last_global_step_saved = state.get("last_global_step_saved", -1)
         if state.get("dirpath") == self.dirpath:
             self.last_model_path = state["last_model_path"]
@@ -499,6 +550,11 @@ def _format_name(template: str | None, metrics: Mapping[str, Any], auto_insert_m
         filename = filename.replace(group, f"{{0[{name}]")  # indexing lets names hold dots and slashes
         values[name] = _number(metrics.get(name, 0))
     return filename.format(values)
+
+
+def _tensor(score: Any) -> torch.Tensor | None:
+    """A score as Lightning keeps it (a 0-dim tensor); checkpoints of earlier tandem versions hold floats."""
+    return score if score is None or isinstance(score, torch.Tensor) else torch.tensor(float(score))
 
 
 def _number(value: Any) -> int | float:

@@ -15,7 +15,7 @@ from tandem.utilities.checkpoint import (
     modified_time,
     remove_stale_temporaries_in,
 )
-from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError
+from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError, no_checkpoint_path
 from tandem.utilities.rank_zero import rank_zero_warn
 from tandem.utilities.seed import capture_rng_state
 from tandem.version import __version__
@@ -106,6 +106,7 @@ def restore(
     # mid-epoch: the epoch's partial metric sums come back too; the RNG states where the loop reaches their point
     rng_states = checkpoint.get("rng_states") if rng else None
     trainer.fit_loop.load_state_dict(checkpoint["loops"], checkpoint.get("train_metrics"), rng_states, announce)
+    _check_max_epochs(trainer, checkpoint.get("epoch", 0), path)
     for optimizer, state in zip(optimizers, saved):
         trainer.strategy.load_optimizer_state(optimizer, state)
         if checkpoint.get("global_step", 0) > 0:
@@ -120,6 +121,19 @@ def restore(
     if trainer.datamodule is not None and "datamodule" in checkpoint:
         trainer.datamodule.load_state_dict(checkpoint["datamodule"])
     return path
+
+
+def _check_max_epochs(trainer: Trainer, epoch: int, path: str) -> None:
+    """Lightning's check: a checkpoint saved in epoch ``epoch`` (its ``current_epoch`` then, 0-based) cannot
+    continue under a ``max_epochs`` below it; at or just above it, the fit ends at once, as in Lightning."""
+    max_epochs = trainer.max_epochs
+    if max_epochs is not None and max_epochs != -1 and epoch > max_epochs:
+        raise TandemConfigError(
+            f"You restored a checkpoint with current_epoch={epoch} ({str(path)!r}), but you have set "
+            f"Trainer(max_epochs={max_epochs}): that run is already past the end. max_epochs counts all the "
+            "epochs, not the ones to add: set it above the epochs already trained to train on, or fit without "
+            "ckpt_path to start over."
+        )
 
 
 def _stepped_before(optimizer: Any) -> None:
@@ -149,22 +163,22 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | os.PathLike, fn: str) -
                 f"trainer.{fn}(ckpt_path='best') needs a ModelCheckpoint; add callbacks=[ModelCheckpoint(monitor="
                 "'val_loss')] or pass a checkpoint file."
             )
-        if callback.monitor is None:  # Lightning's meaning: with no monitor, the latest checkpoint is the best
-            latest = callback.best_model_path or callback.last_model_path
-            if latest:
-                rank_zero_warn(
-                    f"trainer.{fn}(ckpt_path='best'): the ModelCheckpoint has no monitor, so the best checkpoint "
-                    f"is the latest one ({latest}). Set ModelCheckpoint(monitor=...) to rank checkpoints."
-                )
-                return latest
+        if callback.monitor is None and not callback.best_model_path and callback.last_model_path:
+            # Lightning's meaning: with no monitor, best_model_path is the latest checkpoint; with save_top_k=0
+            # only last.ckpt is that
+            return trainer.strategy.broadcast(callback.last_model_path)
         if not callback.best_model_path:
             raise TandemConfigError(
                 f"trainer.{fn}(ckpt_path='best') found no saved checkpoint: the ModelCheckpoint has not saved one "
                 "yet. Fit first, or pass a checkpoint file."
             )
-        return callback.best_model_path
+        # rank 0's: another rank ranks by its own values of the monitor (see ModelCheckpoint), and every rank
+        # must load the same file
+        return trainer.strategy.broadcast(callback.best_model_path)
     if ckpt_path == "last":
         return trainer.strategy.broadcast(find_last_checkpoint(trainer) if trainer.is_global_zero else None)
+    if not os.fspath(ckpt_path):
+        raise TandemConfigError(no_checkpoint_path(f"trainer.{fn}(ckpt_path='')"))
     return os.fspath(ckpt_path)
 
 

@@ -86,7 +86,9 @@ class Trainer:
         callbacks: callbacks, run in the order given.
         logger: True (TensorBoard, the default), False, a Logger or a list of loggers.
         default_root_dir: where logs and checkpoints go (default: the working directory).
-        enable_checkpointing: add a ModelCheckpoint writing ``last.ckpt`` every epoch when none is given (default).
+        enable_checkpointing: add Lightning's default ``ModelCheckpoint()`` when none is given (default): it keeps
+            the latest epoch's ``epoch=N-step=M.ckpt``, which ``checkpoint_callback.best_model_path`` names.
+            ``False`` with a ModelCheckpoint in ``callbacks`` is an error.
         enable_progress_bar: show a tqdm progress bar (rank zero only; default).
         enable_model_summary: print parameter counts at fit start (rank zero only; default).
         log_every_n_steps: send step metrics to the loggers every n optimizer steps (default 50; 0: never).
@@ -268,7 +270,7 @@ class Trainer:
         self.detect_anomaly = detect_anomaly
         loggers = [] if self.fast_dev_run else _build_loggers(logger, self.default_root_dir)
         self.callbacks: list[Callback] = _build_callbacks(
-            callbacks, enable_checkpointing and not self.fast_dev_run, enable_progress_bar, enable_model_summary
+            callbacks, enable_checkpointing, bool(self.fast_dev_run), enable_progress_bar, enable_model_summary
         )
         _add_timer(self.callbacks, max_time)
         self.state = TrainerState()
@@ -1146,7 +1148,9 @@ def _add_timer(callbacks: list[Callback], max_time: Any) -> None:
     callbacks.append(Timer(duration=max_time, interval="step", verbose=True))
 
 
-def _build_callbacks(callbacks: Any, checkpointing: bool, progress_bar: bool, model_summary: bool) -> list[Callback]:
+def _build_callbacks(
+    callbacks: Any, checkpointing: bool, fast_dev_run: bool, progress_bar: bool, model_summary: bool
+) -> list[Callback]:
     if callbacks is None:
         callbacks = []
     elif isinstance(callbacks, Callback):
@@ -1155,11 +1159,18 @@ def _build_callbacks(callbacks: Any, checkpointing: bool, progress_bar: bool, mo
     for callback in callbacks:
         if not isinstance(callback, Callback):
             raise TandemConfigError(f"callbacks must be tandem.Callback instances; got {type(callback).__name__}.")
-    if checkpointing:
-        from tandem.callbacks.model_checkpoint import ModelCheckpoint
+    from tandem.callbacks.model_checkpoint import ModelCheckpoint
 
-        if not any(isinstance(c, ModelCheckpoint) for c in callbacks):
-            callbacks.append(ModelCheckpoint(save_last=True, save_top_k=0))
+    given = [type(c).__name__ for c in callbacks if isinstance(c, ModelCheckpoint)]
+    if given and not checkpointing:
+        raise incompatible(
+            f"Trainer(enable_checkpointing=False, callbacks=[{given[0]}(...)])",
+            "enable_checkpointing=False turns checkpointing off, but the callbacks hold a ModelCheckpoint",
+            "Remove the ModelCheckpoint from callbacks, or leave enable_checkpointing at True.",
+        )
+    if checkpointing and not fast_dev_run and not given:
+        # Lightning's default: the latest epoch's checkpoint (epoch=N-step=M.ckpt), which best_model_path names
+        callbacks.append(ModelCheckpoint())
     if progress_bar:
         from tandem.callbacks.progress_bar import ProgressBar
         from tandem.callbacks.tqdm_progress import TQDMProgressBar

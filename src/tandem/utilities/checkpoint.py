@@ -50,7 +50,7 @@ from typing import IO, Any
 
 import torch
 
-from tandem.utilities.exceptions import CheckpointError, FileWriteError, write_failed
+from tandem.utilities.exceptions import CheckpointError, FileWriteError, no_checkpoint_path, write_failed
 from tandem.utilities.plain_data import BadPlainData, LegacyPickledValue, NotPlainData, decode, encode
 
 try:  # advisory locks on the temporary files; absent on Windows
@@ -782,6 +782,8 @@ def load_checkpoint_file(path: str | os.PathLike, weights_only: bool | None = No
         with fs.open(inner, "rb") as f:
             checkpoint = _torch_load(f, url, trusted, lambda: _head(inner, fs), "")
     else:
+        if not os.fspath(path):  # Path("") would be the working directory
+            raise CheckpointError(no_checkpoint_path("checkpoint_path=''"))
         path = Path(path)
         if path.is_dir():
             raise CheckpointError(_folder_message(path))

@@ -9,7 +9,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 
-class TandemConfigError(ValueError):
+class MisconfigurationException(Exception):  # noqa: N818 (Lightning's name)
+    """Lightning's type for a misconfigured Trainer, callback or checkpoint: ``except MisconfigurationException``
+    in a ported program catches tandem's :class:`TandemConfigError`, which is one."""
+
+
+class TandemConfigError(ValueError, MisconfigurationException):
     """A Trainer, strategy or callback argument is out of range or does not fit the machine."""
 
 
@@ -241,6 +246,17 @@ def hyperparameters_missing(
         f"{call}: the checkpoint's saved hyperparameters {names} lack {missing}, which {owner}.__init__ requires: "
         "probably added to __init__ after the checkpoint was saved (or left out by save_hyperparameters(ignore=...)). "
         f"Pass the value the saved model was built with: {pass_them}; or give the argument a default in __init__."
+    )
+
+
+def no_checkpoint_path(what: str) -> str:
+    """The message for an empty checkpoint path: most often ``best_model_path`` of a ModelCheckpoint that kept no
+    checkpoint."""
+    return (
+        f"{what}: the checkpoint path is empty, so there is no file to load. This is what "
+        "trainer.checkpoint_callback.best_model_path holds when no best checkpoint was saved: the fit has not "
+        "run (or ran with fast_dev_run), ModelCheckpoint(save_top_k=0) keeps none, or its monitor was never "
+        "logged (no top-k checkpoint is saved until it is). Pass a checkpoint file, or fit first."
     )
 
 

@@ -41,7 +41,8 @@ if __name__ == "__main__":
         "wandb": wandb_logger.version,
         "log_dir": trainer.log_dir,
         "dirpath": checkpoint.dirpath,
-        "checkpoints": sorted(os.path.basename(p) for p in checkpoint.best_k_models),
+        # without a monitor no scores are kept (best_k_models stays empty, as Lightning's): the files kept
+        "checkpoints": sorted(p for p in os.listdir(checkpoint.dirpath) if p.endswith(".ckpt")),
     }
     with open(os.path.join(out, f"rank{dist.get_rank()}.json"), "w", encoding="utf-8") as f:
         json.dump(seen, f)

@@ -360,14 +360,15 @@ def logging(out: Path) -> dict[str, Any]:
 
 
 class RankScore(Net):
-    """Logs ``score`` without sync_dist: rank 0 improves for two epochs, then worsens; rank 1 keeps improving."""
+    """Logs ``score`` without sync_dist: rank 0 improves for two epochs, then worsens; rank 1 keeps improving.
+    And ``drift``: rank 0 improves every epoch, rank 1 worsens (see decisions_lightning.py, Lightning's run)."""
 
     RANK0 = (5.0, 4.0, 4.5, 4.6, 4.7, 4.8, 4.9, 5.0)
 
     def on_train_epoch_end(self) -> None:
-        epoch = self.current_epoch
-        score = self.RANK0[epoch] if self.trainer.global_rank == 0 else 3.0 - 0.25 * epoch
-        self.log("score", score)
+        epoch, rank = self.current_epoch, self.trainer.global_rank
+        self.log("score", self.RANK0[epoch] if rank == 0 else 3.0 - 0.25 * epoch)
+        self.log("drift", 5.0 - epoch if rank == 0 else 1.0 + epoch)
 
 
 def decisions(out: Path) -> dict[str, Any]:
@@ -375,9 +376,13 @@ def decisions(out: Path) -> dict[str, Any]:
     checkpoint = ModelCheckpoint(
         dirpath=folder, monitor="score", mode="min", save_top_k=2, filename="{epoch}-{score:.2f}"
     )
+    drift = ModelCheckpoint(dirpath=folder / "drift", monitor="drift", save_top_k=2, filename="{epoch}-{drift:.2f}")
     stopping = EarlyStopping("score", patience=2, mode="min")
     trainer = tandem.Trainer(
-        strategy="ddp", max_epochs=8, callbacks=[checkpoint, stopping], **{**QUIET, "enable_checkpointing": True}
+        strategy="ddp",
+        max_epochs=8,
+        callbacks=[checkpoint, drift, stopping],
+        **{**QUIET, "enable_checkpointing": True},
     )
     trainer.fit(RankScore(), DataLoader(dataset(32), batch_size=BATCH))
 
@@ -396,6 +401,13 @@ def decisions(out: Path) -> dict[str, Any]:
         "best_model_path": checkpoint.best_model_path,
         "best_model_score": checkpoint.best_model_score,
         "best_k_models": dict(checkpoint.best_k_models),
+        "kth_value": checkpoint.kth_value,
+        "drift": {
+            "best_model_path": drift.best_model_path,
+            "best_model_score": drift.best_model_score,
+            "best_k_models": dict(drift.best_k_models),
+            "kth_value": drift.kth_value,
+        },
     }
 
 

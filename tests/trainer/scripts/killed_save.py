@@ -24,6 +24,7 @@ import torch.distributed.checkpoint as dcp
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: helpers
 import tandem  # noqa: E402
 from helpers import TinyModule, loader  # noqa: E402
+from tandem.callbacks import ModelCheckpoint  # noqa: E402
 from tandem.strategies import AsyncCheckpointIO, FSDPStrategy  # noqa: E402
 from tandem.strategies.environments import find_free_port  # noqa: E402
 from tandem.utilities import checkpoint as checkpoint_io  # noqa: E402
@@ -87,6 +88,7 @@ if __name__ == "__main__":
         devices=1,
         max_epochs=2,
         default_root_dir=root,
+        callbacks=[ModelCheckpoint(save_last=True, save_top_k=0)],  # last.ckpt at each epoch's end
         plugins=[AsyncCheckpointIO()] if kind == "async" else None,
         enable_progress_bar=False,
         enable_model_summary=False,
