@@ -46,6 +46,7 @@ from tandem.utilities.exceptions import (
 )
 from tandem.utilities.memory import free_cuda_memory
 from tandem.utilities.rank_zero import rank_zero_info, rank_zero_print, rank_zero_warn
+from tandem.utilities.seed import capture_rng_state
 
 
 class Trainer:
@@ -293,6 +294,8 @@ class Trainer:
         self._left_out: set[tuple[str, str]] = set()  # hyperparameters left out of checkpoints, warned once
         # what the latest fit's loaders were built from (train, evaluation, datamodule): a trial builds them again
         self._fit_sources: tuple[Any, Any, Any] | None = None
+        # the global RNG before this fit built its loaders, until on_fit_start returns (see Trainer.trial)
+        self._rng_before_data: dict[str, Any] | None = None
 
     def __setstate__(self, state: dict[str, Any]) -> None:  # a ddp_spawn rank's copy: its loop stops this copy
         self.__dict__.update(state)
@@ -491,6 +494,7 @@ class Trainer:
                 self._setup(fn, model, train_dataloaders, eval_dataloaders, datamodule, compiler)
                 if ckpt_path is not None:
                     self._ckpt_path = checkpointing.restore(self, ckpt_path, fn, weights_only=weights_only)
+                    self._rng_before_data = None  # the checkpoint's RNG states now count
                 if fn == "fit":
                     anomaly = torch.autograd.detect_anomaly() if self.detect_anomaly else contextlib.nullcontext()
                     with (
@@ -499,6 +503,7 @@ class Trainer:
                         self._hooks.running("train"),
                     ):
                         self._hooks.call("on_fit_start")
+                        self._rng_before_data = None
                         self.fit_loop.run()
                         self._hooks.call("on_fit_end")
                     result = None
@@ -559,21 +564,32 @@ class Trainer:
         return self.strategy.tensor_init_context(empty_init)
 
     def trial(
-        self, callbacks: Sequence[Callback] = (), max_steps: int = 100
+        self,
+        callbacks: Sequence[Callback] = (),
+        max_steps: int = 100,
+        *,
+        max_epochs: int | None = None,
+        restart_data: bool = False,
     ) -> contextlib.AbstractContextManager[Trial]:
         """Short training runs inside the running fit that leave no trace: the tuner's searches
         (``LearningRateFinder``, ``BatchSizeFinder``) run in one. Call it from a callback hook of a fit
         (``on_fit_start``, ``on_train_epoch_start``), on every rank.
 
         On entry the fit's state is saved to a temporary checkpoint in ``default_root_dir``. In the block,
-        ``trial.run()`` trains from that point, at most ``max_steps`` optimizer steps (``max_epochs`` does not cut
-        it short), calling only ``callbacks`` (and the module's hooks): no loggers, progress bar or other callbacks,
+        ``trial.run()`` trains from that point, at most ``max_steps`` optimizer steps and up to epoch ``max_epochs``
+        (None: as many epochs as the steps need), calling only ``callbacks`` (and the module's hooks): no loggers,
+        progress bar or other callbacks,
         no sanity check or validation, no lr scheduler of the module, and NaN or inf is not acted on (a range test
         drives the loss to diverge). ``trial.reload_data()`` builds the training loaders again from the module's
         or DataModule's hooks (``trial.reloadable`` says whether they come from there). On exit, error or not,
         everything comes back: settings, callbacks, loggers, and from the checkpoint the weights, optimizers,
         schedulers, callbacks' state and loop counters; the RNG states are as on entry. Loaders rebuilt in the
         block are built again with the hyperparameters the block left (e.g. the batch size found).
+
+        ``restart_data=True`` is Lightning's LR finder: on exit the training loaders that come from the hooks are
+        built again (after the search, as Lightning's ``setup_data``), and a trial opened at fit start leaves the RNG
+        as it was before the fit built its loaders (Lightning builds them after ``on_fit_start``, inside the search's
+        ``isolate_rng``), so a search and the fit after it draw the numbers they draw on Lightning.
 
         Example::
 
@@ -587,9 +603,16 @@ class Trainer:
             load_data = functools.partial(self._load_data, "fit", self._module, *self._fit_sources)
             from_hooks = self._fit_sources[0] is None
         parts = TrialParts(
-            self._config, self._hooks, self._nonfinite, self._evaluation, self._metrics, load_data, from_hooks
+            self._config,
+            self._hooks,
+            self._nonfinite,
+            self._evaluation,
+            self._metrics,
+            load_data,
+            from_hooks,
+            self._rng_before_data,
         )
-        return open_trial(self, parts, callbacks, max_steps)
+        return open_trial(self, parts, callbacks, max_steps, max_epochs=max_epochs, restart_data=restart_data)
 
     # ================================================================== set-up
     def _setup(
@@ -640,6 +663,9 @@ class Trainer:
         self.metric_collector = self._collector if compiler is None else CompiledStepLog(self._collector)
 
         load_data = functools.partial(self._load_data, fn, model, train, evaluation, datamodule)
+        # Lightning builds the fit's loaders after on_fit_start, so an LR finder there draws them inside its
+        # isolate_rng: a trial at fit start can rewind to this state (see Trainer.trial)
+        self._rng_before_data = capture_rng_state() if fn == "fit" else None
         load_data()
         self.fit_loop.reload_data = load_data if fn == "fit" and self.reload_dataloaders_every_n_epochs else None
         if fn == "fit":  # a trial (the tuner's batch size search) builds the loaders again

@@ -9,7 +9,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 
-class TandemConfigError(ValueError):
+class MisconfigurationException(Exception):  # noqa: N818 (Lightning's name)
+    """Lightning's ``MisconfigurationException``, so that a ported ``except MisconfigurationException`` still
+    catches tandem's configuration errors (:class:`TandemConfigError` is one)."""
+
+
+class TandemConfigError(MisconfigurationException, ValueError):
     """A Trainer, strategy or callback argument is out of range or does not fit the machine."""
 
 
@@ -100,6 +105,11 @@ class MissingStateError(AttributeError):
     """A data hook (``setup``, ``*_dataloader``) read an attribute of the module or DataModule that no hook created
     on this process: ``setup(stage)`` did not build it for the stage that runs, or ``prepare_data`` set it on
     another process."""
+
+
+class MissingAttributeError(TandemConfigError, AttributeError):
+    """A search (the learning rate finder) was told to update an attribute that neither the module nor its hparams
+    (nor the DataModule) has. An ``AttributeError``, as Lightning raises there."""
 
 
 class MissingMetricError(KeyError):
