@@ -44,6 +44,7 @@ from tandem.utilities.exceptions import (
     incompatible,
     note_unpacked_mapping,
 )
+from tandem.utilities.logged_values import to_float
 from tandem.utilities.memory import free_cuda_memory
 from tandem.utilities.rank_zero import rank_zero_info, rank_zero_print, rank_zero_warn
 from tandem.utilities.seed import capture_rng_state
@@ -116,8 +117,9 @@ class Trainer:
             ``seed_everything`` seed plus the epoch). ``"global"``: one order whatever the number of processes
             (one process draws the order N processes share; shuffled only if the loader shuffles), so 1 and N
             processes train alike. Either way a run keeps its order when resumed, on any number of processes.
-        fast_dev_run: run 1 (or n) batches of training, validation and test, without loggers or
-            checkpoints, to smoke-test a module.
+        fast_dev_run: run 1 (or n) batches of training, validation and test, without checkpoints and with a
+            ``DummyLogger`` in place of the loggers (``self.logger.experiment`` takes any call and writes
+            nothing), to smoke-test a module.
         overfit_batches: train and validate on the first n batches (an int) or fraction of the training data, in
             order (a shuffling loader is made sequential, with a warning): a module that cannot drive the loss of
             a few batches to zero has a bug.
@@ -267,7 +269,11 @@ class Trainer:
         self.benchmark = benchmark
         self.inference_mode = inference_mode
         self.detect_anomaly = detect_anomaly
-        loggers = [] if self.fast_dev_run else _build_loggers(logger, self.default_root_dir)
+        loggers = _build_loggers(logger, self.default_root_dir)
+        if self.fast_dev_run and loggers:  # as Lightning: self.logger stays usable, nothing is written
+            from tandem.loggers.logger import DummyLogger
+
+            loggers = [DummyLogger()]
         self.callbacks: list[Callback] = _build_callbacks(
             callbacks, enable_checkpointing and not self.fast_dev_run, enable_progress_bar, enable_model_summary
         )
@@ -835,12 +841,15 @@ class Trainer:
         return self._metrics.callback_metrics
 
     @property
-    def logged_metrics(self) -> dict[str, float]:
+    def logged_metrics(self) -> dict[str, Any]:
+        """What was sent to the loggers (and the training step values logged since), as Lightning's: one-number
+        float tensors, in the order first logged."""
         return self._metrics.logged()
 
     @property
-    def progress_bar_metrics(self) -> dict[str, torch.Tensor]:
-        return self._metrics.progress_bar_metrics
+    def progress_bar_metrics(self) -> dict[str, float]:
+        """The ``prog_bar=True`` values as numbers (Lightning's), read now: one host sync for all."""
+        return to_float(self._metrics.progress_bar_metrics, torch.float64)  # exact for float32 and float64
 
     @property
     def training_module(self) -> TrainingModule | None:
@@ -1050,7 +1059,8 @@ class Trainer:
         return self._config.log_every_n_steps
 
     @property
-    def fast_dev_run(self) -> int:
+    def fast_dev_run(self) -> bool | int:
+        """As given to the Trainer (``1`` reads as ``True``, as in Lightning)."""
         return self._config.fast_dev_run
 
     @property
