@@ -27,7 +27,7 @@ def test_the_search_runs_at_fit_start_and_the_fit_trains_from_the_same_state_wit
     model = Regression(lr=0.01)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     finder, watch = LearningRateFinder(num_training_steps=60), _Watch()
-    trainer = quiet_trainer(max_epochs=1, callbacks=[finder, watch], default_root_dir=tmp_path)
+    trainer = quiet_trainer(max_epochs=4, callbacks=[finder, watch], default_root_dir=tmp_path)
     trainer.fit(model)
 
     suggestion = finder.optimal_lr.suggestion()
@@ -36,7 +36,7 @@ def test_the_search_runs_at_fit_start_and_the_fit_trains_from_the_same_state_wit
     weights, lr = watch.first
     assert lr == suggestion  # the fit's optimizer got it, not only the attribute
     assert all(torch.equal(weights[k], initial[k]) for k in initial)  # the search's training was put back
-    assert watch.steps == list(range(16)) and trainer.global_step == 16  # the other callbacks saw no search step
+    assert watch.steps == list(range(64)) and trainer.global_step == 64  # the other callbacks saw no search step
 
 
 class _EveryEpoch(LearningRateFinder):

@@ -209,22 +209,23 @@ def test_self_log_in_a_compiled_training_step_breaks_no_graph_and_logs_as_eager(
 
 
 def test_a_repeated_self_log_call_takes_the_short_way_only_while_nothing_but_the_value_changes():
-    seen = []
+    """A call like the name's previous one takes the short way; another batch_size (or a float for a tensor) is
+    decided afresh. (Other arguments may not change within a hook: Lightning's error, test_logging.py.)"""
 
     class Varying(Matrix):
         def training_step(self, batch, batch_idx):
             loss = super().training_step(batch, batch_idx)
             value = torch.tensor(float(batch_idx))
-            if batch_idx < 2:  # the same call twice: the second one repeats the first
-                self.log("x", value)
-            elif batch_idx == 2:  # another argument: decided afresh, shown in the progress bar from now on
-                self.log("x", value, prog_bar=True)
-            else:  # per step and per epoch, a float: forked names
-                self.log("x", float(batch_idx), on_epoch=True, prog_bar=True)
-            seen.append(dict(self.trainer.progress_bar_metrics))
+            if batch_idx < 2:  # the same call twice: the second one repeats the first (weight 8, the batch's size)
+                self.log("x", value, on_epoch=True, prog_bar=True)
+            elif batch_idx < 5:  # another batch_size: decided afresh, and repeated from then on
+                self.log("x", value, on_epoch=True, prog_bar=True, batch_size=2)
+            else:  # a float: decided afresh
+                self.log("x", float(batch_idx), on_epoch=True, prog_bar=True, batch_size=2)
             return loss
 
     trainer = quiet_trainer(max_epochs=1)
     trainer.fit(Varying(), loader(n=48, batch_size=8))
-    assert [sorted(bar) for bar in seen] == [[], [], ["x"], ["x", "x_step"], ["x", "x_step"], ["x", "x_step"]]
-    assert float(trainer.callback_metrics["x_step"]) == float(trainer.callback_metrics["x"]) == 5.0
+    assert float(trainer.callback_metrics["x_step"]) == 5.0
+    # (0 + 1) * 8 + (2 + 3 + 4 + 5) * 2 over 8 + 8 + 4 * 2: the batch_size each call gave, not the first call's
+    assert float(trainer.callback_metrics["x_epoch"]) == 1.5

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import random
+import re
 import warnings
 from types import SimpleNamespace
 
@@ -19,7 +20,7 @@ from tandem.loggers.logger import Logger
 from tandem.trainer.hooks import running_hook
 from tandem.trainer.logging import MetricCollector
 from tandem.trainer.state import TrainerState
-from tandem.utilities.exceptions import TandemUserCodeError
+from tandem.utilities.exceptions import MisconfigurationException, TandemUserCodeError
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -258,7 +259,7 @@ def test_a_name_holding_the_dataloader_suffix_is_an_error():
         def validation_step(self, batch, batch_idx, dataloader_idx=0):
             self.log(f"val_loss/dataloader_idx_{dataloader_idx}", 1.0)
 
-    with pytest.raises(TandemUserCodeError, match=r"'val_loss/dataloader_idx_0', ...\): the name holds"):
+    with pytest.raises(MisconfigurationException, match="`self.log` with the key `val_loss/dataloader_idx_0`"):
         quiet_trainer().validate(Suffixed(), two_loaders())
 
 
@@ -606,3 +607,116 @@ def test_logged_metrics_get_evaluation_step_values_without_a_logger():
     trainer = quiet_trainer()
     trainer.validate(PerStep(), loader(16, batch_size=4))
     assert set(trainer.logged_metrics) == {"val_step_loss"}
+
+
+# ---------------------------------------------------------------------- Lightning's types of the published values
+
+
+class _LogsKinds(TinyModule):
+    """Logs a tensor, a Python number and an integer tensor per step, a value both per step and per epoch, and an
+    epoch-end value (the shapes compared with Lightning in test_logged_and_progress_bar_metrics_hold_lightnings_types)."""
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("b_first", loss * 2, prog_bar=True)
+        self.log("a", loss, on_step=True, on_epoch=True, prog_bar=True)
+        self.log("n", 3)
+        self.log("i", torch.tensor(4))
+        return loss
+
+    def on_train_epoch_end(self):
+        self.log("z_epoch_end", 1.5)
+
+
+def test_logged_and_progress_bar_metrics_hold_lightnings_types():
+    """As Lightning 2.6.6 holds them (the same module run on Lightning, printed with each value's type):
+    logged_metrics float32 tensors (an integer tensor too) in the order first logged; progress_bar_metrics floats;
+    callback_metrics tensors, the plain name of a value logged per step and per epoch before its _step name."""
+    trainer = quiet_trainer(max_epochs=2, limit_train_batches=3, log_every_n_steps=1)
+    trainer.fit(_LogsKinds(), loader(48, 16))
+    logged = trainer.logged_metrics
+    assert list(logged) == ["train_loss", "b_first", "a_step", "n", "i", "a_epoch", "z_epoch_end"]
+    assert all(type(v) is torch.Tensor and v.dtype == torch.float32 and v.ndim == 0 for v in logged.values())
+    assert logged["i"].item() == 4.0 and logged["z_epoch_end"].item() == 1.5
+    bar = trainer.progress_bar_metrics
+    assert list(bar) == ["train_loss", "b_first", "a_step", "a_epoch"] and all(type(v) is float for v in bar.values())
+    assert bar["a_epoch"] == logged["a_epoch"].item()
+    assert list(trainer.callback_metrics)[:4] == ["train_loss", "b_first", "a", "a_step"]
+
+
+def test_fast_dev_run_is_kept_as_given_and_the_logger_is_a_dummy(tmp_path):
+    """Lightning's: trainer.fast_dev_run is the value given (1 reads as True), and a Trainer that had loggers gets a
+    DummyLogger (save_dir None, version and name "", an experiment that takes any call) that writes nothing."""
+    from tandem.loggers import DummyLogger
+
+    for given, expected in ((True, True), (1, True), (False, False), (0, 0), (3, 3)):
+        trainer = tandem.Trainer(default_root_dir=tmp_path, fast_dev_run=given, enable_progress_bar=False)
+        assert trainer.fast_dev_run is expected or (type(expected) is int and trainer.fast_dev_run == expected)
+        assert type(trainer.fast_dev_run) is type(expected)
+        assert isinstance(trainer.logger, DummyLogger) == bool(given)
+    assert tandem.Trainer(default_root_dir=tmp_path, fast_dev_run=True, logger=False).loggers == []
+
+    class DrawsImages(TinyModule):
+        def training_step(self, batch, batch_idx):
+            self.logger.experiment.add_image("x", batch[0][:1])
+            self.logger[0].experiment.add_histogram("w", self.net[0].weight)
+            self.logger.log_metrics({"m": 1.0}, step=0)
+            return super().training_step(batch, batch_idx)
+
+    trainer = tandem.Trainer(default_root_dir=tmp_path, fast_dev_run=2, enable_progress_bar=False)
+    logger = trainer.logger
+    assert (logger.save_dir, logger.version, logger.name) == (None, "", "")
+    trainer.fit(DrawsImages(), loader(64, 16), loader(32, 16))
+    assert trainer.global_step == 2
+    assert not (tmp_path / "lightning_logs").exists() and not (tmp_path / "tandem_logs").exists()
+
+
+@pytest.mark.parametrize("value", [None, {"a": None}, {"a": 1}, "foo", [1, 2, 3], (1, 2, 3)])
+def test_a_value_self_log_cannot_take_is_a_value_error(value):
+    """Lightning raises ValueError; tandem's error is one (and still a TandemUserCodeError)."""
+
+    class Logs(TinyModule):
+        def training_step(self, batch, batch_idx):
+            self.log("foo", value)
+            return super().training_step(batch, batch_idx)
+
+    with pytest.raises(ValueError, match=re.escape(f"`self.log(foo, {value})` was called")) as caught:
+        quiet_trainer(fast_dev_run=1).fit(Logs(), loader(32, 16))
+    assert isinstance(caught.value, TandemUserCodeError)
+
+    class Several(TinyModule):
+        def training_step(self, batch, batch_idx):
+            self.log("foo", torch.ones(2))
+            return super().training_step(batch, batch_idx)
+
+    with pytest.raises(ValueError, match="the tensor must have a single element"):
+        quiet_trainer(fast_dev_run=1).fit(Several(), loader(32, 16))
+
+
+def test_self_log_misuse_is_a_misconfiguration_exception_as_lightnings():
+    """Lightning's MisconfigurationException for a hook that cannot log, a value published nowhere, and one name
+    logged twice in a hook with different arguments."""
+
+    class InFitStart(TinyModule):
+        def on_fit_start(self):
+            self.log("x", 1.0)
+
+    with pytest.raises(MisconfigurationException, match="inside on_fit_start"):
+        quiet_trainer(fast_dev_run=1).fit(InFitStart(), loader(32, 16))
+
+    class Nowhere(TinyModule):
+        def training_step(self, batch, batch_idx):
+            self.log("x", 1.0, on_step=False, on_epoch=False)
+            return super().training_step(batch, batch_idx)
+
+    with pytest.raises(MisconfigurationException, match="is not useful"):
+        quiet_trainer(fast_dev_run=1).fit(Nowhere(), loader(32, 16))
+
+    class Twice(TinyModule):
+        def training_step(self, batch, batch_idx):
+            self.log("foo", -1, prog_bar=False)
+            self.log("foo", -1, prog_bar=True)
+            return super().training_step(batch, batch_idx)
+
+    with pytest.raises(MisconfigurationException, match=r"self.log\(foo, ...\)` twice in `training_step`"):
+        quiet_trainer(fast_dev_run=1).fit(Twice(), loader(32, 16))

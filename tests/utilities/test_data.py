@@ -17,7 +17,9 @@ from tandem.utilities.data import (
     find_sampler,
     make_skippable,
     rebuild_dataloader,
+    seed_workers,
 )
+from tandem.utilities.seed import pl_worker_init_function
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -109,4 +111,30 @@ def test_a_rebuilt_loader_keeps_its_workers_ending_with_the_process_and_seeded(m
     end_workers_with_process(loader)
     rebuilt = rebuild_dataloader(loader, sampler=RandomSampler(loader.dataset))
     assert isinstance(rebuilt.worker_init_fn, type(loader.worker_init_fn))
-    assert rebuilt.worker_init_fn.inner is data.worker_init_function
+    assert rebuilt.worker_init_fn is not loader.worker_init_fn
+    seed_workers(rebuilt, rank=1)
+    assert rebuilt.worker_init_fn.inner.func is data.pl_worker_init_function
+    assert rebuilt.worker_init_fn.inner.keywords == {"rank": 1}
+
+
+def test_seed_everything_workers_gives_loaders_lightnings_worker_init_fn_and_leaves_the_users(monkeypatch):
+    """Lightning's _auto_add_worker_init_fn: after seed_everything(workers=True) every loader the Trainer runs that
+    has no worker_init_fn of its own gets pl_worker_init_function (with or without workers); workers=False, or a
+    function of the user's, is left as it is."""
+    from tandem.utilities.seed import seed_everything
+
+    for name in ("TANDEM_GLOBAL_SEED", "TANDEM_SEED_WORKERS", "PL_GLOBAL_SEED", "PL_SEED_WORKERS"):
+        monkeypatch.delenv(name, raising=False)
+    loader = _loader()
+    seed_workers(loader, rank=0)
+    assert loader.worker_init_fn is None
+    seed_everything(0, workers=False)
+    seed_workers(loader, rank=0)
+    assert loader.worker_init_fn is None
+    seed_everything(0, workers=True)
+    assert os.environ["PL_SEED_WORKERS"] == os.environ["TANDEM_SEED_WORKERS"] == "1"
+    mine = _loader(worker_init_fn=print)
+    seed_workers(mine, rank=0)
+    assert mine.worker_init_fn is print
+    seed_workers(loader, rank=0)
+    assert loader.worker_init_fn.func is pl_worker_init_function and loader.worker_init_fn.keywords == {"rank": 0}

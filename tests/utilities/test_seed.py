@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from tandem import seed_everything
-from tandem.utilities.seed import capture_rng_state, reset_seed, restore_rng_state
+from tandem.utilities.seed import capture_rng_state, pl_worker_init_function, reset_seed, restore_rng_state
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -54,6 +55,39 @@ def test_reset_seed_seeds_again_with_seed_everythings_seed_and_does_nothing_with
     again = (random.random(), np.random.rand(), torch.rand(3))
     assert fresh[:2] == again[:2] and torch.equal(fresh[2], again[2])
     monkeypatch.delenv("TANDEM_GLOBAL_SEED")
+    monkeypatch.delenv("PL_GLOBAL_SEED")  # Lightning's name, read when tandem's is absent
     before = torch.get_rng_state()
     reset_seed()
     assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_seed_everything_exports_lightnings_variables_and_reads_them_back(monkeypatch):
+    """Lightning's names are set beside tandem's (a launcher or program written for Lightning reads them), and a
+    seed only Lightning's variable holds is the one used."""
+    for name in ("TANDEM_GLOBAL_SEED", "TANDEM_SEED_WORKERS", "PL_GLOBAL_SEED", "PL_SEED_WORKERS"):
+        monkeypatch.delenv(name, raising=False)
+    seed_everything(5, workers=True)
+    assert os.environ["PL_GLOBAL_SEED"] == os.environ["TANDEM_GLOBAL_SEED"] == "5"
+    assert os.environ["PL_SEED_WORKERS"] == os.environ["TANDEM_SEED_WORKERS"] == "1"
+    seed_everything(6)
+    assert os.environ["PL_SEED_WORKERS"] == "0"
+    monkeypatch.delenv("TANDEM_GLOBAL_SEED")
+    monkeypatch.setenv("PL_GLOBAL_SEED", "9")
+    assert seed_everything() == 9
+
+
+# Lightning 2.6.6's lightning.fabric.utilities.seed.pl_worker_init_function, run on the same torch: after
+# torch.manual_seed(base + worker_id), (torch.initial_seed(), random.random(), numpy.random.rand()) in the worker.
+_LIGHTNING_WORKER_SEEDS = {
+    (1234, 1, 0): (18247304121853680413, 0.643804146946211, 0.6726819280425754),
+    (99, 2, 1): (9318127681261004462, 0.27270426159327643, 0.2575261139770434),
+}
+
+
+@pytest.mark.parametrize(("base", "worker_id", "rank"), list(_LIGHTNING_WORKER_SEEDS))
+def test_pl_worker_init_function_seeds_a_worker_as_lightnings(base, worker_id, rank):
+    torch.manual_seed(base + worker_id)  # what a DataLoader worker starts with
+    pl_worker_init_function(worker_id, rank=rank)
+    assert (torch.initial_seed(), random.random(), float(np.random.rand())) == _LIGHTNING_WORKER_SEEDS[
+        base, worker_id, rank
+    ]

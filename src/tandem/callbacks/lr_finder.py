@@ -3,11 +3,13 @@
 
 The search trains ``num_training`` steps with the learning rate rising from ``min_lr`` to ``max_lr``, records the
 smoothed loss of each, and suggests the rate where the loss falls fastest. It runs in a ``Trainer.trial``, so the
-fit then starts from exactly the state it had before (weights, optimizer, counters, RNG).
+fit then starts from the state it had before (weights, optimizer, counters), with the RNG and the loaders as
+Lightning's search leaves them.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -15,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tandem.callbacks.callback import Callback
-from tandem.utilities.exceptions import TandemConfigError, TunerExit, bad_choice, incompatible, out_of_range
+from tandem.utilities.exceptions import MissingAttributeError, TunerExit, bad_choice, incompatible, out_of_range
 from tandem.utilities.parsing import lightning_hasattr, lightning_setattr
 from tandem.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     from tandem.trainer.trainer import Trainer
 
 _LR_NAMES = ("lr", "learning_rate")
+log = logging.getLogger(__name__)
 
 
 class LRFinder:
@@ -54,7 +57,8 @@ class LRFinder:
         """The learning rate where the loss falls fastest, by Lightning's rule: the most negative gradient of the
         loss over the learning rate itself (``torch.gradient`` with the rates as coordinates, in the default dtype,
         also in ``"exponential"`` mode), among the points left after the first ``skip_begin`` and the last
-        ``skip_end`` and the non-finite ones; None (with a warning) when fewer than two points are left.
+        ``skip_end`` and the non-finite ones; None (with an error logged, as Lightning's) when fewer than two points
+        are left.
 
         Args:
             skip_begin: leading points left out (the noisy start).
@@ -66,10 +70,11 @@ class LRFinder:
         finite = torch.isfinite(losses)
         losses, lrs = losses[finite], lrs[finite]
         if len(losses) < 2:  # torch.gradient needs two points
-            rank_zero_warn(
-                "The learning rate finder has too few points for a suggestion (fewer than 2 finite losses left after "
-                f"skip_begin={skip_begin} and skip_end={skip_end}). Raise num_training, use more training data, or "
-                "lower early_stop_threshold's sensitivity (a higher value, or None)."
+            log.error(
+                "Failed to compute suggestion for learning rate: fewer than 2 finite losses are left after "
+                f"skip_begin={skip_begin} and skip_end={skip_end}. Raise num_training (or max_epochs, which also ends "
+                "the search), use more training data, or make early stopping less sensitive (a higher "
+                "early_stop_threshold, or None)."
             )
             self._optimal_idx = None
             return None
@@ -116,6 +121,10 @@ class _Diverged(Exception):  # noqa: N818 - the range test's own stop, caught by
     """The smoothed loss rose above ``early_stop_threshold`` times its best: the search stops (every rank)."""
 
 
+class _Done(Exception):  # noqa: N818 - the range test's own stop, caught by lr_find
+    """Every learning rate of the schedule was tried (batches whose ``training_step`` returned None included)."""
+
+
 class _LRRecorder(Callback):
     """Sets each step's learning rate and records the smoothed loss after it (Lightning's ``_LRCallback``).
 
@@ -138,8 +147,10 @@ class _LRRecorder(Callback):
         self._open = False  # a stepping batch started: its loss is recorded at its end
 
     def on_train_batch_start(self, trainer: Trainer, module: TrainingModule, batch: Any, batch_idx: int) -> None:
-        if not trainer.is_stepping_batch or len(self.lrs) >= len(self.schedule):
+        if not trainer.is_stepping_batch:
             return
+        if len(self.lrs) >= len(self.schedule):  # a batch whose training_step returned None used a rate, no step
+            raise _Done
         lr = self.schedule[len(self.lrs)]
         for group in trainer.optimizers[0].param_groups:
             group["lr"] = lr
@@ -172,7 +183,7 @@ def _lr_attribute(model: TrainingModule, attr_name: str) -> str:
     """The attribute holding the learning rate: ``attr_name``, else ``lr`` or ``learning_rate`` (Lightning's)."""
     if attr_name:
         if not lightning_hasattr(model, attr_name):
-            raise TandemConfigError(
+            raise MissingAttributeError(
                 f"The learning rate finder was told attr_name={attr_name!r}, but neither {type(model).__name__} nor "
                 "its hparams (nor the DataModule) has it. Pass the attribute configure_optimizers reads."
             )
@@ -180,10 +191,10 @@ def _lr_attribute(model: TrainingModule, attr_name: str) -> str:
     for name in _LR_NAMES:
         if lightning_hasattr(model, name):
             return name
-    raise TandemConfigError(
-        f"The learning rate finder updates the learning rate it finds, but {type(model).__name__} has neither "
-        f"of {_LR_NAMES} (as an attribute or in its hparams). Store it as self.lr (or save_hyperparameters(lr=...)) "
-        "and read it in configure_optimizers, pass attr_name=<its name>, or update_attr=False."
+    raise MissingAttributeError(
+        f"The learning rate finder updates the learning rate it finds, so {type(model).__name__} (or its hparams) "
+        f"should have one of these fields: {_LR_NAMES}. Store it as self.lr (or save_hyperparameters(lr=...)) and "
+        "read it in configure_optimizers, pass attr_name=<its name>, or update_attr=False."
     )
 
 
@@ -207,15 +218,18 @@ def lr_find(
         attr_name = _lr_attribute(model, attr_name)
     if len(trainer.optimizers) != 1:
         raise incompatible(
-            f"The learning rate finder with {len(trainer.optimizers)} optimizers",
-            "it searches the learning rate of one optimizer",
+            f"configure_optimizers returned {len(trainer.optimizers)} optimizers",
+            "the learning rate finder only works with single optimizer setups (it searches one optimizer's rate)",
             "Let configure_optimizers return one optimizer while you search, or search each rate separately.",
         )
     finder = LRFinder(mode, min_lr, max_lr, num_training)
     recorder = _LRRecorder(finder.schedule(), early_stop_threshold)
-    with trainer.trial([recorder], max_steps=num_training) as trial:
+    # As Lightning's: the fit's max_epochs ends the search too, and the loaders are built again after it
+    with trainer.trial([recorder], max_steps=num_training, max_epochs=trainer.max_epochs, restart_data=True) as trial:
         try:
             trial.run()
+        except _Done:
+            pass
         except _Diverged:
             rank_zero_info(
                 f"The learning rate finder stopped early after {len(recorder.losses)} steps: the loss diverged."
@@ -239,8 +253,11 @@ def check_lr_find_arguments(min_lr: float, max_lr: float, num_training: int, mod
         raise bad_choice("mode", mode, LearningRateFinder.SUPPORTED_MODES)
     if isinstance(num_training, bool) or not isinstance(num_training, int) or num_training < 1:
         raise out_of_range("num_training", num_training, "an int >= 1 (the steps of the search)")
-    if not 0 < min_lr < max_lr:
-        raise out_of_range("min_lr, max_lr", (min_lr, max_lr), "0 < min_lr < max_lr")
+    # min_lr > max_lr searches downwards, as Lightning's; a log scale needs both rates above 0
+    if mode == "exponential" and not (min_lr > 0 and max_lr > 0):
+        raise out_of_range("min_lr, max_lr", (min_lr, max_lr), "both > 0 in mode='exponential' (a log scale)")
+    if mode == "linear" and not (min_lr >= 0 and max_lr >= 0):
+        raise out_of_range("min_lr, max_lr", (min_lr, max_lr), "both >= 0")
     return mode
 
 

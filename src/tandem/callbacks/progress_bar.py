@@ -108,16 +108,21 @@ class ProgressBar(Callback):
         seen[kind] = seen.get(kind, 0) + 1 if kind in self._bars else 0
         self._advance(kind, seen[kind] - 1)
 
-    def _show_metrics(self, trainer: Trainer, refresh: bool) -> None:
-        bar = self._bars.get("train")
-        if bar is None:
-            return
+    def get_metrics(self, trainer: Trainer, module: TrainingModule) -> dict[str, Any]:
+        """The items the training bar shows (Lightning's hook: override it to change them): the loss, then the
+        ``prog_bar=True`` values (``trainer.progress_bar_metrics``)."""
         values = to_float(dict(trainer.progress_bar_metrics))
         if self._loss is not None:
             loss = float(self._loss)
             if loss not in values.values():  # shown once: train_loss logged with prog_bar=True is the loss
                 values = {"loss": loss, **values}
-        self._draw_metrics(bar, values, refresh)
+        return values
+
+    def _show_metrics(self, trainer: Trainer, module: TrainingModule, refresh: bool) -> None:
+        bar = self._bars.get("train")
+        if bar is None:
+            return
+        self._draw_metrics(bar, self.get_metrics(trainer, module), refresh)
         self._postfix_time = time.monotonic()
 
     def _draw_metrics(self, bar: Any, values: dict[str, float], refresh: bool) -> None:
@@ -154,10 +159,10 @@ class ProgressBar(Callback):
             self._loss = loss.detach()  # no graph kept alive, no device sync yet
         self._advance("train", batch_idx)
         if time.monotonic() - self._postfix_time >= _POSTFIX_EVERY_S:
-            self._show_metrics(trainer, refresh=False)
+            self._show_metrics(trainer, module, refresh=False)
 
     def on_train_epoch_end(self, trainer: Trainer, module: TrainingModule) -> None:
-        self._show_metrics(trainer, refresh=True)
+        self._show_metrics(trainer, module, refresh=True)
         self._print_line()
         if self.leave:
             self._close("train")
@@ -188,7 +193,7 @@ class ProgressBar(Callback):
     def on_validation_end(self, trainer: Trainer, module: TrainingModule) -> None:
         self._close("eval")
         if not trainer.sanity_checking:
-            self._show_metrics(trainer, refresh=True)
+            self._show_metrics(trainer, module, refresh=True)
             bar = self._bars.get("train")
             if bar is not None and bar.n != bar.total:  # within the epoch (its end prints a line anyway)
                 self._print_line()

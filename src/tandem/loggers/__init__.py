@@ -10,13 +10,14 @@ from tandem.utilities.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from tandem.loggers.csv import CSVLogger
-    from tandem.loggers.logger import Logger
+    from tandem.loggers.logger import DummyLogger, Logger
     from tandem.loggers.mlflow import MLFlowLogger
     from tandem.loggers.tensorboard import TensorBoardLogger
     from tandem.loggers.wandb import WandbLogger
 
 _LAZY = {
     "CSVLogger": "tandem.loggers.csv",
+    "DummyLogger": "tandem.loggers.logger",
     "Logger": "tandem.loggers.logger",
     "MLFlowLogger": "tandem.loggers.mlflow",
     "TensorBoardLogger": "tandem.loggers.tensorboard",
@@ -25,6 +26,7 @@ _LAZY = {
 
 __all__ = [
     "CSVLogger",
+    "DummyLogger",
     "Logger",
     "MLFlowLogger",
     "TensorBoardLogger",

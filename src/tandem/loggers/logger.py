@@ -185,6 +185,62 @@ class Logger(ABC):
         return f"{name}(save_dir={self._save_dir!r}, name={self._name!r}, version={self._version!r})"
 
 
+class DummyLogger(Logger):
+    """The logger under ``Trainer(fast_dev_run=...)`` (Lightning's): code written for a logger runs
+    (``self.logger.experiment.add_image(...)``, ``self.logger.log_metrics(...)``) and nothing is written.
+    ``save_dir`` is None, ``name`` and ``version`` are ``""``; any other method is accepted and does nothing."""
+
+    def __init__(self) -> None:
+        super().__init__("", name="", version="")
+        self._experiment = NoOpExperiment()
+
+    @property
+    def experiment(self) -> NoOpExperiment:
+        """Takes any call, attribute or item, and does nothing."""
+        return self._experiment
+
+    @property
+    def save_dir(self) -> None:  # type: ignore[override]
+        return None
+
+    @save_dir.setter
+    def save_dir(self, save_dir: Any) -> None:
+        pass
+
+    @property
+    def root_dir(self) -> None:  # type: ignore[override]
+        return None
+
+    @property
+    def version(self) -> str:
+        return ""
+
+    @version.setter
+    def version(self, version: Any) -> None:
+        pass
+
+    @property
+    def log_dir(self) -> None:  # type: ignore[override]
+        return None
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        pass
+
+    def log_hyperparams(self, params: Mapping[str, Any] | argparse.Namespace) -> None:
+        pass
+
+    def __getitem__(self, idx: int) -> DummyLogger:  # self.logger[0].experiment.add_image(...)
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: None
+
+    def __repr__(self) -> str:
+        return "DummyLogger()"
+
+
 # ---------------------------------------------------------------------- helpers shared by the loggers
 class NoOpExperiment:
     """What a logger's ``experiment`` is on ranks other than 0: every attribute, call and item is this object

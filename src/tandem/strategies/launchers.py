@@ -707,7 +707,7 @@ def collect(trainer: Any) -> dict[str, Any]:
     payload: dict[str, Any] = {
         "state_dict": {k: v.detach().cpu() for k, v in trainer.strategy.full_module_state_dict().items()},
         "callback_metrics": apply_to_collection(dict(trainer.callback_metrics), torch.Tensor, _to_cpu),
-        "logged_metrics": dict(getattr(trainer, "logged_metrics", {})),
+        "logged_metrics": apply_to_collection(dict(getattr(trainer, "logged_metrics", {})), torch.Tensor, _to_cpu),
     }
     payload["progress"] = trainer.fit_loop.state_dict()  # current_epoch and global_step read it afterwards
     checkpoint = getattr(trainer, "checkpoint_callback", None)

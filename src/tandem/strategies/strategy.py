@@ -29,7 +29,7 @@ from tandem.strategies.precision import Precision, for_device
 from tandem.strategies.samplers import DATA_ORDERS, ordered_training
 from tandem.utilities.checkpoint import atomic_save, is_sharded_checkpoint, load_checkpoint_file, remove_file
 from tandem.utilities.compile import Compiler
-from tandem.utilities.data import end_workers_with_process
+from tandem.utilities.data import end_workers_with_process, seed_workers
 from tandem.utilities.exceptions import (
     CheckpointError,
     TandemConfigError,
@@ -352,6 +352,7 @@ class Strategy:
         if stage not in STAGES:
             raise bad_choice("stage", stage, STAGES)
         processed = self._process_dataloader(dataloader, stage)
+        seed_workers(processed, self.global_rank)  # seed_everything(workers=True), as Lightning
         end_workers_with_process(processed)  # no worker outlives a killed rank
         return processed
 

@@ -106,12 +106,12 @@ class TrainerConfig:
         if clip == 0:
             self.gradient_clip_val = None
         fdr = self.fast_dev_run
-        if isinstance(fdr, bool):
-            self.fast_dev_run = 1 if fdr else 0
-        else:
+        if not isinstance(fdr, bool):
             _check_int("fast_dev_run", fdr, 0)
-        if self.fast_dev_run:
-            n = self.fast_dev_run
+        if fdr == 1:  # as Lightning keeps it: the value given, with 1 read as True
+            self.fast_dev_run = True
+        if fdr:
+            n = int(fdr)
             self.max_epochs, self.max_steps, self.num_sanity_val_steps = 1, n, 0
             self.limit_train_batches = self.limit_val_batches = n
             self.limit_test_batches = self.limit_predict_batches = n

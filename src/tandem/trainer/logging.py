@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tandem.trainer.hooks import STEP_HOOKS, current_hook
-from tandem.utilities.exceptions import TandemUserCodeError, bad_choice
+from tandem.utilities.exceptions import LogCallError, LogValueError, TandemUserCodeError, bad_choice
 from tandem.utilities.logged_values import is_metric, replica_logs, to_float
 from tandem.utilities.rank_zero import rank_zero_warn
 
@@ -59,6 +59,7 @@ class _Entry:
     dirty: bool = field(default=False)  # logged since epoch_value was computed
     step_unsynced: bool = field(default=False)  # a sync_dist step value not yet reduced across processes
     hook: str | None = None  # the hook of the latest call, whose logging rule was checked (see check_log_call)
+    options: tuple[Any, ...] = ()  # that hook's first call's (on_step, on_epoch, prog_bar, logger, reduce_fx)
     loader: int | None = None  # the evaluation loader it was first logged from (None: training, epoch hooks)
     rank_zero_only: bool = False  # logged on rank 0 alone (never reduced, on purpose)
     # the latest call's (hook, stage, loader, arguments) and what they resolved to (see MetricCollector.log)
@@ -113,7 +114,9 @@ class MetricCollector:
         self.dataloader_idx: int | None = None  # with several evaluation loaders: the one now running
         self._batch_size: int | None = None
         self.callback_metrics: dict[str, torch.Tensor] = {}
-        self.logged_metrics: dict[str, float] = {}
+        #: as Lightning's: one-number float tensors (an integer value read as float32), and what callbacks sent
+        #: through trainer.log_metrics as they sent it, in the order first logged
+        self.logged_metrics: dict[str, Any] = {}
         self.progress_bar_metrics: dict[str, torch.Tensor] = {}
         self._unsynced_warned = False  # epoch values each process aggregated alone were reported (once)
 
@@ -184,10 +187,10 @@ class MetricCollector:
             entry.dirty = True
         entry.step_value = value
         entry.updated = True
+        if also is not None:  # the plain name first, as Lightning's order of first appearance
+            self.callback_metrics[also] = value
         if key is not None:  # None: an evaluation step value, not a callback metric (Lightning's)
             self.callback_metrics[key] = value
-        if also is not None:
-            self.callback_metrics[also] = value
         if bar is not None:
             self.progress_bar_metrics[bar] = value
 
@@ -257,7 +260,13 @@ class MetricCollector:
                 )
             elif entry.loader is None:
                 entry.loader = loader
-            entry.hook = hook
+            entry.hook, entry.options = hook, (on_step, on_epoch, prog_bar, logger, reduce_fx)
+        elif entry.options != (on_step, on_epoch, prog_bar, logger, reduce_fx):
+            raise LogCallError(
+                f"You called `self.log({raw}, ...)` twice in `{hook}` with different arguments (on_step, on_epoch, "
+                "prog_bar, logger or reduce_fx): one name holds one series of values. Log it with the same "
+                "arguments each time, or under another name."
+            )
         keys = _published_keys(name, on_step, on_epoch, prog_bar, callbacks=stage == "train")
         if metric is not None:  # its step value (forward's); its epoch value is computed at the epoch's end
             entry.metric = metric
@@ -280,9 +289,9 @@ class MetricCollector:
     def _as_tensor(name: str, value: Any) -> torch.Tensor:
         if isinstance(value, torch.Tensor):
             if value.numel() != 1:
-                raise TandemUserCodeError(
-                    f"self.log({name!r}, ...) got a tensor of shape {tuple(value.shape)}; log one number per "
-                    "name, e.g. value.mean(), or a torchmetrics Metric."
+                raise LogValueError(
+                    f"self.log({name!r}, ...) got a tensor of shape {tuple(value.shape)}, but the tensor must have a "
+                    "single element: log one number per name, e.g. value.mean(), or a torchmetrics Metric."
                 )
             value = value.detach()
             value = value if value.ndim == 0 else value.reshape(())
@@ -290,9 +299,10 @@ class MetricCollector:
         if isinstance(value, numbers.Number) and not isinstance(value, bool):  # float32 under a 16-bit default dtype
             default = torch.get_default_dtype()
             return torch.tensor(float(value), dtype=torch.float32 if default in _HALF_DTYPES else default)
-        raise TandemUserCodeError(
-            f"self.log({name!r}, ...) got {type(value).__name__}; expected a number, a one-element tensor or a "
-            "torchmetrics Metric. Log each number under its own name (self.log_dict for several)."
+        raise LogValueError(
+            f"`self.log({name}, {value})` was called, but `{type(value).__name__}` values cannot be logged: expected a "
+            "number, a one-element tensor or a torchmetrics Metric. Log each number under its own name (self.log_dict "
+            "for several)."
         )
 
     def _current_batch_size(self) -> int:
@@ -338,13 +348,13 @@ class MetricCollector:
         """The logger-bound training step values logged since the loggers' last row (the marks stay)."""
         return self._updated_step_values(self._stores.get("train", {}), False, skip_unsynced=self._distributed)
 
-    def logged(self) -> dict[str, float]:
+    def logged(self) -> dict[str, Any]:
         """``trainer.logged_metrics``: what was last sent to the loggers and, as Lightning updates it after every
-        training batch, written or not, the training step values logged since (read now, as numbers: one host sync
-        on an accelerator)."""
+        training batch, written or not, the training step values logged since (tensors, as Lightning's: no host
+        sync)."""
         pending = self.unwritten_step_values()
         if pending:
-            self.logged_metrics.update(to_float(pending))
+            self.logged_metrics.update(as_logged(pending))
         return self.logged_metrics
 
     def evaluation_step_values(self) -> dict[str, torch.Tensor]:
@@ -388,8 +398,8 @@ class MetricCollector:
                 continue
             key = _forked(name, "epoch") if entry.on_step else name
             values[key] = value
-            self.callback_metrics[key] = value
             self.callback_metrics[name] = value
+            self.callback_metrics[key] = value
             if entry.prog_bar:
                 self.progress_bar_metrics[key] = value
             if entry.logger:
@@ -488,9 +498,9 @@ class MetricCollector:
     def _publish_step(self, name: str, entry: _Entry, value: torch.Tensor) -> None:
         entry.step_value, entry.step_unsynced = value, False
         key = _forked(name, "step") if entry.on_step and entry.on_epoch else name
-        self.callback_metrics[key] = value
         if entry.on_epoch:
             self.callback_metrics[name] = value
+        self.callback_metrics[key] = value
         if entry.prog_bar:
             self.progress_bar_metrics[key] = value
 
@@ -675,26 +685,31 @@ def check_log_call(
             if stage == "predict" or (hook or "").startswith(("on_predict", "predict"))
             else "the value would never reach callback_metrics or the loggers"
         )
-        raise TandemUserCodeError(
+        raise LogCallError(
             f"self.log({shown!r}, ...) was called {where}, where logging is not supported: {why}. Log from the "
             "training / validation / test steps or their batch and epoch hooks, or write to the logger directly "
             "(self.logger.log_metrics({...}, step=...) or self.logger.experiment)."
         )
     if hook in EPOCH_ONLY_HOOKS and (on_step or not on_epoch):
-        raise TandemUserCodeError(
+        raise LogCallError(
             f"self.log({shown!r}, ..., on_step={on_step}, on_epoch={on_epoch}) inside {hook}: this hook runs once, not "
             "per step, so it logs epoch values only. Leave on_step and on_epoch at their defaults there (or pass "
             "on_step=False, on_epoch=True), or log per-step values from training_step or on_train_batch_end."
         )
+    if not on_step and not on_epoch:
+        raise LogCallError(
+            f"`self.log({shown}, ..., on_step=False, on_epoch=False)` in {hook} is not useful: the value would be "
+            "published neither per step nor per epoch. Drop one of them (or both, for the hook's defaults)."
+        )
     user_suffixes = shown.count(_SUFFIX)
     if user_suffixes:
-        raise TandemUserCodeError(
-            f"self.log({shown!r}, ...): the name holds {_SUFFIX!r}, which tandem adds itself when there are several "
+        raise LogCallError(
+            f"You called `self.log` with the key `{shown}`, but the name holds {_SUFFIX!r}, which tandem adds itself when there are several "
             f"evaluation loaders (and splits results by). Log the plain name ({shown.split(_SUFFIX)[0]!r}), or with "
             "add_dataloader_idx=False a name of your own without that part."
         )
     if entry is not None and not add_dataloader_idx and loader is not None and entry.loader not in (None, loader):
-        raise TandemUserCodeError(
+        raise LogCallError(
             f"self.log({name!r}, ..., add_dataloader_idx=False) in {hook} for dataloader {loader}, but {name!r} was "
             f"already logged from dataloader {entry.loader} in this {_STAGE_WORDS.get(stage, stage)} run: the loaders' "
             "values would be averaged into one number, reported for each. Give each loader its own name (e.g. "
@@ -725,17 +740,25 @@ class LogSink:
         ``self.log`` values, as Lightning writes them; the callbacks' rows, through the Trainer, do not)."""
         if not metrics:
             return
-        values = to_float(dict(metrics))
-        self._collector.logged_metrics.update(values)
-        if step is None and epoch:  # as Lightning: every row of self.log values says its epoch (a CSV column)
-            values.setdefault("epoch", self._loop.epoch)
+        self._collector.logged_metrics.update(as_logged(metrics))
         if self.loggers and self._strategy.is_global_zero:
+            values = to_float(dict(metrics))  # the loggers write numbers: one host sync for the row
+            if step is None and epoch:  # as Lightning: every row of self.log values says its epoch (a CSV column)
+                values.setdefault("epoch", self._loop.epoch)
             for logger in self.loggers:
                 logger.log_metrics(values, step=self._loop.logger_step if step is None else step)
 
     def save(self) -> None:
         for logger in self.loggers:
             logger.save()
+
+
+def as_logged(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """``metrics`` as ``trainer.logged_metrics`` holds them (Lightning's types): a tensor as it is, one of integers
+    or booleans as float32; anything else (a number a callback sent) as given. No host sync."""
+    return {
+        k: v.float() if isinstance(v, torch.Tensor) and not v.is_floating_point() else v for k, v in metrics.items()
+    }
 
 
 # ---------------------------------------------------------------------- reduction across processes, by name

@@ -114,6 +114,11 @@ class FitLoop:
             return
         self.reload_training()
 
+    def forget_training(self) -> None:
+        """The training loader is asked for again where the fit next needs it (after a search built its own)."""
+        if self._load is not None:
+            self.data, self._loaded_at = StageData(TRAIN), -math.inf
+
     def reload_training(self) -> None:
         """Build the training record again now; a resumed run's order (the checkpoint's) carries over."""
         assert self._load is not None

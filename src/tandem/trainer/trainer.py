@@ -44,6 +44,7 @@ from tandem.utilities.exceptions import (
     incompatible,
     note_unpacked_mapping,
 )
+from tandem.utilities.logged_values import to_float
 from tandem.utilities.memory import free_cuda_memory
 from tandem.utilities.rank_zero import rank_zero_info, rank_zero_print, rank_zero_warn
 
@@ -117,8 +118,9 @@ class Trainer:
             ``seed_everything`` seed plus the epoch). ``"global"``: one order whatever the number of processes
             (one process draws the order N processes share; shuffled only if the loader shuffles), so 1 and N
             processes train alike. Either way a run keeps its order when resumed, on any number of processes.
-        fast_dev_run: run 1 (or n) batches of training, validation and test, without loggers or
-            checkpoints, to smoke-test a module.
+        fast_dev_run: run 1 (or n) batches of training, validation and test, without checkpoints and with a
+            ``DummyLogger`` in place of the loggers (``self.logger.experiment`` takes any call and writes
+            nothing), to smoke-test a module.
         overfit_batches: train and validate on the first n batches (an int) or fraction of the training data, in
             order (a shuffling loader is made sequential, with a warning): a module that cannot drive the loss of
             a few batches to zero has a bug.
@@ -268,7 +270,11 @@ class Trainer:
         self.benchmark = benchmark
         self.inference_mode = inference_mode
         self.detect_anomaly = detect_anomaly
-        loggers = [] if self.fast_dev_run else _build_loggers(logger, self.default_root_dir)
+        loggers = _build_loggers(logger, self.default_root_dir)
+        if self.fast_dev_run and loggers:  # as Lightning: self.logger stays usable, nothing is written
+            from tandem.loggers.logger import DummyLogger
+
+            loggers = [DummyLogger()]
         self.callbacks: list[Callback] = _build_callbacks(
             callbacks, enable_checkpointing, bool(self.fast_dev_run), enable_progress_bar, enable_model_summary
         )
@@ -561,21 +567,32 @@ class Trainer:
         return self.strategy.tensor_init_context(empty_init)
 
     def trial(
-        self, callbacks: Sequence[Callback] = (), max_steps: int = 100
+        self,
+        callbacks: Sequence[Callback] = (),
+        max_steps: int = 100,
+        *,
+        max_epochs: int | None = None,
+        restart_data: bool = False,
     ) -> contextlib.AbstractContextManager[Trial]:
         """Short training runs inside the running fit that leave no trace: the tuner's searches
         (``LearningRateFinder``, ``BatchSizeFinder``) run in one. Call it from a callback hook of a fit
         (``on_fit_start``, ``on_train_epoch_start``), on every rank.
 
         On entry the fit's state is saved to a temporary checkpoint in ``default_root_dir``. In the block,
-        ``trial.run()`` trains from that point, at most ``max_steps`` optimizer steps (``max_epochs`` does not cut
-        it short), calling only ``callbacks`` (and the module's hooks): no loggers, progress bar or other callbacks,
+        ``trial.run()`` trains from that point, at most ``max_steps`` optimizer steps and up to epoch ``max_epochs``
+        (None: as many epochs as the steps need), calling only ``callbacks`` (and the module's hooks): no loggers,
+        progress bar or other callbacks,
         no sanity check or validation, no lr scheduler of the module, and NaN or inf is not acted on (a range test
         drives the loss to diverge). ``trial.reload_data()`` builds the training loaders again from the module's
         or DataModule's hooks (``trial.reloadable`` says whether they come from there). On exit, error or not,
         everything comes back: settings, callbacks, loggers, and from the checkpoint the weights, optimizers,
         schedulers, callbacks' state and loop counters; the RNG states are as on entry. Loaders rebuilt in the
         block are built again with the hyperparameters the block left (e.g. the batch size found).
+
+        ``restart_data=True`` is Lightning's LR finder: on exit the training loaders that come from the hooks are
+        asked for again where the fit next needs them (after the search, with the RNG as on entry, as Lightning's
+        ``setup_data`` after its ``isolate_rng``), so a search and the fit after it draw the numbers they draw on
+        Lightning.
 
         Example::
 
@@ -589,9 +606,15 @@ class Trainer:
             load_data = self.fit_loop.reload_training
             from_hooks = self._fit_sources[0] is None
         parts = TrialParts(
-            self._config, self._hooks, self._nonfinite, self._evaluation, self._metrics, load_data, from_hooks
+            self._config,
+            self._hooks,
+            self._nonfinite,
+            self._evaluation,
+            self._metrics,
+            load_data,
+            from_hooks,
         )
-        return open_trial(self, parts, callbacks, max_steps)
+        return open_trial(self, parts, callbacks, max_steps, max_epochs=max_epochs, restart_data=restart_data)
 
     # ================================================================== set-up
     def _setup(
@@ -816,12 +839,15 @@ class Trainer:
         return self._metrics.callback_metrics
 
     @property
-    def logged_metrics(self) -> dict[str, float]:
+    def logged_metrics(self) -> dict[str, Any]:
+        """What was sent to the loggers (and the training step values logged since), as Lightning's: one-number
+        float tensors, in the order first logged."""
         return self._metrics.logged()
 
     @property
-    def progress_bar_metrics(self) -> dict[str, torch.Tensor]:
-        return self._metrics.progress_bar_metrics
+    def progress_bar_metrics(self) -> dict[str, float]:
+        """The ``prog_bar=True`` values as numbers (Lightning's), read now: one host sync for all."""
+        return to_float(self._metrics.progress_bar_metrics, torch.float64)  # exact for float32 and float64
 
     @property
     def training_module(self) -> TrainingModule | None:
@@ -1031,7 +1057,8 @@ class Trainer:
         return self._config.log_every_n_steps
 
     @property
-    def fast_dev_run(self) -> int:
+    def fast_dev_run(self) -> bool | int:
+        """As given to the Trainer (``1`` reads as ``True``, as in Lightning)."""
         return self._config.fast_dev_run
 
     @property

@@ -3,8 +3,8 @@ learning-rate range test, the batch size search). ``Trainer.trial`` opens one.
 
 On entry the fit's whole state goes into a temporary checkpoint (Lightning's way: ``.trial-<uuid>.ckpt`` in
 ``default_root_dir``, written by rank 0). In the block the fit runs with the search's settings; on exit, error or
-not, the settings come back and the checkpoint is loaded back, so the fit (or the next one) goes on exactly as
-if no search had run.
+not, the settings come back, the checkpoint is loaded back and the RNG states are as on entry, so the fit (or the
+next one) goes on exactly as if no search had run.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from tandem.callbacks.callback import Callback
 from tandem.trainer import checkpointing
 from tandem.utilities.exceptions import TandemConfigError, out_of_range
-from tandem.utilities.seed import isolate_rng
+from tandem.utilities.seed import capture_rng_state, restore_rng_state
 
 if TYPE_CHECKING:
     from tandem.trainer.config import TrainerConfig
@@ -74,10 +74,19 @@ class Trial:
 
 
 @contextlib.contextmanager
-def open_trial(trainer: Trainer, parts: TrialParts, callbacks: Sequence[Callback], max_steps: int) -> Iterator[Trial]:
+def open_trial(
+    trainer: Trainer,
+    parts: TrialParts,
+    callbacks: Sequence[Callback],
+    max_steps: int,
+    max_epochs: int | None = None,
+    restart_data: bool = False,
+) -> Iterator[Trial]:
     """See :meth:`Trainer.trial <tandem.trainer.trainer.Trainer.trial>`."""
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
         raise out_of_range("trial max_steps", max_steps, "an int >= 1")
+    if max_epochs is not None and (isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < -1):
+        raise out_of_range("trial max_epochs", max_epochs, "None, -1 (no limit) or an int >= 0")
     module = trainer.training_module
     if trainer.state.fn != "fit" or trainer.state.status != "running" or parts.load_data is None or module is None:
         raise TandemConfigError(
@@ -89,7 +98,8 @@ def open_trial(trainer: Trainer, parts: TrialParts, callbacks: Sequence[Callback
             raise TandemConfigError(f"Trainer.trial(callbacks=...) takes tandem.Callback instances; got {callback!r}.")
     strategy, loop, config = trainer.strategy, trainer.fit_loop, parts.config
     path = strategy.broadcast(os.path.join(trainer.default_root_dir, f".trial-{uuid.uuid4().hex}.ckpt"))
-    with isolate_rng():
+    rng = capture_rng_state()
+    try:
         if not trainer.save_checkpoint(path):  # on_nonfinite="warn" with NaN / inf parameters ("raise" raised)
             raise TandemConfigError(
                 "The search cannot start: the parameters hold NaN or inf, so the state it must come back to cannot "
@@ -105,7 +115,8 @@ def open_trial(trainer: Trainer, parts: TrialParts, callbacks: Sequence[Callback
             parts.hooks.collect(trainer, module, trainer.callbacks)
             trainer.loggers = []
             config.max_steps = loop.state.global_step + max_steps
-            config.max_epochs = loop.state.epoch + max_steps  # an epoch without a step cannot make it loop forever
+            bound = loop.state.epoch + max_steps  # an epoch without a step cannot make it loop forever
+            config.max_epochs = bound if max_epochs is None or max_epochs == -1 else min(max_epochs, bound)
             loop.optimization.lr_scheduler_configs = []
             loop.validates = False  # trials validate nothing (no sanity check either)
             with parts.nonfinite.paused():
@@ -120,6 +131,8 @@ def open_trial(trainer: Trainer, parts: TrialParts, callbacks: Sequence[Callback
             if trial.reloaded:  # the fit goes on with loaders of the hyperparameters the search left
                 parts.load_data()
                 parts.evaluation.forget("validate")  # asked for again where the fit next needs them
+            elif restart_data and parts.data_from_hooks:  # Lightning's LR finder: the fit builds them again, after
+                loop.forget_training()  # the search and with the RNG as it was (the fit asks where it needs them)
             _drop_gradients(trainer)
             checkpointing.restore(trainer, path, "fit", rng=False, announce=False)
             strategy.barrier("trial")  # every rank has read the file before rank 0 removes it
@@ -127,6 +140,8 @@ def open_trial(trainer: Trainer, parts: TrialParts, callbacks: Sequence[Callback
             parts.metrics.reset()
             parts.metrics.clear_published()  # the trials' logged values are not the fit's
             trainer.should_stop = False
+    finally:
+        restore_rng_state(rng)
 
 
 def _drop_gradients(trainer: Trainer) -> None:

@@ -3,6 +3,7 @@ end with their process."""
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -14,7 +15,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 
 from tandem.utilities.processes import end_with_parent
 from tandem.utilities.rank_zero import rank_zero_warn
-from tandem.utilities.seed import seed_workers_requested, worker_init_function
+from tandem.utilities.seed import pl_worker_init_function, seed_workers_requested
 
 # DataLoader.__init__ arguments that are stored under the same attribute name.
 _LOADER_ATTRS = (
@@ -58,6 +59,20 @@ def end_workers_with_process(loader: Any) -> None:
         loader.worker_init_fn = _DieWithParent(loader.worker_init_fn, os.getpid())
 
 
+def seed_workers(loader: Any, rank: int) -> None:
+    """After ``seed_everything(workers=True)``: give ``loader`` (a DataLoader without a ``worker_init_fn`` of its
+    own) Lightning's :func:`~tandem.utilities.seed.pl_worker_init_function` for this ``rank``, as Lightning does to
+    every loader its Trainer runs."""
+    if not isinstance(loader, DataLoader) or not seed_workers_requested():
+        return
+    init = loader.worker_init_fn
+    seeding = functools.partial(pl_worker_init_function, rank=rank)
+    if init is None:
+        loader.worker_init_fn = seeding
+    elif isinstance(init, _DieWithParent) and init.inner is None:
+        init.inner = seeding
+
+
 def has_len(loader: Any) -> bool:
     try:
         len(loader)
@@ -89,10 +104,8 @@ def rebuild_dataloader(
         kwargs.pop("prefetch_factor", None)
         kwargs["persistent_workers"] = False
     init = kwargs.get("worker_init_fn")
-    inner = init.inner if isinstance(init, _DieWithParent) else init
-    if inner is None and kwargs.get("num_workers", 0) > 0 and seed_workers_requested():
-        inner = worker_init_function
-    kwargs["worker_init_fn"] = _DieWithParent(inner, init.parent) if isinstance(init, _DieWithParent) else inner
+    if isinstance(init, _DieWithParent):
+        kwargs["worker_init_fn"] = _DieWithParent(init.inner, init.parent)
     if batch_sampler is not None:
         return type(loader)(loader.dataset, batch_sampler=batch_sampler, **kwargs)
     if loader.batch_sampler is None:  # auto-collation off: the sampler yields whole batches' indices

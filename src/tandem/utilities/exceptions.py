@@ -22,6 +22,17 @@ class TandemUserCodeError(TypeError):
     """A hook of the user's module returned or passed something tandem cannot use."""
 
 
+class LogValueError(TandemUserCodeError, ValueError):
+    """``self.log`` got a value it cannot log (None, a str, a dict, a list, a tensor of several numbers). A
+    ``ValueError`` too, as Lightning raises there."""
+
+
+class LogCallError(TandemUserCodeError, MisconfigurationException):
+    """``self.log`` was called where or how its value would be lost or mixed up (a hook that publishes nothing,
+    ``on_step=False, on_epoch=False``, one name logged twice in a hook with different arguments). A
+    ``MisconfigurationException`` too, as Lightning raises there."""
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint file is missing, unreadable, damaged (its checksum does not match), or not a tandem checkpoint."""
 
@@ -105,6 +116,11 @@ class MissingStateError(AttributeError):
     """A data hook (``setup``, ``*_dataloader``) read an attribute of the module or DataModule that no hook created
     on this process: ``setup(stage)`` did not build it for the stage that runs, or ``prepare_data`` set it on
     another process."""
+
+
+class MissingAttributeError(TandemConfigError, AttributeError):
+    """A search (the learning rate finder) was told to update an attribute that neither the module nor its hparams
+    (nor the DataModule) has. An ``AttributeError``, as Lightning raises there."""
 
 
 class MissingMetricError(KeyError):

@@ -10,10 +10,14 @@ from typing import Any
 
 import torch
 
-from tandem.utilities.rank_zero import rank_zero_info
+from tandem.utilities.rank_zero import rank_zero_info, rank_zero_only
 
 _SEED_ENV = "TANDEM_GLOBAL_SEED"
 _WORKERS_ENV = "TANDEM_SEED_WORKERS"
+#: Lightning's names for the same two settings: set alongside tandem's, and read when tandem's are absent (a
+#: program or launcher written for Lightning sets these)
+_PL_SEED_ENV = "PL_GLOBAL_SEED"
+_PL_WORKERS_ENV = "PL_SEED_WORKERS"
 
 try:  # numpy is optional for users, but seeded when present
     import numpy as np
@@ -24,13 +28,16 @@ except ImportError:  # pragma: no cover - numpy ships with torch's usual install
 def seed_everything(seed: int | None = None, workers: bool = False) -> int:
     """Seed python's ``random``, numpy and torch (CPU and every CUDA device) with one number.
 
-    The seed is also put into the environment so that processes started by the DDP launcher seed
-    themselves alike.
+    The seed is also put into the environment (``TANDEM_GLOBAL_SEED``, and Lightning's ``PL_GLOBAL_SEED``;
+    ``TANDEM_SEED_WORKERS`` / ``PL_SEED_WORKERS`` say ``workers``) so that processes started by the DDP launcher
+    seed themselves alike.
 
     Args:
-        seed: the seed; ``None`` reads ``TANDEM_GLOBAL_SEED`` from the environment, else uses 0.
-        workers: also seed ``random`` and numpy inside each dataloader worker, derived from the
-            worker's torch seed (torch already seeds itself per worker).
+        seed: the seed; ``None`` reads ``TANDEM_GLOBAL_SEED`` (else ``PL_GLOBAL_SEED``) from the environment, else
+            uses 0.
+        workers: give every dataloader the Trainer runs (whose ``worker_init_fn`` is None) Lightning's
+            :func:`pl_worker_init_function`, which seeds torch, ``random`` and numpy in each worker from the
+            worker's base seed, its id and the process's rank.
 
     Returns:
         The seed used.
@@ -44,8 +51,8 @@ def seed_everything(seed: int | None = None, workers: bool = False) -> int:
         seed = global_seed()
     if not isinstance(seed, int) or not (0 <= seed < 2**32):
         raise ValueError(f"seed_everything(seed={seed!r}): expected an integer in [0, 2**32).")
-    os.environ[_SEED_ENV] = str(seed)
-    os.environ[_WORKERS_ENV] = "1" if workers else "0"
+    os.environ[_SEED_ENV] = os.environ[_PL_SEED_ENV] = str(seed)
+    os.environ[_WORKERS_ENV] = os.environ[_PL_WORKERS_ENV] = "1" if workers else "0"
     random.seed(seed)
     if np is not None:
         np.random.seed(seed)
@@ -59,7 +66,7 @@ def reset_seed() -> None:
     nothing when it was not called. A strategy of several processes does this as each run sets up (Lightning's
     ``reset_seed``), so every rank starts the run's random draws (dropout, the loader's seeds) from the same state,
     and a ported program draws Lightning's numbers."""
-    value = os.environ.get(_SEED_ENV, "")
+    value = _seed_from_environment()
     if not value.isdigit():
         return
     seed = int(value)
@@ -69,16 +76,45 @@ def reset_seed() -> None:
     torch.manual_seed(seed)
 
 
+def _seed_from_environment() -> str:
+    """The seed ``seed_everything`` exported: tandem's variable, else Lightning's ("" when neither is set)."""
+    return os.environ.get(_SEED_ENV) or os.environ.get(_PL_SEED_ENV) or ""
+
+
 def seed_workers_requested() -> bool:
-    return os.environ.get(_WORKERS_ENV) == "1"
+    """``seed_everything(workers=True)`` was called (tandem's variable, else Lightning's ``PL_SEED_WORKERS``)."""
+    return (os.environ.get(_WORKERS_ENV) or os.environ.get(_PL_WORKERS_ENV)) == "1"
 
 
-def worker_init_function(worker_id: int) -> None:
-    """Seeds ``random`` and numpy in a dataloader worker from the seed torch gave that worker."""
-    seed = torch.initial_seed() % 2**32
-    random.seed(seed)
+def pl_worker_init_function(worker_id: int, rank: int | None = None) -> None:
+    """Seed torch, ``random`` and numpy in a dataloader worker (Lightning's ``pl_worker_init_function``: the same
+    seeds, so a ported dataset that draws random numbers in its workers draws Lightning's). The seeds derive from
+    the worker's base seed (torch's seed of the worker less its id), its id and ``rank`` (default: this process's
+    global rank), so no two workers of a job share one."""
+    global_rank = rank if rank is not None else rank_zero_only.rank
+    base_seed = torch.initial_seed() - worker_id
+    seeds = _seed_sequence(base_seed, worker_id, global_rank, count=4)
+    torch.manual_seed(seeds[0])
+    random.seed((seeds[1] << 32) | seeds[2])
     if np is not None:
-        np.random.seed(seed)
+        np.random.seed(np.random.SeedSequence([base_seed, worker_id, global_rank]).generate_state(4))
+
+
+def _seed_sequence(base_seed: int, worker_id: int, global_rank: int, count: int) -> list[int]:
+    """``count`` 64-bit seeds mixed from the three numbers (a MurmurHash3 finaliser, then Knuth's LCG), as
+    Lightning derives them."""
+    mask = (1 << 64) - 1
+    x = (base_seed << 32) | (worker_id << 16) | global_rank
+    x ^= x >> 33
+    x = (x * 0xFF51AFD7ED558CCD) & mask
+    x ^= x >> 33
+    x = (x * 0xC4CEB9FE1A85EC53) & mask
+    x ^= x >> 33
+    seeds = []
+    for _ in range(count):
+        x = (x * 6364136223846793005 + 1) & mask
+        seeds.append(x)
+    return seeds
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -143,11 +179,11 @@ def order_seed() -> int:
     """The seed of one process's training order: ``seed_everything``'s, else torch's initial seed (a new order
     each unseeded run, as a RandomSampler gives). Several processes use :func:`global_seed` (0 unseeded, as
     Lightning), agreed from rank 0; a resume takes the checkpoint's."""
-    value = os.environ.get(_SEED_ENV, "")
+    value = _seed_from_environment()
     return int(value) if value.isdigit() else torch.initial_seed() % 2**62
 
 
 def global_seed() -> int:
-    """The seed ``seed_everything`` exported (TANDEM_GLOBAL_SEED, which seed_everything sets), else 0."""
-    value = os.environ.get("TANDEM_GLOBAL_SEED", "")
+    """The seed ``seed_everything`` exported (TANDEM_GLOBAL_SEED, else Lightning's PL_GLOBAL_SEED), else 0."""
+    value = _seed_from_environment()
     return int(value) if value.isdigit() else 0
