@@ -99,6 +99,7 @@ def open_trial(
     strategy, loop, config = trainer.strategy, trainer.fit_loop, parts.config
     path = strategy.broadcast(os.path.join(trainer.default_root_dir, f".trial-{uuid.uuid4().hex}.ckpt"))
     rng = capture_rng_state()
+    at_fit_start = loop.needs_training_data  # the fit has not asked for its training loader yet
     try:
         if not trainer.save_checkpoint(path):  # on_nonfinite="warn" with NaN / inf parameters ("raise" raised)
             raise TandemConfigError(
@@ -131,8 +132,11 @@ def open_trial(
             if trial.reloaded:  # the fit goes on with loaders of the hyperparameters the search left
                 parts.load_data()
                 parts.evaluation.forget("validate")  # asked for again where the fit next needs them
-            elif restart_data and parts.data_from_hooks:  # Lightning's LR finder: the fit builds them again, after
-                loop.forget_training()  # the search and with the RNG as it was (the fit asks where it needs them)
+            elif restart_data and parts.data_from_hooks:  # Lightning's LR finder: the loaders are built again
+                if at_fit_start:  # where the fit first asks for them: after the search, with the RNG as it was
+                    loop.forget_training()
+                else:
+                    parts.load_data()
             _drop_gradients(trainer)
             checkpointing.restore(trainer, path, "fit", rng=False, announce=False)
             strategy.barrier("trial")  # every rank has read the file before rank 0 removes it
