@@ -355,14 +355,19 @@ def test_first_items_keeps_set_epoch_reachable():
 
 
 @pytest.mark.parametrize("stage", ["validate", "test", "predict"])
-def test_evaluation_counts_every_sample_once(monkeypatch, stage):
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_evaluation_counts_every_sample_once(monkeypatch, stage, shuffle):
     shards = []
     for rank in (0, 1):
         _as_rank(monkeypatch, rank)
-        loader = _strategy().process_dataloader(DataLoader(_dataset(101), batch_size=10, shuffle=True), stage)
+        loader = _strategy().process_dataloader(DataLoader(_dataset(101), batch_size=10, shuffle=shuffle), stage)
         shards.append(_indices(loader))
-    assert shards[0] == list(range(0, 101, 2)) and shards[1] == list(range(1, 101, 2))  # in order, no padding
+    assert sorted(shards[0] + shards[1]) == list(range(101))  # every sample once, no padding
     assert (len(shards[0]), len(shards[1])) == (51, 50)
+    if not shuffle:  # in dataset order; a shuffled loader is sharded in Lightning's seeded shuffled order
+        assert shards[0] == list(range(0, 101, 2)) and shards[1] == list(range(1, 101, 2))
+    else:
+        assert shards[0] != list(range(0, 101, 2))
 
 
 def test_evaluation_sampler_exactly_once():

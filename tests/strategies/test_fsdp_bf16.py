@@ -3,6 +3,8 @@ skipped without CUDA, see conftest.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -79,8 +81,8 @@ def test_bf16_fsdp_trains_and_resumes_from_a_sharded_checkpoint(tmp_path, monkey
         assert model.step_dtypes == {(torch.float32, torch.float32)}
         assert sum(model.losses[-8:]) < 0.5 * sum(model.losses[:8])  # it learns
         weights = {k: v.clone() for k, v in strategy.full_module_state_dict().items()}
-        last = trainer.checkpoint_callback.last_model_path
-        assert (tmp_path / "checkpoints" / "last.ckpt" / "meta.pt").is_file() and last
+        last = trainer.checkpoint_callback.best_model_path  # the default checkpoint: the last epoch's, sharded
+        assert Path(last).parent == tmp_path / "checkpoints" and (Path(last) / "meta.pt").is_file()
 
         resumed_strategy = FSDPStrategy(auto_wrap_policy={nn.Linear}, state_dict_type="sharded")
         resumed = tandem.Trainer(strategy=resumed_strategy, max_epochs=4, **options)

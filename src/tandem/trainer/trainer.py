@@ -1186,9 +1186,11 @@ def _build_callbacks(
     for callback in callbacks:
         if not isinstance(callback, Callback):
             raise TandemConfigError(f"callbacks must be tandem.Callback instances; got {type(callback).__name__}.")
-    from tandem.callbacks.model_checkpoint import ModelCheckpoint
+    given: list[str] = []
+    if callbacks or checkpointing:  # no callback and checkpointing off: the module is not needed (nor imported)
+        from tandem.callbacks.model_checkpoint import ModelCheckpoint
 
-    given = [type(c).__name__ for c in callbacks if isinstance(c, ModelCheckpoint)]
+        given = [type(c).__name__ for c in callbacks if isinstance(c, ModelCheckpoint)]
     if given and not checkpointing:
         raise incompatible(
             f"Trainer(enable_checkpointing=False, callbacks=[{given[0]}(...)])",

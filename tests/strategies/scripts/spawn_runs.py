@@ -108,7 +108,7 @@ def seeded(out: Path) -> None:
             "log_dir": fitter.log_dir,
             "log_dir_exists": os.path.isdir(fitter.log_dir),
             "versions": sorted(os.listdir(out / "seeded" / "tandem_logs")),
-            "last_model_path": fitter.checkpoint_callback.last_model_path,
+            "best_model_path": fitter.checkpoint_callback.best_model_path,
             "tested": tested,
         },
         out / "seeded.pt",
