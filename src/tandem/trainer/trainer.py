@@ -520,10 +520,12 @@ class Trainer:
                         self._hooks.running("train"),
                     ):
                         self._hooks.call("on_fit_start")
+                        model.zero_grad()  # as Lightning, every run starts with no gradients (none left by another)
                         self.fit_loop.run()
                         self._hooks.call("on_fit_end")
                     result = None
                 else:
+                    model.zero_grad()
                     result = self._evaluation.run(fn)
                 self._wait_for_checkpoint_write()  # a failed background write fails the run
             except TunerExit:  # a Tuner's search is done (it put the state back): the fit ends there, finished
@@ -658,7 +660,6 @@ class Trainer:
         self._metrics.clear_published()
         self._evaluation.seen_batches.clear()
         self.strategy.setup(model, compiler)
-        model.zero_grad()  # as Lightning, every entry point starts with no gradients (none left by an earlier run)
         self.metric_collector = self._collector if compiler is None else CompiledStepLog(self._collector)
 
         # The loaders are asked for where the loops first need them (Lightning's order): a fit's validation loaders
@@ -1038,8 +1039,14 @@ class Trainer:
         return self._config.limit_predict_batches
 
     @property
-    def val_check_interval(self) -> int | float:
+    def val_check_interval(self) -> int | float | str | timedelta | dict[str, int]:
         return self._config.val_check_interval
+
+    @property
+    def enable_validation(self) -> bool:
+        """Whether the fit validates: validation data is given (or a ``val_dataloader`` hook defined), the module has
+        ``validation_step``, and ``limit_val_batches`` is not 0 (Lightning's property; known once a fit started)."""
+        return self.fit_loop.validates
 
     @property
     def check_val_every_n_epoch(self) -> int | None:
