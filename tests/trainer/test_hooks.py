@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
+import tandem
 from helpers import TinyModule, loader, quiet_trainer
 from tandem.callbacks import Callback
 from tandem.trainer.hooks import STEP_HOOKS, HookDispatcher, current_hook
@@ -189,3 +192,88 @@ def test_hooks_set_on_the_instance_are_called_and_none_is_skipped():
     trainer = quiet_trainer(max_epochs=1, limit_train_batches=2, callbacks=[callback])
     trainer.fit(model, loader(32))
     assert seen == ["module.on_train_start", "callback.on_train_end"]
+
+
+# ====================================================================== Lightning's order, where a user sees it
+class _Recorded(TinyModule):
+    """Records the hooks (and ``zero_grad``) the Trainer calls on it."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.calls.append("zero_grad")
+        super().zero_grad(set_to_none)
+
+    def configure_optimizers(self):
+        self.calls.append("configure_optimizers")
+        return super().configure_optimizers()
+
+    def on_fit_start(self):
+        self.calls.append("on_fit_start")
+
+    def val_dataloader(self):
+        self.calls.append("val_dataloader")
+        return loader(16)
+
+    def test_dataloader(self):
+        self.calls.append("test_dataloader")
+        return loader(16)
+
+    def on_validation_start(self):
+        self.calls.append("on_validation_start")
+
+    def on_test_start(self):
+        self.calls.append("on_test_start")
+
+
+def test_each_run_zeroes_the_gradients_after_on_fit_start_as_lightning():
+    module = _Recorded()
+    quiet_trainer(max_steps=1, limit_val_batches=0).fit(module, loader())
+    assert module.calls[:3] == ["configure_optimizers", "on_fit_start", "zero_grad"]  # Lightning's test_hooks order
+
+
+@pytest.mark.parametrize(("stage", "hook"), [("validate", "validation"), ("test", "test")])
+def test_an_evaluation_limited_to_zero_batches_asks_for_no_loader_and_runs_no_hook(stage, hook):
+    module = _Recorded()
+    trainer = quiet_trainer(**{f"limit_{'val' if stage == 'validate' else stage}_batches": 0})
+    assert getattr(trainer, stage)(module) == []
+    assert module.calls == ["zero_grad"]  # no {stage}_dataloader(), no on_{hook}_start (Lightning skips the stage)
+
+
+def test_a_datamodule_transfer_hook_that_only_wraps_the_base_is_not_called():
+    # Lightning picks the DataModule's batch-transfer hooks only where it overrides them (is_overridden sees
+    # through functools wrappers): a wrapper of the base's no-op set on the instance is not an override
+    called = []
+
+    class Data(tandem.DataModule):
+        def train_dataloader(self):
+            return loader(32)
+
+    data = Data()
+    for name in ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer"):
+        method = getattr(data, name)
+        wrapper = functools.partial(lambda name, method, *args: called.append(name) or method(*args), name, method)
+        setattr(data, name, functools.update_wrapper(wrapper, method))
+    quiet_trainer(max_steps=2, limit_val_batches=0).fit(TinyModule(), datamodule=data)
+    assert called == []
+
+
+def test_trainer_state_finished_and_enable_validation_are_lightnings():
+    trainer = quiet_trainer(max_steps=1)
+    assert not trainer.state.finished and not trainer.state.stopped and not trainer.enable_validation
+    trainer.fit(TinyModule(), loader(), loader(16))
+    assert trainer.state.finished and trainer.state.stopped and trainer.enable_validation
+    trainer = quiet_trainer(max_steps=1, limit_val_batches=0)
+    trainer.fit(TinyModule(), loader(), loader(16))
+    assert not trainer.enable_validation  # limit_val_batches=0: the fit does not validate
+
+    class Fails(TinyModule):
+        def training_step(self, batch, batch_idx):
+            raise RuntimeError("boom")
+
+    trainer = quiet_trainer(max_steps=1)
+    with pytest.raises(RuntimeError, match="boom"):
+        trainer.fit(Fails(), loader())
+    assert trainer.state.stopped and not trainer.state.finished

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from tandem.strategies.precision import Precision
@@ -12,16 +14,66 @@ from tandem.utilities.exceptions import TandemConfigError, bad_choice, out_of_ra
 
 
 def _check_limit(name: str, value: int | float) -> int | float:
-    """``limit_*_batches``: an int count >= 0 or a fraction in [0, 1]; a whole float above 1 (``1e3``) counts
-    batches, as in Lightning."""
-    expected = "an int >= 0 (batches), a float in [0.0, 1.0] (fraction of the data) or a whole float above 1.0"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise out_of_range(name, value, expected)
-    if isinstance(value, float) and value > 1.0 and value % 1.0 == 0:
-        return int(value)
-    if isinstance(value, int) and value < 0 or isinstance(value, float) and not 0.0 <= value <= 1.0:
-        raise out_of_range(name, value, expected)
+    """``limit_*_batches``, ``overfit_batches``, a batch-count ``val_check_interval``: an int count >= 0 or a fraction
+    in [0, 1]; a whole float above 1 (``1e3``) counts batches, as in Lightning."""
+    invalid = isinstance(value, bool) or not isinstance(value, (int, float))
+    if invalid or math.isnan(value) or value < 0 or value > 1 and value % 1.0:
+        raise TandemConfigError(
+            f"You have passed invalid value {value} for {name}, it has to be in [0.0, 1.0] or an int. "
+            f"{name}={value!r} is out of range; expected an int >= 0 (batches), a float in [0.0, 1.0] (fraction of "
+            "the data) or a whole float above 1.0."
+        )
+    return int(value) if isinstance(value, float) and value > 1.0 else value
+
+
+def _check_val_check_interval(value: Any, check_val_every_n_epoch: int | None) -> int | float:
+    """A batch-count or fraction ``val_check_interval`` (a duration is parsed by :func:`time_interval_seconds`)."""
+    value = _check_limit("val_check_interval", value)
+    if value == 0:
+        raise out_of_range(
+            "val_check_interval", value, "an int >= 1 (batches) or a float in (0.0, 1.0] (fraction of an epoch)"
+        )
+    if check_val_every_n_epoch is None and isinstance(value, float):
+        raise TandemConfigError(
+            "`val_check_interval` should be an integer or a time-based duration (str 'DD:HH:MM:SS', "
+            "datetime.timedelta, or dict kwargs for timedelta) when `check_val_every_n_epoch=None`. With "
+            f"check_val_every_n_epoch=None validation is not tied to epochs, so a fraction of one "
+            f"(val_check_interval={value!r}) means nothing: pass a number of training batches, a duration, or "
+            "check_val_every_n_epoch=1."
+        )
     return value
+
+
+def time_interval_seconds(value: str | timedelta | Mapping[str, Any]) -> float:
+    """A time-based ``val_check_interval`` in seconds: ``"DD:HH:MM:SS"``, a ``timedelta`` or a dict of its
+    arguments (``{"minutes": 30}``), as Lightning reads it."""
+    if isinstance(value, str):
+        parts = value.split(":")
+        if len(parts) != 4:
+            raise TandemConfigError(
+                f"Invalid time format for `val_check_interval`: {value!r}. Expected 'DD:HH:MM:SS'. For example "
+                "'00:00:30:00' validates every 30 minutes."
+            )
+        try:
+            days, hours, minutes, seconds = (int(part) for part in parts)
+        except ValueError:
+            raise TandemConfigError(
+                f"Non-integer component in `val_check_interval` string: {value!r}. Use 'DD:HH:MM:SS'. Each part is "
+                "an integer: days, hours, minutes, seconds (e.g. '00:00:30:00')."
+            ) from None
+        value = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    elif isinstance(value, Mapping):
+        try:
+            value = timedelta(**value)
+        except TypeError as err:
+            raise TandemConfigError(
+                f"val_check_interval={dict(value)!r} is not a duration ({err}); a dict holds datetime.timedelta's "
+                "arguments, e.g. {'minutes': 30}."
+            ) from None
+    seconds = value.total_seconds()
+    if seconds <= 0:
+        raise out_of_range("val_check_interval", value, "a duration longer than 0 seconds")
+    return seconds
 
 
 def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> Any:
@@ -49,7 +101,8 @@ class TrainerConfig:
     limit_val_batches: int | float | None = 1.0
     limit_test_batches: int | float | None = 1.0
     limit_predict_batches: int | float | None = 1.0
-    val_check_interval: int | float | None = 1.0
+    # a number of batches, a fraction of an epoch, or a duration ("DD:HH:MM:SS", a timedelta or its arguments' dict)
+    val_check_interval: int | float | str | timedelta | dict[str, Any] | None = 1.0
     check_val_every_n_epoch: int | None = 1
     num_sanity_val_steps: int = 2
     accumulate_grad_batches: int = 1
@@ -62,6 +115,8 @@ class TrainerConfig:
     overfit_batches: int | float = 0.0
     reload_dataloaders_every_n_epochs: int = 0
     on_replica_divergence: str = "raise"  # DDP replicas found different: "raise" or "warn" (train on, rank 0's saved)
+    #: a time-based val_check_interval in seconds (validation when that much time passed since the last); else None
+    val_check_time: float | None = None
 
     @property
     def sanity_steps(self) -> int | float:
@@ -79,22 +134,28 @@ class TrainerConfig:
             if getattr(self, name) is None:  # Lightning's default: all the batches
                 setattr(self, name, 1.0)
             setattr(self, name, _check_limit(name, getattr(self, name)))
+        every = self.check_val_every_n_epoch
+        if every is not None and (isinstance(every, bool) or not isinstance(every, int)):
+            raise TandemConfigError(
+                f"`check_val_every_n_epoch` should be an integer, found {every!r}. Pass an int >= 1 (validate every "
+                "n epochs), or None to validate by val_check_interval alone."
+            )
+        _check_int("check_val_every_n_epoch", every, 1, allow_none=True)
         if self.val_check_interval is None:  # Lightning's default: once an epoch
             self.val_check_interval = 1.0
-        v = self.val_check_interval
-        if (
-            isinstance(v, bool)
-            or not isinstance(v, (int, float))
-            or (isinstance(v, int) and v < 1 or isinstance(v, float) and not 0.0 < v <= 1.0)
-        ):
-            raise out_of_range(
-                "val_check_interval", v, "an int >= 1 (batches) or a float in (0.0, 1.0] (fraction of an epoch)"
-            )
-        _check_int("check_val_every_n_epoch", self.check_val_every_n_epoch, 1, allow_none=True)
+        if isinstance(self.val_check_interval, (str, timedelta, Mapping)):
+            self.val_check_time = time_interval_seconds(self.val_check_interval)
+        else:
+            self.val_check_interval = _check_val_check_interval(self.val_check_interval, every)
         _check_int("num_sanity_val_steps", self.num_sanity_val_steps, -1)
         _check_int("accumulate_grad_batches", self.accumulate_grad_batches, 1)
         _check_int("log_every_n_steps", self.log_every_n_steps, 0)
-        _check_int("reload_dataloaders_every_n_epochs", self.reload_dataloaders_every_n_epochs, 0)
+        reload = self.reload_dataloaders_every_n_epochs
+        if isinstance(reload, bool) or not isinstance(reload, int) or reload < 0:
+            raise TandemConfigError(
+                f"`reload_dataloaders_every_n_epochs` should be an int >= 0, got {reload}. "
+                f"{out_of_range('reload_dataloaders_every_n_epochs', reload, 'an int >= 0 (0: build them once)')}"
+            )
         self.overfit_batches = _check_limit("overfit_batches", self.overfit_batches)
         if self.on_replica_divergence not in DIVERGENCE_REACTIONS:
             raise bad_choice("on_replica_divergence", self.on_replica_divergence, DIVERGENCE_REACTIONS)
@@ -106,7 +167,12 @@ class TrainerConfig:
         if clip == 0:
             self.gradient_clip_val = None
         fdr = self.fast_dev_run
-        if not isinstance(fdr, bool):
+        if not isinstance(fdr, bool):  # a bool is kept as given (Lightning's)
+            if isinstance(fdr, int) and fdr < 0:
+                raise TandemConfigError(
+                    f"fast_dev_run={fdr!r} is not a valid configuration. It should be >= 0. Pass True (or 1) to run "
+                    "one batch of each stage, n for n batches, or False."
+                )
             _check_int("fast_dev_run", fdr, 0)
         if fdr == 1:  # as Lightning keeps it: the value given, with 1 read as True
             self.fast_dev_run = True
@@ -115,7 +181,7 @@ class TrainerConfig:
             self.max_epochs, self.max_steps, self.num_sanity_val_steps = 1, n, 0
             self.limit_train_batches = self.limit_val_batches = n
             self.limit_test_batches = self.limit_predict_batches = n
-            self.val_check_interval = 1.0
+            self.val_check_interval, self.val_check_time = 1.0, None
         if self.overfit_batches > 0:  # as Lightning: the same batches (in order) for training and validation
             self.limit_train_batches = self.limit_val_batches = self.overfit_batches
         Precision(self.precision)  # raises a clear error for an unknown name
@@ -134,13 +200,48 @@ def limit_batches(name: str, limit: int | float, available: int | float) -> int 
     if limit == 1.0 or limit == 0.0:
         return available if limit == 1.0 else 0
     if available == math.inf:
-        raise out_of_range(
-            name,
-            limit,
-            "an int or 1.0 for a dataloader without a length (an iterable dataset)",
-            f"Pass {name}=<number of batches> instead of a fraction.",
+        prefix = name[len("limit_") : -len("_batches")]
+        raise TandemConfigError(
+            f"When using an `IterableDataset`, `Trainer({name})` must be `1.0` or an int. An int specifies "
+            f"`num_{prefix}_batches` to use. The loader has no length, so {name}={limit!r} (a fraction of it) cannot "
+            f"be counted: pass {name}=<number of batches> instead."
         )
     return max(1, int(available * limit))
+
+
+#: Lightning's notes on a batch setting of 1 (one batch) and of 1.0 (all of them), by setting; the others' in "*"
+_ONE = {
+    "limit_train_batches": "1 batch per epoch will be used.",
+    "val_check_interval": "validation will run after every batch.",
+    "*": "1 batch will be used.",
+}
+_ALL = {
+    "limit_train_batches": "100% of the batches per epoch will be used.",
+    "val_check_interval": "validation will run at the end of the training epoch.",
+    "*": "100% of the batches will be used.",
+}
+
+
+def _limit_note(name: str, value: Any) -> str | None:
+    """Lightning's note on a batch setting of exactly 1 or 1.0 (an int or a float: which one matters), else None."""
+    if type(value) is int and value == 1:
+        return f"`Trainer({name}=1)` was configured so {_ONE.get(name, _ONE['*'])}"
+    if type(value) is float and value == 1.0:
+        return f"`Trainer({name}=1.0)` was configured so {_ALL.get(name, _ALL['*'])}"
+    return None
+
+
+def limit_notes(given: dict[str, Any], fast_dev_run: bool | int) -> list[str]:
+    """What Lightning's Trainer says (``rank_zero_info``) about the batch settings the user passed (``given``: name
+    -> the value passed, None when left out) that are exactly 1 or 1.0, where an int and a float mean different
+    things. Under ``fast_dev_run`` only ``overfit_batches`` is read; under ``overfit_batches`` not the training and
+    validation limits (Lightning's order and rules). Call it once the values are validated."""
+    overfit = given.get("overfit_batches") or 0
+    names = ["overfit_batches"]
+    if not fast_dev_run:
+        names += ["limit_train_batches", "limit_val_batches"] if not overfit > 0 else []
+        names += ["limit_test_batches", "limit_predict_batches", "val_check_interval"]
+    return [note for note in (_limit_note(name, given.get(name)) for name in names) if note is not None]
 
 
 #: Trainer arguments of Lightning 1.x (removed in Lightning 2) and what to write instead

@@ -409,7 +409,9 @@ def batch_transfer(
 
 
 def _override(name: str, module: TrainingModule, datamodule: DataModule | None) -> Callable[..., Any] | None:
-    if datamodule is not None and calls_hook(datamodule, name):
+    """The DataModule's hook where it overrides it (Lightning's rule: a wrapper of the base's no-op is not an
+    override), else the module's where the loops call it."""
+    if datamodule is not None and is_overridden(datamodule, name):
         return getattr(datamodule, name)
     return getattr(module, name) if calls_hook(module, name) else None
 

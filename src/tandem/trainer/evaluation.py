@@ -71,6 +71,8 @@ class EvaluationLoop:
         its epoch validates, ``counts``). Outside a fit, the samplers get the fit's epoch, once (Lightning's)."""
         if self._source is None or self._source[0] != stage:
             return
+        if getattr(self.context.config, EVAL_STAGES[stage].limit) == 0:  # the stage is off: no loader asked for
+            return
         every, loaded_at = self.context.config.reload_dataloaders_every_n_epochs, self._loaded_at
         fitting = epoch is not None
         if loaded_at is not None and not (fitting and every and epoch - loaded_at >= every):

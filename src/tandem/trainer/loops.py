@@ -10,6 +10,7 @@ the optimization object. None knows which strategy runs.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -88,17 +89,24 @@ class FitLoop:
         self._store_ready = False  # the training values' store was emptied for the coming epoch
         self.empty_batch: tuple[int, int, int] | None = None  # (rank, epoch, batch_idx) not yet acted on (ddp)
         self._bad: RollbackRecord | None = None  # on_nonfinite="rollback": a publishing check found a bad batch
+        self.clock: ValidationClock | None = None  # a time-based val_check_interval's (set per fit); None: off
 
     def __getstate__(self) -> dict[str, Any]:  # ddp_spawn pickles the Trainer, which binds ``preempt`` again
         return {**self.__dict__, "_preempt": None, "_load": None, "plan": BatchPlan.FULL}
 
     # ------------------------------------------------------------------ the training data
-    def attach(self, load: Callable[[], StageData] | None, validates: bool) -> None:
+    def attach(self, load: Callable[[], StageData], validates: bool) -> None:
         """A fit's source of training data (``load`` builds its record, asking for the loader) and whether it
-        validates; nothing is asked for yet. ``attach(None, False)``: the run is over."""
+        validates; nothing is asked for yet."""
         self._load, self.validates = load, validates
-        if load is not None:
-            self.data, self._loaded_at, self._pending_layout = StageData(TRAIN), -math.inf, None
+        self.data, self._loaded_at, self._pending_layout = StageData(TRAIN), -math.inf, None
+        seconds = self.context.config.val_check_time
+        self.clock = None if seconds is None else ValidationClock(seconds)
+
+    def detach(self) -> None:
+        """The run is over: no loader source (it holds the module) outlives it. ``validates`` stays the latest fit's
+        (``trainer.enable_validation``)."""
+        self._load = None
 
     @property
     def needs_training_data(self) -> bool:
@@ -123,6 +131,8 @@ class FitLoop:
         """Build the training record again now; a resumed run's order (the checkpoint's) carries over."""
         assert self._load is not None
         self.data, self._loaded_at, loop = self._load(), self.state.epoch, self.state
+        if self.clock is not None:  # Lightning's: training starts (again) with its loader, and so does the time
+            self.clock.restart()
         if self._pending_layout is not None:  # restored before the loader existed: the checkpoint's place in it
             (saved, announce), self._pending_layout = self._pending_layout, None
             now = self._data_layout()
@@ -180,6 +190,8 @@ class FitLoop:
         """Validation runs once at the end of every epoch and nowhere else, or there is none, so epoch-end work
         (a checkpoint, an early-stopping check) can run at the training epoch's end (Lightning's rule)."""
         config = self.context.config
+        if config.val_check_time is not None:  # a time-based interval validates whenever its time comes
+            return False
         return validates_only_at_epoch_ends(
             config.check_val_every_n_epoch, config.val_check_interval, self.evaluation.records["validate"].total_batches
         )
@@ -204,7 +216,11 @@ class FitLoop:
         loop = self.state
         if self.validates and context.config.num_sanity_val_steps != 0:
             with isolate_rng():  # as Lightning: the check draws no training randomness (a loader's iter seeds)
-                self.evaluation.run("validate", sanity=True, epoch=loop.epoch, counts=self._validates_this_epoch())
+                ran = self.evaluation.run(
+                    "validate", sanity=True, epoch=loop.epoch, counts=self._validates_this_epoch()
+                )
+            if ran and self.clock is not None:
+                self.clock.restart()
         self.load_training()  # Lightning's order: after the sanity check, before on_train_start
         if self._validates_this_epoch():  # the validation loaders too, where no sanity check asked for them
             self.evaluation.load("validate", epoch=loop.epoch)
@@ -333,6 +349,7 @@ class FitLoop:
             rollback.take(strategy, self.optimization, loop, metrics)
         indexed: Iterator[tuple[int, Any]] | None = enumerate(batches, start=loop.batches_done)
         plateau_after_epoch_validation = 0  # the epoch's last batch: its plateau schedulers step after that validation
+        clock, validated = self.clock, -1  # validated: the batches done when the epoch last validated
         while indexed is not None:
             for batch_idx, batch in indexed:
                 if batch_idx >= n:
@@ -341,8 +358,9 @@ class FitLoop:
                     break
                 # not after the epoch's last batch (known there in an evened epoch too): the epoch-end validation
                 due = val_every and (offset + batch_idx + 1) % val_every == 0 and batch_idx + 1 < loop.epoch_batches
-                if due and self._validates_this_epoch():
+                if due and self._validates_this_epoch() and (clock is None or self._time_to_validate(clock)):
                     self._validate()
+                    validated = batch_idx + 1
                 if plateau_per_step and loop.stepping:  # after the batch's validation, whether it ran or not
                     if batch_idx + 1 == loop.epoch_batches:
                         plateau_after_epoch_validation = batch_idx + 1
@@ -361,9 +379,11 @@ class FitLoop:
         self.optimization.check_epoch_steps(loop.epoch, loop.batches_done - first_batch, loop.global_step - first_step)
         # Lightning's rule: the epoch's last batch validates when it is a val_check_interval batch (every batch count
         # of a float interval's epoch is), when the epoch's length is unknown, or when the fit stops there
+        # (once a batch: not again after a batch that validated and stopped the epoch, max_steps or a stop)
         stopping = context.state.should_stop and (not several or self._stop_agreed) and self._min_reached()
         due = not val_every or (offset + loop.batches_done) % val_every == 0 or stopping
-        if due and self._validates_this_epoch():
+        due = due and validated != loop.batches_done and self._validates_this_epoch()
+        if due and (clock is None or stopping or clock.due()):
             self._validate()
         if plateau_after_epoch_validation:
             self.optimization.step_schedulers("step", plateau=True, count=plateau_after_epoch_validation)
@@ -400,7 +420,14 @@ class FitLoop:
         ``on_validation_model_zero_grad`` releases the gradients first (Lightning's)."""
         if self.state.stepping:
             call_module_hook(self.context.strategy.module, "on_validation_model_zero_grad")
-        self.evaluation.run("validate", epoch=self.state.epoch)
+        ran = self.evaluation.run("validate", epoch=self.state.epoch)
+        if ran and self.clock is not None:
+            self.clock.restart()
+
+    def _time_to_validate(self, clock: ValidationClock) -> bool:
+        """A time-based interval's check after a training batch (Lightning's order): a stop that may end the fit
+        validates first, else the time since the last validation decides."""
+        return self.context.state.should_stop and self._min_reached() or clock.due()
 
     # ------------------------------------------------------------------ one batch
     def _run_batch(self, batch: Any, batch_idx: int) -> bool:
@@ -583,6 +610,8 @@ class FitLoop:
 
     def _val_check_batches(self) -> int:
         interval, n = self.context.config.val_check_interval, self.data.num_batches[0]
+        if self.clock is not None:  # a time-based interval: every batch asks the clock
+            return 1
         if isinstance(interval, int):
             return interval
         if n == math.inf:
@@ -591,6 +620,20 @@ class FitLoop:
 
 
 _END = object()
+
+
+class ValidationClock:
+    """A time-based ``val_check_interval`` (Lightning's): validation is due after a training batch once ``seconds``
+    have passed since the last validation ended, or since training started. One clock read per check."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.last = seconds, 0.0
+
+    def restart(self) -> None:
+        self.last = time.monotonic()
+
+    def due(self) -> bool:
+        return time.monotonic() - self.last >= self.seconds
 
 
 def _unscales(precision: Precision) -> bool:

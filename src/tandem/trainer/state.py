@@ -145,6 +145,16 @@ class TrainerState:
     status: str = "initializing"
     should_stop: bool = False  # asked for by a callback or the module; the fit ends at the next agreed point
 
+    @property
+    def finished(self) -> bool:
+        """The last run ended normally (Lightning's ``trainer.state.finished``)."""
+        return self.status == "finished"
+
+    @property
+    def stopped(self) -> bool:
+        """The last run is over, finished or interrupted (Lightning's ``trainer.state.stopped``)."""
+        return self.status in ("finished", "interrupted")
+
 
 @dataclass(frozen=True)
 class StageNames:

@@ -22,7 +22,14 @@ from tandem.strategies.registry import resolve_strategy
 from tandem.strategies.side_channel import entry_point
 from tandem.strategies.strategy import Strategy
 from tandem.trainer import checkpointing, data, optim, preemption
-from tandem.trainer.config import BAREBONES, OPT_OUT_DEFAULTS, TrainerConfig, check_barebones, check_unknown_arguments
+from tandem.trainer.config import (
+    BAREBONES,
+    OPT_OUT_DEFAULTS,
+    TrainerConfig,
+    check_barebones,
+    check_unknown_arguments,
+    limit_notes,
+)
 from tandem.trainer.evaluation import EvaluationLoop, format_results
 from tandem.trainer.hooks import HookDispatcher
 from tandem.trainer.logging import BarebonesLog, CompiledStepLog, LogSink, MetricCollector
@@ -76,8 +83,12 @@ class Trainer:
         limit_train_batches / limit_val_batches / limit_test_batches / limit_predict_batches: an int
             number of batches or a fraction of each epoch (per loader); None (Lightning's default) is 1.0, all.
         val_check_interval: validate every this fraction of an epoch (float) or number of batches (int); None
-            (Lightning's default) is 1.0, once an epoch.
-        check_val_every_n_epoch: validate every n epochs.
+            (Lightning's default) is 1.0, once an epoch. Or a duration (``"DD:HH:MM:SS"``, a
+            ``datetime.timedelta`` or a dict such as ``{"minutes": 30}``): validate after a training batch once
+            that much time has passed since the last validation (or since training started), in the epochs
+            ``check_val_every_n_epoch`` allows; an epoch's end then validates only when the time has come.
+        check_val_every_n_epoch: validate every n epochs (None: ``val_check_interval``, an int or a duration,
+            counts across epochs).
         num_sanity_val_steps: validation batches (per loader) run before training to catch bugs early (-1: all;
             default 2). The check draws no randomness from the training run (it runs under ``isolate_rng``).
         accumulate_grad_batches: step the optimizer every k batches (gradients of k batches averaged);
@@ -172,11 +183,11 @@ class Trainer:
         max_steps: int = -1,
         min_steps: int | None = None,
         max_time: str | timedelta | dict[str, int] | None = None,
-        limit_train_batches: int | float | None = 1.0,
-        limit_val_batches: int | float | None = 1.0,
-        limit_test_batches: int | float | None = 1.0,
-        limit_predict_batches: int | float | None = 1.0,
-        val_check_interval: int | float | None = 1.0,
+        limit_train_batches: int | float | None = None,
+        limit_val_batches: int | float | None = None,
+        limit_test_batches: int | float | None = None,
+        limit_predict_batches: int | float | None = None,
+        val_check_interval: int | float | str | timedelta | dict[str, int] | None = None,
         check_val_every_n_epoch: int | None = 1,
         num_sanity_val_steps: int | None = None,
         accumulate_grad_batches: int = 1,
@@ -246,6 +257,16 @@ class Trainer:
             reload_dataloaders_every_n_epochs=reload_dataloaders_every_n_epochs,
             on_replica_divergence=on_replica_divergence,
         )
+        given = dict(
+            limit_train_batches=limit_train_batches,
+            limit_val_batches=limit_val_batches,
+            limit_test_batches=limit_test_batches,
+            limit_predict_batches=limit_predict_batches,
+            val_check_interval=val_check_interval,
+            overfit_batches=overfit_batches,
+        )
+        for note in limit_notes(given, fast_dev_run):  # an int 1 and a float 1.0 mean different things: say which
+            rank_zero_info(note)
         if check_reaction(on_nonfinite) == "rollback" and log_every_n_steps == 0:
             raise incompatible(
                 f"on_nonfinite={on_nonfinite!r} with log_every_n_steps=0",
@@ -507,10 +528,12 @@ class Trainer:
                         self._hooks.running("train"),
                     ):
                         self._hooks.call("on_fit_start")
+                        model.zero_grad()  # as Lightning, every run starts with no gradients (none left by another)
                         self.fit_loop.run()
                         self._hooks.call("on_fit_end")
                     result = None
                 else:
+                    model.zero_grad()
                     result = self._evaluation.run(fn)
                 self._wait_for_checkpoint_write()  # a failed background write fails the run
             except TunerExit:  # a Tuner's search is done (it put the state back): the fit ends there, finished
@@ -662,7 +685,6 @@ class Trainer:
         self._metrics.clear_published()
         self._evaluation.seen_batches.clear()
         self.strategy.setup(model, compiler)
-        model.zero_grad()  # as Lightning, every entry point starts with no gradients (none left by an earlier run)
         self.metric_collector = self._collector if compiler is None else CompiledStepLog(self._collector)
 
         # The loaders are asked for where the loops first need them (Lightning's order): a fit's validation loaders
@@ -724,7 +746,7 @@ class Trainer:
             profiler.teardown(stage=fn)
 
     def _finish(self, fn: str, status: str) -> None:
-        self.fit_loop.attach(None, False)  # no loader source (it holds the module) outlives the run
+        self.fit_loop.detach()
         self._evaluation.attach(None, None)
         module = self.strategy.module
         if self.datamodule is not None:
@@ -1045,8 +1067,14 @@ class Trainer:
         return self._config.limit_predict_batches
 
     @property
-    def val_check_interval(self) -> int | float:
+    def val_check_interval(self) -> int | float | str | timedelta | dict[str, int]:
         return self._config.val_check_interval
+
+    @property
+    def enable_validation(self) -> bool:
+        """Whether the fit validates: validation data is given (or a ``val_dataloader`` hook defined), the module has
+        ``validation_step``, and ``limit_val_batches`` is not 0 (Lightning's property; known once a fit started)."""
+        return self.fit_loop.validates
 
     @property
     def check_val_every_n_epoch(self) -> int | None:
