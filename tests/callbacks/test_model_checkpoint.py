@@ -603,3 +603,75 @@ def test_a_resumed_fit_never_deletes_the_checkpoint_it_resumed_from(tmp_path):
     resumed = quiet_trainer(max_epochs=2, enable_checkpointing=True, default_root_dir=tmp_path)
     resumed.fit(TinyModule(), loader(32), ckpt_path=start)
     assert _files(tmp_path / "checkpoints") == ["epoch=0-step=2.ckpt", "epoch=1-step=4.ckpt"]
+
+
+# ---------------------------------------------------------------------- save_on_exception
+class _FailsAt(TinyModule):
+    """Raises in ``training_step`` at global step ``step`` (when ``nan``, after making a weight NaN); in the sanity
+    check with ``in_sanity_check``."""
+
+    def __init__(self, step=-1, nan=False, in_sanity_check=False):
+        super().__init__()
+        self.step, self.nan, self.in_sanity_check = step, nan, in_sanity_check
+
+    def training_step(self, batch, batch_idx):
+        if self.trainer.global_step == self.step:
+            if self.nan:
+                with torch.no_grad():
+                    self.net[0].weight[0, 0] = float("nan")
+            raise RuntimeError("bad batch")
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        if self.in_sanity_check and self.trainer.sanity_checking:
+            raise RuntimeError("bad validation")
+        return super().validation_step(batch, batch_idx)
+
+
+def test_save_on_exception_saves_where_the_run_failed_in_lightnings_name(tmp_path, caplog):
+    callback = ModelCheckpoint(dirpath=tmp_path, save_on_exception=True, save_last=True, every_n_epochs=5)
+    model = _FailsAt(step=6)
+    with caplog.at_level(logging.INFO), pytest.raises(RuntimeError, match="bad batch"):
+        quiet_trainer(max_epochs=3, callbacks=[callback]).fit(model, loader(64, 16))
+    assert _files(tmp_path) == ["epoch=1-step=6.ckpt", "last.ckpt"]
+    saved = load_checkpoint_file(tmp_path / "epoch=1-step=6.ckpt")
+    assert saved["global_step"] == 6 and max_abs_diff(saved["state_dict"], model.state_dict()) == 0.0
+    assert callback.best_k_models == {} and callback.last_model_path == str(tmp_path / "last.ckpt")
+    assert "An RuntimeError was raised with message: bad batch, saved checkpoint to" in caplog.text
+
+
+def test_save_on_exception_skips_the_sanity_check_fast_dev_run_and_a_step_saved_already(tmp_path):
+    def fit(folder, model, **kwargs):
+        ckpt = {"save_on_exception": True, **kwargs.pop("ckpt", {})}
+        callback = ModelCheckpoint(dirpath=tmp_path / folder, **ckpt)
+        with pytest.raises(RuntimeError, match="bad"):
+            quiet_trainer(callbacks=[callback], **kwargs).fit(model, loader(64, 16), loader(32, 16))
+        return _files(tmp_path / folder)
+
+    assert fit("sanity", _FailsAt(in_sanity_check=True), num_sanity_val_steps=1, max_epochs=2) == []
+    assert fit("fast", _FailsAt(step=1), fast_dev_run=3) == []
+    # every_n_train_steps=2 saved step 2, where the run then fails: nothing more
+    assert fit("saved", _FailsAt(step=2), ckpt={"every_n_train_steps": 2}, max_epochs=1) == ["epoch=0-step=2.ckpt"]
+    assert fit("off", _FailsAt(step=3), ckpt={"save_on_exception": False}, max_epochs=1) == []
+    assert ModelCheckpoint().save_on_exception is False  # as Lightning's default
+
+
+def test_save_on_exception_never_replaces_a_kept_checkpoint(tmp_path):
+    callback = ModelCheckpoint(dirpath=tmp_path, filename="model", save_on_exception=True)
+    with pytest.raises(RuntimeError, match="bad batch"):
+        quiet_trainer(max_epochs=3, callbacks=[callback]).fit(_FailsAt(step=6), loader(64, 16))
+    assert _files(tmp_path) == ["model-v1.ckpt", "model.ckpt"]
+    assert callback.best_model_path == str(tmp_path / "model.ckpt")
+    assert load_checkpoint_file(tmp_path / "model.ckpt")["global_step"] == 4
+
+
+def test_save_on_exception_never_writes_non_finite_weights(tmp_path):
+    """The save meets the check every save meets: NaN weights are not written, and a note on the run's own
+    exception says so (the exception that ends the run stays the one raised)."""
+    callback = ModelCheckpoint(dirpath=tmp_path, save_on_exception=True, save_last=True, every_n_epochs=5)
+    with pytest.raises(RuntimeError, match="bad batch") as raised:
+        quiet_trainer(max_epochs=3, callbacks=[callback]).fit(_FailsAt(step=6, nan=True), loader(64, 16))
+    assert "epoch=1-step=6.ckpt" not in _files(tmp_path)
+    assert any("wrote no checkpoint: its parameters hold NaN or inf" in n for n in raised.value.__notes__)
+    last = [load_checkpoint_file(tmp_path / name)["global_step"] for name in _files(tmp_path) if name == "last.ckpt"]
+    assert all(step < 6 for step in last) and callback.best_model_path == ""

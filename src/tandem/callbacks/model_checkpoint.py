@@ -18,6 +18,8 @@ from tandem.utilities.checkpoint import check_writable_folder, is_url
 from tandem.utilities.exceptions import (
     FileWriteError,
     NonFiniteError,
+    Preempted,
+    add_note,
     bad_choice,
     incompatible,
     missing_metric,
@@ -59,6 +61,10 @@ class ModelCheckpoint(Checkpoint):
         verbose: say what was saved, and when a checkpoint did not make the top k.
         save_last: also write ``last.ckpt`` at every save point (overwritten each time).
         save_top_k: how many of the best to keep; ``-1`` keeps all, ``0`` none (``save_last`` still works).
+        save_on_exception: when the run raises (in the module, a callback, or Ctrl-C), write a checkpoint named
+            by ``filename`` (``last.ckpt`` too with ``save_last``), as Lightning does; not during the sanity
+            check, with ``fast_dev_run``, or when this step was saved already. It is not ranked among the top k.
+            Parameters holding NaN or inf are never written (a note on the exception says so).
         save_weights_only: write only the weights and hyperparameters (such a file cannot resume training).
         mode: ``"min"`` when lower is better (losses), ``"max"`` when higher is better (accuracies).
         auto_insert_metric_name: write ``{epoch}`` as ``epoch=3`` rather than ``3``.
@@ -94,6 +100,7 @@ class ModelCheckpoint(Checkpoint):
         verbose: bool = False,
         save_last: bool | None = None,
         save_top_k: int = 1,
+        save_on_exception: bool = False,
         save_weights_only: bool = False,
         mode: str = "min",
         auto_insert_metric_name: bool = True,
@@ -141,6 +148,7 @@ class ModelCheckpoint(Checkpoint):
         self.verbose = verbose
         self.save_last = save_last
         self.save_top_k = save_top_k
+        self.save_on_exception = save_on_exception
         self.save_weights_only = save_weights_only
         self.mode = mode
         self.auto_insert_metric_name = auto_insert_metric_name
@@ -166,6 +174,7 @@ class ModelCheckpoint(Checkpoint):
         self._warned_missing = False
         self._warned_filename = False  # a filename placeholder naming an unlogged metric was reported
         self._pending_state: dict[str, Any] | None = None  # restored before setup resolved the dirpath
+        self._sanity_checking = False  # still True in on_exception when the sanity check raised
 
     @property
     def state_key(self) -> str:
@@ -180,7 +189,8 @@ class ModelCheckpoint(Checkpoint):
         return f"{type(self).__qualname__}{key!r}"
 
     # ------------------------------------------------------------------ hooks
-    def setup(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
+    def setup(self, trainer: Trainer, pl_module: TrainingModule, stage: str) -> None:
+        self._sanity_checking = False
         dirpath = self._user_dirpath
         if dirpath is None:
             logger = trainer.loggers[0] if trainer.loggers else None
@@ -203,6 +213,49 @@ class ModelCheckpoint(Checkpoint):
         if self._pending_state is not None:
             state, self._pending_state = self._pending_state, None
             self._restore(state)
+
+    def on_sanity_check_start(self, trainer: Trainer, pl_module: TrainingModule) -> None:
+        self._sanity_checking = True
+
+    def on_sanity_check_end(self, trainer: Trainer, pl_module: TrainingModule) -> None:
+        self._sanity_checking = False
+
+    def on_exception(self, trainer: Trainer, pl_module: TrainingModule, exception: BaseException) -> None:
+        """``save_on_exception``: save where the run failed, named as a regular checkpoint (Lightning's rule). Every
+        rank takes part (as every rank fails alike in a distributed run); the run's own exception goes on, and a
+        save that could not be made (parameters holding NaN or inf, a full disk) becomes a note on it."""
+        if not self._saves_on_exception(trainer, exception):
+            return
+        metrics = self._monitor_candidates(trainer)
+        before = self.state_dict()
+        try:
+            path = self.format_checkpoint_name(metrics)
+            kept = {*self.best_k_models, *self._latest, self.best_model_path, self.last_model_path}
+            version = self.STARTING_VERSION
+            while self.enable_version_counter and path in kept:  # never replaces a checkpoint this callback keeps
+                path = self.format_checkpoint_name(metrics, ver=version)
+                version += 1
+            self._write(trainer, path)
+            if self.save_last:
+                self._save_last(trainer, metrics)
+        except Exception as err:
+            self._restore(before)
+            why = "its parameters hold NaN or inf" if isinstance(err, (_Skipped, NonFiniteError)) else f"{err!r}"
+            add_note(exception, f"[tandem] ModelCheckpoint(save_on_exception=True) wrote no checkpoint: {why}.")
+            return
+        rank_zero_info(f"An {type(exception).__name__} was raised with message: {exception}, saved checkpoint to {path}")
+
+    def _saves_on_exception(self, trainer: Trainer, exception: BaseException) -> bool:
+        """Lightning's ``_should_save_on_exception``; a pre-emption (``Preempted``) wrote its exact ``last.ckpt``
+        already."""
+        return (
+            self.save_on_exception
+            and self.dirpath is not None  # set up: the failure was not in the Trainer's own setup
+            and not isinstance(exception, Preempted)
+            and not trainer.fast_dev_run
+            and not self._sanity_checking
+            and self._last_global_step_saved != trainer.global_step
+        )
 
     def on_train_start(self, trainer: Trainer, module: TrainingModule) -> None:
         self._last_time_checked = time.monotonic()
