@@ -39,6 +39,10 @@ def _epoch_end(callback, trainer, epoch, steps_per_epoch=10, **values):
     callback.on_train_epoch_end(trainer, None)
 
 
+def _ckpts(folder):
+    return {os.path.join(folder, name) for name in os.listdir(folder) if name.startswith("epoch=")}
+
+
 def _files(folder):
     return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
 
@@ -312,12 +316,37 @@ def test_state_dict_round_trip_and_state_key(tmp_path):
         ({"every_n_epochs": -1}, "every_n_epochs=-1 is out of range"),
         ({"every_n_train_steps": 1.5}, "every_n_train_steps=1.5"),
         ({"every_n_train_steps": 100, "every_n_epochs": 1}, "Pass only one of them"),
+        ({"save_top_k": 3}, "Set monitor= to the logged metric that ranks them"),
     ],
 )
 def test_bad_arguments_fail_at_construction_naming_the_fix(kwargs, fix):
     with pytest.raises(TandemConfigError, match="ModelCheckpoint") as err:
         ModelCheckpoint(**kwargs)
     assert fix in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "lightning"),
+    [  # Lightning 2.6.5's sentences (callbacks/model_checkpoint.py), first in the message
+        ({"mode": "avg"}, "`mode` can be min, max but got avg."),
+        ({"save_top_k": -2}, "Invalid value for save_top_k=-2. Must be >= -1."),
+        ({"every_n_epochs": -1}, "Invalid value for every_n_epochs=-1. Must be >= 0."),
+        ({"every_n_train_steps": -3}, "Invalid value for every_n_train_steps=-3. Must be >= 0."),
+        (
+            {"every_n_train_steps": 100, "every_n_epochs": 1},
+            "Combination of parameters every_n_train_steps=100, every_n_epochs=1 and train_time_interval=None "
+            "should be mutually exclusive.",
+        ),
+        (
+            {"save_top_k": 3},
+            "ModelCheckpoint(save_top_k=3, monitor=None) is not a valid configuration. No quantity for top_k to track.",
+        ),
+    ],
+)
+def test_bad_arguments_say_lightnings_sentence_first(kwargs, lightning):
+    with pytest.raises(MisconfigurationException) as err:
+        ModelCheckpoint(**kwargs)
+    assert str(err.value).startswith(lightning)
 
 
 # ---------------------------------------------------------------------- Lightning's other arguments
@@ -675,3 +704,50 @@ def test_save_on_exception_never_writes_non_finite_weights(tmp_path):
     assert any("wrote no checkpoint: its parameters hold NaN or inf" in n for n in raised.value.__notes__)
     last = [load_checkpoint_file(tmp_path / name)["global_step"] for name in _files(tmp_path) if name == "last.ckpt"]
     assert all(step < 6 for step in last) and callback.best_model_path == ""
+
+
+# ---------------------------------------------------------------------- Lightning 2.6's small API
+def test_state_key_is_lightnings_and_a_checkpoint_under_the_earlier_key_restores(tmp_path):
+    callback = ModelCheckpoint(dirpath=tmp_path, monitor="val_loss", save_top_k=2)
+    assert callback.state_key == (
+        "ModelCheckpoint{'monitor': 'val_loss', 'mode': 'min', 'every_n_train_steps': 0, 'every_n_epochs': 1,"
+        " 'train_time_interval': None}"
+    )
+    trainer = quiet_trainer(max_epochs=2, callbacks=[callback])
+    trainer.fit(TinyModule(), loader(64, 16), loader(32, 16))
+    saved = torch.load(callback.best_model_path)
+    # a checkpoint of an earlier tandem version: the key had no train_time_interval when it was None
+    earlier = "ModelCheckpoint{'monitor': 'val_loss', 'mode': 'min', 'every_n_train_steps': 0, 'every_n_epochs': 1}"
+    saved["callbacks"] = {earlier: saved["callbacks"].pop(callback.state_key), **saved["callbacks"]}
+    del saved["tandem_checksum"]  # edited on purpose
+    torch.save(saved, tmp_path / "earlier.ckpt")
+    resumed = ModelCheckpoint(dirpath=tmp_path, monitor="val_loss", save_top_k=2)
+    quiet_trainer(max_epochs=3, callbacks=[resumed]).fit(
+        TinyModule(), loader(64, 16), loader(32, 16), ckpt_path=tmp_path / "earlier.ckpt"
+    )
+    # the state came back: the files of the first fit keep their rank against the third epoch's
+    assert len(resumed.best_k_models) == 2 and set(resumed.best_k_models) <= {
+        *callback.best_k_models,
+        *_ckpts(tmp_path),
+    }
+    assert resumed.state_key in torch.load(resumed.best_model_path)["callbacks"]  # written under Lightning's key
+
+
+def test_to_yaml_writes_the_best_k_scores(tmp_path):
+    import yaml
+
+    callback = ModelCheckpoint(dirpath=tmp_path, monitor="val_loss", save_top_k=2)
+    quiet_trainer(max_epochs=3, callbacks=[callback]).fit(TinyModule(), loader(64, 16), loader(32, 16))
+    callback.to_yaml()
+    written = yaml.safe_load((tmp_path / "best_k_models.yaml").read_text())
+    assert written == {path: score.item() for path, score in callback.best_k_models.items()} and len(written) == 2
+    callback.to_yaml(tmp_path / "other.yaml")
+    assert yaml.safe_load((tmp_path / "other.yaml").read_text()) == written
+
+
+def test_hooks_take_lightnings_keyword_names(tmp_path):
+    callback = ModelCheckpoint(dirpath=tmp_path)
+    trainer = fake_trainer(tmp_path, callbacks=[callback])
+    callback.setup(trainer=trainer, pl_module=None, stage="fit")
+    Callback().setup(trainer=trainer, pl_module=None, stage="fit")
+    assert callback.dirpath == str(tmp_path)

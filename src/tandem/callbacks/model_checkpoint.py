@@ -14,8 +14,9 @@ import torch
 
 from tandem.callbacks.callback import Checkpoint
 from tandem.loggers.logger import Logger
-from tandem.utilities.checkpoint import check_writable_folder, is_url
+from tandem.utilities.checkpoint import atomic_write, check_writable_folder, is_url
 from tandem.utilities.exceptions import (
+    CheckpointError,
     FileWriteError,
     NonFiniteError,
     Preempted,
@@ -111,12 +112,15 @@ class ModelCheckpoint(Checkpoint):
         enable_version_counter: bool = True,
     ) -> None:
         if mode not in _MODES:
-            raise bad_choice("ModelCheckpoint: mode", mode, _MODES, _MODE_FIX)
+            lead = f"`mode` can be {', '.join(_MODES)} but got {mode}."  # Lightning's sentence first, then ours
+            raise bad_choice("ModelCheckpoint: mode", mode, _MODES, _MODE_FIX, lead=lead)
         if not isinstance(save_top_k, int) or save_top_k < -1:
-            raise out_of_range("ModelCheckpoint: save_top_k", save_top_k, "an int >= -1 (-1 keeps all)")
+            lead = f"Invalid value for save_top_k={save_top_k}. Must be >= -1."
+            raise out_of_range("ModelCheckpoint: save_top_k", save_top_k, "an int >= -1 (-1 keeps all)", lead=lead)
         for arg, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
             if value is not None and (not isinstance(value, int) or value < 0):
-                raise out_of_range(f"ModelCheckpoint: {arg}", value, "None or an int >= 0")
+                lead = f"Invalid value for {arg}={value}. Must be >= 0."
+                raise out_of_range(f"ModelCheckpoint: {arg}", value, "None or an int >= 0", lead=lead)
         if train_time_interval is not None and (
             not isinstance(train_time_interval, timedelta) or train_time_interval.total_seconds() <= 0
         ):
@@ -134,6 +138,17 @@ class ModelCheckpoint(Checkpoint):
                 f"ModelCheckpoint({given})",
                 "a checkpoint is saved by steps, by time or by epochs, one of them",
                 "Pass only one of them (use several ModelCheckpoint callbacks for several schedules).",
+                lead=f"Combination of parameters every_n_train_steps={every_n_train_steps or 0}, every_n_epochs="
+                f"{every_n_epochs or 0} and train_time_interval={train_time_interval} should be mutually exclusive.",
+            )
+        if monitor is None and save_top_k not in (-1, 0, 1):
+            raise incompatible(
+                f"ModelCheckpoint(save_top_k={save_top_k}, monitor=None)",
+                "the top k are ranked by the monitored metric, and there is none",
+                "Set monitor= to the logged metric that ranks them (e.g. monitor='val_loss'), or save_top_k=-1 to "
+                "keep every checkpoint, 1 to keep the latest.",
+                lead=f"ModelCheckpoint(save_top_k={save_top_k}, monitor=None) is not a valid configuration. "
+                "No quantity for top_k to track.",
             )
         if every_n_train_steps is None and every_n_epochs is None and train_time_interval is None:
             every_n_epochs = 1
@@ -178,15 +193,28 @@ class ModelCheckpoint(Checkpoint):
 
     @property
     def state_key(self) -> str:
-        key: dict[str, Any] = {
+        """Lightning's key (``train_time_interval`` always in it), so callbacks differing in these arguments
+        keep their own state."""
+        return f"{type(self).__qualname__}{self._key_fields()!r}"
+
+    @property
+    def earlier_state_keys(self) -> tuple[str, ...]:
+        """Keys this callback's state had in checkpoints of earlier tandem versions (without
+        ``train_time_interval`` when it was None); a restore finds the state under them too."""
+        if self.train_time_interval is not None:
+            return ()
+        fields = self._key_fields()
+        del fields["train_time_interval"]
+        return (f"{type(self).__qualname__}{fields!r}",)
+
+    def _key_fields(self) -> dict[str, Any]:
+        return {
             "monitor": self.monitor,
             "mode": self.mode,
             "every_n_train_steps": self.every_n_train_steps,
             "every_n_epochs": self.every_n_epochs,
+            "train_time_interval": self.train_time_interval,
         }
-        if self.train_time_interval is not None:  # only then: keys of earlier checkpoints stay valid
-            key["train_time_interval"] = self.train_time_interval
-        return f"{type(self).__qualname__}{key!r}"
 
     # ------------------------------------------------------------------ hooks
     def setup(self, trainer: Trainer, pl_module: TrainingModule, stage: str) -> None:
@@ -243,7 +271,9 @@ class ModelCheckpoint(Checkpoint):
             why = "its parameters hold NaN or inf" if isinstance(err, (_Skipped, NonFiniteError)) else f"{err!r}"
             add_note(exception, f"[tandem] ModelCheckpoint(save_on_exception=True) wrote no checkpoint: {why}.")
             return
-        rank_zero_info(f"An {type(exception).__name__} was raised with message: {exception}, saved checkpoint to {path}")
+        rank_zero_info(
+            f"An {type(exception).__name__} was raised with message: {exception}, saved checkpoint to {path}"
+        )
 
     def _saves_on_exception(self, trainer: Trainer, exception: BaseException) -> bool:
         """Lightning's ``_should_save_on_exception``; a pre-emption (``Preempted``) wrote its exact ``last.ckpt``
@@ -257,7 +287,7 @@ class ModelCheckpoint(Checkpoint):
             and self._last_global_step_saved != trainer.global_step
         )
 
-    def on_train_start(self, trainer: Trainer, module: TrainingModule) -> None:
+    def on_train_start(self, trainer: Trainer, pl_module: TrainingModule) -> None:
         self._last_time_checked = time.monotonic()
         self._validated = False
         if trainer.is_global_zero and not trainer.fast_dev_run:
@@ -290,7 +320,7 @@ class ModelCheckpoint(Checkpoint):
             )
 
     def on_train_batch_end(
-        self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
+        self, trainer: Trainer, pl_module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if (self.every_n_train_steps <= 0 and self.train_time_interval is None) or self._skip(trainer):
             return  # the first test is all the per-step cost of an epoch schedule
@@ -305,11 +335,11 @@ class ModelCheckpoint(Checkpoint):
         if due:
             self._save(trainer, top_k=True)
 
-    def on_train_epoch_end(self, trainer: Trainer, module: TrainingModule) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: TrainingModule) -> None:
         if not self._skip(trainer) and self._on_train_epoch_end(trainer):
             self._save(trainer, top_k=self._epoch_due(trainer))
 
-    def on_validation_end(self, trainer: Trainer, module: TrainingModule) -> None:
+    def on_validation_end(self, trainer: Trainer, pl_module: TrainingModule) -> None:
         if trainer.sanity_checking:
             return
         self._validated = True
@@ -529,6 +559,25 @@ class ModelCheckpoint(Checkpoint):
             name = f"{name}{self.CHECKPOINT_JOIN_CHAR}v{ver}"
         name += self.FILE_EXTENSION
         return os.path.join(self.dirpath, name) if self.dirpath else name
+
+    def to_yaml(self, filepath: str | os.PathLike | None = None) -> None:
+        """Write ``best_k_models`` (path -> score as a float) as YAML to ``filepath`` (default:
+        ``<dirpath>/best_k_models.yaml``), atomically.
+
+        Example::
+
+            checkpoint.to_yaml()  # after fit: {'/run/checkpoints/epoch=3-step=400.ckpt': 0.21, ...}
+        """
+        import yaml  # a dependency of omegaconf's
+
+        if filepath is None:
+            if self.dirpath is None:
+                raise CheckpointError(
+                    "ModelCheckpoint.to_yaml(): no dirpath yet; pass a filepath, or call it after fit."
+                )
+            filepath = os.path.join(self.dirpath, "best_k_models.yaml")
+        text = yaml.dump({path: score.item() for path, score in self.best_k_models.items()})
+        atomic_write(filepath, lambda f: f.write(text.encode()), "the best_k_models YAML file")
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
