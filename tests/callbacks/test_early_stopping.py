@@ -8,6 +8,7 @@ import pytest
 from callbacks._fake import fake_trainer, metrics
 from helpers import TinyModule, loader, quiet_trainer
 from tandem.callbacks import EarlyStopping
+from tandem.callbacks.early_stopping import EarlyStoppingReason
 from tandem.utilities.exceptions import MissingMetricError, TandemConfigError
 
 
@@ -55,10 +56,60 @@ def test_stopping_and_divergence_thresholds():
     assert _run(max_mode, [0.5, 0.05], key="val_acc") == 1
 
 
-def test_the_reason_is_reported_on_rank_zero(caplog):
+def test_the_reason_is_reported_in_lightnings_words_through_the_modules_log(caplog):
     caplog.set_level(logging.INFO)
     _run(EarlyStopping("val_loss", patience=1), [1.0, 2.0])
-    assert "val_loss did not improve in the last 1 checks" in caplog.text
+    (record,) = caplog.records
+    assert record.name == "tandem.callbacks.early_stopping"  # early_stopping.log, as Lightning's
+    assert record.getMessage() == (
+        "Monitored metric val_loss did not improve in the last 1 records. Best score: 1.000. Signaling Trainer to stop."
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "scores", "reason", "message"),
+    [
+        ({"patience": 1}, [1.0, 2.0], EarlyStoppingReason.PATIENCE_EXHAUSTED, "did not improve in the last 1 records"),
+        ({"stopping_threshold": 0.6}, [1.0, 0.5], EarlyStoppingReason.STOPPING_THRESHOLD, "val_loss = 0.5 < 0.6"),
+        ({"divergence_threshold": 8.0}, [1.0, 9.0], EarlyStoppingReason.DIVERGENCE_THRESHOLD, "val_loss = 9.0 > 8.0"),
+        ({}, [1.0, math.nan], EarlyStoppingReason.NON_FINITE_METRIC, "val_loss = nan is not finite"),
+        ({}, [1.0, 0.9, 0.8], EarlyStoppingReason.NOT_STOPPED, None),
+    ],
+)
+def test_stopping_reason_says_why_it_stopped(kwargs, scores, reason, message):
+    callback = EarlyStopping("val_loss", **kwargs)
+    assert callback.stopping_reason is EarlyStoppingReason.NOT_STOPPED and callback.stopping_reason_message is None
+    _run(callback, scores)
+    assert callback.stopping_reason is reason
+    if message is None:
+        assert callback.stopping_reason_message is None
+    else:
+        assert message in callback.stopping_reason_message
+    restored = EarlyStopping("val_loss")
+    restored.load_state_dict(callback.state_dict())
+    assert (restored.stopping_reason, restored.stopping_reason_message) == (reason, callback.stopping_reason_message)
+
+
+def test_improvements_are_reported_with_verbose_and_every_rank_prefixes_its_rank(caplog):
+    caplog.set_level(logging.INFO)
+    _run(EarlyStopping("val_loss", verbose=True), [1.0, 0.5])
+    assert [r.getMessage() for r in caplog.records] == [
+        "Metric val_loss improved. New best score: 1.000",
+        "Metric val_loss improved by 0.500 >= min_delta = 0.0. New best score: 0.500",
+    ]
+    caplog.clear()
+    for rank in (0, 1):
+        for zero_only in (False, True):
+            trainer = SimpleNamespace(global_rank=rank, world_size=2)
+            EarlyStopping._log_info(trainer, "bar", zero_only)
+    assert [r.getMessage() for r in caplog.records] == ["[rank: 0] bar", "[rank: 0] bar", "[rank: 1] bar"]
+
+
+def test_a_checkpoint_without_a_reason_restores_not_stopped():
+    callback = EarlyStopping("val_loss")
+    callback.load_state_dict({"wait_count": 2, "stopped_epoch": 5, "best_score": 0.5, "patience": 3})
+    assert callback.stopping_reason is EarlyStoppingReason.NOT_STOPPED and callback.stopping_reason_message is None
+    assert (callback.wait_count, callback.stopped_epoch) == (2, 5)
 
 
 def test_missing_metric_raises_when_strict_and_warns_once_otherwise():
@@ -105,7 +156,14 @@ def test_state_dict_round_trip_and_state_key():
     callback = EarlyStopping("val_loss", patience=4)
     _run(callback, [1.0, 0.5, 0.7, 0.8])
     state = callback.state_dict()
-    assert state == {"wait_count": 2, "stopped_epoch": 0, "best_score": 0.5, "patience": 4}
+    assert state == {
+        "wait_count": 2,
+        "stopped_epoch": 0,
+        "best_score": 0.5,
+        "patience": 4,
+        "stopping_reason": 0,  # Lightning 2.6's keys: EarlyStoppingReason.NOT_STOPPED.value
+        "stopping_reason_message": None,
+    }
     restored = EarlyStopping("val_loss", patience=4)
     restored.load_state_dict(state)
     assert restored.state_dict() == state
@@ -179,3 +237,12 @@ def test_a_real_fit_stops_after_patience_runs_out():
     trainer = quiet_trainer(max_epochs=8, callbacks=[stopper])
     trainer.fit(Plateau(), loader(32), loader(16))
     assert trainer.current_epoch == 4 and stopper.stopped_epoch == 3 and stopper.best_score == 2.0
+
+
+def test_mode_error_says_lightnings_sentence_first_and_fast_dev_run_never_stops():
+    with pytest.raises(TandemConfigError) as err:
+        EarlyStopping("val_loss", mode="auto")
+    assert str(err.value).startswith("`mode` can be min, max, got auto. EarlyStopping: mode='auto' is not valid")
+    trainer = fake_trainer(".")
+    trainer.fast_dev_run = 2
+    assert _run(EarlyStopping("val_loss", patience=1), [1.0, 2.0, 3.0], trainer=trainer) is None

@@ -39,6 +39,10 @@ def _epoch_end(callback, trainer, epoch, steps_per_epoch=10, **values):
     callback.on_train_epoch_end(trainer, None)
 
 
+def _ckpts(folder):
+    return {os.path.join(folder, name) for name in os.listdir(folder) if name.startswith("epoch=")}
+
+
 def _files(folder):
     return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
 
@@ -312,12 +316,37 @@ def test_state_dict_round_trip_and_state_key(tmp_path):
         ({"every_n_epochs": -1}, "every_n_epochs=-1 is out of range"),
         ({"every_n_train_steps": 1.5}, "every_n_train_steps=1.5"),
         ({"every_n_train_steps": 100, "every_n_epochs": 1}, "Pass only one of them"),
+        ({"save_top_k": 3}, "Set monitor= to the logged metric that ranks them"),
     ],
 )
 def test_bad_arguments_fail_at_construction_naming_the_fix(kwargs, fix):
     with pytest.raises(TandemConfigError, match="ModelCheckpoint") as err:
         ModelCheckpoint(**kwargs)
     assert fix in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "lightning"),
+    [  # Lightning 2.6.5's sentences (callbacks/model_checkpoint.py), first in the message
+        ({"mode": "avg"}, "`mode` can be min, max but got avg."),
+        ({"save_top_k": -2}, "Invalid value for save_top_k=-2. Must be >= -1."),
+        ({"every_n_epochs": -1}, "Invalid value for every_n_epochs=-1. Must be >= 0."),
+        ({"every_n_train_steps": -3}, "Invalid value for every_n_train_steps=-3. Must be >= 0."),
+        (
+            {"every_n_train_steps": 100, "every_n_epochs": 1},
+            "Combination of parameters every_n_train_steps=100, every_n_epochs=1 and train_time_interval=None "
+            "should be mutually exclusive.",
+        ),
+        (
+            {"save_top_k": 3},
+            "ModelCheckpoint(save_top_k=3, monitor=None) is not a valid configuration. No quantity for top_k to track.",
+        ),
+    ],
+)
+def test_bad_arguments_say_lightnings_sentence_first(kwargs, lightning):
+    with pytest.raises(MisconfigurationException) as err:
+        ModelCheckpoint(**kwargs)
+    assert str(err.value).startswith(lightning)
 
 
 # ---------------------------------------------------------------------- Lightning's other arguments
@@ -603,3 +632,122 @@ def test_a_resumed_fit_never_deletes_the_checkpoint_it_resumed_from(tmp_path):
     resumed = quiet_trainer(max_epochs=2, enable_checkpointing=True, default_root_dir=tmp_path)
     resumed.fit(TinyModule(), loader(32), ckpt_path=start)
     assert _files(tmp_path / "checkpoints") == ["epoch=0-step=2.ckpt", "epoch=1-step=4.ckpt"]
+
+
+# ---------------------------------------------------------------------- save_on_exception
+class _FailsAt(TinyModule):
+    """Raises in ``training_step`` at global step ``step`` (when ``nan``, after making a weight NaN); in the sanity
+    check with ``in_sanity_check``."""
+
+    def __init__(self, step=-1, nan=False, in_sanity_check=False):
+        super().__init__()
+        self.step, self.nan, self.in_sanity_check = step, nan, in_sanity_check
+
+    def training_step(self, batch, batch_idx):
+        if self.trainer.global_step == self.step:
+            if self.nan:
+                with torch.no_grad():
+                    self.net[0].weight[0, 0] = float("nan")
+            raise RuntimeError("bad batch")
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        if self.in_sanity_check and self.trainer.sanity_checking:
+            raise RuntimeError("bad validation")
+        return super().validation_step(batch, batch_idx)
+
+
+def test_save_on_exception_saves_where_the_run_failed_in_lightnings_name(tmp_path, caplog):
+    callback = ModelCheckpoint(dirpath=tmp_path, save_on_exception=True, save_last=True, every_n_epochs=5)
+    model = _FailsAt(step=6)
+    with caplog.at_level(logging.INFO), pytest.raises(RuntimeError, match="bad batch"):
+        quiet_trainer(max_epochs=3, callbacks=[callback]).fit(model, loader(64, 16))
+    assert _files(tmp_path) == ["epoch=1-step=6.ckpt", "last.ckpt"]
+    saved = load_checkpoint_file(tmp_path / "epoch=1-step=6.ckpt")
+    assert saved["global_step"] == 6 and max_abs_diff(saved["state_dict"], model.state_dict()) == 0.0
+    assert callback.best_k_models == {} and callback.last_model_path == str(tmp_path / "last.ckpt")
+    assert "An RuntimeError was raised with message: bad batch, saved checkpoint to" in caplog.text
+
+
+def test_save_on_exception_skips_the_sanity_check_fast_dev_run_and_a_step_saved_already(tmp_path):
+    def fit(folder, model, **kwargs):
+        ckpt = {"save_on_exception": True, **kwargs.pop("ckpt", {})}
+        callback = ModelCheckpoint(dirpath=tmp_path / folder, **ckpt)
+        with pytest.raises(RuntimeError, match="bad"):
+            quiet_trainer(callbacks=[callback], **kwargs).fit(model, loader(64, 16), loader(32, 16))
+        return _files(tmp_path / folder)
+
+    assert fit("sanity", _FailsAt(in_sanity_check=True), num_sanity_val_steps=1, max_epochs=2) == []
+    assert fit("fast", _FailsAt(step=1), fast_dev_run=3) == []
+    # every_n_train_steps=2 saved step 2, where the run then fails: nothing more
+    assert fit("saved", _FailsAt(step=2), ckpt={"every_n_train_steps": 2}, max_epochs=1) == ["epoch=0-step=2.ckpt"]
+    assert fit("off", _FailsAt(step=3), ckpt={"save_on_exception": False}, max_epochs=1) == []
+    assert ModelCheckpoint().save_on_exception is False  # as Lightning's default
+
+
+def test_save_on_exception_never_replaces_a_kept_checkpoint(tmp_path):
+    callback = ModelCheckpoint(dirpath=tmp_path, filename="model", save_on_exception=True)
+    with pytest.raises(RuntimeError, match="bad batch"):
+        quiet_trainer(max_epochs=3, callbacks=[callback]).fit(_FailsAt(step=6), loader(64, 16))
+    assert _files(tmp_path) == ["model-v1.ckpt", "model.ckpt"]
+    assert callback.best_model_path == str(tmp_path / "model.ckpt")
+    assert load_checkpoint_file(tmp_path / "model.ckpt")["global_step"] == 4
+
+
+def test_save_on_exception_never_writes_non_finite_weights(tmp_path):
+    """The save meets the check every save meets: NaN weights are not written, and a note on the run's own
+    exception says so (the exception that ends the run stays the one raised)."""
+    callback = ModelCheckpoint(dirpath=tmp_path, save_on_exception=True, save_last=True, every_n_epochs=5)
+    with pytest.raises(RuntimeError, match="bad batch") as raised:
+        quiet_trainer(max_epochs=3, callbacks=[callback]).fit(_FailsAt(step=6, nan=True), loader(64, 16))
+    assert "epoch=1-step=6.ckpt" not in _files(tmp_path)
+    assert any("wrote no checkpoint: its parameters hold NaN or inf" in n for n in raised.value.__notes__)
+    last = [load_checkpoint_file(tmp_path / name)["global_step"] for name in _files(tmp_path) if name == "last.ckpt"]
+    assert all(step < 6 for step in last) and callback.best_model_path == ""
+
+
+# ---------------------------------------------------------------------- Lightning 2.6's small API
+def test_state_key_is_lightnings_and_a_checkpoint_under_the_earlier_key_restores(tmp_path):
+    callback = ModelCheckpoint(dirpath=tmp_path, monitor="val_loss", save_top_k=2)
+    assert callback.state_key == (
+        "ModelCheckpoint{'monitor': 'val_loss', 'mode': 'min', 'every_n_train_steps': 0, 'every_n_epochs': 1,"
+        " 'train_time_interval': None}"
+    )
+    trainer = quiet_trainer(max_epochs=2, callbacks=[callback])
+    trainer.fit(TinyModule(), loader(64, 16), loader(32, 16))
+    saved = torch.load(callback.best_model_path)
+    # a checkpoint of an earlier tandem version: the key had no train_time_interval when it was None
+    earlier = "ModelCheckpoint{'monitor': 'val_loss', 'mode': 'min', 'every_n_train_steps': 0, 'every_n_epochs': 1}"
+    saved["callbacks"] = {earlier: saved["callbacks"].pop(callback.state_key), **saved["callbacks"]}
+    del saved["tandem_checksum"]  # edited on purpose
+    torch.save(saved, tmp_path / "earlier.ckpt")
+    resumed = ModelCheckpoint(dirpath=tmp_path, monitor="val_loss", save_top_k=2)
+    quiet_trainer(max_epochs=3, callbacks=[resumed]).fit(
+        TinyModule(), loader(64, 16), loader(32, 16), ckpt_path=tmp_path / "earlier.ckpt"
+    )
+    # the state came back: the files of the first fit keep their rank against the third epoch's
+    assert len(resumed.best_k_models) == 2 and set(resumed.best_k_models) <= {
+        *callback.best_k_models,
+        *_ckpts(tmp_path),
+    }
+    assert resumed.state_key in torch.load(resumed.best_model_path)["callbacks"]  # written under Lightning's key
+
+
+def test_to_yaml_writes_the_best_k_scores(tmp_path):
+    import yaml
+
+    callback = ModelCheckpoint(dirpath=tmp_path, monitor="val_loss", save_top_k=2)
+    quiet_trainer(max_epochs=3, callbacks=[callback]).fit(TinyModule(), loader(64, 16), loader(32, 16))
+    callback.to_yaml()
+    written = yaml.safe_load((tmp_path / "best_k_models.yaml").read_text())
+    assert written == {path: score.item() for path, score in callback.best_k_models.items()} and len(written) == 2
+    callback.to_yaml(tmp_path / "other.yaml")
+    assert yaml.safe_load((tmp_path / "other.yaml").read_text()) == written
+
+
+def test_hooks_take_lightnings_keyword_names(tmp_path):
+    callback = ModelCheckpoint(dirpath=tmp_path)
+    trainer = fake_trainer(tmp_path, callbacks=[callback])
+    callback.setup(trainer=trainer, pl_module=None, stage="fit")
+    Callback().setup(trainer=trainer, pl_module=None, stage="fit")
+    assert callback.dirpath == str(tmp_path)

@@ -126,6 +126,7 @@ def test_plus_equals_appends_items_and_the_options_after_it_set_the_last_one(tmp
     args = ["--config", str(tmp_path / "run.yaml"), "--trainer.callbacks+=EarlyStopping"]
     args += ["--trainer.callbacks.monitor=val_loss", "--trainer.callbacks.patience", "3"]
     args += ["--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.init_args.save_top_k=2"]
+    args += ["--trainer.callbacks.init_args.monitor=val_loss"]
     cli = CLI(TinyModule, run=False, args=args)
     configured = [c for c in cli.trainer.callbacks if isinstance(c, (Unfreeze, EarlyStopping, ModelCheckpoint))]
     unfreeze, early, checkpoint = configured[:3]  # the configured ones, in order, before the Trainer's own

@@ -2,19 +2,34 @@
 
 from __future__ import annotations
 
+import logging
 import math
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from tandem.callbacks.callback import Callback
 from tandem.utilities.exceptions import bad_choice, missing_metric, out_of_range
-from tandem.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from tandem.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
     from tandem.module import TrainingModule
     from tandem.trainer.trainer import Trainer
 
+log = logging.getLogger(__name__)  # Lightning's: its messages go here (patch it to read them)
+
 _MODES = ("min", "max")
 _MODE_FIX = "Use 'min' for losses, 'max' for accuracies."
+_ORDER = {"min": "<", "max": ">"}
+
+
+class EarlyStoppingReason(Enum):
+    """Why ``EarlyStopping`` stopped the fit (``EarlyStopping.stopping_reason``), as Lightning 2.6's."""
+
+    NOT_STOPPED = 0
+    STOPPING_THRESHOLD = 1
+    DIVERGENCE_THRESHOLD = 2
+    PATIENCE_EXHAUSTED = 3
+    NON_FINITE_METRIC = 4
 
 
 class EarlyStopping(Callback):
@@ -38,8 +53,15 @@ class EarlyStopping(Callback):
         divergence_threshold: stop as soon as the metric is worse than this.
         check_on_train_epoch_end: check at the training epoch end (True) or at validation ends (False);
             ``None`` decides as described above.
-        log_rank_zero_only: accepted for Lightning's signature; tandem reports on global rank 0 only, as
-            every rank decides from rank 0's value.
+        log_rank_zero_only: report on global rank 0 only; otherwise every rank reports, its message prefixed
+            with ``[rank: r]`` under several processes (Lightning's rule).
+
+    Attributes:
+        stopping_reason: an :class:`EarlyStoppingReason` (``NOT_STOPPED`` until it stops the fit).
+        stopping_reason_message: the reason in words once it stopped the fit, else None.
+
+    The reason for stopping is reported (with ``verbose``, each improvement too) through the module's ``log``
+    logger (``logging.getLogger("tandem.callbacks.early_stopping")``), in Lightning's words.
 
     Example::
 
@@ -61,7 +83,8 @@ class EarlyStopping(Callback):
         log_rank_zero_only: bool = False,
     ) -> None:
         if mode not in _MODES:
-            raise bad_choice("EarlyStopping: mode", mode, _MODES, _MODE_FIX)
+            lead = f"`mode` can be {', '.join(_MODES)}, got {mode}."  # Lightning's sentence first, then ours
+            raise bad_choice("EarlyStopping: mode", mode, _MODES, _MODE_FIX, lead=lead)
         if not isinstance(patience, int) or patience < 0:
             raise out_of_range("EarlyStopping: patience", patience, "an int >= 0")
         if not isinstance(min_delta, (int, float)) or not math.isfinite(min_delta) or min_delta < 0:
@@ -80,6 +103,8 @@ class EarlyStopping(Callback):
         self.wait_count = 0
         self.stopped_epoch = 0
         self.best_score = math.inf if mode == "min" else -math.inf
+        self.stopping_reason = EarlyStoppingReason.NOT_STOPPED
+        self.stopping_reason_message: str | None = None
         self._warned_missing = False
 
     @property
@@ -92,16 +117,16 @@ class EarlyStopping(Callback):
             return self.check_on_train_epoch_end
         return trainer.fit_loop.validates_only_at_epoch_ends  # the loop knows its validation schedule
 
-    def on_train_epoch_end(self, trainer: Trainer, module: TrainingModule) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: TrainingModule) -> None:
         if self._at_train_epoch_end(trainer):
             self._check(trainer)
 
-    def on_validation_end(self, trainer: Trainer, module: TrainingModule) -> None:
+    def on_validation_end(self, trainer: Trainer, pl_module: TrainingModule) -> None:
         if not self._at_train_epoch_end(trainer):
             self._check(trainer)
 
     def _check(self, trainer: Trainer) -> None:
-        if trainer.sanity_checking or trainer.state.fn != "fit":
+        if trainer.sanity_checking or trainer.state.fn != "fit" or trainer.fast_dev_run:  # Lightning's rule
             return
         local = trainer.callback_metrics.get(self.monitor)
         current = trainer.strategy.broadcast(float(local) if local is not None else None)
@@ -118,35 +143,57 @@ class EarlyStopping(Callback):
         should_stop, reason = self._evaluate(current)
         if should_stop:
             self.stopped_epoch = trainer.current_epoch
+            self.stopping_reason_message = reason
             trainer.should_stop = True
         if reason and (should_stop or self.verbose):
-            rank_zero_info(f"EarlyStopping: {reason}")
+            self._log_info(trainer, reason, self.log_rank_zero_only)
+
+    @staticmethod
+    def _log_info(trainer: Trainer, message: str, log_rank_zero_only: bool) -> None:
+        """Lightning's rule: under several processes each rank's message starts ``[rank: r]``, and only rank 0
+        reports with ``log_rank_zero_only``."""
+        rank = trainer.global_rank if trainer.world_size > 1 else None
+        if rank is None or not log_rank_zero_only or rank == 0:
+            log.info(message if rank is None else f"[rank: {rank}] {message}")
 
     def _better(self, a: float, b: float) -> bool:
         return a < b if self.mode == "min" else a > b
 
     def _evaluate(self, current: float) -> tuple[bool, str | None]:
-        """Update the counters with ``current`` (rank 0's value) and say whether to stop, and why."""
+        """Update the counters with ``current`` (rank 0's value) and say whether to stop, and why (Lightning's
+        words)."""
+        name, best = self.monitor, self.best_score
+        stop = "Signaling Trainer to stop."
         if self.check_finite and not math.isfinite(current):
-            return True, f"{self.monitor} = {current} is not finite (best: {self.best_score:.3f}). Stopping."
+            self.stopping_reason = EarlyStoppingReason.NON_FINITE_METRIC
+            return (
+                True,
+                f"Monitored metric {name} = {current} is not finite. Previous best value was {best:.3f}. {stop}",
+            )
         if self.stopping_threshold is not None and self._better(current, self.stopping_threshold):
-            return True, f"{self.monitor} = {current} reached stopping_threshold={self.stopping_threshold}."
+            self.stopping_reason = EarlyStoppingReason.STOPPING_THRESHOLD
+            order = _ORDER[self.mode]
+            return True, f"Stopping threshold reached: {name} = {current} {order} {self.stopping_threshold}. {stop}"
         if self.divergence_threshold is not None and self._better(self.divergence_threshold, current):
-            return True, f"{self.monitor} = {current} passed divergence_threshold={self.divergence_threshold}"
+            self.stopping_reason = EarlyStoppingReason.DIVERGENCE_THRESHOLD
+            worse = _ORDER["max" if self.mode == "min" else "min"]  # the side past the threshold
+            return True, f"Divergence threshold reached: {name} = {current} {worse} {self.divergence_threshold}. {stop}"
         delta = -self.min_delta if self.mode == "min" else self.min_delta
-        if self._better(current - delta, self.best_score):
+        if self._better(current - delta, best):
             reason = (
-                f"{self.monitor} improved to {current:.3f}"
-                if math.isinf(self.best_score)
-                else f"{self.monitor} improved by {abs(self.best_score - current):.3f} to {current:.3f}"
+                f"Metric {name} improved. New best score: {current:.3f}"
+                if math.isinf(best)
+                else f"Metric {name} improved by {abs(best - current):.3f} >= min_delta = {self.min_delta}. "
+                f"New best score: {current:.3f}"
             )
             self.best_score, self.wait_count = current, 0
             return False, reason
         self.wait_count += 1
         if self.wait_count >= self.patience:
+            self.stopping_reason = EarlyStoppingReason.PATIENCE_EXHAUSTED
             return True, (
-                f"{self.monitor} did not improve in the last {self.wait_count} checks; "
-                f"the best value was {self.best_score:.3f}. Stopping."
+                f"Monitored metric {name} did not improve in the last {self.wait_count} records. "
+                f"Best score: {best:.3f}. {stop}"
             )
         return False, None
 
@@ -156,6 +203,8 @@ class EarlyStopping(Callback):
             "stopped_epoch": self.stopped_epoch,
             "best_score": self.best_score,
             "patience": self.patience,
+            "stopping_reason": self.stopping_reason.value,
+            "stopping_reason_message": self.stopping_reason_message,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -163,3 +212,6 @@ class EarlyStopping(Callback):
         self.stopped_epoch = state["stopped_epoch"]
         self.best_score = state["best_score"]
         self.patience = state["patience"]
+        # checkpoints written before Lightning 2.6 / this tandem version have no reason
+        self.stopping_reason = EarlyStoppingReason(state.get("stopping_reason", EarlyStoppingReason.NOT_STOPPED.value))
+        self.stopping_reason_message = state.get("stopping_reason_message")

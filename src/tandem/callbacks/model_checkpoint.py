@@ -14,10 +14,13 @@ import torch
 
 from tandem.callbacks.callback import Checkpoint
 from tandem.loggers.logger import Logger
-from tandem.utilities.checkpoint import check_writable_folder, is_url
+from tandem.utilities.checkpoint import atomic_write, check_writable_folder, is_url
 from tandem.utilities.exceptions import (
+    CheckpointError,
     FileWriteError,
     NonFiniteError,
+    Preempted,
+    add_note,
     bad_choice,
     incompatible,
     missing_metric,
@@ -59,6 +62,10 @@ class ModelCheckpoint(Checkpoint):
         verbose: say what was saved, and when a checkpoint did not make the top k.
         save_last: also write ``last.ckpt`` at every save point (overwritten each time).
         save_top_k: how many of the best to keep; ``-1`` keeps all, ``0`` none (``save_last`` still works).
+        save_on_exception: when the run raises (in the module, a callback, or Ctrl-C), write a checkpoint named
+            by ``filename`` (``last.ckpt`` too with ``save_last``), as Lightning does; not during the sanity
+            check, with ``fast_dev_run``, or when this step was saved already. It is not ranked among the top k.
+            Parameters holding NaN or inf are never written (a note on the exception says so).
         save_weights_only: write only the weights and hyperparameters (such a file cannot resume training).
         mode: ``"min"`` when lower is better (losses), ``"max"`` when higher is better (accuracies).
         auto_insert_metric_name: write ``{epoch}`` as ``epoch=3`` rather than ``3``.
@@ -94,6 +101,7 @@ class ModelCheckpoint(Checkpoint):
         verbose: bool = False,
         save_last: bool | None = None,
         save_top_k: int = 1,
+        save_on_exception: bool = False,
         save_weights_only: bool = False,
         mode: str = "min",
         auto_insert_metric_name: bool = True,
@@ -104,12 +112,15 @@ class ModelCheckpoint(Checkpoint):
         enable_version_counter: bool = True,
     ) -> None:
         if mode not in _MODES:
-            raise bad_choice("ModelCheckpoint: mode", mode, _MODES, _MODE_FIX)
+            lead = f"`mode` can be {', '.join(_MODES)} but got {mode}."  # Lightning's sentence first, then ours
+            raise bad_choice("ModelCheckpoint: mode", mode, _MODES, _MODE_FIX, lead=lead)
         if not isinstance(save_top_k, int) or save_top_k < -1:
-            raise out_of_range("ModelCheckpoint: save_top_k", save_top_k, "an int >= -1 (-1 keeps all)")
+            lead = f"Invalid value for save_top_k={save_top_k}. Must be >= -1."
+            raise out_of_range("ModelCheckpoint: save_top_k", save_top_k, "an int >= -1 (-1 keeps all)", lead=lead)
         for arg, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
             if value is not None and (not isinstance(value, int) or value < 0):
-                raise out_of_range(f"ModelCheckpoint: {arg}", value, "None or an int >= 0")
+                lead = f"Invalid value for {arg}={value}. Must be >= 0."
+                raise out_of_range(f"ModelCheckpoint: {arg}", value, "None or an int >= 0", lead=lead)
         if train_time_interval is not None and (
             not isinstance(train_time_interval, timedelta) or train_time_interval.total_seconds() <= 0
         ):
@@ -127,6 +138,17 @@ class ModelCheckpoint(Checkpoint):
                 f"ModelCheckpoint({given})",
                 "a checkpoint is saved by steps, by time or by epochs, one of them",
                 "Pass only one of them (use several ModelCheckpoint callbacks for several schedules).",
+                lead=f"Combination of parameters every_n_train_steps={every_n_train_steps or 0}, every_n_epochs="
+                f"{every_n_epochs or 0} and train_time_interval={train_time_interval} should be mutually exclusive.",
+            )
+        if monitor is None and save_top_k not in (-1, 0, 1):
+            raise incompatible(
+                f"ModelCheckpoint(save_top_k={save_top_k}, monitor=None)",
+                "the top k are ranked by the monitored metric, and there is none",
+                "Set monitor= to the logged metric that ranks them (e.g. monitor='val_loss'), or save_top_k=-1 to "
+                "keep every checkpoint, 1 to keep the latest.",
+                lead=f"ModelCheckpoint(save_top_k={save_top_k}, monitor=None) is not a valid configuration. "
+                "No quantity for top_k to track.",
             )
         if every_n_train_steps is None and every_n_epochs is None and train_time_interval is None:
             every_n_epochs = 1
@@ -141,6 +163,7 @@ class ModelCheckpoint(Checkpoint):
         self.verbose = verbose
         self.save_last = save_last
         self.save_top_k = save_top_k
+        self.save_on_exception = save_on_exception
         self.save_weights_only = save_weights_only
         self.mode = mode
         self.auto_insert_metric_name = auto_insert_metric_name
@@ -166,21 +189,36 @@ class ModelCheckpoint(Checkpoint):
         self._warned_missing = False
         self._warned_filename = False  # a filename placeholder naming an unlogged metric was reported
         self._pending_state: dict[str, Any] | None = None  # restored before setup resolved the dirpath
+        self._sanity_checking = False  # still True in on_exception when the sanity check raised
 
     @property
     def state_key(self) -> str:
-        key: dict[str, Any] = {
+        """Lightning's key (``train_time_interval`` always in it), so callbacks differing in these arguments
+        keep their own state."""
+        return f"{type(self).__qualname__}{self._key_fields()!r}"
+
+    @property
+    def earlier_state_keys(self) -> tuple[str, ...]:
+        """Keys this callback's state had in checkpoints of earlier tandem versions (without
+        ``train_time_interval`` when it was None); a restore finds the state under them too."""
+        if self.train_time_interval is not None:
+            return ()
+        fields = self._key_fields()
+        del fields["train_time_interval"]
+        return (f"{type(self).__qualname__}{fields!r}",)
+
+    def _key_fields(self) -> dict[str, Any]:
+        return {
             "monitor": self.monitor,
             "mode": self.mode,
             "every_n_train_steps": self.every_n_train_steps,
             "every_n_epochs": self.every_n_epochs,
+            "train_time_interval": self.train_time_interval,
         }
-        if self.train_time_interval is not None:  # only then: keys of earlier checkpoints stay valid
-            key["train_time_interval"] = self.train_time_interval
-        return f"{type(self).__qualname__}{key!r}"
 
     # ------------------------------------------------------------------ hooks
-    def setup(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
+    def setup(self, trainer: Trainer, pl_module: TrainingModule, stage: str) -> None:
+        self._sanity_checking = False
         dirpath = self._user_dirpath
         if dirpath is None:
             logger = trainer.loggers[0] if trainer.loggers else None
@@ -204,7 +242,52 @@ class ModelCheckpoint(Checkpoint):
             state, self._pending_state = self._pending_state, None
             self._restore(state)
 
-    def on_train_start(self, trainer: Trainer, module: TrainingModule) -> None:
+    def on_sanity_check_start(self, trainer: Trainer, pl_module: TrainingModule) -> None:
+        self._sanity_checking = True
+
+    def on_sanity_check_end(self, trainer: Trainer, pl_module: TrainingModule) -> None:
+        self._sanity_checking = False
+
+    def on_exception(self, trainer: Trainer, pl_module: TrainingModule, exception: BaseException) -> None:
+        """``save_on_exception``: save where the run failed, named as a regular checkpoint (Lightning's rule). Every
+        rank takes part (as every rank fails alike in a distributed run); the run's own exception goes on, and a
+        save that could not be made (parameters holding NaN or inf, a full disk) becomes a note on it."""
+        if not self._saves_on_exception(trainer, exception):
+            return
+        metrics = self._monitor_candidates(trainer)
+        before = self.state_dict()
+        try:
+            path = self.format_checkpoint_name(metrics)
+            kept = {*self.best_k_models, *self._latest, self.best_model_path, self.last_model_path}
+            version = self.STARTING_VERSION
+            while self.enable_version_counter and path in kept:  # never replaces a checkpoint this callback keeps
+                path = self.format_checkpoint_name(metrics, ver=version)
+                version += 1
+            self._write(trainer, path)
+            if self.save_last:
+                self._save_last(trainer, metrics)
+        except Exception as err:
+            self._restore(before)
+            why = "its parameters hold NaN or inf" if isinstance(err, (_Skipped, NonFiniteError)) else f"{err!r}"
+            add_note(exception, f"[tandem] ModelCheckpoint(save_on_exception=True) wrote no checkpoint: {why}.")
+            return
+        rank_zero_info(
+            f"An {type(exception).__name__} was raised with message: {exception}, saved checkpoint to {path}"
+        )
+
+    def _saves_on_exception(self, trainer: Trainer, exception: BaseException) -> bool:
+        """Lightning's ``_should_save_on_exception``; a pre-emption (``Preempted``) wrote its exact ``last.ckpt``
+        already."""
+        return (
+            self.save_on_exception
+            and self.dirpath is not None  # set up: the failure was not in the Trainer's own setup
+            and not isinstance(exception, Preempted)
+            and not trainer.fast_dev_run
+            and not self._sanity_checking
+            and self._last_global_step_saved != trainer.global_step
+        )
+
+    def on_train_start(self, trainer: Trainer, pl_module: TrainingModule) -> None:
         self._last_time_checked = time.monotonic()
         self._validated = False
         if trainer.is_global_zero and not trainer.fast_dev_run:
@@ -237,7 +320,7 @@ class ModelCheckpoint(Checkpoint):
             )
 
     def on_train_batch_end(
-        self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
+        self, trainer: Trainer, pl_module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if (self.every_n_train_steps <= 0 and self.train_time_interval is None) or self._skip(trainer):
             return  # the first test is all the per-step cost of an epoch schedule
@@ -252,11 +335,11 @@ class ModelCheckpoint(Checkpoint):
         if due:
             self._save(trainer, top_k=True)
 
-    def on_train_epoch_end(self, trainer: Trainer, module: TrainingModule) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: TrainingModule) -> None:
         if not self._skip(trainer) and self._on_train_epoch_end(trainer):
             self._save(trainer, top_k=self._epoch_due(trainer))
 
-    def on_validation_end(self, trainer: Trainer, module: TrainingModule) -> None:
+    def on_validation_end(self, trainer: Trainer, pl_module: TrainingModule) -> None:
         if trainer.sanity_checking:
             return
         self._validated = True
@@ -476,6 +559,25 @@ class ModelCheckpoint(Checkpoint):
             name = f"{name}{self.CHECKPOINT_JOIN_CHAR}v{ver}"
         name += self.FILE_EXTENSION
         return os.path.join(self.dirpath, name) if self.dirpath else name
+
+    def to_yaml(self, filepath: str | os.PathLike | None = None) -> None:
+        """Write ``best_k_models`` (path -> score as a float) as YAML to ``filepath`` (default:
+        ``<dirpath>/best_k_models.yaml``), atomically.
+
+        Example::
+
+            checkpoint.to_yaml()  # after fit: {'/run/checkpoints/epoch=3-step=400.ckpt': 0.21, ...}
+        """
+        import yaml  # a dependency of omegaconf's
+
+        if filepath is None:
+            if self.dirpath is None:
+                raise CheckpointError(
+                    "ModelCheckpoint.to_yaml(): no dirpath yet; pass a filepath, or call it after fit."
+                )
+            filepath = os.path.join(self.dirpath, "best_k_models.yaml")
+        text = yaml.dump({path: score.item() for path, score in self.best_k_models.items()})
+        atomic_write(filepath, lambda f: f.write(text.encode()), "the best_k_models YAML file")
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:

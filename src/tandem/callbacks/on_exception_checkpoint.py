@@ -46,10 +46,10 @@ class OnExceptionCheckpoint(Checkpoint):
         """Where the checkpoint is written."""
         return os.path.join(self.dirpath, self.filename + self.FILE_EXTENSION)
 
-    def setup(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
+    def setup(self, trainer: Trainer, pl_module: TrainingModule, stage: str) -> None:
         self._raised = False
 
-    def on_exception(self, trainer: Trainer, module: TrainingModule, exception: BaseException) -> None:
+    def on_exception(self, trainer: Trainer, pl_module: TrainingModule, exception: BaseException) -> None:
         self._raised = True
         try:
             trainer.save_checkpoint(self.ckpt_path)  # overwrites an older one
@@ -59,6 +59,6 @@ class OnExceptionCheckpoint(Checkpoint):
                 f"saving failed with {type(err).__name__}: {err}"
             )
 
-    def teardown(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
+    def teardown(self, trainer: Trainer, pl_module: TrainingModule, stage: str) -> None:
         if not self._raised:  # the run finished: a checkpoint from an earlier failure is stale
             trainer.strategy.remove_checkpoint(self.ckpt_path)

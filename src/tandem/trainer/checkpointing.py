@@ -116,8 +116,10 @@ def restore(
     trainer.strategy.precision.load_state_dict(checkpoint.get("precision", {}))
     saved_callbacks = checkpoint.get("callbacks", {})
     for callback in trainer.callbacks:
-        if callback.state_key in saved_callbacks:
-            callback.load_state_dict(saved_callbacks[callback.state_key])
+        keys = (callback.state_key, *getattr(callback, "earlier_state_keys", ()))  # then a key of an earlier version
+        key = next((k for k in keys if k in saved_callbacks), None)
+        if key is not None:
+            callback.load_state_dict(saved_callbacks[key])
     if trainer.datamodule is not None and "datamodule" in checkpoint:
         trainer.datamodule.load_state_dict(checkpoint["datamodule"])
     return path

@@ -130,17 +130,18 @@ class MissingMetricError(KeyError):
         return str(self.args[0])
 
 
-def bad_choice(what: str, value: Any, choices: Iterable[Any], fix: str = "") -> TandemConfigError:
-    """``what=value`` is not one of ``choices``."""
+def bad_choice(what: str, value: Any, choices: Iterable[Any], fix: str = "", lead: str = "") -> TandemConfigError:
+    """``what=value`` is not one of ``choices``. ``lead``: Lightning's sentence for the same mistake, put first
+    (programs match it)."""
     listed = ", ".join(repr(c) for c in choices)
     msg = f"{what}={value!r} is not valid; expected one of: {listed}."
-    return TandemConfigError(f"{msg} {fix}".strip())
+    return TandemConfigError(f"{lead + ' ' if lead else ''}{msg} {fix}".strip())
 
 
-def out_of_range(what: str, value: Any, expected: str, fix: str = "") -> TandemConfigError:
-    """``what=value`` is outside the range it must be in."""
+def out_of_range(what: str, value: Any, expected: str, fix: str = "", lead: str = "") -> TandemConfigError:
+    """``what=value`` is outside the range it must be in. ``lead``: Lightning's sentence, put first."""
     msg = f"{what}={value!r} is out of range; expected {expected}."
-    return TandemConfigError(f"{msg} {fix}".strip())
+    return TandemConfigError(f"{lead + ' ' if lead else ''}{msg} {fix}".strip())
 
 
 def missing_metric(owner: str, monitor: str, available: Iterable[str], lead: str = "") -> MissingMetricError:
@@ -276,9 +277,10 @@ def no_checkpoint_path(what: str) -> str:
     )
 
 
-def incompatible(what: str, reason: str, fix: str) -> TandemConfigError:
-    """Arguments that are each valid but cannot work together (or need something that is absent)."""
-    return TandemConfigError(f"{what}: {reason}. {fix}")
+def incompatible(what: str, reason: str, fix: str, lead: str = "") -> TandemConfigError:
+    """Arguments that are each valid but cannot work together (or need something that is absent). ``lead``:
+    Lightning's sentence, put first."""
+    return TandemConfigError(f"{lead + ' ' if lead else ''}{what}: {reason}. {fix}")
 
 
 _WRITE_FIXES = {

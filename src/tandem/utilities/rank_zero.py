@@ -64,6 +64,18 @@ if not _info_logger.handlers:
     _info_logger.setLevel(logging.INFO)
     _info_logger.propagate = False
 
+# tandem's own module loggers (``tandem.callbacks.early_stopping.log``...) print their INFO messages, as
+# Lightning's ``lightning.pytorch`` logger does: through the application's handlers when it configured logging,
+# else through one of tandem's
+_package_logger = logging.getLogger("tandem")
+if _package_logger.level == logging.NOTSET:
+    _package_logger.setLevel(logging.INFO)
+if not logging.getLogger().hasHandlers() and not _package_logger.handlers:
+    _package_handler = logging.StreamHandler(_Stderr())
+    _package_handler.setFormatter(logging.Formatter("%(message)s"))
+    _package_logger.addHandler(_package_handler)
+    _package_logger.propagate = False
+
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
