@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 #: every variable a launcher (torchrun, srun, tandem's own) sets; process tests start without them
 LAUNCH_VARIABLES = re.compile(
     r"^(RANK|LOCAL_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|GROUP_RANK|NODE_RANK|MASTER_ADDR|MASTER_PORT|OMP_NUM_THREADS"
-    r"|TANDEM_.*|TORCHELASTIC_.*|SLURM_.*|OMPI_.*|PMI_.*|PMIX_.*|MPI_LOCAL.*|MV2_.*|HYDI_.*|JSM_NAMESPACE_.*|LSB_.*"
+    r"|TANDEM_.*|PL_GLOBAL_SEED|PL_SEED_WORKERS|TORCHELASTIC_.*|SLURM_.*|OMPI_.*|PMI_.*|PMIX_.*|MPI_LOCAL.*|MV2_.*|HYDI_.*|JSM_NAMESPACE_.*|LSB_.*"
     r"|KUBERNETES_.*)$"
 )
 
