@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from torch import nn
 
 HPARAMS_FILE = "hparams.yaml"
-_VERSION_DIR = re.compile(r"^version_(\d+)$")
+#: the folder name of a numbered version, ``version_<n>``
+VERSION_DIR = re.compile(r"^version_(\d+)$")
 
 
 class Logger(ABC):
@@ -112,7 +113,7 @@ class Logger(ABC):
     def _next_version(self) -> int:
         root = self.root_dir  # None: a subclass without a folder
         names = _folders_in(root) if root is not None else []
-        taken = [int(m.group(1)) for name in names if (m := _VERSION_DIR.match(name))]
+        taken = [int(m.group(1)) for name in names if (m := VERSION_DIR.match(name))]
         return max(taken) + 1 if taken else 0
 
     @property

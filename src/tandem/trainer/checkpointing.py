@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import re
 from typing import TYPE_CHECKING, Any
 
 from tandem.trainer.replicas import check_replicas
@@ -191,6 +190,8 @@ def own_checkpoint_folders(trainer: Trainer) -> list[str]:
     (``version="exp-b"``) and a run without a logger count their own folder only. Other folders beside them
     (another experiment's, another named version's, whatever else is in the working directory) never count: a
     file there is not this run's, and whoever can write there could plant one."""
+    from tandem.loggers.logger import VERSION_DIR
+
     folders = [callback.dirpath for callback in trainer.checkpoint_callbacks if callback.dirpath]
     folders.append(os.path.join(trainer.log_dir, "checkpoints"))  # where a pre-emption stop writes without one
     for logger in trainer.loggers:
@@ -198,12 +199,9 @@ def own_checkpoint_folders(trainer: Trainer) -> list[str]:
             continue
         if isinstance(logger.version, int) and logger.root_dir is not None:
             versions = glob_files(os.path.join(logger.root_dir, "version_*"))
-            folders += [os.path.join(v, "checkpoints") for v in versions if _VERSION.match(os.path.basename(v))]
+            folders += [os.path.join(v, "checkpoints") for v in versions if VERSION_DIR.match(os.path.basename(v))]
         folders.append(os.path.join(logger.log_dir, "checkpoints"))
     return list(dict.fromkeys(folders))
-
-
-_VERSION = re.compile(r"^version_\d+$")
 
 
 def last_checkpoint_path(trainer: Trainer) -> str:

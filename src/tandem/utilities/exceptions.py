@@ -130,18 +130,23 @@ class MissingMetricError(KeyError):
         return str(self.args[0])
 
 
+def _led(lead: str, message: str) -> str:
+    """``message`` after ``lead``, Lightning's sentence for the same mistake (ported programs match it), if any."""
+    return f"{lead} {message}" if lead else message
+
+
 def bad_choice(what: str, value: Any, choices: Iterable[Any], fix: str = "", lead: str = "") -> TandemConfigError:
     """``what=value`` is not one of ``choices``. ``lead``: Lightning's sentence for the same mistake, put first
     (programs match it)."""
     listed = ", ".join(repr(c) for c in choices)
     msg = f"{what}={value!r} is not valid; expected one of: {listed}."
-    return TandemConfigError(f"{lead + ' ' if lead else ''}{msg} {fix}".strip())
+    return TandemConfigError(_led(lead, f"{msg} {fix}".strip()))
 
 
 def out_of_range(what: str, value: Any, expected: str, fix: str = "", lead: str = "") -> TandemConfigError:
     """``what=value`` is outside the range it must be in. ``lead``: Lightning's sentence, put first."""
     msg = f"{what}={value!r} is out of range; expected {expected}."
-    return TandemConfigError(f"{lead + ' ' if lead else ''}{msg} {fix}".strip())
+    return TandemConfigError(_led(lead, f"{msg} {fix}".strip()))
 
 
 def missing_metric(owner: str, monitor: str, available: Iterable[str], lead: str = "") -> MissingMetricError:
@@ -150,8 +155,11 @@ def missing_metric(owner: str, monitor: str, available: Iterable[str], lead: str
     keys = sorted(available)
     shown = ", ".join(repr(k) for k in keys) if keys else "none"
     return MissingMetricError(
-        f"{lead + ' ' if lead else ''}{owner} monitors {monitor!r}, which was never logged. Logged metrics: {shown}. "
-        f"Log it with self.log({monitor!r}, value) in your module, or set monitor to a logged key."
+        _led(
+            lead,
+            f"{owner} monitors {monitor!r}, which was never logged. Logged metrics: {shown}. "
+            f"Log it with self.log({monitor!r}, value) in your module, or set monitor to a logged key.",
+        )
     )
 
 
@@ -280,7 +288,7 @@ def no_checkpoint_path(what: str) -> str:
 def incompatible(what: str, reason: str, fix: str, lead: str = "") -> TandemConfigError:
     """Arguments that are each valid but cannot work together (or need something that is absent). ``lead``:
     Lightning's sentence, put first."""
-    return TandemConfigError(f"{lead + ' ' if lead else ''}{what}: {reason}. {fix}")
+    return TandemConfigError(_led(lead, f"{what}: {reason}. {fix}"))
 
 
 _WRITE_FIXES = {

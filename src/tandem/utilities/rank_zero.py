@@ -54,15 +54,20 @@ class _Stderr:
         sys.stderr.flush()
 
 
+def _handle(logger: logging.Logger) -> None:
+    """Give ``logger`` tandem's handler (its messages alone, on this moment's stderr) and stop it propagating."""
+    handler = logging.StreamHandler(_Stderr())
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    logger.propagate = False
+
+
 # rank_zero_info writes to this logger; without a handler its messages (why training stopped, the seed)
 # would be invisible. Add one unless the application configured logging for it already.
 _info_logger = logging.getLogger("lightning_utilities.core.rank_zero")
 if not _info_logger.handlers:
-    _handler = logging.StreamHandler(_Stderr())
-    _handler.setFormatter(logging.Formatter("%(message)s"))
-    _info_logger.addHandler(_handler)
+    _handle(_info_logger)
     _info_logger.setLevel(logging.INFO)
-    _info_logger.propagate = False
 
 # tandem's own module loggers (``tandem.callbacks.early_stopping.log``...) print their INFO messages, as
 # Lightning's ``lightning.pytorch`` logger does: through the application's handlers when it configured logging,
@@ -71,10 +76,7 @@ _package_logger = logging.getLogger("tandem")
 if _package_logger.level == logging.NOTSET:
     _package_logger.setLevel(logging.INFO)
 if not logging.getLogger().hasHandlers() and not _package_logger.handlers:
-    _package_handler = logging.StreamHandler(_Stderr())
-    _package_handler.setFormatter(logging.Formatter("%(message)s"))
-    _package_logger.addHandler(_package_handler)
-    _package_logger.propagate = False
+    _handle(_package_logger)
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
