@@ -209,3 +209,54 @@ def test_a_mode_hook_set_to_none_gives_the_recorded_modes_back():
     with pytest.warns(PossibleUserWarning, match=EVAL_MODE_WARNING):
         trainer.fit(model, loader(32), loader(16))
     assert [(net, norm) for stage, net, norm in model.modes if stage == "train"] == [(True, False)] * 2
+
+
+class CountedLoader(torch.utils.data.DataLoader):
+    """A DataLoader that records each iterator it makes (when a DataLoader's iterator is made, it draws its base seed
+    from torch's RNG: the point decides every later draw)."""
+
+    def __init__(self, calls: list[str], name: str, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls, self.name = calls, name
+
+    def __iter__(self):
+        self.calls.append(f"iter({self.name})")
+        return super().__iter__()
+
+
+def test_an_evaluation_loaders_iterator_is_made_before_its_hooks_as_in_lightning():
+    """Lightning makes the first evaluation loader's iterator before ``on_<stage>_model_eval`` and
+    ``on_<stage>_start``, the next ones as their turn comes; so random data built in those hooks, and the loaders'
+    worker seeds, follow Lightning's sequence."""
+    class TwoLoaders(ModeHooks):
+        def validation_step(self, batch, batch_idx, dataloader_idx=0):
+            return super().validation_step(batch, batch_idx)
+
+    calls: list[str] = []
+    model = TwoLoaders(calls)
+    data = loader(16).dataset
+    val = [CountedLoader(calls, f"val{i}", data, batch_size=8) for i in range(2)]
+    trainer = quiet_trainer(max_epochs=1, limit_train_batches=1, callbacks=[Recorder(calls)])
+    trainer.validate(model, val, verbose=False)
+    assert calls == [
+        "iter(val0)",
+        "on_validation_model_eval",
+        "Callback.on_validation_start",
+        "iter(val1)",
+        "Callback.on_validation_end",
+        "on_validation_model_train",
+    ]
+    del calls[:]
+    trainer.test(model, CountedLoader(calls, "test", data), verbose=False)
+    trainer.predict(model, CountedLoader(calls, "predict", data))
+    assert calls == [
+        "iter(test)",
+        "on_test_model_eval",
+        "Callback.on_test_start",
+        "Callback.on_test_end",
+        "on_test_model_train",
+        "iter(predict)",
+        "on_predict_model_eval",
+        "Callback.on_predict_start",
+        "Callback.on_predict_end",
+    ]

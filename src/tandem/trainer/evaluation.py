@@ -11,7 +11,7 @@ import math
 import os
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -128,6 +128,9 @@ class EvaluationLoop:
         module = strategy.module
         model = strategy.model if strategy.model is not None else module
         modes = ModuleModes(model)  # every submodule's own mode, given back after the stage (Lightning's)
+        # as Lightning: the first loader's iterator exists before the mode hook and on_<stage>_start, so that what
+        # its creation draws from the RNG (a DataLoader's base seed) comes at Lightning's point in the sequence
+        first = strategy.evaluation_batches(data.loaders[0], counts[0]) if data.loaders else None
         call_module_hook(module, names.hook("model_eval"))
         hooks.call(names.hook("start"))
         hooks.call(names.hook("epoch_start"))
@@ -136,7 +139,8 @@ class EvaluationLoop:
             for index, (loader, count) in enumerate(zip(data.loaders, counts)):
                 metrics.dataloader_idx = index if several else None
                 step_logs = not sanity and stage != "predict"  # with loggers or without, as Lightning
-                outputs = self._run_loader(names, loader, count, (index,) if several else (), keep, step_logs)
+                batches = first if index == 0 else strategy.evaluation_batches(loader, count)
+                outputs = self._run_loader(names, batches, (index,) if several else (), keep, step_logs)
                 if keep:  # every rank's predictions, in dataset order (a collective: all ranks run it)
                     predictions.append(strategy.gather_predictions(outputs, loader))
         metrics.dataloader_idx = None
@@ -164,10 +168,11 @@ class EvaluationLoop:
         return per_dataloader(to_float(values), len(data.loaders))
 
     def _run_loader(
-        self, names: StageNames, loader: Any, count: int | float, extra: tuple[int, ...], keep: bool, step_logs: bool
+        self, names: StageNames, batches: Iterator[Any], extra: tuple[int, ...], keep: bool, step_logs: bool
     ) -> list[Any]:
-        """The batches of one loader; ``extra`` is ``(dataloader_idx,)`` when there are several loaders. With
-        ``step_logs``, each batch's ``on_step`` values go to the loggers at the loader's own batch count."""
+        """The ``batches`` of one loader (:meth:`Strategy.evaluation_batches`); ``extra`` is ``(dataloader_idx,)``
+        when there are several loaders. With ``step_logs``, each batch's ``on_step`` values go to the loggers at the
+        loader's own batch count."""
         strategy, metrics, hooks, sink = (
             self.context.strategy,
             self.context.metrics,
@@ -179,7 +184,6 @@ class EvaluationLoop:
         index = extra[0] if extra else 0
         with_batch_idx = takes_batch_idx(getattr(strategy.module, step))
         outputs: list[Any] = []
-        batches = strategy.evaluation_batches(loader, count)  # FSDP keeps ranks in step
         run_step = strategy.run_step
         if profiler is not None:  # the profiling variant, chosen once per loader
             batches = timed_batches(batches, profiler, NEXT_BATCH[names.name])
