@@ -509,3 +509,25 @@ def test_a_step_set_to_none_on_the_instance_is_missing_for_its_entry_point():
     model.test_step = None
     with pytest.raises(TandemUserCodeError, match="test_step"):
         quiet_trainer().test(model, verbose=False)
+
+
+class CountingData(torch.utils.data.Dataset):
+    """Counts the items read: a dataset whose items depend on the training state (or draw from the RNG) sees exactly
+    the reads Lightning makes."""
+
+    def __init__(self, n: int = 64) -> None:
+        self.data, self.reads = make_data(n), 0
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int):
+        self.reads += 1
+        return self.data[index]
+
+
+def test_the_batch_past_a_limit_train_batches_count_is_never_read():
+    data = CountingData()
+    trainer = quiet_trainer(max_epochs=2, limit_train_batches=3)
+    trainer.fit(TinyModule(), DataLoader(data, batch_size=4, shuffle=True))
+    assert data.reads == 2 * 3 * 4  # Lightning's count: not a fourth batch each epoch

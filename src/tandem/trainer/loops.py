@@ -9,6 +9,7 @@ the optimization object. None knows which strategy runs.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -343,6 +344,8 @@ class FitLoop:
         max_steps = config.max_steps
         plateau_per_step = self.optimization.has_schedulers("step", plateau=True)
         batches = self.replicas.watch_first_batch(strategy, sampler, batches)
+        if n != math.inf:  # as Lightning: the batch past a limit_train_batches count is never read
+            batches = itertools.islice(batches, max(0, int(n) - loop.batches_done))
         first_batch, first_step = loop.batches_done, loop.global_step
         rollback = context.nonfinite.rollback
         if rollback is not None:  # a rollback goes back at most to here
