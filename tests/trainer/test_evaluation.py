@@ -228,6 +228,7 @@ def test_an_evaluation_loaders_iterator_is_made_before_its_hooks_as_in_lightning
     """Lightning makes the first evaluation loader's iterator before ``on_<stage>_model_eval`` and
     ``on_<stage>_start``, the next ones as their turn comes; so random data built in those hooks, and the loaders'
     worker seeds, follow Lightning's sequence."""
+
     class TwoLoaders(ModeHooks):
         def validation_step(self, batch, batch_idx, dataloader_idx=0):
             return super().validation_step(batch, batch_idx)
