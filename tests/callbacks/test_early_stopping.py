@@ -115,8 +115,9 @@ def test_a_checkpoint_without_a_reason_restores_not_stopped():
 def test_missing_metric_raises_when_strict_and_warns_once_otherwise():
     trainer = fake_trainer(".")
     trainer.callback_metrics = metrics(train_loss=1.0)
-    with pytest.raises(MissingMetricError, match="Logged metrics: 'train_loss'"):
+    with pytest.raises(MissingMetricError, match="Logged metrics: 'train_loss'") as err:
         EarlyStopping("val_loss").on_train_epoch_end(trainer, None)
+    assert isinstance(err.value, RuntimeError)  # Lightning's type there: a ported `except RuntimeError` catches it
 
     lenient = EarlyStopping("val_loss", strict=False)
     with warnings.catch_warnings(record=True) as caught:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import tandem
 from helpers import TinyModule, loader, max_abs_diff, quiet_trainer
 from tandem.utilities.checkpoint import load_checkpoint_file
-from tandem.utilities.exceptions import TandemUserCodeError
+from tandem.utilities.exceptions import MisconfigurationException, TandemUserCodeError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -364,3 +364,15 @@ def test_a_non_strict_plateau_without_its_metric_skips_with_lightnings_runtime_w
     with pytest.warns(RuntimeWarning, match=r"conditioned on metric giraffe which is not available but strict is set"):
         trainer.fit(Loose(), loader())
     assert trainer.lr_scheduler_configs[0].scheduler.last_epoch == 0  # skipped
+
+
+def test_a_strict_plateau_without_its_metric_raises_lightnings_type():
+    class Strict(TinyModule):
+        def configure_optimizers(self):
+            sgd = torch.optim.SGD(self.parameters(), lr=0.1)
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(sgd)
+            return {"optimizer": sgd, "lr_scheduler": {"scheduler": plateau, "monitor": "giraffe"}}
+
+    # Lightning raises a MisconfigurationException there: a ported `except` clause catches tandem's error too
+    with pytest.raises(MisconfigurationException, match="giraffe"):
+        quiet_trainer(max_epochs=1).fit(Strict(), loader())

@@ -123,8 +123,10 @@ class MissingAttributeError(TandemConfigError, AttributeError):
     (nor the DataModule) has. An ``AttributeError``, as Lightning raises there."""
 
 
-class MissingMetricError(KeyError):
-    """A callback monitors a metric that was never logged."""
+class MissingMetricError(KeyError, RuntimeError, MisconfigurationException):
+    """A callback or a scheduler monitors a metric that was never logged. Catchable as each type Lightning raises
+    there: ``RuntimeError`` (``EarlyStopping``), ``MisconfigurationException`` (``ModelCheckpoint``, a scheduler's
+    ``monitor``), and a ``KeyError``, as before."""
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0])
