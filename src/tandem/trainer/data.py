@@ -348,7 +348,16 @@ def _combined_training_data(given: CombinedLoader, strategy: Strategy, limit: in
 
 
 def evaluation_data(names: StageNames, given: Any, strategy: Strategy, stage: str, limit: int | float) -> StageData:
-    """One evaluation stage's loaders (one, a list or a dict), each sharded by the strategy on its own."""
+    """One evaluation stage's loaders (one, a list or a dict, or a ``CombinedLoader`` in ``"sequential"`` mode of
+    them), each sharded by the strategy on its own."""
+    if isinstance(given, CombinedLoader):
+        if given.mode != "sequential":
+            raise TandemConfigError(
+                f"{names.prefix}_dataloaders got a CombinedLoader in {given.mode!r} mode; tandem evaluates several "
+                'loaders one after another (mode="sequential"). Pass CombinedLoader(loaders, "sequential") or the '
+                "list or dict of loaders itself."
+            )
+        given = given.iterables
     loaders = list(given.values()) if isinstance(given, Mapping) else list(given) if _is_sequence(given) else [given]
     processed = [
         strategy.process_dataloader(_check(loader, f"{names.prefix}_dataloaders"), stage) for loader in loaders
