@@ -13,9 +13,11 @@ from torch.utils.data import DataLoader
 
 from tandem.module import DataModule, TrainingModule, calls_hook, is_overridden
 from tandem.strategies.strategy import Strategy
+from tandem.trainer.combined_batches import TrainingBatches
 from tandem.trainer.config import TrainerConfig, limit_batches
 from tandem.trainer.hooks import callback_overrides
 from tandem.trainer.state import EVAL_STAGES, TRAIN, StageData, StageNames
+from tandem.utilities.combined_loader import CombinedLoader
 from tandem.utilities.data import has_len, in_order, make_skippable
 from tandem.utilities.exceptions import (
     STAGE_TYPOS,
@@ -157,16 +159,25 @@ def training_record(
     given = train if train is not None else request(TRAIN, module, datamodule, "fit", strategy)
     if given is None:
         raise _no_training_data()
+    given = combined(given)
     if config.overfit_batches > 0:
-        given = in_order(given, "training batches")
+        given = _map_loaders(given, lambda loader: in_order(loader, "training batches"))
     train_data = training_data(given, strategy, config.limit_train_batches)
     if train_data.num_batches[0] == 0:
         rank_zero_warn("No training batches (limit_train_batches or an empty dataloader): fit trains nothing.")
     elif validates:
         check_val_check_interval(config, train_data.num_batches[0])
-    if strategy.distributed_sampler_kwargs is None:  # one process: the loader the user gave, as Lightning's
-        train_data.given = given
+    if strategy.distributed_sampler_kwargs is None:  # one process: the loaders the user gave, as Lightning's
+        train_data.given = given.iterables if isinstance(given, CombinedLoader) else given
     return train_data
+
+
+def combined(given: Any) -> Any:
+    """Several training loaders (a list, tuple or dict of them, nested too) as Lightning reads them: a
+    ``CombinedLoader`` in ``"max_size_cycle"`` mode; one loader, or a ``CombinedLoader`` of the user's, as given."""
+    if isinstance(given, (list, tuple, Mapping)) and not isinstance(given, CombinedLoader):
+        return CombinedLoader(given, "max_size_cycle")
+    return given
 
 
 def evaluation_record(
@@ -301,22 +312,52 @@ def _missing_state(
 
 
 def training_data(given: Any, strategy: Strategy, limit: int | float) -> StageData:
-    """The training loader, sharded by the strategy and able to skip ahead on a mid-epoch resume."""
-    if isinstance(given, (list, tuple, Mapping)):
-        if len(given) != 1:
-            raise TandemConfigError(
-                f"train_dataloaders got {len(given)} loaders; tandem trains from one loader per fit. Combine the "
-                "datasets (torch.utils.data.ConcatDataset) or the batches (a loader that yields several) instead."
-            )
-        given = next(iter(given.values())) if isinstance(given, Mapping) else given[0]
+    """The training loader, sharded by the strategy and able to skip ahead on a mid-epoch resume; several loaders
+    (see :func:`combined`) each on their own, read as one by :class:`TrainingBatches`."""
+    if isinstance(given, CombinedLoader):
+        return _combined_training_data(given, strategy, limit)
     loader = strategy.process_dataloader(_check(given, "train_dataloaders"), "fit")
     loader, skippable = make_skippable(loader)
     count = limit_batches(TRAIN.limit, limit, len(loader) if has_len(loader) else math.inf)
     return StageData(TRAIN, [loader], [count], loader, skippable)
 
 
+def _combined_training_data(given: CombinedLoader, strategy: Strategy, limit: int | float) -> StageData:
+    """Each loader of ``given`` processed as one training loader is (sharded with a sampler of its own), its
+    batches limited as Lightning limits them (``limit_train_batches`` per loader, the mode's length of those)."""
+    if given.mode == "sequential":
+        raise TandemConfigError(
+            'Trainer.fit does not support the CombinedLoader(mode="sequential") mode (it trains on one batch of each '
+            'loader per step). The available modes are: "min_size", "max_size_cycle", "max_size".'
+        )
+    if not given.flattened:
+        raise TandemConfigError("train_dataloaders got an empty collection; pass at least one DataLoader.")
+    loaders, skippables = [], []
+    for loader in given.flattened:
+        loader = strategy.process_dataloader(_check(loader, "train_dataloaders"), "fit")
+        loader, skippable = make_skippable(loader)
+        loaders.append(loader)
+        skippables.append(skippable)
+    processed = CombinedLoader(given.iterables, given.mode)
+    processed.flattened = loaders
+    processed.limits = [limit_batches(TRAIN.limit, limit, len(d) if has_len(d) else math.inf) for d in loaders]
+    can_skip = all(skippable is not None for skippable in skippables)  # else a resume reads and drops batches
+    batches = TrainingBatches(processed, skippables if can_skip else None)
+    count = len(batches) if has_len(batches) else math.inf
+    return StageData(TRAIN, [batches], [count], processed.iterables, batches if can_skip else None)
+
+
 def evaluation_data(names: StageNames, given: Any, strategy: Strategy, stage: str, limit: int | float) -> StageData:
-    """One evaluation stage's loaders (one, a list or a dict), each sharded by the strategy on its own."""
+    """One evaluation stage's loaders (one, a list or a dict, or a ``CombinedLoader`` in ``"sequential"`` mode of
+    them), each sharded by the strategy on its own."""
+    if isinstance(given, CombinedLoader):
+        if given.mode != "sequential":
+            raise TandemConfigError(
+                f"{names.prefix}_dataloaders got a CombinedLoader in {given.mode!r} mode; tandem evaluates several "
+                'loaders one after another (mode="sequential"). Pass CombinedLoader(loaders, "sequential") or the '
+                "list or dict of loaders itself."
+            )
+        given = given.iterables
     loaders = list(given.values()) if isinstance(given, Mapping) else list(given) if _is_sequence(given) else [given]
     processed = [
         strategy.process_dataloader(_check(loader, f"{names.prefix}_dataloaders"), stage) for loader in loaders
@@ -332,7 +373,12 @@ def evaluation_data(names: StageNames, given: Any, strategy: Strategy, stage: st
 
 
 def _map_loaders(given: Any, fn: Callable[[Any], Any]) -> Any:
-    """``fn`` applied to each loader of one, a list / tuple or a dict of them, in the same shape."""
+    """``fn`` applied to each loader of one, a list / tuple or a dict of them, or a CombinedLoader (a new one; the
+    user's keeps its loaders), in the same shape."""
+    if isinstance(given, CombinedLoader):
+        mapped = CombinedLoader(given.iterables, given.mode)
+        mapped.flattened = [fn(loader) for loader in given.flattened]
+        return mapped
     if isinstance(given, Mapping):
         return {key: fn(loader) for key, loader in given.items()}
     if isinstance(given, (list, tuple)):

@@ -22,6 +22,7 @@ from typing import Any
 from torch.utils.data import BatchSampler, DataLoader
 
 from tandem.strategies.samplers import GlobalOrderSampler
+from tandem.trainer.combined_batches import TrainingBatches
 from tandem.trainer.state import LoopState, StageData
 from tandem.utilities.data import find_sampler, unwrapped
 from tandem.utilities.exceptions import TandemConfigError
@@ -29,29 +30,92 @@ from tandem.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 
 def order_sampler(data: StageData | None) -> GlobalOrderSampler | None:
-    """The training loader's global-order sampler, if it draws one."""
+    """The training loader's global-order sampler, if it draws one (None with several training loaders)."""
     loader = data.loaders[0] if data is not None and data.loaders else None
+    return _global_order(loader)
+
+
+def _global_order(loader: Any) -> GlobalOrderSampler | None:
     sampler = find_sampler(loader) if isinstance(loader, DataLoader) else None
     return sampler if isinstance(sampler, GlobalOrderSampler) else None
+
+
+def _several(data: StageData | None) -> list[Any] | None:
+    """The training loaders of a fit that has several (read as one by TrainingBatches), else None."""
+    loader = data.loaders[0] if data is not None and data.loaders else None
+    return loader.loaders if isinstance(loader, TrainingBatches) else None
 
 
 def data_layout(data: StageData | None, world_size: int, accumulate: int) -> dict[str, Any] | None:
     """How the training data is laid out: processes, items of the order per batch of one process
     (its batch size; 1 when the items are whole batches), accumulation, the order's seed (None: the order
     is the loader's own, which tandem cannot re-shard) and what else the order is made from (``order``: see
-    :meth:`~tandem.strategies.samplers.GlobalOrderSampler.order_settings`). None before a fit has training data."""
+    :meth:`~tandem.strategies.samplers.GlobalOrderSampler.order_settings`). With several training loaders, the
+    last three for each loader under ``"loaders"``. None before a fit has training data."""
     if data is None or not data.loaders:
         return None
-    sampler = order_sampler(data)
-    batches = unwrapped(getattr(data.loaders[0], "batch_sampler", None))
-    items = batches.batch_size if type(batches) is BatchSampler else 1
+    several = _several(data)
+    if several is not None:
+        return {"world_size": world_size, "accumulate": accumulate, "loaders": [_loader_layout(d) for d in several]}
+    return {"world_size": world_size, "accumulate": accumulate, **_loader_layout(data.loaders[0])}
+
+
+def _loader_layout(loader: Any) -> dict[str, Any]:
+    sampler = _global_order(loader)
+    batches = unwrapped(getattr(loader, "batch_sampler", None))
     return {
-        "world_size": world_size,
-        "items_per_batch": items,
-        "accumulate": accumulate,
+        "items_per_batch": batches.batch_size if type(batches) is BatchSampler else 1,
         "seed": sampler.seed if sampler is not None else None,
         "order": sampler.order_settings() if sampler is not None else None,
     }
+
+
+def follow_order(data: StageData, order: Any) -> None:
+    """A rebuilt training loader (or each of several) draws the checkpoint's order (``LoopState.order``)."""
+    several = _several(data)
+    pairs = zip(several, order) if several is not None and isinstance(order, list) else [(data.loaders[0], order)]
+    for loader, settings in pairs:
+        sampler = _global_order(loader)
+        if sampler is not None and settings is not None:
+            sampler.follow(settings, mid_epoch=False)
+
+
+def _continue_several(
+    saved: dict[str, Any], now: dict[str, Any], loop: LoopState, data: StageData, announce: bool
+) -> None:
+    """:func:`continue_from` for several training loaders: each follows its own recorded order (a mid-epoch
+    resume: the seed of the pass each is in). Another layout continues only from an epoch's end."""
+    several = _several(data) or []
+    if len(saved.get("loaders", ())) != len(several):
+        raise TandemConfigError(
+            f"The checkpoint was trained on {len(saved.get('loaders', [1]))} training loader(s) and this fit has "
+            f"{len(several) or 1}: resume with the same training loaders (the same list or dict) as the checkpoint's run."
+        )
+    loop.order = [
+        layout["order"] or ({"seed": layout["seed"]} if layout["seed"] is not None else None)
+        for layout in saved["loaders"]
+    ]
+    for loader, settings in zip(several, loop.order):
+        sampler = _global_order(loader)
+        if sampler is not None and settings is not None:
+            sampler.follow(settings, mid_epoch=loop.batches_done > 0)
+    changed = saved["world_size"] != now["world_size"] or any(
+        a["items_per_batch"] != b["items_per_batch"] for a, b in zip(saved["loaders"], now["loaders"])
+    )
+    if changed and loop.batches_done:
+        raise TandemConfigError(
+            f"The checkpoint stopped in the middle of epoch {loop.epoch} with several training loaders, and this run "
+            f"changes the data layout (processes {saved['world_size']} -> {now['world_size']}, or a loader's batch "
+            "size): tandem continues several loaders mid-epoch only on the same layout. Resume on "
+            f"{saved['world_size']} process(es) with the same batch sizes, or from a checkpoint saved at an epoch's end."
+        )
+    if (changed or saved["accumulate"] != now["accumulate"]) and announce:
+        rank_zero_warn(
+            f"Resuming several training loaders with the data layout changed (processes {saved['world_size']} -> "
+            f"{now['world_size']}, accumulate_grad_batches {saved['accumulate']} -> {now['accumulate']}, or a "
+            "loader's batch size): training continues from the next epoch's start, but its steps are not those the "
+            "checkpoint's run would have taken."
+        )
 
 
 def continue_from(
@@ -62,6 +126,14 @@ def continue_from(
     seed), and the epoch's done batches counted in this run's batches. When the place falls inside one of this
     run's batches, the sampler starts there (``loop.resume_start``). ``announce=False`` (a search's trial): the
     layout changes by the search's own doing, so nothing is said about it; errors stay."""
+    if "loaders" in saved or "loaders" in now:
+        if "loaders" not in now:
+            raise TandemConfigError(
+                f"The checkpoint was trained on {len(saved['loaders'])} training loaders and this fit has one: resume "
+                "with the same training loaders (the same list or dict) as the checkpoint's run."
+            )
+        _continue_several(saved, now, loop, data, announce)
+        return
     sampler = order_sampler(data)
     if saved["seed"] is not None and sampler is not None:
         # the checkpoint's order, even when this run was seeded or ordered otherwise

@@ -22,7 +22,8 @@ import torch
 from tandem.strategies.precision import Precision
 from tandem.strategies.side_channel import placed, preemption_vote
 from tandem.strategies.strategy import moves_batches
-from tandem.trainer.elastic import continue_from, data_layout, order_sampler
+from tandem.trainer.combined_batches import TrainingBatches
+from tandem.trainer.elastic import continue_from, data_layout, follow_order, order_sampler
 from tandem.trainer.evaluation import call_module_hook
 from tandem.trainer.nonfinite import loss_is_finite, nonfinite_parameters
 from tandem.trainer.optimization import Optimization
@@ -140,9 +141,8 @@ class FitLoop:
             if now is not None:
                 continue_from(saved, now, loop, self.data, announce)
             return
-        sampler = order_sampler(self.data)
-        if loop.order is not None and sampler is not None:  # a resumed run keeps the checkpoint's order
-            sampler.follow(loop.order, mid_epoch=False)
+        if loop.order is not None:  # a resumed run keeps the checkpoint's order
+            follow_order(self.data, loop.order)
 
     def bind_preemption_stop(self, preempt: Callable[[], None]) -> None:
         """What to call at the agreed pre-emption stop (the Trainer's save and exit)."""
@@ -330,6 +330,8 @@ class FitLoop:
         sampler = find_sampler(loader) if isinstance(loader, torch.utils.data.DataLoader) else None
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(loop.epoch)
+        elif isinstance(loader, TrainingBatches):  # several loaders: each its own sampler
+            loader.set_epoch(loop.epoch)
         if loop.resume_rng is not None and loop.batches_done == 0:  # resumed at an epoch boundary
             restore_rng_state(loop.resume_rng)
             loop.resume_rng = None
