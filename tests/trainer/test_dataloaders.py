@@ -531,3 +531,61 @@ def test_the_batch_past_a_limit_train_batches_count_is_never_read():
     trainer = quiet_trainer(max_epochs=2, limit_train_batches=3)
     trainer.fit(TinyModule(), DataLoader(data, batch_size=4, shuffle=True))
     assert data.reads == 2 * 3 * 4  # Lightning's count: not a fourth batch each epoch
+
+
+class LoaderOrder(TinyModule):
+    def __init__(self, calls: list[str]) -> None:
+        super().__init__()
+        self.calls = calls
+
+    def train_dataloader(self):
+        self.calls.append("train_dataloader")
+        return loader(32)
+
+    def val_dataloader(self):
+        self.calls.append("val_dataloader")
+        return loader(16)
+
+    def on_train_start(self):
+        self.calls.append("on_train_start")
+
+    def on_train_epoch_start(self):
+        self.calls.append(f"on_train_epoch_start({self.current_epoch})")
+
+
+def test_the_training_iterator_is_made_with_its_loader_as_in_lightning(monkeypatch):
+    """Lightning makes the first epoch's iterator as soon as it has the loader (before asking for the validation
+    loader and on_train_start), a later epoch's after on_train_epoch_start, and after a reload both (the one made
+    with the loader is dropped): the base seeds it draws fall at the same points of the RNG sequence."""
+    calls: list[str] = []
+    made = torch.utils.data.dataloader._BaseDataLoaderIter.__init__
+
+    def making(iterator, loader):  # making an iterator draws the DataLoader's base seed from torch's RNG
+        calls.append("iter(train)" if len(loader.dataset) == 32 else "iter(val)")
+        made(iterator, loader)
+
+    monkeypatch.setattr(torch.utils.data.dataloader._BaseDataLoaderIter, "__init__", making)
+    quiet_trainer(max_epochs=2).fit(LoaderOrder(calls))
+    assert calls == [
+        "train_dataloader",
+        "iter(train)",
+        "val_dataloader",
+        "on_train_start",
+        "on_train_epoch_start(0)",
+        "iter(val)",
+        "on_train_epoch_start(1)",
+        "iter(train)",
+        "iter(val)",
+    ]
+    del calls[:]
+    quiet_trainer(max_epochs=2, reload_dataloaders_every_n_epochs=1, limit_val_batches=0).fit(LoaderOrder(calls))
+    assert calls == [
+        "train_dataloader",
+        "iter(train)",
+        "on_train_start",
+        "on_train_epoch_start(0)",
+        "train_dataloader",
+        "iter(train)",
+        "on_train_epoch_start(1)",
+        "iter(train)",
+    ]

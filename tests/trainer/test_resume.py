@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from helpers import TinyModule, killed_mid_save, loader, max_abs_diff, quiet_trainer, run_python
+from tandem import TrainingModule
 from tandem.utilities.checkpoint import load_checkpoint_file
 from tandem.utilities.exceptions import CheckpointError, TandemWarning
 
@@ -193,3 +194,47 @@ def test_resuming_past_max_epochs_is_an_error_as_in_lightning(tmp_path):
     trainer = quiet_trainer(max_epochs=4)
     trainer.fit(TinyModule(), loader(32), ckpt_path=path)
     assert (trainer.current_epoch, trainer.global_step) == (4, 8)
+
+
+class RandomValidation(TinyModule):
+    """Builds its validation data when asked for it (Lightning's BoringModel does): the draws fall between the
+    training iterator, made with its loader, and the epoch's first batch, where the shuffled order is drawn."""
+
+    def val_dataloader(self):
+        data = torch.utils.data.TensorDataset(torch.randn(16, 8), torch.randint(0, 3, (16,)))
+        return torch.utils.data.DataLoader(data, batch_size=8)
+
+
+class OwnShuffle(torch.utils.data.Sampler):
+    """A sampler of the user's: a resume draws its order again from the RNG state it was drawn from, at the epoch's
+    first batch."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        return iter(torch.randperm(self.n).tolist())
+
+
+def _first_epoch(root: Path, ckpt_path: Path | None = None) -> TrainingModule:
+    from tandem import seed_everything
+    from tandem.callbacks import ModelCheckpoint
+
+    seed_everything(5)
+    model = RandomValidation(dropout=0.3)
+    saves = ModelCheckpoint(dirpath=root, every_n_train_steps=2, save_top_k=-1)
+    trainer = quiet_trainer(max_epochs=1, callbacks=[saves])
+    train = loader(64, batch_size=16, sampler=OwnShuffle(64))
+    trainer.fit(model, train, ckpt_path=ckpt_path)
+    return model
+
+
+@pytest.mark.timeout(120)
+def test_a_resume_inside_the_first_epoch_replays_its_order_drawn_after_the_validation_loader(tmp_path):
+    full = _first_epoch(tmp_path / "full")
+    (mid,) = (tmp_path / "full").glob("*step=2.ckpt")
+    resumed = _first_epoch(tmp_path / "resumed", ckpt_path=mid)
+    assert max_abs_diff(resumed.state_dict(), full.state_dict()) == 0.0

@@ -86,6 +86,9 @@ class FitLoop:
         self.validates = False  # the fit has validation (data, validation_step, limit_val_batches != 0)
         self._loaded_at: float = -math.inf  # the epoch the training loader was built in (-inf: not yet this fit)
         self._pending_layout: tuple[dict[str, Any], bool] | None = None  # a checkpoint's, until the loader is built
+        # the training loader's iterator made where Lightning makes it (with the loader), and the RNG state before
+        # it: the first epoch reads it (see _epoch_batches)
+        self._early: tuple[Iterator[Any], dict[str, Any]] | None = None
         self._stop_agreed = False  # every process knows that one asked to stop (several processes)
         self.plan = BatchPlan.FULL  # the fit's batch path (composed when a fit starts, see _compose)
         self._store_ready = False  # the training values' store was emptied for the coming epoch
@@ -127,7 +130,7 @@ class FitLoop:
     def forget_training(self) -> None:
         """The training loader is asked for again where the fit next needs it (after a search built its own)."""
         if self._load is not None:
-            self.data, self._loaded_at = StageData(TRAIN), -math.inf
+            self.data, self._loaded_at, self._early = StageData(TRAIN), -math.inf, None
 
     def reload_training(self) -> None:
         """Build the training record again now; a resumed run's order (the checkpoint's) carries over."""
@@ -143,6 +146,16 @@ class FitLoop:
             return
         if loop.order is not None:  # a resumed run keeps the checkpoint's order
             follow_order(self.data, loop.order)
+        # As Lightning: the loader's iterator is made with the loader, before the validation loader is asked for
+        # and on_train_start, so that the base seed a DataLoader draws comes at Lightning's point in the RNG
+        # sequence. Only the first epoch reads it (a reload's is dropped, as Lightning's); a resumed run's RNG
+        # comes back from the checkpoint later, so it makes its iterator then.
+        self._early = None
+        if self.data.loaders and not (
+            loop.batches_done or loop.resume_rng is not None or loop.resume_start is not None
+        ):
+            rng = capture_rng_state()
+            self._early = (iter(self.data.loaders[0]), rng)
 
     def bind_preemption_stop(self, preempt: Callable[[], None]) -> None:
         """What to call at the agreed pre-emption stop (the Trainer's save and exit)."""
@@ -548,8 +561,13 @@ class FitLoop:
         if loop.resume_start is not None and not replay:  # an elastic resume begins inside one of this run's batches
             order_sampler(self.data).start, loop.resume_start, skip = loop.resume_start, None, 0
             replay = True  # the epoch's RNG replayed all the same
+        early, self._early = self._early, None
         if not skip and not replay:
-            loop.epoch_start_rng = capture_rng_state()
+            if early is not None and loop.epoch == 0:  # made with the loader (Lightning's first epoch)
+                iterator, loop.epoch_start_rng = early
+                loop.epoch_order_rng = capture_rng_state()  # where the epoch's order is drawn, for a replay
+                return iterator
+            loop.epoch_start_rng, loop.epoch_order_rng = capture_rng_state(), None
             return iter(loader)
         skippable = self.data.skippable
         if skippable is None:
@@ -564,6 +582,8 @@ class FitLoop:
                     "each time."
                 )
             iterator = iter(loader)
+            if loop.epoch_order_rng is not None:
+                restore_rng_state(loop.epoch_order_rng)
             for _ in range(skip):
                 next(iterator, None)
         else:
@@ -571,6 +591,8 @@ class FitLoop:
                 restore_rng_state(loop.epoch_start_rng)
             skippable.skip = skip
             iterator = iter(loader)
+            if loop.epoch_order_rng is not None:  # the iterator was made earlier than the order was drawn
+                restore_rng_state(loop.epoch_order_rng)
             skippable.start()  # draw the epoch's order now, before the checkpoint's RNG state returns
         if loop.resume_rng is not None:
             restore_rng_state(loop.resume_rng)

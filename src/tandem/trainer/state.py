@@ -16,6 +16,7 @@ _SAVED = (
     "batches_in_earlier_epochs",
     "epoch_finished",
     "epoch_start_rng",
+    "epoch_order_rng",
 )
 
 
@@ -37,6 +38,9 @@ class LoopState:
     # a checkpoint saved before records it, see FitLoop.state_dict; not saved itself)
     schedulers_pending: bool = False
     epoch_start_rng: dict[str, Any] | None = field(default=None, repr=False)  # RNG at iter(train loader)
+    # RNG where the epoch's order was drawn (its first batch read), when that came later than iter(train loader):
+    # the first epoch's iterator is made with the loader (Lightning's); None: right after iter()
+    epoch_order_rng: dict[str, Any] | None = field(default=None, repr=False)
     # The current epoch's batch count: the training loader's (math.inf when unknown); an epoch of unknown length
     # that several processes even gets its count once the ranks find its last batch (not saved).
     epoch_batches: int | float = 0
@@ -60,7 +64,10 @@ class LoopState:
     order: dict[str, Any] | None = None  # the checkpoint's training order, for loaders built again (not saved)
 
     def state_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in _SAVED}
+        state = {name: getattr(self, name) for name in _SAVED}
+        if self.epoch_finished:  # resumes with the next epoch: where this one's order was drawn is not needed
+            state["epoch_order_rng"] = None
+        return state
 
     def plan_batch(self, batch_idx: int, accumulate: int, log_every: int, automatic: bool) -> None:
         """Decide, at the top of training batch ``batch_idx``, whether it steps (the last micro-batch of each
@@ -93,13 +100,14 @@ class LoopState:
     def finish_epoch(self) -> None:
         """Move to the next epoch, in one statement: the side channel's thread reads these (pre-emption) and
         must not see half of it."""
-        self.epoch, self.batches_in_earlier_epochs, self.batches_done, self.epoch_finished, self.epoch_start_rng = (
-            self.epoch + 1,
-            self.batches_in_earlier_epochs + self.batches_done,
-            0,
-            False,
-            None,
-        )
+        (
+            self.epoch,
+            self.batches_in_earlier_epochs,
+            self.batches_done,
+            self.epoch_finished,
+            self.epoch_start_rng,
+            self.epoch_order_rng,
+        ) = (self.epoch + 1, self.batches_in_earlier_epochs + self.batches_done, 0, False, None, None)
 
 
 @dataclass(frozen=True)
