@@ -9,8 +9,9 @@ the lock), and never one that a live writer is still writing. A later write into
 them, whatever file they were for (a new run saves ``last-v1.ckpt``, never ``last.ckpt`` again). A sharded
 checkpoint's temporary directory (:func:`temporary_directory`) is named and locked the same way, and a
 resumed run clears its checkpoint's folder of them (:func:`remove_stale_temporaries_in`): the run that died
-may never write there again. The sweep considers only regular files and folders owned by this user, checked
-without following symbolic links, and opens nothing that could block (a FIFO named like a temporary stays).
+may never write there again. The sweep considers only regular files, folders and symbolic links (the temporaries
+of :func:`atomic_link`) owned by this user, checked without following symbolic links, and opens nothing that could
+block (a FIFO named like a temporary stays).
 
 A finished directory replaces the previous one in three steps (:func:`replace_directory`): the previous one
 is renamed aside to ``.<target>.<host>-<pid>-<random>.old``, the new one renamed onto the target, then the
@@ -164,17 +165,80 @@ def _remote_write(url: str, write: Callable[[IO[bytes]], None], what: str) -> No
 
 
 def remove_file(path: str | os.PathLike) -> None:
-    """Delete a file or a folder (a sharded checkpoint), local or at an fsspec URL; a missing one is fine."""
+    """Delete a file or a folder (a sharded checkpoint), local or at an fsspec URL; a missing one is fine. A
+    symbolic link is removed itself, never what it points to."""
     if is_url(path):
         fs, inner = url_filesystem(os.fspath(path))
         if fs.exists(inner):
             fs.rm(inner, recursive=fs.isdir(inner))
         return
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
+
+
+def atomic_link(
+    target: str | os.PathLike,
+    path: str | os.PathLike,
+    what: str = "",
+    before_copy: Callable[[], None] | None = None,
+) -> None:
+    """Make ``path`` a symbolic link to ``target`` (relative to ``path``'s folder, so the folder can move), put in
+    place as :func:`atomic_write` puts a file: made under a temporary name, then ``os.replace``'d onto ``path``, so
+    a reader finds the previous file or the new link, never neither. Where links cannot be made (Windows without
+    the privilege, some network filesystems), ``path`` becomes a copy of ``target`` instead, written atomically
+    too; ``before_copy`` is called first (e.g. to wait for a background write of ``target``). A directory at
+    ``path`` (a sharded checkpoint) is replaced as :func:`replace_directory` does. Local paths only.
+
+    Args:
+        target: the checkpoint to point to (a file, or a sharded checkpoint's directory).
+        path: the link to make, e.g. ``.../last.ckpt``.
+        what: the link's role for error messages.
+        before_copy: called before a copy is made instead of a link.
+    """
+    target, path = Path(target), Path(path)
+    relative = os.path.relpath(target, path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise write_failed(path, err, what, kept=os.path.lexists(path)) from None
+    remove_stale_temporaries_in(path.parent)
+    try:
+        while True:
+            tmp = _temporary_name(path)
+            try:
+                os.symlink(relative, tmp)
+                break
+            except FileExistsError:
+                continue
+    except OSError:  # no links here: a copy
+        if before_copy is not None:
+            before_copy()
+        _atomic_copy(target, path, what)
+        return
+    try:
+        if path.is_dir() and not path.is_symlink():
+            replace_directory(tmp, path)
+        else:
+            os.replace(tmp, path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise write_failed(path, err, what, kept=os.path.lexists(path)) from None
+    _sync_folder(path.parent)
+
+
+def _atomic_copy(source: Path, path: Path, what: str) -> None:
+    """A copy of the checkpoint ``source`` (a file, or a sharded checkpoint's directory) at ``path``, atomically."""
+    if not source.is_dir():
+        with open(source, "rb") as src:
+            atomic_write(path, lambda f: shutil.copyfileobj(src, f), what)
+        return
+    with temporary_directory(path) as tmp:
+        shutil.copytree(source, tmp, dirs_exist_ok=True)
+        replace_directory(tmp, path)
 
 
 def glob_files(pattern: str) -> list[str]:
@@ -417,15 +481,16 @@ def _last_change(tmp: str) -> float:
     return latest
 
 
-def _ours(path: str) -> os.stat_result | None:
+def _ours(path: str, links: bool = False) -> os.stat_result | None:
     """``path``'s own status (links not followed) when it can be a temporary tandem wrote: a regular file or a
-    folder, owned by this user; None for anything else (a symlink, a FIFO, a socket, a device, another user's
-    file), which the sweep never opens, waits on or removes."""
+    folder (or, with ``links``, a symbolic link: :func:`atomic_link`'s), owned by this user; None for anything
+    else (a FIFO, a socket, a device, another user's file), which the sweep never opens, waits on or removes."""
     try:
         found = os.lstat(path)
     except OSError:
         return None
-    if not (stat.S_ISREG(found.st_mode) or stat.S_ISDIR(found.st_mode)):
+    kinds = (stat.S_ISREG, stat.S_ISDIR, stat.S_ISLNK) if links else (stat.S_ISREG, stat.S_ISDIR)
+    if not any(kind(found.st_mode) for kind in kinds):
         return None
     if hasattr(os, "getuid") and found.st_uid != os.getuid():
         return None
@@ -433,7 +498,7 @@ def _ours(path: str) -> os.stat_result | None:
 
 
 def _remove_if_stale(tmp: str, host: str, pid: int) -> bool:
-    found = _ours(tmp)
+    found = _ours(tmp, links=True)
     if found is None:
         return False
     if host == _writer_host():
@@ -445,6 +510,10 @@ def _remove_if_stale(tmp: str, host: str, pid: int) -> bool:
                 return False
         except OSError:
             return False
+    if stat.S_ISLNK(found.st_mode):  # a link cannot be locked: its writer is gone (above), so it goes
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)  # the link itself, never what it points to
+        return True
     try:  # never blocks, never follows a link; the file opened must be the one checked
         fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError:
