@@ -780,3 +780,48 @@ def test_hooks_take_lightnings_keyword_names(tmp_path):
     callback.setup(trainer=trainer, pl_module=None, stage="fit")
     Callback().setup(trainer=trainer, pl_module=None, stage="fit")
     assert callback.dirpath == str(tmp_path)
+
+
+# ---------------------------------------------------------------------- Lightning 2.6's last.ckpt and restore rules
+def test_a_fit_that_saved_nothing_writes_last_at_its_end(tmp_path):
+    """save_on_train_epoch_end=False and no validation: no save point ever comes, but save_last still gives a
+    last.ckpt of the final state (Lightning 2.6); not with fast_dev_run, which saves nothing."""
+    callback = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_on_train_epoch_end=False)
+    trainer = quiet_trainer(max_epochs=2, callbacks=[callback])
+    trainer.fit(TinyModule(), loader(32, 8))
+    assert _files(tmp_path) == ["last.ckpt"]
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 8
+
+    quick = ModelCheckpoint(dirpath=tmp_path / "quick", save_last=True)
+    quiet_trainer(fast_dev_run=True, callbacks=[quick]).fit(TinyModule(), loader(32, 8))
+    assert _files(tmp_path / "quick") == []
+
+
+def test_restoring_into_another_folder_warns_and_keeps_best_model_path(tmp_path):
+    written = {
+        "monitor": None,
+        "best_model_path": "epoch=10-step=1436.ckpt",
+        "best_model_score": torch.tensor(2.246),
+        "current_score": None,
+        "best_k_models": {"epoch=10-step=1436.ckpt": torch.tensor(2.246)},
+        "kth_best_model_path": "epoch=10-step=1436.ckpt",
+        "kth_value": torch.tensor(2.246),
+        "dirpath": str(tmp_path),
+        "last_model_path": "last2245.ckpt",
+    }
+    restored = ModelCheckpoint(dirpath=tmp_path / "restore", save_top_k=-1, save_last=True)
+    with pytest.warns(UserWarning, match="The dirpath has changed from .*only `best_model_path`"):
+        restored.load_state_dict(written)
+    assert restored.best_model_path == written["best_model_path"]
+    # without a monitor there is no ranking to carry over; last.ckpt is written afresh in the new folder
+    assert (restored.best_model_score, restored.best_k_models, restored.kth_best_model_path) == (None, {}, "")
+    assert restored.last_model_path == "" and restored.dirpath == str(tmp_path / "restore")
+
+    same = ModelCheckpoint(dirpath=tmp_path, save_top_k=-1, save_last=True)
+    same.load_state_dict(written)  # the same folder: no warning (tandem's warnings are errors in this suite)
+    assert same.last_model_path == "last2245.ckpt"
+
+
+def test_enable_checkpointing_false_with_a_model_checkpoint_names_both(tmp_path):
+    with pytest.raises(MisconfigurationException, match="`enable_checkpointing=False` but found `ModelCheckpoint`"):
+        quiet_trainer(enable_checkpointing=False, callbacks=[ModelCheckpoint(dirpath=tmp_path)])
