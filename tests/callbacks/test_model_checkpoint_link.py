@@ -8,7 +8,7 @@ import torch
 from helpers import TinyModule, loader, quiet_trainer
 from tandem.callbacks import ModelCheckpoint
 from tandem.utilities import checkpoint as checkpoint_files
-from tandem.utilities.checkpoint import atomic_link, remove_file, remove_stale_temporaries_in
+from tandem.utilities.checkpoint import atomic_link, remove_file
 from tandem.utilities.exceptions import TandemConfigError
 
 
@@ -129,13 +129,3 @@ def test_removing_a_link_keeps_what_it_points_to(tmp_path):
     atomic_link(shards, tmp_path / "last.ckpt")
     remove_file(tmp_path / "last.ckpt")
     assert sorted(os.listdir(tmp_path)) == ["epoch=1.ckpt"] and (shards / "part").is_dir()
-
-
-def test_a_killed_writers_link_temporary_is_swept(tmp_path):
-    (tmp_path / "epoch=1.ckpt").write_bytes(b"x")
-    dead = f".last.ckpt.{checkpoint_files._writer_host()}-999999999-0123abcd.tmp"  # no such process
-    live = f".last.ckpt.{checkpoint_files._writer_host()}-{os.getpid()}-0123abcd.tmp"
-    os.symlink("epoch=1.ckpt", tmp_path / dead)
-    os.symlink("epoch=1.ckpt", tmp_path / live)
-    assert remove_stale_temporaries_in(tmp_path) == [dead]
-    assert sorted(os.listdir(tmp_path)) == sorted([live, "epoch=1.ckpt"])

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from tandem.callbacks.callback import Checkpoint
-from tandem.loggers.logger import Logger
+from tandem.loggers.logger import VERSION_DIR, Logger
 from tandem.utilities.checkpoint import atomic_link, atomic_write, check_writable_folder, is_url
 from tandem.utilities.exceptions import (
     CheckpointError,
@@ -654,8 +654,8 @@ class ModelCheckpoint(Checkpoint):
     def _restore(self, state: dict[str, Any]) -> None:
         """The whole ranking comes back, so the best of the run stays the best after a resume. When the run
         saved elsewhere before (a new ``version_<n>`` folder per launch), its files keep their rank there and
-        are never deleted from here; the last checkpoint is then written afresh in this folder (a warning says
-        so, as Lightning warns)."""
+        are never deleted from here; the last checkpoint is then written afresh in this folder. A folder that is
+        not another version of the run's gets Lightning's warning ("The dirpath has changed ...")."""
         self.best_model_path = state["best_model_path"]
         self.best_model_score = _tensor(state["best_model_score"])
         self.current_score = _tensor(state.get("current_score"))
@@ -674,22 +674,44 @@ class ModelCheckpoint(Checkpoint):
         saved_in = state.get("dirpath", self.dirpath)  # as Lightning: a state without one is this folder's
         if saved_in == self.dirpath:
             self.last_model_path = state["last_model_path"]
-            return
-        kept = (
-            f"the run's top {self.save_top_k} keep their rank (best: {self.best_model_path!r}) and stay where "
-            "they are, never deleted from here"
-            if self.best_k_models
-            else f"only `best_model_path` ({self.best_model_path!r}) is reloaded"
-        )
-        rank_zero_warn(
-            f"The dirpath has changed from {saved_in!r} to {self.dirpath!r}: `last_model_path` is not reloaded "
-            f"(last.ckpt is written afresh in the new folder), and {kept}. Checkpoints go to the new folder from now "
-            "on; pass ModelCheckpoint(dirpath=<the old folder>) to continue there instead."
-        )
+        elif _sibling_versions(saved_in, self.dirpath):  # tandem's resume: each launch gets its own version_<n>
+            if self.best_k_models:
+                rank_zero_info(
+                    f"ModelCheckpoint: resumed a run that saved its checkpoints in {saved_in!r}; they keep their "
+                    f"rank in the top {self.save_top_k} (best: {self.best_model_path!r}) and stay where they are. "
+                    f"New checkpoints go to {self.dirpath!r}."
+                )
+        else:  # another folder than the run's: Lightning's warning, with what tandem keeps
+            kept = (
+                f"the run's top {self.save_top_k} keep their rank (best: {self.best_model_path!r}) and stay where "
+                "they are, never deleted from here"
+                if self.best_k_models
+                else f"only `best_model_path` ({self.best_model_path!r}) is reloaded"
+            )
+            rank_zero_warn(
+                f"The dirpath has changed from {saved_in!r} to {self.dirpath!r}: `last_model_path` is not reloaded "
+                f"(last.ckpt is written afresh in the new folder), and {kept}. Checkpoints go to the new folder from "
+                "now on; pass ModelCheckpoint(dirpath=<the old folder>) to continue there instead."
+            )
 
 
 class _Skipped(Exception):
     """A save the Trainer skipped (the parameters hold NaN or inf)."""
+
+
+def _sibling_versions(old: Any, new: str | None) -> bool:
+    """Whether ``old`` and ``new`` are the ``checkpoints`` folders of two ``version_<n>`` of one experiment (a
+    resumed run's own earlier launch)."""
+    if not isinstance(old, str) or new is None:
+        return False
+    folders = [os.path.normpath(path) for path in (old, new)]
+    return (
+        all(
+            os.path.basename(path) == "checkpoints" and VERSION_DIR.match(os.path.basename(os.path.dirname(path)))
+            for path in folders
+        )
+        and len({os.path.dirname(os.path.dirname(path)) for path in folders}) == 1
+    )
 
 
 def _placeholders(template: str | None) -> list[str]:

@@ -9,9 +9,8 @@ the lock), and never one that a live writer is still writing. A later write into
 them, whatever file they were for (a new run saves ``last-v1.ckpt``, never ``last.ckpt`` again). A sharded
 checkpoint's temporary directory (:func:`temporary_directory`) is named and locked the same way, and a
 resumed run clears its checkpoint's folder of them (:func:`remove_stale_temporaries_in`): the run that died
-may never write there again. The sweep considers only regular files, folders and symbolic links (the temporaries
-of :func:`atomic_link`) owned by this user, checked without following symbolic links, and opens nothing that could
-block (a FIFO named like a temporary stays).
+may never write there again. The sweep considers only regular files and folders owned by this user, checked
+without following symbolic links, and opens nothing that could block (a FIFO named like a temporary stays).
 
 A finished directory replaces the previous one in three steps (:func:`replace_directory`): the previous one
 is renamed aside to ``.<target>.<host>-<pid>-<random>.old``, the new one renamed onto the target, then the
@@ -190,7 +189,9 @@ def atomic_link(
     a reader finds the previous file or the new link, never neither. Where links cannot be made (Windows without
     the privilege, some network filesystems), ``path`` becomes a copy of ``target`` instead, written atomically
     too; ``before_copy`` is called first (e.g. to wait for a background write of ``target``). A directory at
-    ``path`` (a sharded checkpoint) is replaced as :func:`replace_directory` does. Local paths only.
+    ``path`` (a sharded checkpoint) is replaced as :func:`replace_directory` does. Local paths only. A process
+    killed between making the link and the rename leaves a hidden link named like a temporary, which the sweep
+    leaves alone as it leaves every symbolic link (it points to a checkpoint, and holds no data).
 
     Args:
         target: the checkpoint to point to (a file, or a sharded checkpoint's directory).
@@ -481,16 +482,15 @@ def _last_change(tmp: str) -> float:
     return latest
 
 
-def _ours(path: str, links: bool = False) -> os.stat_result | None:
+def _ours(path: str) -> os.stat_result | None:
     """``path``'s own status (links not followed) when it can be a temporary tandem wrote: a regular file or a
-    folder (or, with ``links``, a symbolic link: :func:`atomic_link`'s), owned by this user; None for anything
-    else (a FIFO, a socket, a device, another user's file), which the sweep never opens, waits on or removes."""
+    folder, owned by this user; None for anything else (a symlink, a FIFO, a socket, a device, another user's
+    file), which the sweep never opens, waits on or removes."""
     try:
         found = os.lstat(path)
     except OSError:
         return None
-    kinds = (stat.S_ISREG, stat.S_ISDIR, stat.S_ISLNK) if links else (stat.S_ISREG, stat.S_ISDIR)
-    if not any(kind(found.st_mode) for kind in kinds):
+    if not (stat.S_ISREG(found.st_mode) or stat.S_ISDIR(found.st_mode)):
         return None
     if hasattr(os, "getuid") and found.st_uid != os.getuid():
         return None
@@ -498,7 +498,7 @@ def _ours(path: str, links: bool = False) -> os.stat_result | None:
 
 
 def _remove_if_stale(tmp: str, host: str, pid: int) -> bool:
-    found = _ours(tmp, links=True)
+    found = _ours(tmp)
     if found is None:
         return False
     if host == _writer_host():
@@ -510,10 +510,6 @@ def _remove_if_stale(tmp: str, host: str, pid: int) -> bool:
                 return False
         except OSError:
             return False
-    if stat.S_ISLNK(found.st_mode):  # a link cannot be locked: its writer is gone (above), so it goes
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)  # the link itself, never what it points to
-        return True
     try:  # never blocks, never follows a link; the file opened must be the one checked
         fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError:
