@@ -116,19 +116,46 @@ def test_save_top_k_minus_one_keeps_all_and_zero_keeps_none_but_last(tmp_path):
     trainer = _setup(only_last, tmp_path)
     for epoch, score in enumerate([3, 2]):
         _epoch_end(only_last, trainer, epoch, val_loss=score)
+    assert _files(tmp_path / "last") == []  # Lightning 2.6: no top-k file saved, so no last.ckpt yet
+    only_last.on_train_end(trainer, None)  # ... until the fit ends having saved nothing
     assert _files(tmp_path / "last") == ["last.ckpt"]
     assert only_last.best_k_models == {} and only_last.best_model_path == ""
 
 
 def test_save_last_overwrites_last_ckpt_at_every_save_event(tmp_path):
-    callback = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0)
+    callback = ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=10, save_top_k=0)
     assert callback.CHECKPOINT_NAME_LAST == "last"
     trainer = _setup(callback, tmp_path)
-    for epoch in range(3):
-        _epoch_end(callback, trainer, epoch)
-        assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == (epoch + 1) * 10
+    for step in (10, 20, 30):
+        trainer.global_step = step
+        callback.on_train_batch_end(trainer, None, None, None, step - 1)
+        assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == step
     assert callback.last_model_path == str(tmp_path / "last.ckpt")
     assert _files(tmp_path) == ["last.ckpt"]
+
+
+def test_save_last_is_written_when_a_checkpoint_is_saved_as_lightning_2_6(tmp_path):
+    """Lightning 2.6: last.ckpt is "a copy whenever a checkpoint file gets saved": at an epoch save point only when
+    a top-k file was written there (not when the score did not make the top k), at every step save point, and at
+    the end of a fit that saved nothing."""
+    callback = ModelCheckpoint(dirpath=tmp_path, monitor="val_loss", save_last=True, filename="{epoch}")
+    trainer = _setup(callback, tmp_path)
+    for epoch, score in enumerate([3, 2, 5]):  # epoch 2 does not make the top 1
+        _epoch_end(callback, trainer, epoch, val_loss=score)
+    last = torch.load(tmp_path / "last.ckpt", weights_only=False)
+    assert last["global_step"] == 20  # epoch 1's, the last step a checkpoint was saved at
+    best = torch.load(tmp_path / "epoch=1.ckpt", weights_only=False)
+    assert last["callbacks"][callback.state_key] == best["callbacks"][callback.state_key]  # the same state
+    callback.on_train_end(trainer, None)  # the fit saved checkpoints: nothing more
+    assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == 20
+
+    never = ModelCheckpoint(dirpath=tmp_path / "never", save_last=True, every_n_epochs=5, save_top_k=0)
+    trainer = _setup(never, tmp_path)
+    for epoch in range(2):
+        _epoch_end(never, trainer, epoch)
+    assert _files(tmp_path / "never") == []
+    never.on_train_end(trainer, None)
+    assert torch.load(tmp_path / "never" / "last.ckpt", weights_only=False)["global_step"] == 20
 
 
 def test_without_monitor_the_latest_checkpoint_is_kept(tmp_path):
@@ -302,7 +329,8 @@ def test_state_dict_round_trip_and_state_key(tmp_path):
     # restored before setup resolved the default folder: applied once it is known
     later = ModelCheckpoint(monitor="val_loss", save_top_k=2)
     later.load_state_dict(state)
-    _setup(later, tmp_path / "other")
+    with pytest.warns(UserWarning, match="The dirpath has changed from .*the run's top 2 keep their rank"):
+        _setup(later, tmp_path / "other")
     assert later.best_model_path == callback.best_model_path
     assert later.best_k_models == callback.best_k_models  # another folder: the ranking still holds
     assert later.last_model_path == ""  # but last.ckpt is written afresh in the new folder
@@ -479,7 +507,7 @@ def test_resume_into_the_same_version_keeps_the_top_k_and_the_best(tmp_path):
 @pytest.mark.timeout(60)
 def test_resume_into_a_new_version_folder_keeps_the_best_of_the_earlier_folder(tmp_path):
     _fit(tmp_path, 3, CSVLogger(tmp_path))
-    trainer, resumed = _fit(tmp_path, 5, CSVLogger(tmp_path), resume=True)
+    trainer, resumed = _fit(tmp_path, 5, CSVLogger(tmp_path), resume=True)  # the run's own versions: no warning
     old, new = (tmp_path / "tandem_logs" / f"version_{v}" / "checkpoints" for v in (0, 1))
     assert trainer.log_dir.endswith("version_1")
     assert resumed.best_model_path == str(old / "epoch=1.ckpt") and resumed.best_model_score == 1.0
@@ -751,3 +779,48 @@ def test_hooks_take_lightnings_keyword_names(tmp_path):
     callback.setup(trainer=trainer, pl_module=None, stage="fit")
     Callback().setup(trainer=trainer, pl_module=None, stage="fit")
     assert callback.dirpath == str(tmp_path)
+
+
+# ---------------------------------------------------------------------- Lightning 2.6's last.ckpt and restore rules
+def test_a_fit_that_saved_nothing_writes_last_at_its_end(tmp_path):
+    """save_on_train_epoch_end=False and no validation: no save point ever comes, but save_last still gives a
+    last.ckpt of the final state (Lightning 2.6); not with fast_dev_run, which saves nothing."""
+    callback = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_on_train_epoch_end=False)
+    trainer = quiet_trainer(max_epochs=2, callbacks=[callback])
+    trainer.fit(TinyModule(), loader(32, 8))
+    assert _files(tmp_path) == ["last.ckpt"]
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 8
+
+    quick = ModelCheckpoint(dirpath=tmp_path / "quick", save_last=True)
+    quiet_trainer(fast_dev_run=True, callbacks=[quick]).fit(TinyModule(), loader(32, 8))
+    assert _files(tmp_path / "quick") == []
+
+
+def test_restoring_into_another_folder_warns_and_keeps_best_model_path(tmp_path):
+    written = {
+        "monitor": None,
+        "best_model_path": "epoch=10-step=1436.ckpt",
+        "best_model_score": torch.tensor(2.246),
+        "current_score": None,
+        "best_k_models": {"epoch=10-step=1436.ckpt": torch.tensor(2.246)},
+        "kth_best_model_path": "epoch=10-step=1436.ckpt",
+        "kth_value": torch.tensor(2.246),
+        "dirpath": str(tmp_path),
+        "last_model_path": "last2245.ckpt",
+    }
+    restored = ModelCheckpoint(dirpath=tmp_path / "restore", save_top_k=-1, save_last=True)
+    with pytest.warns(UserWarning, match="The dirpath has changed from .*only `best_model_path`"):
+        restored.load_state_dict(written)
+    assert restored.best_model_path == written["best_model_path"]
+    # without a monitor there is no ranking to carry over; last.ckpt is written afresh in the new folder
+    assert (restored.best_model_score, restored.best_k_models, restored.kth_best_model_path) == (None, {}, "")
+    assert restored.last_model_path == "" and restored.dirpath == str(tmp_path / "restore")
+
+    same = ModelCheckpoint(dirpath=tmp_path, save_top_k=-1, save_last=True)
+    same.load_state_dict(written)  # the same folder: no warning (tandem's warnings are errors in this suite)
+    assert same.last_model_path == "last2245.ckpt"
+
+
+def test_enable_checkpointing_false_with_a_model_checkpoint_names_both(tmp_path):
+    with pytest.raises(MisconfigurationException, match="`enable_checkpointing=False` but found `ModelCheckpoint`"):
+        quiet_trainer(enable_checkpointing=False, callbacks=[ModelCheckpoint(dirpath=tmp_path)])

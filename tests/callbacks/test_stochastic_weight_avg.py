@@ -61,7 +61,7 @@ def _run(root, epochs, resume=False):
     tandem.seed_everything(5)
     model = TinyModule(optimizer="adam", dropout=0.3, lr=0.02)
     swa = StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=2, annealing_epochs=2)
-    checkpoint = ModelCheckpoint(dirpath=root, save_last=True, save_top_k=0)
+    checkpoint = ModelCheckpoint(dirpath=root, save_last=True)  # the latest epoch's file, and last.ckpt with it
     trainer = quiet_trainer(max_epochs=epochs, callbacks=[checkpoint, swa], enable_checkpointing=True)
     trainer.fit(model, loader(64, 16, shuffle=True), ckpt_path=root / "last.ckpt" if resume else None)
     return model, swa

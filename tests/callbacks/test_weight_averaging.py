@@ -41,7 +41,7 @@ def _ema(steps, decay, start):
 def test_ema_matches_a_hand_computed_average_in_validation_at_the_end_and_in_the_checkpoint(tmp_path):
     model = Recorded()
     ema = EMAWeightAveraging(decay=0.5, update_starting_at_step=1)
-    checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True)  # each epoch: the latest, last.ckpt with it
     trainer = quiet_trainer(max_epochs=2, callbacks=[checkpoint, ema], enable_checkpointing=True)
     trainer.fit(model, loader(64, 16), loader(32, 16))  # 4 optimizer steps an epoch
     steps = model.step_weights
@@ -63,7 +63,7 @@ def _run(root, epochs, resume=False):
     tandem.seed_everything(3)
     model = TinyModule(optimizer="adam", lr=0.02)
     ema = EMAWeightAveraging(decay=0.7, update_every_n_steps=2)
-    checkpoint = ModelCheckpoint(dirpath=root, save_last=True, save_top_k=0)
+    checkpoint = ModelCheckpoint(dirpath=root, save_last=True)  # each epoch: the latest, last.ckpt with it
     trainer = quiet_trainer(max_epochs=epochs, callbacks=[checkpoint, ema], enable_checkpointing=True)
     trainer.fit(model, loader(64, 16, shuffle=True), ckpt_path=root / "last.ckpt" if resume else None)
     return model, ema

@@ -336,3 +336,22 @@ def test_a_plain_override_that_replaces_a_config_list_says_so_and_shows_the_appe
     kinds = [type(c).__name__ for c in cli.trainer.callbacks]
     assert "ModelCheckpoint" in kinds and "LearningRateMonitor" in kinds and "EarlyStopping" in kinds
     assert "replaced" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("yes", True), ("True", True), ("true", True), ("no", False), ("false", False), ("link", "link"), ("null", None)],
+)
+def test_model_checkpoint_save_last_takes_a_bool_or_link(value, expected):
+    """``save_last: bool | Literal["link"] | None``, a type object the parsers read (not a string), as Lightning's."""
+    import inspect
+    from typing import Literal
+
+    assert inspect.signature(ModelCheckpoint).parameters["save_last"].annotation == bool | Literal["link"] | None
+    cli = CLI(
+        TinyModule,
+        args=[*QUIET, "--trainer.callbacks+=ModelCheckpoint", f"--trainer.callbacks.save_last={value}"],
+        run=False,
+    )
+    (checkpoint,) = [c for c in cli.trainer.callbacks if isinstance(c, ModelCheckpoint)]
+    assert checkpoint.save_last == expected and type(checkpoint.save_last) is type(expected)

@@ -1,20 +1,18 @@
 """ModelCheckpoint: save the k best checkpoints by a monitored metric, and/or the last one."""
 
-from __future__ import annotations
-
 import math
 import os
 import re
 import time
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from tandem.callbacks.callback import Checkpoint
-from tandem.loggers.logger import Logger
-from tandem.utilities.checkpoint import atomic_write, check_writable_folder, is_url
+from tandem.loggers.logger import VERSION_DIR, Logger
+from tandem.utilities.checkpoint import atomic_link, atomic_write, check_writable_folder, is_url
 from tandem.utilities.exceptions import (
     CheckpointError,
     FileWriteError,
@@ -34,6 +32,8 @@ if TYPE_CHECKING:
 
 _MODES = ("min", "max")
 _MODE_FIX = "Use 'min' for losses, 'max' for accuracies."
+_SAVE_LAST = (None, False, True, "link")
+_SAVE_LAST_FIX = "Use True for a copy named last.ckpt, 'link' for a symbolic link to the latest checkpoint."
 
 
 class ModelCheckpoint(Checkpoint):
@@ -43,8 +43,9 @@ class ModelCheckpoint(Checkpoint):
     ``train_time_interval`` of training, or else every ``every_n_epochs``-th epoch, at the end of the
     training epoch (after that epoch's validation) or, when validation does not run exactly once at the
     end of each epoch, at the end of each validation (``save_on_train_epoch_end`` picks one). ``last.ckpt``
-    is written at every save point. Nothing is saved during the sanity check, outside ``fit`` or with
-    ``fast_dev_run``. File names come from global rank 0's metric values, so all processes name the same
+    (Lightning 2.6's rule) is written whenever a checkpoint is saved: at every step or time save point, at an
+    epoch save point only when a top-k checkpoint was written there, and at the end of a fit that saved nothing.
+    Nothing is saved during the sanity check, outside ``fit`` or with ``fast_dev_run``. File names come from global rank 0's metric values, so all processes name the same
     files; a checkpoint that would replace one of the top k is saved only when every rank finds its own value of
     ``monitor`` better (Lightning's rule: a metric logged without ``sync_dist`` differs between ranks).
     ``best_model_score``, ``current_score``, ``kth_value`` and the values of ``best_k_models`` are 0-dim
@@ -60,7 +61,10 @@ class ModelCheckpoint(Checkpoint):
         monitor: the logged metric that ranks checkpoints. ``None``: the latest are kept, ``best_model_path``
             names the newest and no score is kept (``best_k_models`` stays empty).
         verbose: say what was saved, and when a checkpoint did not make the top k.
-        save_last: also write ``last.ckpt`` at every save point (overwritten each time).
+        save_last: also write ``last.ckpt`` whenever a checkpoint is saved (overwritten each time), so
+            ``ckpt_path="last"`` finds the latest. ``"link"`` (local folders only): ``last.ckpt`` is a symbolic link
+            to the latest checkpoint (a copy where links cannot be made), put in place atomically; without top-k
+            checkpoints to point to (``save_top_k=0``) it is a file.
         save_top_k: how many of the best to keep; ``-1`` keeps all, ``0`` none (``save_last`` still works).
         save_on_exception: when the run raises (in the module, a callback, or Ctrl-C), write a checkpoint named
             by ``filename`` (``last.ckpt`` too with ``save_last``), as Lightning does; not during the sanity
@@ -99,7 +103,7 @@ class ModelCheckpoint(Checkpoint):
         filename: str | None = None,
         monitor: str | None = None,
         verbose: bool = False,
-        save_last: bool | None = None,
+        save_last: bool | Literal["link"] | None = None,
         save_top_k: int = 1,
         save_on_exception: bool = False,
         save_weights_only: bool = False,
@@ -114,6 +118,8 @@ class ModelCheckpoint(Checkpoint):
         if mode not in _MODES:
             lead = f"`mode` can be {', '.join(_MODES)} but got {mode}."  # Lightning's sentence first, then ours
             raise bad_choice("ModelCheckpoint: mode", mode, _MODES, _MODE_FIX, lead=lead)
+        if save_last not in _SAVE_LAST:  # a typo ("lnk") or a string from a config would write a copy
+            raise bad_choice("ModelCheckpoint: save_last", save_last, _SAVE_LAST, _SAVE_LAST_FIX)
         if not isinstance(save_top_k, int) or save_top_k < -1:
             lead = f"Invalid value for save_top_k={save_top_k}. Must be >= -1."
             raise out_of_range("ModelCheckpoint: save_top_k", save_top_k, "an int >= -1 (-1 keeps all)", lead=lead)
@@ -184,6 +190,7 @@ class ModelCheckpoint(Checkpoint):
         self.last_model_path = ""
         self._latest: list[str] = []  # without a monitor: the checkpoints kept, oldest first
         self._last_global_step_saved = 0  # nothing to save before the first step
+        self._last_checkpoint_saved = ""  # the newest file this callback wrote in this process: what "link" names
         self._last_time_checked: float | None = None
         self._validated = False  # a validation ran in this fit: a missing monitor is then an error
         self._warned_missing = False
@@ -217,7 +224,7 @@ class ModelCheckpoint(Checkpoint):
         }
 
     # ------------------------------------------------------------------ hooks
-    def setup(self, trainer: Trainer, pl_module: TrainingModule, stage: str) -> None:
+    def setup(self, trainer: "Trainer", pl_module: "TrainingModule", stage: str) -> None:
         self._sanity_checking = False
         dirpath = self._user_dirpath
         if dirpath is None:
@@ -228,6 +235,14 @@ class ModelCheckpoint(Checkpoint):
         # rank 0's folder on every rank, as Lightning: a dirpath built on each rank (from the time, a random id)
         # differs, and the other ranks would look for rank 0's files where none were written
         self.dirpath = trainer.strategy.broadcast(dirpath)
+        if self.save_last == "link" and is_url(self.dirpath):
+            raise incompatible(
+                f"ModelCheckpoint(save_last='link', dirpath={self.dirpath!r})",
+                "a symbolic link can only be made in a local folder",
+                "Use save_last=True (a copy named last.ckpt), or a local dirpath.",
+                lead=f"`ModelCheckpoint(save_last='link')` is only supported for local file paths, got "
+                f"`dirpath={self.dirpath}`.",
+            )
         if stage == "fit":  # find an unwritable folder now, not at the first save after an epoch of work
             problem = None
             if trainer.is_global_zero:  # the rank that writes
@@ -242,13 +257,13 @@ class ModelCheckpoint(Checkpoint):
             state, self._pending_state = self._pending_state, None
             self._restore(state)
 
-    def on_sanity_check_start(self, trainer: Trainer, pl_module: TrainingModule) -> None:
+    def on_sanity_check_start(self, trainer: "Trainer", pl_module: "TrainingModule") -> None:
         self._sanity_checking = True
 
-    def on_sanity_check_end(self, trainer: Trainer, pl_module: TrainingModule) -> None:
+    def on_sanity_check_end(self, trainer: "Trainer", pl_module: "TrainingModule") -> None:
         self._sanity_checking = False
 
-    def on_exception(self, trainer: Trainer, pl_module: TrainingModule, exception: BaseException) -> None:
+    def on_exception(self, trainer: "Trainer", pl_module: "TrainingModule", exception: BaseException) -> None:
         """``save_on_exception``: save where the run failed, named as a regular checkpoint (Lightning's rule). Every
         rank takes part (as every rank fails alike in a distributed run); the run's own exception goes on, and a
         save that could not be made (parameters holding NaN or inf, a full disk) becomes a note on it."""
@@ -275,7 +290,7 @@ class ModelCheckpoint(Checkpoint):
             f"An {type(exception).__name__} was raised with message: {exception}, saved checkpoint to {path}"
         )
 
-    def _saves_on_exception(self, trainer: Trainer, exception: BaseException) -> bool:
+    def _saves_on_exception(self, trainer: "Trainer", exception: BaseException) -> bool:
         """Lightning's ``_should_save_on_exception``; a pre-emption (``Preempted``) wrote its exact ``last.ckpt``
         already."""
         return (
@@ -287,13 +302,13 @@ class ModelCheckpoint(Checkpoint):
             and self._last_global_step_saved != trainer.global_step
         )
 
-    def on_train_start(self, trainer: Trainer, pl_module: TrainingModule) -> None:
+    def on_train_start(self, trainer: "Trainer", pl_module: "TrainingModule") -> None:
         self._last_time_checked = time.monotonic()
         self._validated = False
         if trainer.is_global_zero and not trainer.fast_dev_run:
             self._warn_if_dir_not_empty(trainer)
 
-    def _warn_if_dir_not_empty(self, trainer: Trainer) -> None:
+    def _warn_if_dir_not_empty(self, trainer: "Trainer") -> None:
         """Checkpoints of another run in ``dirpath`` mix with this run's (Lightning warns the same). Not when
         this fit resumed from a checkpoint in that folder: continuing there is the point. Runs after the restore,
         so the files the restored state names (this run's own) do not count."""
@@ -320,7 +335,7 @@ class ModelCheckpoint(Checkpoint):
             )
 
     def on_train_batch_end(
-        self, trainer: Trainer, pl_module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
+        self, trainer: "Trainer", pl_module: "TrainingModule", outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if (self.every_n_train_steps <= 0 and self.train_time_interval is None) or self._skip(trainer):
             return  # the first test is all the per-step cost of an epoch schedule
@@ -333,40 +348,49 @@ class ModelCheckpoint(Checkpoint):
             if trainer.strategy.broadcast(elapsed >= self.train_time_interval.total_seconds()):
                 self._last_time_checked, due = now, True
         if due:
-            self._save(trainer, top_k=True)
+            self._save(trainer, top_k=True, last=True)
 
-    def on_train_epoch_end(self, trainer: Trainer, pl_module: TrainingModule) -> None:
+    def on_train_epoch_end(self, trainer: "Trainer", pl_module: "TrainingModule") -> None:
         if not self._skip(trainer) and self._on_train_epoch_end(trainer):
-            self._save(trainer, top_k=self._epoch_due(trainer))
+            self._save(trainer, top_k=self._epoch_due(trainer), last=False)
 
-    def on_validation_end(self, trainer: Trainer, pl_module: TrainingModule) -> None:
+    def on_validation_end(self, trainer: "Trainer", pl_module: "TrainingModule") -> None:
         if trainer.sanity_checking:
             return
         self._validated = True
         if not self._skip(trainer) and not self._on_train_epoch_end(trainer):
-            self._save(trainer, top_k=self._epoch_due(trainer))
+            self._save(trainer, top_k=self._epoch_due(trainer), last=False)
 
-    def _epoch_due(self, trainer: Trainer) -> bool:
+    def on_train_end(self, trainer: "Trainer", pl_module: "TrainingModule") -> None:
+        """``save_last`` when the fit wrote no checkpoint (Lightning's rule): ``last.ckpt`` of its final state."""
+        if self.save_last and not self._last_checkpoint_saved and not self._skip(trainer):
+            self._save(trainer, top_k=False, last=True)
+
+    def _epoch_due(self, trainer: "Trainer") -> bool:
         return self.every_n_epochs > 0 and (trainer.current_epoch + 1) % self.every_n_epochs == 0
 
-    def _on_train_epoch_end(self, trainer: Trainer) -> bool:
+    def _on_train_epoch_end(self, trainer: "Trainer") -> bool:
         """Whether epoch save points are at the training epoch end (else at validation ends); Lightning's rule."""
         if self.save_on_train_epoch_end is not None:
             return self.save_on_train_epoch_end
         return trainer.fit_loop.validates_only_at_epoch_ends
 
-    def _skip(self, trainer: Trainer) -> bool:
+    def _skip(self, trainer: "Trainer") -> bool:
         already_saved = trainer.global_step == self._last_global_step_saved
         return bool(trainer.sanity_checking or trainer.fast_dev_run or trainer.state.fn != "fit" or already_saved)
 
     # ------------------------------------------------------------------ saving
-    def _save(self, trainer: Trainer, top_k: bool) -> None:
+    def _save(self, trainer: "Trainer", top_k: bool, last: bool) -> None:
+        """A save point: the top k when ``top_k``; ``last.ckpt`` when ``last`` (step and time save points), else
+        only when this step's top-k checkpoint was written (Lightning 2.6: "a copy whenever a checkpoint file gets
+        saved"), or to point the link at the latest checkpoint again."""
         metrics = self._monitor_candidates(trainer)
         before = self.state_dict()
         try:
             if top_k and self.save_top_k != 0:
                 self._save_top_k(trainer, metrics)
-            if self.save_last:
+            saved_now = self._last_global_step_saved == trainer.global_step
+            if self.save_last and (last or saved_now or self._links_last()):
                 self._save_last(trainer, metrics)
         except (_Skipped, NonFiniteError) as reason:
             # The parameters hold NaN or inf, so nothing was written: as if this save point had not come (no
@@ -391,14 +415,14 @@ class ModelCheckpoint(Checkpoint):
             "metric, it exists only once validation has run before the save. (Shown once.)"
         )
 
-    def _monitor_candidates(self, trainer: Trainer) -> dict[str, Any]:
+    def _monitor_candidates(self, trainer: "Trainer") -> dict[str, Any]:
         """Global rank 0's metrics, as numbers: every rank then names, ranks and deletes the same files."""
         metrics = {name: _number(value) for name, value in trainer.callback_metrics.items()}
         metrics.setdefault("epoch", trainer.current_epoch)
         metrics["step"] = trainer.global_step
         return trainer.strategy.broadcast(metrics)
 
-    def _current(self, trainer: Trainer, metrics: Mapping[str, Any]) -> torch.Tensor | None:
+    def _current(self, trainer: "Trainer", metrics: Mapping[str, Any]) -> torch.Tensor | None:
         """This rank's value of the monitored metric, as a tensor (Lightning's ``current_score``); NaN ranks last;
         None when the metric was not logged before the first validation (a warning, as in Lightning). Whether it
         was logged is rank 0's view (``metrics``), so every rank takes the same path."""
@@ -424,7 +448,7 @@ class ModelCheckpoint(Checkpoint):
     def _better(self, a: torch.Tensor, b: torch.Tensor) -> bool:
         return bool(a > b) if self.mode == "max" else bool(a < b)
 
-    def _makes_top_k(self, trainer: Trainer, current: torch.Tensor) -> bool:
+    def _makes_top_k(self, trainer: "Trainer", current: torch.Tensor) -> bool:
         """Lightning's ``check_monitor_top_k``: while fewer than k are kept, yes; else only when every rank finds
         its own value better than its k-th (one reduction), so a metric logged without ``sync_dist`` saves
         where Lightning saves."""
@@ -433,7 +457,7 @@ class ModelCheckpoint(Checkpoint):
         better = self._better(current, self.best_k_models[self.kth_best_model_path])
         return trainer.strategy.reduce_boolean_decision(better)
 
-    def _save_top_k(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+    def _save_top_k(self, trainer: "Trainer", metrics: dict[str, Any]) -> None:
         if self.monitor is None:
             self._save_latest(trainer, metrics)
             return
@@ -463,7 +487,7 @@ class ModelCheckpoint(Checkpoint):
         if dropped is not None and dropped not in (path, self.last_model_path):
             self._remove(trainer, dropped)
 
-    def _save_latest(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+    def _save_latest(self, trainer: "Trainer", metrics: dict[str, Any]) -> None:
         """No monitor: ``best_model_path`` is the checkpoint just written, and the latest ``save_top_k`` are kept
         (all with -1); no score is kept (Lightning's ``_save_none_monitor_checkpoint``)."""
         path = self._free_path(trainer, metrics, keep=self.best_model_path or None)
@@ -480,10 +504,18 @@ class ModelCheckpoint(Checkpoint):
             if old not in (path, self.last_model_path):
                 self._remove(trainer, old)
 
-    def _write(self, trainer: Trainer, path: str) -> None:
-        if trainer.save_checkpoint(path, self.save_weights_only) is False:  # positional, as Lightning calls it
-            raise _Skipped  # Trainer(on_nonfinite="warn") refused to write non-finite parameters
-        self._last_global_step_saved = trainer.global_step
+    def _write(self, trainer: "Trainer", path: str) -> None:
+        # set first: part of the state saved in the file (last.ckpt and the top-k file of one step are alike)
+        previous = self._last_global_step_saved, self._last_checkpoint_saved
+        self._last_global_step_saved, self._last_checkpoint_saved = trainer.global_step, path
+        try:
+            written = trainer.save_checkpoint(path, self.save_weights_only)  # positional, as Lightning calls it
+        except BaseException:
+            self._last_global_step_saved, self._last_checkpoint_saved = previous
+            raise
+        if written is False:  # Trainer(on_nonfinite="warn") refused to write non-finite parameters
+            self._last_global_step_saved, self._last_checkpoint_saved = previous
+            raise _Skipped
         if trainer.is_global_zero:  # e.g. MLFlowLogger(log_model="all") logs the new file
             readers = [
                 lg for lg in trainer.loggers if type(lg).after_save_checkpoint is not Logger.after_save_checkpoint
@@ -493,7 +525,7 @@ class ModelCheckpoint(Checkpoint):
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(self)
 
-    def _remove(self, trainer: Trainer, path: str) -> None:
+    def _remove(self, trainer: "Trainer", path: str) -> None:
         """Delete a checkpoint this callback no longer keeps, unless it lives outside ``dirpath`` (a file of
         an earlier launch of the run, in its own folder: never deleted from here) or is the checkpoint this fit
         resumed from (as in Lightning)."""
@@ -512,7 +544,7 @@ class ModelCheckpoint(Checkpoint):
         self.best_model_path = best(self.best_k_models, key=self.best_k_models.__getitem__)
         self.best_model_score = self.best_k_models[self.best_model_path]
 
-    def _free_path(self, trainer: Trainer, metrics: Mapping[str, Any], keep: str | None) -> str:
+    def _free_path(self, trainer: "Trainer", metrics: Mapping[str, Any], keep: str | None) -> str:
         """The formatted path; with the version counter, ``-v1``, ``-v2``... appended while that file
         exists (rank 0 looks)."""
         if not self._warned_filename:
@@ -528,10 +560,10 @@ class ModelCheckpoint(Checkpoint):
         return trainer.strategy.broadcast(path)
 
     @staticmethod
-    def _exists(trainer: Trainer, path: str) -> bool:
+    def _exists(trainer: "Trainer", path: str) -> bool:
         return trainer.strategy.broadcast(os.path.exists(path))  # rank 0's view (a sharded checkpoint is a folder)
 
-    def _save_last(self, trainer: Trainer, metrics: Mapping[str, Any]) -> None:
+    def _save_last(self, trainer: "Trainer", metrics: Mapping[str, Any]) -> None:
         previous = self.last_model_path
         path = self.format_checkpoint_name(metrics, self.CHECKPOINT_NAME_LAST)
         version = self.STARTING_VERSION
@@ -539,9 +571,25 @@ class ModelCheckpoint(Checkpoint):
             path = self.format_checkpoint_name(metrics, self.CHECKPOINT_NAME_LAST, ver=version)
             version += 1
         self.last_model_path = path  # set first: it is part of the state saved in the file
-        self._write(trainer, path)
+        if self._links_last() and self.save_top_k != 0:
+            self._link(trainer, self._last_checkpoint_saved, path)
+        else:
+            self._write(trainer, path)
         if previous and previous != path and previous not in self.best_k_models:
             self._remove(trainer, previous)
+
+    def _links_last(self) -> bool:
+        return self.save_last == "link" and bool(self._last_checkpoint_saved)
+
+    def _link(self, trainer: "Trainer", target: str, path: str) -> None:
+        """``save_last="link"``: rank 0 points ``path`` at ``target`` (a relative symbolic link, or a copy where
+        links cannot be made), atomically; every rank then waits for it."""
+        if trainer.is_global_zero and os.path.abspath(target) != os.path.abspath(path):
+            checkpoint_io = trainer.strategy.checkpoint_io
+            # a copy (where links cannot be made) needs the target on the disk: a background write finished
+            ready = None if checkpoint_io is None else lambda: checkpoint_io.wait_for(target)
+            atomic_link(target, path, what="the last checkpoint", before_copy=ready)
+        trainer.strategy.barrier()
 
     # ------------------------------------------------------------------ names
     def format_checkpoint_name(
@@ -606,34 +654,64 @@ class ModelCheckpoint(Checkpoint):
     def _restore(self, state: dict[str, Any]) -> None:
         """The whole ranking comes back, so the best of the run stays the best after a resume. When the run
         saved elsewhere before (a new ``version_<n>`` folder per launch), its files keep their rank there and
-        are never deleted from here; the last checkpoint is then written afresh in this folder."""
+        are never deleted from here; the last checkpoint is then written afresh in this folder. A folder that is
+        not another version of the run's gets Lightning's warning ("The dirpath has changed ...")."""
         self.best_model_path = state["best_model_path"]
         self.best_model_score = _tensor(state["best_model_score"])
         self.current_score = _tensor(state.get("current_score"))
         best_k_models = {path: _tensor(score) for path, score in state["best_k_models"].items()}
-        self.kth_best_model_path = state["kth_best_model_path"]
-        if state["kth_value"] is not None:  # None: written by tandem before 0-dim tensors, with fewer than k kept
-            self.kth_value = _tensor(state["kth_value"])
         if self.monitor is None:  # no scores; tandem before Lightning's rule ranked these files by step
             self.best_k_models, self.best_model_score = {}, None
             by_step = sorted(best_k_models, key=best_k_models.__getitem__)
             self._latest = list(state.get("latest_model_paths", by_step or [self.best_model_path]))
             self._latest = [p for p in self._latest if p]
-        else:
+        else:  # the k-th means something only where scores rank the files
             self.best_k_models = best_k_models
+            self.kth_best_model_path = state["kth_best_model_path"]
+            if state["kth_value"] is not None:  # None: written by tandem before 0-dim tensors, fewer than k kept
+                self.kth_value = _tensor(state["kth_value"])
         self._last_global_step_saved = state.get("last_global_step_saved", -1)
-        if state.get("dirpath") == self.dirpath:
+        saved_in = state.get("dirpath", self.dirpath)  # as Lightning: a state without one is this folder's
+        if saved_in == self.dirpath:
             self.last_model_path = state["last_model_path"]
-        elif self.best_k_models:
-            rank_zero_info(
-                f"ModelCheckpoint: resumed a run that saved its checkpoints in {state.get('dirpath')!r}; they keep "
-                f"their rank in the top {self.save_top_k} (best: {self.best_model_path!r}) and stay where they are. "
-                f"New checkpoints go to {self.dirpath!r}."
+        elif _sibling_versions(saved_in, self.dirpath):  # tandem's resume: each launch gets its own version_<n>
+            if self.best_k_models:
+                rank_zero_info(
+                    f"ModelCheckpoint: resumed a run that saved its checkpoints in {saved_in!r}; they keep their "
+                    f"rank in the top {self.save_top_k} (best: {self.best_model_path!r}) and stay where they are. "
+                    f"New checkpoints go to {self.dirpath!r}."
+                )
+        else:  # another folder than the run's: Lightning's warning, with what tandem keeps
+            kept = (
+                f"the run's top {self.save_top_k} keep their rank (best: {self.best_model_path!r}) and stay where "
+                "they are, never deleted from here"
+                if self.best_k_models
+                else f"only `best_model_path` ({self.best_model_path!r}) is reloaded"
+            )
+            rank_zero_warn(
+                f"The dirpath has changed from {saved_in!r} to {self.dirpath!r}: `last_model_path` is not reloaded "
+                f"(last.ckpt is written afresh in the new folder), and {kept}. Checkpoints go to the new folder from "
+                "now on; pass ModelCheckpoint(dirpath=<the old folder>) to continue there instead."
             )
 
 
 class _Skipped(Exception):
     """A save the Trainer skipped (the parameters hold NaN or inf)."""
+
+
+def _sibling_versions(old: Any, new: str | None) -> bool:
+    """Whether ``old`` and ``new`` are the ``checkpoints`` folders of two ``version_<n>`` of one experiment (a
+    resumed run's own earlier launch)."""
+    if not isinstance(old, str) or new is None:
+        return False
+    folders = [os.path.normpath(path) for path in (old, new)]
+    return (
+        all(
+            os.path.basename(path) == "checkpoints" and VERSION_DIR.match(os.path.basename(os.path.dirname(path)))
+            for path in folders
+        )
+        and len({os.path.dirname(os.path.dirname(path)) for path in folders}) == 1
+    )
 
 
 def _placeholders(template: str | None) -> list[str]:

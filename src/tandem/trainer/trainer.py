@@ -1224,6 +1224,8 @@ def _build_callbacks(
             f"Trainer(enable_checkpointing=False, callbacks=[{given[0]}(...)])",
             "enable_checkpointing=False turns checkpointing off, but the callbacks hold a ModelCheckpoint",
             "Remove the ModelCheckpoint from callbacks, or leave enable_checkpointing at True.",
+            lead="Trainer was configured with `enable_checkpointing=False` but found `ModelCheckpoint` in callbacks "
+            "list.",
         )
     if checkpointing and not fast_dev_run and not given:
         # Lightning's default: the latest epoch's checkpoint (epoch=N-step=M.ckpt), which best_model_path names

@@ -164,17 +164,82 @@ def _remote_write(url: str, write: Callable[[IO[bytes]], None], what: str) -> No
 
 
 def remove_file(path: str | os.PathLike) -> None:
-    """Delete a file or a folder (a sharded checkpoint), local or at an fsspec URL; a missing one is fine."""
+    """Delete a file or a folder (a sharded checkpoint), local or at an fsspec URL; a missing one is fine. A
+    symbolic link is removed itself, never what it points to."""
     if is_url(path):
         fs, inner = url_filesystem(os.fspath(path))
         if fs.exists(inner):
             fs.rm(inner, recursive=fs.isdir(inner))
         return
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
+
+
+def atomic_link(
+    target: str | os.PathLike,
+    path: str | os.PathLike,
+    what: str = "",
+    before_copy: Callable[[], None] | None = None,
+) -> None:
+    """Make ``path`` a symbolic link to ``target`` (relative to ``path``'s folder, so the folder can move), put in
+    place as :func:`atomic_write` puts a file: made under a temporary name, then ``os.replace``'d onto ``path``, so
+    a reader finds the previous file or the new link, never neither. Where links cannot be made (Windows without
+    the privilege, some network filesystems), ``path`` becomes a copy of ``target`` instead, written atomically
+    too; ``before_copy`` is called first (e.g. to wait for a background write of ``target``). A directory at
+    ``path`` (a sharded checkpoint) is replaced as :func:`replace_directory` does. Local paths only. A process
+    killed between making the link and the rename leaves a hidden link named like a temporary, which the sweep
+    leaves alone as it leaves every symbolic link (it points to a checkpoint, and holds no data).
+
+    Args:
+        target: the checkpoint to point to (a file, or a sharded checkpoint's directory).
+        path: the link to make, e.g. ``.../last.ckpt``.
+        what: the link's role for error messages.
+        before_copy: called before a copy is made instead of a link.
+    """
+    target, path = Path(target), Path(path)
+    relative = os.path.relpath(target, path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise write_failed(path, err, what, kept=os.path.lexists(path)) from None
+    remove_stale_temporaries_in(path.parent)
+    try:
+        while True:
+            tmp = _temporary_name(path)
+            try:
+                os.symlink(relative, tmp)
+                break
+            except FileExistsError:
+                continue
+    except OSError:  # no links here: a copy
+        if before_copy is not None:
+            before_copy()
+        _atomic_copy(target, path, what)
+        return
+    try:
+        if path.is_dir() and not path.is_symlink():
+            replace_directory(tmp, path)
+        else:
+            os.replace(tmp, path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise write_failed(path, err, what, kept=os.path.lexists(path)) from None
+    _sync_folder(path.parent)
+
+
+def _atomic_copy(source: Path, path: Path, what: str) -> None:
+    """A copy of the checkpoint ``source`` (a file, or a sharded checkpoint's directory) at ``path``, atomically."""
+    if not source.is_dir():
+        with open(source, "rb") as src:
+            atomic_write(path, lambda f: shutil.copyfileobj(src, f), what)
+        return
+    with temporary_directory(path) as tmp:
+        shutil.copytree(source, tmp, dirs_exist_ok=True)
+        replace_directory(tmp, path)
 
 
 def glob_files(pattern: str) -> list[str]:
