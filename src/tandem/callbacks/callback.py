@@ -7,6 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tandem.utilities.exceptions import LogCallError
+from tandem.utilities.logged_values import running_module
+
 if TYPE_CHECKING:
     from tandem.module import TrainingModule
     from tandem.trainer.trainer import Trainer
@@ -140,8 +143,6 @@ class Checkpoint(Callback):
 
 def _running_module(name: str) -> TrainingModule:
     """The module of the run whose hooks are running (what a callback's ``self.log`` logs through)."""
-    from tandem.trainer.hooks import running_module
-    from tandem.utilities.exceptions import LogCallError
 
     module = running_module()
     if module is None:

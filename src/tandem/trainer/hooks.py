@@ -6,9 +6,9 @@ override in the callbacks' order, then the module's; ``on_load_checkpoint`` the 
 hooks nobody overrides are not called at all), calls a hook with
 :meth:`HookDispatcher.call`, and keeps the facts ``self.log`` needs: the hook now running (a context
 variable, read by :func:`current_hook`), the stage now running (``TrainerState.stage``, set for a block
-with :meth:`HookDispatcher.running`) and, for that block, the run's module (:func:`running_module`, through which
-a callback's ``self.log`` logs). Whether a hook's ``self.log`` calls default to ``on_step=True`` is
-declared with the hook itself (``@logs_per_step`` on ``TrainingModule``).
+with :meth:`HookDispatcher.running`) and, for that block, the run's module (through which a callback's
+``self.log`` logs: :func:`~tandem.utilities.logged_values.running_module`). Whether a hook's ``self.log`` calls
+default to ``on_step=True`` is declared with the hook itself (``@logs_per_step`` on ``TrainingModule``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from tandem.callbacks.callback import Callback, Checkpoint
 from tandem.module import TrainingModule, calls_hook
 from tandem.trainer.profiling import callback_action, module_action, timed
+from tandem.utilities.logged_values import logging_module
 
 if TYPE_CHECKING:
     from tandem.profilers import Profiler
@@ -41,13 +42,6 @@ leave_hook = _CURRENT_HOOK.reset
 #: the hook or step method running now (``"training_step"``, ``"on_validation_epoch_end"``, ...), or None (the
 #: context variable's own ``get``: ``self.log`` asks it on every call)
 current_hook = _CURRENT_HOOK.get
-
-_RUNNING_MODULE: contextvars.ContextVar[TrainingModule | None] = contextvars.ContextVar(
-    "tandem_running_module", default=None
-)
-#: the module whose run is in a stage now (set for the block of :meth:`HookDispatcher.running`), or None: what a
-#: callback's ``self.log`` logs through (:meth:`tandem.Callback.log`)
-running_module = _RUNNING_MODULE.get
 
 #: the hooks whose ``self.log`` calls default to ``on_step=True, on_epoch=False`` (the others: the reverse), as
 #: declared on ``TrainingModule`` with ``@logs_per_step``
@@ -148,15 +142,14 @@ class HookDispatcher:
     def running(self, stage: str) -> Iterator[None]:
         """``trainer.state.stage`` is ``stage`` inside the block ("train", "sanity_check", "validate", "test",
         "predict"), and what it was before after it: the one writer of the stage. The run's module is
-        :func:`running_module` there."""
+        :func:`~tandem.utilities.logged_values.running_module` there."""
         state = self._state
         previous, state.stage = state.stage, stage
-        token = _RUNNING_MODULE.set(self._module())
         try:
-            yield
+            with logging_module(self._module()):
+                yield
         finally:
             state.stage = previous
-            _RUNNING_MODULE.reset(token)
 
 
 def callback_overrides(callback: Callback, name: str) -> bool:
