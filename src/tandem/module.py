@@ -10,7 +10,7 @@ import itertools
 import os
 import sys
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -442,10 +442,11 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         prog_bar: bool = False,
         logger: bool = True,
         sync_dist: bool = False,
-        reduce_fx: str = "mean",
+        reduce_fx: str | Callable[..., Any] = "mean",
         batch_size: int | None = None,
         rank_zero_only: bool = False,
         add_dataloader_idx: bool = True,
+        metric_attribute: str | None = None,
     ) -> None:
         """Record a metric. Floats, scalar tensors and torchmetrics ``Metric`` objects are accepted.
 
@@ -459,10 +460,16 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
             sync_dist: reduce across processes (by sums and counts, then divide). Epoch values are
                 reduced once per epoch; in evaluation, step values stay per process (ranks see
                 different numbers of batches there, so a per-step collective could never complete).
-            reduce_fx: ``"mean"`` (weighted by batch size), ``"sum"``, ``"max"`` or ``"min"``.
+            reduce_fx: how the epoch value combines the steps': ``"mean"`` (weighted by batch size), ``"sum"``,
+                ``"max"`` or ``"min"``, as Lightning reads them: in any case, ``"avg"`` for ``"mean"``, or as
+                ``torch.mean`` / ``torch.sum`` / ``torch.max`` / ``torch.min`` or the builtins ``sum`` / ``max`` /
+                ``min``. For another reduction, log a torchmetrics ``Metric``.
             batch_size: weight for the epoch mean; inferred from the batch when omitted.
             rank_zero_only: the call is made on rank 0 only (the value is never reduced across processes).
             add_dataloader_idx: with several evaluation loaders, name the value ``name/dataloader_idx_N``.
+            metric_attribute: the module attribute that holds a logged torchmetrics ``Metric``; needed only when
+                the logged object is not one of the module's submodules (found by itself otherwise). A ``Metric``
+                that is neither is refused: the module would not move it to its device nor save it.
         """
         ref = self.__dict__.get("_trainer_ref")  # self._trainer, inline: this runs for every logged value
         trainer = None if ref is None else ref()
@@ -481,6 +488,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
             batch_size,
             rank_zero_only,
             add_dataloader_idx,
+            metric_attribute,
         )  # positional: this runs every step
 
     def log_dict(self, values: Mapping[str, Any], **kwargs: Any) -> None:

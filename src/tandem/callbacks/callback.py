@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from tandem.utilities.exceptions import LogCallError
+from tandem.utilities.logged_values import running_module
 
 if TYPE_CHECKING:
     from tandem.module import TrainingModule
@@ -109,6 +113,22 @@ class Callback:
     def on_load_checkpoint(self, trainer: Trainer, module: TrainingModule, checkpoint: dict[str, Any]) -> None: ...
     def on_exception(self, trainer: Trainer, module: TrainingModule, exception: BaseException) -> None: ...
 
+    def log(self, name: str, value: Any, **kwargs: Any) -> None:
+        """Log a value from a callback hook, as ``pl_module.log(name, value, **kwargs)`` (Lightning's ``Callback.log``):
+        the same arguments, defaults per hook, rules and errors, into the module the run is training or evaluating.
+
+        Example::
+
+            class LogEpoch(Callback):
+                def on_train_epoch_end(self, trainer, pl_module):
+                    self.log("epoch_seen", trainer.current_epoch)
+        """
+        _running_module(name).log(name, value, **kwargs)
+
+    def log_dict(self, values: Mapping[str, Any], **kwargs: Any) -> None:
+        """:meth:`log` for each item, with the same options (``pl_module.log_dict``)."""
+        _running_module(next(iter(values), "")).log_dict(values, **kwargs)
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
@@ -119,3 +139,16 @@ class Checkpoint(Callback):
     """The base of the callbacks that save checkpoints, ``ModelCheckpoint`` and ``OnExceptionCheckpoint``
     (Lightning's ``Checkpoint``). As in Lightning, the Trainer moves them after its other callbacks, and runs their
     ``on_train_epoch_end`` after the module's, so that they see what the other callbacks and the module logged."""
+
+
+def _running_module(name: str) -> TrainingModule:
+    """The module of the run whose hooks are running (what a callback's ``self.log`` logs through)."""
+
+    module = running_module()
+    if module is None:
+        raise LogCallError(
+            f"A callback called self.log({name!r}, ...) outside a run: there is no module to log through. Log from "
+            "the callback hooks the Trainer calls during fit, validate or test (e.g. on_train_batch_end), where "
+            "self.log(...) is pl_module.log(...)."
+        )
+    return module

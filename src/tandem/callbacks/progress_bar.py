@@ -63,6 +63,22 @@ class ProgressBar(Callback):
         self._loss: torch.Tensor | None = None
         self._postfix_time = 0.0
 
+    _trainer: Trainer | None = None  # set in setup
+
+    @property
+    def trainer(self) -> Trainer:
+        """The Trainer this bar reports on (Lightning's ``ProgressBar.trainer``), known from ``setup`` on: a
+        subclass's hooks and ``get_metrics`` may read it."""
+        if self._trainer is None:
+            raise TypeError(
+                f"`{type(self).__name__}.trainer` is not set yet: the Trainer sets it when the run sets up the "
+                "callbacks (Callback.setup). Read it from a hook, or call super().setup(...) in an overriding setup."
+            )
+        return self._trainer
+
+    def setup(self, trainer: Trainer, pl_module: TrainingModule, stage: str) -> None:
+        self._trainer = trainer
+
     def _enabled(self, trainer: Trainer) -> bool:
         return self.refresh_rate > 0 and trainer.is_global_zero
 
@@ -251,6 +267,7 @@ class ProgressBar(Callback):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_bars"], state["_loss"] = {}, None  # tqdm objects cannot be pickled (spawned processes)
+        state.pop("_trainer", None)  # set again by the spawned process's setup
         return state
 
 

@@ -4,10 +4,11 @@ One :class:`HookDispatcher` per Trainer. It collects the table once per run (Lig
 override in the callbacks' order, then the module's; ``on_load_checkpoint`` the module's first, and
 ``on_train_epoch_end`` the monitoring callbacks' — ``EarlyStopping``, the checkpoint callbacks — after the module's;
 hooks nobody overrides are not called at all), calls a hook with
-:meth:`HookDispatcher.call`, and keeps the two facts ``self.log`` needs: the hook now running (a context
-variable, read by :func:`current_hook`) and the stage now running (``TrainerState.stage``, set for a block
-with :meth:`HookDispatcher.running`). Whether a hook's ``self.log`` calls default to ``on_step=True`` is
-declared with the hook itself (``@logs_per_step`` on ``TrainingModule``).
+:meth:`HookDispatcher.call`, and keeps the facts ``self.log`` needs: the hook now running (a context
+variable, read by :func:`current_hook`), the stage now running (``TrainerState.stage``, set for a block
+with :meth:`HookDispatcher.running`) and, for that block, the run's module (through which a callback's
+``self.log`` logs: :func:`~tandem.utilities.logged_values.running_module`). Whether a hook's ``self.log`` calls
+default to ``on_step=True`` is declared with the hook itself (``@logs_per_step`` on ``TrainingModule``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from tandem.callbacks.callback import Callback, Checkpoint
 from tandem.module import TrainingModule, calls_hook
 from tandem.trainer.profiling import callback_action, module_action, timed
+from tandem.utilities.logged_values import logging_module
 
 if TYPE_CHECKING:
     from tandem.profilers import Profiler
@@ -79,9 +81,10 @@ class HookDispatcher:
         self._module_fns: dict[str, Callable[..., Any]] = {}  # the module's entry of each hook it overrides
         self.registered: frozenset[str] = frozenset()  # the hooks someone overrides in the current run
         self._trainer: Callable[[], Trainer | None] = _no_trainer
+        self._module: Callable[[], TrainingModule | None] = _no_trainer  # the run's module (weakly, as the Trainer)
 
     def __getstate__(self) -> dict[str, Any]:  # ddp_spawn pickles the Trainer; each run collects afresh
-        return {**self.__dict__, "_trainer": _no_trainer}
+        return {**self.__dict__, "_trainer": _no_trainer, "_module": _no_trainer}
 
     def collect(
         self, trainer: Trainer, module: TrainingModule, callbacks: list[Callback], profiler: Profiler | None = None
@@ -93,7 +96,7 @@ class HookDispatcher:
         the profiling variant of the table, chosen here once, so that :meth:`call` itself never asks."""
         from tandem.callbacks.early_stopping import EarlyStopping
 
-        self._trainer = weakref.ref(trainer)
+        self._trainer, self._module = weakref.ref(trainer), weakref.ref(module)
         table: dict[str, list[Callable[..., None]]] = {}
         module_fns: dict[str, Callable[..., Any]] = {}
         for name in _HOOK_NAMES:
@@ -138,11 +141,13 @@ class HookDispatcher:
     @contextlib.contextmanager
     def running(self, stage: str) -> Iterator[None]:
         """``trainer.state.stage`` is ``stage`` inside the block ("train", "sanity_check", "validate", "test",
-        "predict"), and what it was before after it: the one writer of the stage."""
+        "predict"), and what it was before after it: the one writer of the stage. The run's module is
+        :func:`~tandem.utilities.logged_values.running_module` there."""
         state = self._state
         previous, state.stage = state.stage, stage
         try:
-            yield
+            with logging_module(self._module()):
+                yield
         finally:
             state.stage = previous
 

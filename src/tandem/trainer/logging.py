@@ -35,9 +35,43 @@ if TYPE_CHECKING:
     from tandem.trainer.state import LoopState, TrainerState
 
 REDUCE_FX = ("mean", "sum", "max", "min")
+#: the functions ``self.log(reduce_fx=...)`` accepts besides the names (Lightning's): torch's reductions, the builtins
+_REDUCE_FUNCTIONS = {
+    torch.mean: "mean",
+    torch.sum: "sum",
+    sum: "sum",
+    torch.max: "max",
+    max: "max",
+    torch.min: "min",
+    min: "min",
+}
 #: logged in float32: a 16-bit running sum or count stops counting (bfloat16: 256 + 1 == 256)
 _HALF_DTYPES = frozenset((torch.float16, torch.bfloat16))
 _FLOAT32_EXACT = _HALF_DTYPES | {torch.float32}  # read exactly through float32
+
+
+def reduce_fx_name(name: str, reduce_fx: Any) -> str:
+    """``self.log(name, reduce_fx=...)`` as one of :data:`REDUCE_FX`, as Lightning reads it: a name in any case
+    (``"avg"`` is ``"mean"``), or ``torch.mean``, ``torch.sum``, ``torch.max``, ``torch.min`` and the builtins
+    ``sum``, ``max``, ``min``. Anything else is refused (a custom reduction is a torchmetrics Metric's job)."""
+    if isinstance(reduce_fx, str):
+        fx: str | None = reduce_fx.lower()
+        fx = "mean" if fx == "avg" else fx
+    else:
+        try:
+            fx = _REDUCE_FUNCTIONS.get(reduce_fx)
+        except TypeError:  # unhashable: none of them
+            fx = None
+    if fx in REDUCE_FX:
+        return fx
+    raise bad_choice(
+        f"self.log({name!r}, reduce_fx=...)",
+        reduce_fx,
+        REDUCE_FX,
+        fix="Names are read in any case ('avg' is 'mean'); torch.mean, torch.sum, torch.max, torch.min and the "
+        "builtins sum, max and min are accepted too. For a custom reduction, log a torchmetrics.Metric instead.",
+        lead="Only `self.log(..., reduce_fx={min,max,mean,sum})` are supported.",
+    )
 
 
 @dataclass
@@ -140,10 +174,11 @@ class MetricCollector:
         prog_bar: bool,
         logger: bool,
         sync_dist: bool,
-        reduce_fx: str,
+        reduce_fx: Any,
         batch_size: int | None,
         rank_zero_only: bool = False,
         add_dataloader_idx: bool = True,
+        metric_attribute: str | None = None,
     ) -> None:
         call = (
             current_hook(),
@@ -174,7 +209,7 @@ class MetricCollector:
             if value.dtype in _HALF_DTYPES:
                 value = value.float()
         else:
-            entry, value = self._first_call(name, value, call)
+            entry, value = self._first_call(name, value, call, metric_attribute)
             # None: kept elsewhere (a DataParallel replica's buffer), or a torchmetrics object without a value
             if entry is None:
                 return
@@ -194,15 +229,17 @@ class MetricCollector:
         if bar is not None:
             self.progress_bar_metrics[bar] = value
 
-    def _first_call(self, name: str, value: Any, call: tuple[Any, ...]) -> tuple[_Entry | None, Any]:
+    def _first_call(
+        self, name: str, value: Any, call: tuple[Any, ...], metric_attribute: str | None = None
+    ) -> tuple[_Entry | None, Any]:
         """A ``self.log`` call unlike the name's previous one: check it, find or make its entry, and decide where its
         value goes (``entry.repeat``: the call, then what it resolved to). Returns the entry and the value to record,
-        or None where nothing is left to record."""
+        or None where nothing is left to record. ``metric_attribute``: the module attribute holding a logged
+        torchmetrics Metric (None: found among the module's submodules)."""
         hook, _, loader, on_step, on_epoch, prog_bar, logger, sync_dist, reduce_fx, batch_size = call[:10]
         rank_zero_only, add_dataloader_idx = call[10:]
         raw = name
-        if reduce_fx not in REDUCE_FX:
-            raise bad_choice(f"self.log({name!r}, reduce_fx=...)", reduce_fx, REDUCE_FX)
+        reduce_fx = reduce_fx_name(name, reduce_fx)  # once per call unlike the name's previous one, as all here
         buffer = replica_logs()
         if buffer is not None:  # inside a DataParallel replica: the strategy combines and logs once
             options = dict(
@@ -242,10 +279,18 @@ class MetricCollector:
         if entries is None:
             entries = self._stores[stage] = {}
         entry = entries.get(name)
+        if metric is not None and metric_attribute is None and (entry is None or entry.metric is not metric):
+            check_metric_attribute(raw, metric, self._strategy.module)  # once per object, name and epoch
         # The rules are checked once per name and hook (and evaluation loader, for add_dataloader_idx=False):
         # on the steps in between, the repeated call's test is all the checking there is.
         if entry is None or entry.hook != hook or (not add_dataloader_idx and entry.loader != loader):
             check_log_call(name, hook, on_step, on_epoch, add_dataloader_idx, loader, entry, self._state.stage)
+            if entry is not None and hook in EPOCH_ONLY_HOOKS and entry.hook != hook:
+                # A once-per-epoch hook logging a name another hook logged this epoch: the name's series from here on
+                # is this hook's, with its options (Lightning keeps one series per hook and name, and the later
+                # hook's value is what the name shows). The steps' epoch values were published before the epoch-end
+                # hooks ran, so none is lost.
+                entry = None
             if entry is None:
                 entry = entries[name] = _Entry(
                     on_step,
@@ -718,6 +763,31 @@ def check_log_call(
         )
 
 
+def check_metric_attribute(name: str, metric: Any, module: Any) -> None:
+    """Refuse a logged torchmetrics Metric that is not a submodule of ``module`` (Lightning's rule): the module
+    moves it to the device, saves its state in checkpoints and restores it; a Metric created in the step, or kept
+    in a plain list or dict, has none of that."""
+    if module is None or not isinstance(module, torch.nn.Module):
+        return
+    found = {id(m): attribute for attribute, m in module.named_modules() if is_metric(m)}
+    if id(metric) in found:
+        return
+    if not found:
+        raise LogCallError(
+            "Could not find the `LightningModule` attribute for the `torchmetrics.Metric` logged. You can fix this "
+            f"by setting an attribute for the metric in your `LightningModule`: self.log({name!r}, metric) got a "
+            "Metric that is not a submodule of the module (created in the step, or kept in a plain list or dict), "
+            "which the module neither moves to its device nor saves in checkpoints. Create it in __init__ as an "
+            "attribute (self.acc = Accuracy(...)), or in an nn.ModuleList / nn.ModuleDict."
+        )
+    raise LogCallError(
+        "Could not find the `LightningModule` attribute for the `torchmetrics.Metric` logged. You can fix this by "
+        f"calling `self.log({name}, ..., metric_attribute=name)` where `name` is one of {list(found.values())}: "
+        f"self.log({name!r}, metric) got a Metric that is not one of the module's own. Log the module's Metric "
+        "attribute itself, or name it with metric_attribute."
+    )
+
+
 _STAGE_WORDS = {"sanity_check": "sanity-check validation", "validate": "validation"}
 
 
@@ -746,7 +816,9 @@ class LogSink:
             if step is None and epoch:  # as Lightning: every row of self.log values says its epoch (a CSV column)
                 values.setdefault("epoch", self._loop.epoch)
             for logger in self.loggers:
-                logger.log_metrics(values, step=self._loop.logger_step if step is None else step)
+                logger.log_metrics(
+                    metrics=values, step=self._loop.logger_step if step is None else step
+                )  # keywords, as Lightning calls it
 
     def save(self) -> None:
         for logger in self.loggers:

@@ -969,6 +969,13 @@ class Trainer:
         return callbacks[0] if callbacks else None
 
     @property
+    def progress_bar_callback(self) -> Any:
+        """The progress bar callback in use (the first ``ProgressBar`` among the callbacks), or None without one."""
+        from tandem.callbacks.progress_bar import ProgressBar
+
+        return next((c for c in self.callbacks if isinstance(c, ProgressBar)), None)
+
+    @property
     def early_stopping_callbacks(self) -> list[Any]:
         from tandem.callbacks.early_stopping import EarlyStopping
 

@@ -1,6 +1,7 @@
-"""Logged values outside the Trainer: the DataParallel replicas' ``self.log`` buffer, torchmetrics detection,
-and turning logged tensors into numbers. Used by the metric collector, the DataParallel strategy and the
-progress bar, which sit in different sub-packages; none of them imports another for these."""
+"""Logged values outside the Trainer: the DataParallel replicas' ``self.log`` buffer, the module a callback's
+``self.log`` logs through, torchmetrics detection, and turning logged tensors into numbers. Used by the metric
+collector, the hook dispatcher, the DataParallel strategy, callbacks and the progress bar, which sit in different
+sub-packages; none of them imports another for these."""
 
 from __future__ import annotations
 
@@ -17,6 +18,24 @@ import torch
 _REPLICA_LOGS: contextvars.ContextVar[list[tuple[str, Any, dict[str, Any]]] | None] = contextvars.ContextVar(
     "tandem_replica_logs", default=None
 )
+
+
+# Set by the hook dispatcher for the block in which a run's stage runs: the run's module, which a callback's
+# self.log (Callback.log) logs through.
+_RUNNING_MODULE: contextvars.ContextVar[Any] = contextvars.ContextVar("tandem_running_module", default=None)
+
+#: the module whose run is in a stage now, or None (see :func:`logging_module`)
+running_module = _RUNNING_MODULE.get
+
+
+@contextlib.contextmanager
+def logging_module(module: Any) -> Iterator[None]:
+    """``module`` is :func:`running_module` inside the block (the hook dispatcher opens one per running stage)."""
+    token = _RUNNING_MODULE.set(module)
+    try:
+        yield
+    finally:
+        _RUNNING_MODULE.reset(token)
 
 
 @contextlib.contextmanager
