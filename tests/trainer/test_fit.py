@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 import tandem
 from helpers import TinyModule, float16_mixed, loader, make_data, max_abs_diff, quiet_trainer
+from tandem.utilities.exceptions import PossibleUserWarning
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -203,14 +204,30 @@ def test_the_modules_on_train_batch_start_decides_whatever_the_callbacks_return(
     assert trainer.global_step == 1  # the module's -1 at batch 1 ends the epoch; the callback's -1 did not
 
 
-def test_training_step_returning_none_skips_the_batch():
+def test_training_step_returning_none_skips_the_batch_and_still_counts_its_step_as_lightning():
+    """Lightning takes the optimizer step of a batch whose training_step returned None (it finds no gradient, so
+    nothing moves) and counts it: global_step, max_steps and the per-step schedulers advance alike."""
+
     class Skipper(TinyModule):
         def training_step(self, batch, batch_idx):
+            self.steps_seen.append(self.trainer.global_step)
             return None if batch_idx % 2 else super().training_step(batch, batch_idx)
 
+        def configure_optimizers(self):
+            sgd = torch.optim.SGD(self.parameters(), lr=0.1)
+            return {
+                "optimizer": sgd,
+                "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(sgd, 1, 0.5), "interval": "step"},
+            }
+
+    model = Skipper()
+    model.steps_seen = []
     trainer = quiet_trainer(max_epochs=1)
-    trainer.fit(Skipper(), loader(64, 16))
-    assert trainer.global_step == 2
+    with pytest.warns(PossibleUserWarning, match=r"`training_step` returned `None`") as got:
+        trainer.fit(model, loader(64, 16))
+    assert len([w for w in got if "returned `None`" in str(w.message)]) == 1  # once per fit
+    assert trainer.global_step == 4 and model.steps_seen == [0, 1, 2, 3]
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**4)
 
 
 def test_validation_interval_sanity_check_and_check_every_n_epochs():

@@ -239,14 +239,19 @@ def test_stepping_by_hand_where_the_trainer_steps_or_accumulates_is_an_error():
         quiet_trainer(max_steps=2).fit(StepsInAHook(), loader())
 
 
-def test_an_epoch_that_returns_none_for_every_batch_warns_once():
+def test_an_epoch_that_returns_none_for_every_batch_warns_once_and_trains_nothing():
     class SkipsAll(TinyModule):
         def training_step(self, batch, batch_idx):
             return None
 
-    with pytest.warns(UserWarning, match=r"No optimizer step was counted in training epoch 0.*returned None") as got:
-        quiet_trainer(max_epochs=2, limit_train_batches=2).fit(SkipsAll(), loader())
-    assert len([w for w in got if "No optimizer step" in str(w.message)]) == 1
+    model = SkipsAll()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = quiet_trainer(max_epochs=2, limit_train_batches=2)
+    with pytest.warns(UserWarning, match=r"`training_step` returned `None`") as got:
+        trainer.fit(model, loader())
+    assert len([w for w in got if "returned `None`" in str(w.message)]) == 1
+    assert trainer.global_step == 4  # Lightning's count: each batch's step is taken
+    assert max_abs_diff(model.state_dict(), before) == 0.0
 
 
 class _EpochEndRecorder(tandem.Callback):

@@ -18,7 +18,7 @@ from helpers import Regression, quiet_trainer
 from tandem.callbacks import LearningRateFinder
 from tandem.loggers import CSVLogger
 from tandem.tuner import LRFinder, Tuner
-from tandem.utilities.exceptions import MisconfigurationException, TandemConfigError
+from tandem.utilities.exceptions import MisconfigurationException, PossibleUserWarning, TandemConfigError
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -327,7 +327,8 @@ def test_a_training_step_returning_none_is_a_nan_point_and_the_search_still_sugg
     torch.manual_seed(0)
     model = _SometimesNoLoss(lr=0.123)
     trainer = quiet_trainer(max_epochs=10, default_root_dir=tmp_path)
-    finder = Tuner(trainer).lr_find(model, num_training=20, early_stop_threshold=None)
+    with pytest.warns(PossibleUserWarning, match=r"`training_step` returned `None`"):
+        finder = Tuner(trainer).lr_find(model, num_training=20, early_stop_threshold=None)
     losses = torch.tensor(finder.results["loss"])
     assert len(finder.results["lr"]) == len(losses) == 20
     assert torch.isnan(losses[[5, 12, 17]]).all() and torch.isfinite(losses).sum() == 17

@@ -470,7 +470,9 @@ class FitLoop:
         output, loss = plan.optimize(batch, batch_idx)
         if batch_idx + 1 == loop.epoch_batches:  # the epoch's last batch steps its epoch schedulers (Lightning's)
             optimization.step_schedulers("epoch", plateau=False, count=loop.epoch + 1)
-        if empty and (loss is not None or loop.global_step != steps):  # trained on (training_step did not skip it)
+        # trained on: training_step did not skip it (a step it took by hand counts; the step Lightning takes after a
+        # returned None does not)
+        if empty and (loss is not None or steps != loop.global_step != optimization.step_without_loss):
             self._found_empty_batch(batch_idx)
         # every logging step publishes, with loggers or without (as Lightning: logged_metrics fills either way): the
         # sync_dist values are reduced and the loss is read (under on_nonfinite="rollback", every loss since the last

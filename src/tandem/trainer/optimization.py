@@ -22,7 +22,12 @@ from tandem.trainer.hooks import current_hook, enter_hook, leave_hook, running_h
 from tandem.trainer.optim import LRSchedulerConfig, TrainingOptimizer, parse_optimizers
 from tandem.trainer.profiling import StrategyCalls, module_action, timed
 from tandem.trainer.state import BatchPlan
-from tandem.utilities.exceptions import TandemUserCodeError, missing_metric, unzeroed_gradients
+from tandem.utilities.exceptions import (
+    PossibleUserWarning,
+    TandemUserCodeError,
+    missing_metric,
+    unzeroed_gradients,
+)
 from tandem.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
@@ -69,6 +74,8 @@ class Optimization:
         self.training_optimizers = [TrainingOptimizer(o, step, zeroed) for o in self.optimizers]  # self.optimizers()
         self.has_gradients = False  # backward ran since the last optimizer step (automatic)
         self._no_step_warned = False  # an epoch without an optimizer step was reported (once per fit)
+        self._none_warned = False  # a training_step returning None was reported (once per fit)
+        self.step_without_loss = -1  # the global_step that the latest step after a returned None counted
 
     def follow_plan(self, plan: BatchPlan) -> None:
         """Run the stages ``plan`` has on (the fit loop's, composed when a fit starts)."""
@@ -160,8 +167,8 @@ class AutomaticOptimization(Optimization):
         self._hand_steps = 0  # steps training_step took itself in the current batch (see _hand_step)
 
     _no_step_advice = (
-        "Under automatic optimization the Trainer steps after each batch whose training_step returns the loss (a "
-        "tensor, or a dict with 'loss'); training_step returned None for every batch, which skips it."
+        "Under automatic optimization the Trainer steps after each batch (each accumulate_grad_batches-th), through "
+        "the optimizers configure_optimizers returned."
     )
 
     def run(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor | None]:
@@ -194,7 +201,7 @@ class AutomaticOptimization(Optimization):
         elif self._hand_steps:
             self._count_hand_steps(batch_idx)
         else:
-            loop.no_step()
+            self._step_without_loss(batch_idx)
         return output, loss
 
     def _run_in_closure(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor | None]:
@@ -275,6 +282,23 @@ class AutomaticOptimization(Optimization):
         self.calls.optimizer_step(optimizer, run_closure, **kwargs)
         self.loop.global_step += 1
         self._hand_steps += 1
+
+    def _step_without_loss(self, batch_idx: int) -> None:
+        """A stepping batch whose ``training_step`` returned None, with no backward in its window: as in Lightning,
+        the step is still taken (the optimizer finds no gradient, so nothing moves; under float16 scaling it is
+        skipped) and counted, so ``global_step``, ``max_steps``, the per-step schedulers and the pre-step hooks
+        advance as they do there. Lightning's warning, once per fit."""
+        if not self._none_warned:
+            self._none_warned = True
+            rank_zero_warn(
+                "`training_step` returned `None`. If this was on purpose, ignore this warning... (the batch is "
+                "skipped: no backward; the optimizer step is still taken and counted, as in Lightning)",
+                category=PossibleUserWarning,
+            )
+        optimizer = self.optimizers[0]
+        self._prepare_step(optimizer, backward_ran=False)
+        self._finish_step(optimizer, batch_idx, self.calls.optimizer_step(optimizer, _no_loss))
+        self.step_without_loss = self.loop.global_step
 
     def _count_hand_steps(self, batch_idx: int) -> None:
         """A batch whose ``training_step`` stepped by hand (and returned None): it counts as a stepping batch."""
@@ -566,6 +590,11 @@ def _double_step(steps: int) -> TandemUserCodeError:
         "does them); or set self.automatic_optimization = False in __init__ and use self.manual_backward(loss) and "
         "opt.step() (training_step may then return the loss, for the loggers); or return None after stepping."
     )
+
+
+def _no_loss() -> None:
+    """The closure of a step whose ``training_step`` returned None: no loss, no backward (Lightning's)."""
+    return None
 
 
 def _loss_from(output: Any) -> torch.Tensor | None:
