@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -381,3 +382,43 @@ def test_a_strict_plateau_without_its_metric_raises_lightnings_type():
     # Lightning raises a MisconfigurationException there: a ported `except` clause catches tandem's error too
     with pytest.raises(MisconfigurationException, match="giraffe"):
         quiet_trainer(max_epochs=1).fit(Strict(), loader())
+
+
+class OwnBackward(TinyModule):
+    """Lightning's ``backward`` hook, overridden: the Trainer's backward and manual_backward run through it."""
+
+    def __init__(self, manual: bool = False) -> None:
+        super().__init__()
+        self.automatic_optimization = not manual
+        self.backwards: list[float] = []
+
+    def backward(self, loss, *args, **kwargs):
+        self.backwards.append(float(loss))
+        loss.backward(*args, **kwargs)
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        if self.automatic_optimization:
+            return loss
+        opt = self.optimizers()
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+
+
+@pytest.mark.parametrize("manual", [False, True])
+def test_an_overridden_backward_hook_runs_each_backward_as_in_lightning(manual):
+    model = OwnBackward(manual)
+    trainer = quiet_trainer(max_epochs=1, limit_train_batches=3)
+    trainer.fit(model, loader())
+    assert len(model.backwards) == 3 and trainer.global_step == 3
+    assert all(math.isfinite(v) for v in model.backwards)
+
+
+def test_a_backward_hook_that_raises_stops_the_fit():
+    class Troubled(TinyModule):
+        def backward(self, loss, *args, **kwargs):
+            raise RuntimeError("trouble in backward")
+
+    with pytest.raises(RuntimeError, match="trouble in backward"):
+        quiet_trainer(max_epochs=1, limit_train_batches=2).fit(Troubled(), loader())

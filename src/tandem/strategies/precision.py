@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -97,6 +98,8 @@ class Precision:
             self.scaler = torch.amp.GradScaler(device_type)
         self._unscaled: set[int] = set()  # optimizers unscaled since their last step (unscale once per step)
         self._backwards = 0  # scaled backward passes so far (float16)
+        #: the module's ``backward`` hook where the module overrides it (set for each fit), else None: ``loss.backward``
+        self.module_backward: Callable[..., None] | None = None
         #: per optimizer (id), ``_backwards`` when it was last unscaled: a step needs a scaled backward since
         self._backwards_at_unscale: dict[int, int] = {}
 
@@ -143,11 +146,15 @@ class Precision:
         return _NO_CONTEXT if self.parameter_dtype is None else _DefaultDtype(self.parameter_dtype)
 
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        if self.scaler is None:
+        """``loss.backward(*args, **kwargs)``, of the scaled loss under float16 scaling; through the module's
+        ``backward`` hook where it overrides it (Lightning's: the hook gets the scaled loss)."""
+        if self.scaler is not None:
+            self._backwards += 1
+            loss = self.scaler.scale(loss)
+        if self.module_backward is None:
             loss.backward(*args, **kwargs)
-            return
-        self._backwards += 1
-        self.scaler.scale(loss).backward(*args, **kwargs)
+        else:
+            self.module_backward(loss, *args, **kwargs)
 
     def unscale_gradients(self, optimizer: Optimizer) -> None:
         """Undo loss scaling on the gradients, so clipping and hooks see true values (once per step). Refuses

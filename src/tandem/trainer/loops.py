@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tandem.module import is_overridden
 from tandem.strategies.precision import Precision
 from tandem.strategies.side_channel import placed, preemption_vote
 from tandem.strategies.strategy import moves_batches
@@ -311,6 +312,8 @@ class FitLoop:
         # DDP follows changes of the trainable set at step boundaries; the others have nothing to follow
         follow = strategy.follow_module if every or strategy.follows_module else None
         optimize = self.optimization.run
+        module = strategy.module  # its backward hook where it overrides it (Lightning's), in every backward of the fit
+        strategy.precision.module_backward = module.backward if is_overridden(module, "backward") else None
         if context.profiler is not None:
             optimize = timed(optimize, context.profiler, "run_training_batch")
         if context.nonfinite.rollback is not None:  # each batch's loss recorded on its device (only then)
