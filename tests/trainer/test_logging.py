@@ -20,7 +20,7 @@ from tandem.loggers.logger import Logger
 from tandem.trainer.hooks import running_hook
 from tandem.trainer.logging import MetricCollector
 from tandem.trainer.state import TrainerState
-from tandem.utilities.exceptions import MisconfigurationException, TandemUserCodeError
+from tandem.utilities.exceptions import MisconfigurationException, PossibleUserWarning, TandemUserCodeError
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -816,3 +816,16 @@ def test_module_and_datamodule_hyperparameters_that_clash_are_an_error():
         quiet_trainer(max_epochs=1, logger=CountingHparams()).fit(TinyModule(lr=0.1), datamodule=Data())
     # the same value on both sides is one hyperparameter
     quiet_trainer(max_epochs=1, logger=CountingHparams()).fit(TinyModule(lr=0.01), datamodule=Data())
+
+
+def test_an_epoch_shorter_than_log_every_n_steps_warns_as_lightning():
+    def fit(**kwargs):
+        quiet_trainer(max_epochs=1, **kwargs).fit(TinyModule(), loader(64, 16))  # 4 batches
+
+    with pytest.warns(PossibleUserWarning, match=r"The number of training batches \(4\) is smaller than the logging"):
+        fit(logger=RecordingLogger(), log_every_n_steps=5)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="The number of training batches")
+        fit(logger=RecordingLogger(), log_every_n_steps=4)  # one row an epoch
+        fit(logger=False, log_every_n_steps=5)  # no logger: no row is missed
+        fit(logger=RecordingLogger(), log_every_n_steps=5, fast_dev_run=True)
