@@ -157,8 +157,8 @@ def training_record(
     given = train if train is not None else request(TRAIN, module, datamodule, "fit", strategy)
     if given is None:
         raise _no_training_data()
-    if config.overfit_batches > 0:
-        given = in_order(given, "training batches")
+    if config.overfit_batches > 0:  # each loader of a list or dict too
+        given = _map_loaders(given, lambda loader: in_order(loader, "training batches"))
     train_data = training_data(given, strategy, config.limit_train_batches)
     if train_data.num_batches[0] == 0:
         rank_zero_warn("No training batches (limit_train_batches or an empty dataloader): fit trains nothing.")
