@@ -210,3 +210,15 @@ def test_log_hyperparams_logs_lightnings_placeholder_hp_metric(tmp_path):
     assert [(e.step, e.value) for e in events.Scalars("hp_metric")] == [(0, -1.0), (3, 0.25)]
     assert [(e.step, e.value) for e in events.Scalars("val_best")] == [(4, 0.5)]
     assert "hp_metric" not in _events(str(tmp_path / "off" / "version_0")).Tags()["scalars"]
+
+
+def test_the_run_folder_holds_hparams_yaml_even_when_no_hyperparameters_were_logged(tmp_path):
+    class Unsaved(TinyModule):
+        def __init__(self):
+            super().__init__()
+            self._log_hyperparams = False  # as if save_hyperparameters() had not been called
+
+    logger = TensorBoardLogger(tmp_path, default_hp_metric=False)
+    trainer = quiet_trainer(max_steps=1, logger=logger, log_every_n_steps=1)  # a row: the run folder exists
+    trainer.fit(Unsaved(), loader(32, 16))
+    assert (tmp_path / "tandem_logs" / "version_0" / "hparams.yaml").read_text().strip() == "{}"  # Lightning's

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tandem.loggers.logger import Logger, NoOpExperiment, flatten_params, require_url_filesystem
+from tandem.loggers.logger import HPARAMS_FILE, Logger, NoOpExperiment, flatten_params, require_url_filesystem
+from tandem.utilities.checkpoint import is_url
 from tandem.utilities.rank_zero import rank_zero_only, rank_zero_warn
 
 if TYPE_CHECKING:
@@ -167,10 +168,22 @@ class TensorBoardLogger(Logger):
     def save(self) -> None:
         if self._events is not None:
             self._events.flush()
+        self._hparams_file_once()
         self._upload()
+
+    def _hparams_file_once(self) -> None:
+        """Lightning's: once the run folder exists, it holds ``hparams.yaml``, written with what was logged (empty
+        when no hyperparameters were), unless already there. A URL ``save_dir``'s file is written at each log."""
+        if is_url(self.save_dir):
+            return
+        folder = self._local_log_dir
+        if os.path.isdir(folder) and not os.path.isfile(os.path.join(folder, HPARAMS_FILE)):
+            self._save_hparams_yaml({})
 
     @rank_zero_only
     def finalize(self, status: str) -> None:
+        if status == "success":  # as Lightning's, which saves at a successful end
+            self._hparams_file_once()
         if self._events is not None:
             if self._session_started:
                 self._events.add_summary(_session_end(status))
