@@ -237,7 +237,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         super().__init__(*args, **kwargs)
         self._trainer = None
         self._hparams: AttributeDict = AttributeDict()
-        self._log_hyperparams = True
+        self._log_hyperparams = False  # True once save_hyperparameters() asks for the loggers
         self._automatic_optimization = True
         self._param_requires_grad_state: dict[nn.Parameter, bool] = {}
 
@@ -956,7 +956,7 @@ class DataModule(HyperparametersMixin, DataHooks):
     def __init__(self) -> None:
         self._trainer_ref: weakref.ReferenceType[Trainer] | None = None
         self._hparams = AttributeDict()
-        self._log_hyperparams = True
+        self._log_hyperparams = False  # True once save_hyperparameters() asks for the loggers
 
     @property
     def trainer(self) -> Trainer | None:

@@ -19,7 +19,7 @@ def _events(log_dir):
 
 
 def test_scalars_and_hparams_are_readable_back_from_one_run(tmp_path):
-    logger = TensorBoardLogger(tmp_path, name="exp")
+    logger = TensorBoardLogger(tmp_path, name="exp", default_hp_metric=False)
     optim = {"name": "sgd", "nesterov": True}
     logger.log_hyperparams({"lr": 0.1, "optim": optim, "path": Path("/x"), "none": None})
     for step in range(3):
@@ -141,7 +141,7 @@ def test_tensorboards_hparams_tab_compares_runs_by_their_metrics(tmp_path):
     from tensorboard import program
 
     for version, (lr, loss) in enumerate([(0.1, 0.5), (0.01, 0.25)]):
-        logger = TensorBoardLogger(tmp_path, name="exp", version=version)
+        logger = TensorBoardLogger(tmp_path, name="exp", version=version, default_hp_metric=False)
         logger.log_hyperparams({"lr": lr, "optimizer": "sgd"})
         for step in range(3):
             logger.log_metrics({"train_loss": 1.0 + step, "val_loss": loss + step}, step=step)
@@ -196,3 +196,29 @@ def test_log_graph_is_off_by_default_and_warns_without_an_example_input(tmp_path
     with pytest.warns(UserWarning, match="example_input_array is a list"):
         logger.log_graph(module, [torch.zeros(2, 8)])
     assert not tmp_path.joinpath("tandem_logs", "version_1").exists()
+
+
+def test_log_hyperparams_logs_lightnings_placeholder_hp_metric(tmp_path):
+    logger = TensorBoardLogger(tmp_path, name="exp")
+    logger.log_hyperparams({"lr": 0.1})  # no metrics: hp_metric -1, as Lightning's default_hp_metric=True
+    logger.log_hyperparams({"lr": 0.1}, metrics=0.25, step=3)  # a number is the hp_metric
+    logger.log_hyperparams({"lr": 0.1}, metrics={"val_best": 0.5}, step=4)
+    TensorBoardLogger(tmp_path, name="off", default_hp_metric=False).log_hyperparams({"lr": 0.1})
+    logger.finalize("success")
+
+    events = _events(str(tmp_path / "exp" / "version_0"))
+    assert [(e.step, e.value) for e in events.Scalars("hp_metric")] == [(0, -1.0), (3, 0.25)]
+    assert [(e.step, e.value) for e in events.Scalars("val_best")] == [(4, 0.5)]
+    assert "hp_metric" not in _events(str(tmp_path / "off" / "version_0")).Tags()["scalars"]
+
+
+def test_the_run_folder_holds_hparams_yaml_even_when_no_hyperparameters_were_logged(tmp_path):
+    class Unsaved(TinyModule):
+        def __init__(self):
+            super().__init__()
+            self._log_hyperparams = False  # as if save_hyperparameters() had not been called
+
+    logger = TensorBoardLogger(tmp_path, default_hp_metric=False)
+    trainer = quiet_trainer(max_steps=1, logger=logger, log_every_n_steps=1)  # a row: the run folder exists
+    trainer.fit(Unsaved(), loader(32, 16))
+    assert (tmp_path / "tandem_logs" / "version_0" / "hparams.yaml").read_text().strip() == "{}"  # Lightning's

@@ -20,7 +20,7 @@ from tandem.loggers.logger import Logger
 from tandem.trainer.hooks import running_hook
 from tandem.trainer.logging import MetricCollector
 from tandem.trainer.state import TrainerState
-from tandem.utilities.exceptions import MisconfigurationException, TandemUserCodeError
+from tandem.utilities.exceptions import MisconfigurationException, PossibleUserWarning, TandemUserCodeError
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -196,6 +196,33 @@ def test_one_name_from_two_loaders_with_add_dataloader_idx_false_is_an_error():
 
     first, second = quiet_trainer().validate(OwnNames(), two_loaders())
     assert first["val_loss_0"] == 0.0 and second["val_loss_1"] == 1.0 and first["val_loss"] == 5.0
+
+
+def test_each_loaders_results_hold_its_own_add_dataloader_idx_false_values():
+    """As Lightning splits them: a name logged without the suffix belongs to the loader it was logged from; what the
+    epoch-end hook logs (no loader) belongs to every loader's results."""
+
+    class OwnNames(TinyModule):
+        def test_step(self, batch, batch_idx, dataloader_idx=0):
+            self.log("shared", 1.0 + dataloader_idx)
+            self.log(f"only_{dataloader_idx}", 10.0 * (dataloader_idx + 1), add_dataloader_idx=False)
+
+        def on_test_epoch_end(self):
+            self.log("everywhere", 3.0)
+
+    first, second = quiet_trainer().test(OwnNames(), two_loaders())
+    assert first == {"shared/dataloader_idx_0": 1.0, "only_0": 10.0, "everywhere": 3.0}
+    assert second == {"shared/dataloader_idx_1": 2.0, "only_1": 20.0, "everywhere": 3.0}
+
+
+def test_loggers_get_the_rows_by_keyword_as_lightning_calls_them():
+    class KeywordOnly(RecordingLogger):
+        def log_metrics(self, *, metrics, step):  # Lightning calls logger.log_metrics(metrics=..., step=...)
+            self.records.append((step, dict(metrics)))
+
+    logger = KeywordOnly()
+    quiet_trainer(max_epochs=1, logger=logger, log_every_n_steps=1).fit(TinyModule(), loader(32, 16))
+    assert [step for step, _ in logger.records] == [0, 1]
 
 
 @pytest.mark.parametrize(
@@ -720,3 +747,85 @@ def test_self_log_misuse_is_a_misconfiguration_exception_as_lightnings():
 
     with pytest.raises(MisconfigurationException, match=r"self.log\(foo, ...\)` twice in `training_step`"):
         quiet_trainer(fast_dev_run=1).fit(Twice(), loader(32, 16))
+
+
+class CountingHparams(RecordingLogger):
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def log_hyperparams(self, params):
+        self.calls.append(dict(params))
+
+
+def test_hyperparameters_go_to_the_loggers_of_every_run_once_saved_for_them():
+    class Saved(TinyModule):  # save_hyperparameters() in TinyModule's __init__
+        pass
+
+    class Unsaved(tandem.TrainingModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(8, 3)
+
+        def training_step(self, batch, batch_idx):
+            return torch.nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+
+        def validation_step(self, batch, batch_idx):
+            pass
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class Private(TinyModule):
+        def __init__(self, lr: float = 0.1, optimizer: str = "sgd", scheduler: bool = False):
+            super().__init__()
+            self.save_hyperparameters(logger=False)  # checkpoints only
+
+    class Data(tandem.DataModule):
+        def __init__(self, batch_size: int = 16, lr: float = 0.1):
+            super().__init__()
+            self.save_hyperparameters()
+
+        def train_dataloader(self):
+            return loader(32, self.hparams.batch_size)
+
+    for module, datamodule, expected in [
+        (Saved(lr=0.5), None, [{"lr": 0.5, "optimizer": "sgd", "dropout": 0.0, "scheduler": False}] * 2),
+        (Unsaved(), None, []),
+        (Private(), None, []),
+        (Unsaved(), Data(), [{"batch_size": 16, "lr": 0.1}]),  # validate has no DataModule here
+    ]:
+        logger = CountingHparams()
+        trainer = quiet_trainer(max_epochs=1, logger=logger)
+        data = {"datamodule": datamodule} if datamodule is not None else {"train_dataloaders": loader(32, 16)}
+        trainer.fit(module, **data)
+        trainer.validate(module, loader(16), verbose=False)  # every entry point logs them, as Lightning's
+        assert logger.calls == expected
+
+
+def test_module_and_datamodule_hyperparameters_that_clash_are_an_error():
+    class Data(tandem.DataModule):
+        def __init__(self, lr: float = 0.01):
+            super().__init__()
+            self.save_hyperparameters()
+
+        def train_dataloader(self):
+            return loader(32, 16)
+
+    with pytest.raises(RuntimeError, match=r"Error while merging hparams: the keys \['lr'\]"):
+        quiet_trainer(max_epochs=1, logger=CountingHparams()).fit(TinyModule(lr=0.1), datamodule=Data())
+    # the same value on both sides is one hyperparameter
+    quiet_trainer(max_epochs=1, logger=CountingHparams()).fit(TinyModule(lr=0.01), datamodule=Data())
+
+
+def test_an_epoch_shorter_than_log_every_n_steps_warns_as_lightning():
+    def fit(**kwargs):
+        quiet_trainer(max_epochs=1, **kwargs).fit(TinyModule(), loader(64, 16))  # 4 batches
+
+    with pytest.warns(PossibleUserWarning, match=r"The number of training batches \(4\) is smaller than the logging"):
+        fit(logger=RecordingLogger(), log_every_n_steps=5)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="The number of training batches")
+        fit(logger=RecordingLogger(), log_every_n_steps=4)  # one row an epoch
+        fit(logger=False, log_every_n_steps=5)  # no logger: no row is missed
+        fit(logger=RecordingLogger(), log_every_n_steps=5, fast_dev_run=True)

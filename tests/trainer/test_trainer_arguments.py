@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, SequentialSampler
 
 import tandem
 from helpers import TinyModule, loader, make_data, quiet_trainer
@@ -60,6 +60,20 @@ def test_overfit_batches_trains_and_validates_on_the_same_first_batches_in_order
     assert seen["train"] == firsts * 2  # the first two batches, in order, every epoch
     assert seen["val"] == firsts * 2
     assert trainer.overfit_batches == 2 and trainer.num_training_batches == 2 and trainer.num_val_batches == [2]
+
+
+def test_overfit_batches_draws_a_list_of_one_training_loader_in_order_too():
+    seen = []
+
+    class Records(TinyModule):
+        def training_step(self, batch, batch_idx):
+            seen.append([type(dl.sampler) for dl in self.trainer.train_dataloader])
+            return super().training_step(batch, batch_idx)
+
+    with pytest.warns(UserWarning, match="overfit_batches"):
+        trainer = quiet_trainer(max_epochs=1, overfit_batches=1.0)
+        trainer.fit(Records(), [DataLoader(make_data(32), batch_size=8, shuffle=True)])
+    assert len(seen) == 4 and all(issubclass(s, SequentialSampler) for kinds in seen for s in kinds)
 
 
 def test_reload_dataloaders_every_n_epochs_calls_the_hooks_again():

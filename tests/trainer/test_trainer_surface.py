@@ -152,3 +152,32 @@ def test_configure_callbacks_adds_and_replaces_trainer_callbacks():
     trainer.fit(WithCallbacks(), loader(32, 16), loader(32, 16))
     assert trainer.early_stopping_callback.patience == 7 and len(trainer.early_stopping_callbacks) == 1
     assert Count.epochs == 2 and sum(isinstance(c, Count) for c in trainer.callbacks) == 1
+
+
+def test_state_fn_stage_and_status_are_lightnings_string_enums():
+    from tandem.trainer.state import RunningStage, TrainerFn, TrainerStatus
+
+    seen = []
+
+    class Records(TinyModule):
+        def training_step(self, batch, batch_idx):
+            seen.append((self.trainer.state.fn, self.trainer.state.stage, self.trainer.state.status))
+            return super().training_step(batch, batch_idx)
+
+        def validation_step(self, batch, batch_idx):
+            seen.append((self.trainer.state.fn, self.trainer.state.stage, self.trainer.state.status))
+
+    trainer = quiet_trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=1, num_sanity_val_steps=1)
+    trainer.fit(Records(), loader(), loader(16))
+    trainer.validate(Records(), loader(16), verbose=False)
+    assert seen == [
+        (TrainerFn.FITTING, RunningStage.SANITY_CHECKING, TrainerStatus.RUNNING),
+        (TrainerFn.FITTING, RunningStage.TRAINING, TrainerStatus.RUNNING),
+        (TrainerFn.FITTING, RunningStage.VALIDATING, TrainerStatus.RUNNING),
+        (TrainerFn.VALIDATING, RunningStage.VALIDATING, TrainerStatus.RUNNING),
+    ]
+    fn, stage, status = seen[-1]
+    assert isinstance(fn, TrainerFn) and fn.value == "validate" and fn == "validate" and f"{fn}" == "validate"
+    assert stage.evaluating and not RunningStage.TRAINING.evaluating and {"validate": 1}[stage] == 1
+    assert trainer.state.status is TrainerStatus.FINISHED and trainer.state.status.stopped and trainer.state.stopped
+    assert status == "running" and str(status) == "running"

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tandem.loggers.logger import Logger, NoOpExperiment, flatten_params, require_url_filesystem
+from tandem.loggers.logger import HPARAMS_FILE, Logger, NoOpExperiment, flatten_params, require_url_filesystem
+from tandem.utilities.checkpoint import is_url
 from tandem.utilities.rank_zero import rank_zero_only, rank_zero_warn
 
 if TYPE_CHECKING:
@@ -46,6 +47,8 @@ class TensorBoardLogger(Logger):
             ``model.example_input_array``, which the module sets (e.g. ``self.example_input_array =
             torch.zeros(1, 28 * 28)`` in ``__init__``). The trace runs ``forward`` on global rank 0 alone, so
             it suits modules that are whole on every rank (not sharded ones).
+        default_hp_metric: :meth:`log_hyperparams` without ``metrics`` logs the placeholder ``hp_metric: -1``
+            (Lightning's), a value to overwrite with the run's score (``self.log("hp_metric", score)``).
         **summary_writer_kwargs: passed to ``SummaryWriter`` (``logger.experiment``); ``flush_secs``,
             ``filename_suffix`` and ``purge_step`` also apply to the event file the logger's own values go to.
 
@@ -62,11 +65,13 @@ class TensorBoardLogger(Logger):
         name: str = "tandem_logs",
         version: int | str | None = None,
         log_graph: bool = False,
+        default_hp_metric: bool = True,
         **summary_writer_kwargs: Any,
     ) -> None:
         require_url_filesystem("TensorBoardLogger", save_dir)
         super().__init__(save_dir, name, version)
         self._log_graph = log_graph
+        self._default_hp_metric = default_hp_metric
         self._summary_writer_kwargs = summary_writer_kwargs
         self._experiment: Any = None
         self._events: EventFile | None = None  # the run's event file, opened at the first write
@@ -100,18 +105,32 @@ class TensorBoardLogger(Logger):
         return self._events
 
     @rank_zero_only
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         """All of the step's values in one event (a ``Summary`` holding a value per name), encoded by tandem and
         written in this thread (:meth:`EventFile.add_scalars`): TensorBoard reads it as ``add_scalar`` would have
         written each value."""
         if metrics:
             events = self._events if self._events is not None else self._event_file()
-            events.add_scalars(metrics, step)
+            events.add_scalars(metrics, 0 if step is None else step)
 
     @rank_zero_only
-    def log_hyperparams(self, params: Mapping[str, Any] | argparse.Namespace) -> None:
+    def log_hyperparams(
+        self,
+        params: Mapping[str, Any] | argparse.Namespace,
+        metrics: Mapping[str, float] | float | None = None,
+        step: int | None = None,
+    ) -> None:
+        """Record the hyperparameters (the HPARAMS tab and ``hparams.yaml``) and, as Lightning, ``metrics`` at ``step``
+        through :meth:`log_metrics`: ``hp_metric: -1`` when none are given under ``default_hp_metric=True``, a number
+        as ``{"hp_metric": number}``. The tab lists every scalar of the run as a metric, these among them."""
         from torch.utils.tensorboard.summary import hparams
 
+        if metrics is None:
+            metrics = {"hp_metric": -1} if self._default_hp_metric else {}
+        elif not isinstance(metrics, Mapping):
+            metrics = {"hp_metric": metrics}
+        if metrics:
+            self.log_metrics(dict(metrics), step)
         merged = self._save_hparams_yaml(params)
         flat = {k: _tb_value(v) for k, v in flatten_params(merged).items()}
         # Only the session start. An experiment summary would fix the metric list (empty here: metrics come
@@ -149,10 +168,22 @@ class TensorBoardLogger(Logger):
     def save(self) -> None:
         if self._events is not None:
             self._events.flush()
+        self._hparams_file_once()
         self._upload()
+
+    def _hparams_file_once(self) -> None:
+        """Lightning's: once the run folder exists, it holds ``hparams.yaml``, written with what was logged (empty
+        when no hyperparameters were), unless already there. A URL ``save_dir``'s file is written at each log."""
+        if is_url(self.save_dir):
+            return
+        folder = self._local_log_dir
+        if os.path.isdir(folder) and not os.path.isfile(os.path.join(folder, HPARAMS_FILE)):
+            self._save_hparams_yaml({})
 
     @rank_zero_only
     def finalize(self, status: str) -> None:
+        if status == "success":  # as Lightning's, which saves at a successful end
+            self._hparams_file_once()
         if self._events is not None:
             if self._session_started:
                 self._events.add_summary(_session_end(status))

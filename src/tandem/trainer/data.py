@@ -160,7 +160,7 @@ def training_record(
     if given is None:
         raise _no_training_data()
     given = combined(given)
-    if config.overfit_batches > 0:
+    if config.overfit_batches > 0:  # each loader of a list or dict too
         given = _map_loaders(given, lambda loader: in_order(loader, "training batches"))
     train_data = training_data(given, strategy, config.limit_train_batches)
     if train_data.num_batches[0] == 0:

@@ -162,10 +162,11 @@ class EvaluationLoop:
         if sanity:
             hooks.call("on_sanity_check_end")
             metrics.clear_published()
-        values = metrics.stage_values()
         if stage == "predict":
             return (predictions if several else predictions[0]) if keep else None
-        return per_dataloader(to_float(values), len(data.loaders))
+        if len(data.loaders) <= 1:
+            return [to_float(metrics.stage_values())]
+        return [to_float(metrics.stage_values(index)) for index in range(len(data.loaders))]
 
     def _run_loader(
         self, names: StageNames, batches: Iterator[Any], extra: tuple[int, ...], keep: bool, step_logs: bool
@@ -229,17 +230,6 @@ def call_module_hook(module: TrainingModule, name: str) -> Any:
         return None
     with running_hook(name):
         return fn()
-
-
-def per_dataloader(values: dict[str, float], count: int) -> list[dict[str, float]]:
-    """One dict per loader, as Lightning returns them: the loader's own ``/dataloader_idx_N`` values and
-    every value without a suffix (logged in epoch-end hooks)."""
-    if count <= 1:
-        return [values]
-    return [
-        {k: v for k, v in values.items() if LOADER_SUFFIX not in k or k.endswith(f"{LOADER_SUFFIX}{i}")}
-        for i in range(count)
-    ]
 
 
 def format_results(results: list[dict[str, float]], stage: str) -> str:

@@ -143,7 +143,8 @@ class MetricCollector:
         self._repeats: dict[str, _Entry] = {}  # by the name self.log got: the entry its latest call went to
         #: the self.log calls of a compiled training step, logged after it (CompiledStepLog); None: no run was compiled
         self.deferred: list[tuple[str, Any, tuple[Any, ...]]] | None = None
-        self._epoch_values: dict[str, dict[str, torch.Tensor]] = {}
+        # per stage, its last epoch's values by name, each with the evaluation loader it belongs to (None: all)
+        self._epoch_values: dict[str, dict[str, tuple[torch.Tensor, int | None]]] = {}
         self.batch: Any = None  # the batch now running, for inferring batch sizes
         self.dataloader_idx: int | None = None  # with several evaluation loaders: the one now running
         self._batch_size: int | None = None
@@ -442,7 +443,7 @@ class MetricCollector:
             if value is None:
                 continue
             key = _forked(name, "epoch") if entry.on_step else name
-            values[key] = value
+            values[key] = (value, _loader_of(name, entry))
             self.callback_metrics[name] = value
             self.callback_metrics[key] = value
             if entry.prog_bar:
@@ -469,9 +470,12 @@ class MetricCollector:
                 "processes (once per epoch), or use a torchmetrics Metric. (Shown once.)"
             )
 
-    def stage_values(self) -> dict[str, torch.Tensor]:
-        """Every epoch value of the current stage's last epoch (what ``validate`` / ``test`` return)."""
-        return dict(self._epoch_values.get(self.stage, {}))
+    def stage_values(self, dataloader_idx: int | None = None) -> dict[str, torch.Tensor]:
+        """Every epoch value of the current stage's last epoch (what ``validate`` / ``test`` return); with
+        ``dataloader_idx``, that loader's: those logged from it (``add_dataloader_idx=False`` ones included) and
+        those logged outside any loader (the epoch-end hooks'), as Lightning splits the results."""
+        values = self._epoch_values.get(self.stage, {})
+        return {k: v for k, (v, loader) in values.items() if dataloader_idx is None or loader in (None, dataloader_idx)}
 
     @staticmethod
     def _epoch_value(entry: _Entry) -> torch.Tensor | None:
@@ -655,6 +659,15 @@ def _published_keys(
     return key, name if on_step and on_epoch else None, bar
 
 
+def _loader_of(name: str, entry: _Entry) -> int | None:
+    """The evaluation loader a value belongs to: the one it was logged from, else the one its name says (an entry
+    another rank made, see ``MetricCollector._sync``); None: logged outside any loader."""
+    if entry.loader is not None:
+        return entry.loader
+    _, suffix, index = name.rpartition(LOADER_SUFFIX)
+    return int(index) if suffix and index.isdigit() else None
+
+
 def _forked(name: str, kind: str) -> str:
     """The name of a value logged both per step and per epoch, Lightning's: ``loss_step``, and with several evaluation
     loaders ``loss_step/dataloader_idx_1`` (the loader's suffix stays last)."""
@@ -815,10 +828,9 @@ class LogSink:
             values = to_float(dict(metrics))  # the loggers write numbers: one host sync for the row
             if step is None and epoch:  # as Lightning: every row of self.log values says its epoch (a CSV column)
                 values.setdefault("epoch", self._loop.epoch)
-            for logger in self.loggers:
-                logger.log_metrics(
-                    metrics=values, step=self._loop.logger_step if step is None else step
-                )  # keywords, as Lightning calls it
+            step = self._loop.logger_step if step is None else step
+            for logger in self.loggers:  # by keyword, as Lightning calls them (a logger's own may rename the first)
+                logger.log_metrics(metrics=values, step=step)
 
     def save(self) -> None:
         for logger in self.loggers:

@@ -137,6 +137,7 @@ class FitLoop:
         """Build the training record again now; a resumed run's order (the checkpoint's) carries over."""
         assert self._load is not None
         self.data, self._loaded_at, loop = self._load(), self.state.epoch, self.state
+        self._warn_short_epoch()
         if self.clock is not None:  # Lightning's: training starts (again) with its loader, and so does the time
             self.clock.restart()
         if self._pending_layout is not None:  # restored before the loader existed: the checkpoint's place in it
@@ -157,6 +158,19 @@ class FitLoop:
         ):
             rng = capture_rng_state()
             self._early = (iter(self.data.loaders[0]), rng)
+
+    def _warn_short_epoch(self) -> None:
+        """Lightning's warning when the loggers would get no training row in an epoch: fewer batches than
+        ``log_every_n_steps`` (not under ``fast_dev_run``, nor for an epoch with no batches, which is said apart)."""
+        config = self.context.config
+        batches = self.data.num_batches[0] if self.data.num_batches else 0
+        if self.context.sink.loggers and 0 < batches < config.log_every_n_steps and not config.fast_dev_run:
+            rank_zero_warn(
+                f"The number of training batches ({batches}) is smaller than the logging interval"
+                f" Trainer(log_every_n_steps={config.log_every_n_steps}). Set a lower value for log_every_n_steps if"
+                " you want to see logs for the training epoch.",
+                category=PossibleUserWarning,
+            )
 
     def bind_preemption_stop(self, preempt: Callable[[], None]) -> None:
         """What to call at the agreed pre-emption stop (the Trainer's save and exit)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, ClassVar
 
 #: the LoopState fields a checkpoint holds (the others are restored state waiting to be applied)
@@ -141,27 +142,81 @@ class BatchPlan:
 BatchPlan.FULL = BatchPlan()
 
 
+class _StrEnum(str, Enum):
+    """An enum whose members are their strings: equal to them, hashed and printed as them (``TrainerFn.FITTING ==
+    "fit"``, ``f"{stage}"`` is ``"validate"``), as Lightning's state enums."""
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+class TrainerFn(_StrEnum):
+    """The entry point running: ``trainer.state.fn`` (Lightning's names)."""
+
+    FITTING = "fit"
+    VALIDATING = "validate"
+    TESTING = "test"
+    PREDICTING = "predict"
+
+
+class RunningStage(_StrEnum):
+    """What the loops are running: ``trainer.state.stage`` (Lightning's names)."""
+
+    TRAINING = "train"
+    SANITY_CHECKING = "sanity_check"
+    VALIDATING = "validate"
+    TESTING = "test"
+    PREDICTING = "predict"
+
+    @property
+    def evaluating(self) -> bool:
+        """A validation (the sanity check's included) or a test."""
+        return self in (RunningStage.VALIDATING, RunningStage.TESTING, RunningStage.SANITY_CHECKING)
+
+
+class TrainerStatus(_StrEnum):
+    """How the last run stands: ``trainer.state.status`` (Lightning's names)."""
+
+    INITIALIZING = "initializing"
+    RUNNING = "running"
+    FINISHED = "finished"
+    INTERRUPTED = "interrupted"
+
+    @property
+    def stopped(self) -> bool:
+        """The run is over, finished or interrupted."""
+        return self in (TrainerStatus.FINISHED, TrainerStatus.INTERRUPTED)
+
+
+_STATE_ENUMS = {"fn": TrainerFn, "stage": RunningStage, "status": TrainerStatus}
+
+
 @dataclass
 class TrainerState:
-    """``fn``: the entry point running ("fit", "validate", "test", "predict"); ``stage``: "train",
-    "sanity_check", "validate", "test" or "predict"; ``status``: "initializing", "running", "finished" or
-    "interrupted" (the last run ended with an exception, Ctrl-C included). ``stage`` has one writer, the hook
-    dispatcher's ``running(stage)``."""
+    """``fn``: the entry point running (a :class:`TrainerFn`: "fit", "validate", "test", "predict"); ``stage``: a
+    :class:`RunningStage` ("train", "sanity_check", "validate", "test" or "predict"); ``status``: a
+    :class:`TrainerStatus` ("initializing", "running", "finished" or "interrupted": the last run ended with an
+    exception, Ctrl-C included). Each is Lightning's string enum, equal to its plain string, and may be set as one.
+    ``stage`` has one writer, the hook dispatcher's ``running(stage)``."""
 
-    fn: str | None = None
-    stage: str | None = None
-    status: str = "initializing"
+    fn: TrainerFn | None = None
+    stage: RunningStage | None = None
+    status: TrainerStatus = TrainerStatus.INITIALIZING
     should_stop: bool = False  # asked for by a callback or the module; the fit ends at the next agreed point
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        kind = _STATE_ENUMS.get(name)  # a plain string becomes its member (reads stay plain attribute reads)
+        super().__setattr__(name, kind(value) if kind is not None and value is not None else value)
 
     @property
     def finished(self) -> bool:
         """The last run ended normally (Lightning's ``trainer.state.finished``)."""
-        return self.status == "finished"
+        return self.status == TrainerStatus.FINISHED
 
     @property
     def stopped(self) -> bool:
         """The last run is over, finished or interrupted (Lightning's ``trainer.state.stopped``)."""
-        return self.status in ("finished", "interrupted")
+        return self.status.stopped
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from tandem.trainer.trial import Trial, TrialParts, open_trial
 from tandem.utilities.checkpoint import to_plain
 from tandem.utilities.compile import Compiler, unwrap_compiled
 from tandem.utilities.exceptions import (
+    HparamsMergeError,
     Preempted,
     TandemConfigError,
     TandemUserCodeError,
@@ -713,13 +714,11 @@ class Trainer:
                 model, self.fit_loop.context, self.fit_loop.state, data.takes_batch_idx(model.training_step)
             )
         self._hooks.collect(self, model, self.callbacks, self.fit_loop.context.profiler)
-        if fn == "fit":
-            hparams = dict(model.hparams) if getattr(model, "_log_hyperparams", True) else {}
-            if datamodule is not None and getattr(datamodule, "_log_hyperparams", True):
-                hparams.update(datamodule.hparams)
-            for logger in self.loggers:
+        hparams = _hyperparameters_to_log(model, datamodule)
+        for logger in self.loggers:  # every entry point, as Lightning
+            if hparams is not None:
                 logger.log_hyperparams(hparams)
-                logger.log_graph(model)  # TensorBoardLogger(log_graph=True) traces model.example_input_array
+            logger.log_graph(model)  # TensorBoardLogger(log_graph=True) traces model.example_input_array
 
     def _setup_profiling(self, fn: str, model: TrainingModule) -> None:
         """The run's profiler set up (Lightning's arguments), and the loops told whether to time (once per run)."""
@@ -1179,6 +1178,42 @@ Trainer.__signature__ = _init_signature(Trainer)
 
 
 # ====================================================================== construction helpers
+def _hyperparameters_to_log(model: TrainingModule, datamodule: DataModule | None) -> dict[str, Any] | None:
+    """What the loggers get at the start of a run, Lightning's rule: the hyperparameters of the module and the
+    DataModule that called ``save_hyperparameters()`` (with ``logger=True``), merged; None when neither did (no
+    ``log_hyperparams`` call, so no placeholder ``hp_metric`` either)."""
+    sources = [
+        owner for owner in (model, datamodule) if owner is not None and getattr(owner, "_log_hyperparams", False)
+    ]
+    if not sources:
+        return None
+    if len(sources) == 2:
+        ours, theirs = dict(model.hparams), dict(datamodule.hparams)
+        clashing = sorted(k for k in ours.keys() & theirs.keys() if not _same_value(ours[k], theirs[k]))
+        if clashing:
+            raise HparamsMergeError(
+                f"Error while merging hparams: the keys {clashing} are present in both the LightningModule's and "
+                "LightningDataModule's hparams but have different values. The loggers get one value per name: give "
+                "them the same value, rename one, or leave it out of one side (save_hyperparameters(ignore=[...]))."
+            )
+    merged: dict[str, Any] = {}
+    for owner in sources:
+        merged.update(owner.hparams)
+    merged.pop("_class_path", None)  # the CLI's own entry
+    return merged
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, torch.Tensor):
+        return a is b
+    try:
+        return bool(a == b)
+    except Exception:  # a value whose == is not a plain truth (an array): the same object only
+        return a is b
+
+
 def _build_loggers(logger: Any, root: str) -> list[Any]:
     from tandem.loggers.logger import Logger
 

@@ -123,6 +123,11 @@ class MissingAttributeError(TandemConfigError, AttributeError):
     (nor the DataModule) has. An ``AttributeError``, as Lightning raises there."""
 
 
+class HparamsMergeError(TandemConfigError, RuntimeError):
+    """The module and the DataModule saved one hyperparameter name with different values (a RuntimeError, as
+    Lightning raises it)."""
+
+
 class MissingMetricError(KeyError, RuntimeError, MisconfigurationException):
     """A callback or a scheduler monitors a metric that was never logged. Catchable as each type Lightning raises
     there: ``RuntimeError`` (``EarlyStopping``), ``MisconfigurationException`` (``ModelCheckpoint``, a scheduler's
