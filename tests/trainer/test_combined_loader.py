@@ -153,7 +153,7 @@ def test_nested_loaders_give_a_nested_batch_and_a_limit_counts_per_loader():
 
 
 def test_sequential_mode_cannot_train():
-    with pytest.raises(MisconfigurationException, match='does not support the CombinedLoader\\(mode="sequential"\\)'):
+    with pytest.raises(MisconfigurationException, match='does not support the `CombinedLoader\\(mode="sequential"\\)`'):
         fit(CombinedLoader(two_loaders(), "sequential"))
 
 

@@ -327,8 +327,8 @@ def _combined_training_data(given: CombinedLoader, strategy: Strategy, limit: in
     batches limited as Lightning limits them (``limit_train_batches`` per loader, the mode's length of those)."""
     if given.mode == "sequential":
         raise TandemConfigError(
-            'Trainer.fit does not support the CombinedLoader(mode="sequential") mode (it trains on one batch of each '
-            'loader per step). The available modes are: "min_size", "max_size_cycle", "max_size".'
+            '`FitLoop` does not support the `CombinedLoader(mode="sequential")` mode: Trainer.fit trains on one batch '
+            'of each loader per step. The available modes are: "min_size", "max_size_cycle", "max_size".'
         )
     if not given.flattened:
         raise TandemConfigError("train_dataloaders got an empty collection; pass at least one DataLoader.")
