@@ -68,7 +68,8 @@ def test_overfit_batches_draws_a_list_of_one_training_loader_in_order_too():
     class Records(TinyModule):
         def training_step(self, batch, batch_idx):
             seen.append([type(dl.sampler) for dl in self.trainer.train_dataloader])
-            return super().training_step(batch, batch_idx)
+            (inner,) = batch  # a list of one loader gives a list of one batch, as Lightning's
+            return super().training_step(inner, batch_idx)
 
     with pytest.warns(UserWarning, match="overfit_batches"):
         trainer = quiet_trainer(max_epochs=1, overfit_batches=1.0)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Mapping
+import weakref
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -63,21 +64,23 @@ class ProgressBar(Callback):
         self._loss: torch.Tensor | None = None
         self._postfix_time = 0.0
 
-    _trainer: Trainer | None = None  # set in setup
+    # set in setup; weakly, as the module refers to its Trainer: a finished fit is freed without the garbage collector
+    _trainer: Callable[[], Trainer | None] = staticmethod(lambda: None)
 
     @property
     def trainer(self) -> Trainer:
         """The Trainer this bar reports on (Lightning's ``ProgressBar.trainer``), known from ``setup`` on: a
         subclass's hooks and ``get_metrics`` may read it."""
-        if self._trainer is None:
+        trainer = self._trainer()
+        if trainer is None:
             raise TypeError(
                 f"`{type(self).__name__}.trainer` is not set yet: the Trainer sets it when the run sets up the "
                 "callbacks (Callback.setup). Read it from a hook, or call super().setup(...) in an overriding setup."
             )
-        return self._trainer
+        return trainer
 
     def setup(self, trainer: Trainer, pl_module: TrainingModule, stage: str) -> None:
-        self._trainer = trainer
+        self._trainer = weakref.ref(trainer)
 
     def _enabled(self, trainer: Trainer) -> bool:
         return self.refresh_rate > 0 and trainer.is_global_zero
