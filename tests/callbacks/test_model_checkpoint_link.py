@@ -9,7 +9,7 @@ from helpers import TinyModule, loader, quiet_trainer
 from tandem.callbacks import ModelCheckpoint
 from tandem.utilities import checkpoint as checkpoint_files
 from tandem.utilities.checkpoint import atomic_link, remove_file
-from tandem.utilities.exceptions import TandemConfigError
+from tandem.utilities.exceptions import TandemConfigError, TandemWarning
 
 
 class _ScoredModule(TinyModule):
@@ -52,6 +52,19 @@ def test_a_linked_last_resumes_with_ckpt_path_last(tmp_path):
     assert trainer.global_step == 12  # from step 8 on
     # the link moved to the new best; the file it pointed to before was dropped from the top 1
     assert _listing(tmp_path) == {"epoch=2-step=12.ckpt": "file", "last.ckpt": "epoch=2-step=12.ckpt"}
+
+
+def test_a_last_link_whose_checkpoint_was_deleted_is_skipped_by_ckpt_path_last(tmp_path):
+    callback = ModelCheckpoint(dirpath=tmp_path, monitor="score", mode="max", save_last="link")
+    _fit(tmp_path, callback, max_epochs=2)
+    (tmp_path / "epoch=1-step=8.ckpt").unlink()  # by hand: last.ckpt now points nowhere
+    resumed = ModelCheckpoint(dirpath=tmp_path, monitor="score", mode="max", save_last="link")
+    with pytest.warns(TandemWarning) as got:
+        trainer = _fit(tmp_path, resumed, max_epochs=1, ckpt_path="last")
+    said = [str(w.message) for w in got]
+    assert any("last.ckpt is a link to epoch=1-step=8.ckpt, which no longer exists" in m for m in said), said
+    assert any("found no last.ckpt yet" in m for m in said), said
+    assert trainer.global_step == 4  # from scratch, no error
 
 
 def test_link_without_top_k_files_writes_last_as_a_file(tmp_path):

@@ -224,6 +224,9 @@ def find_last_checkpoint(trainer: Trainer) -> str | None:
         if not is_url(folder):
             remove_stale_temporaries_in(folder)
         candidates += glob_files(os.path.join(folder, "last*.ckpt"))
+    for path in [p for p in candidates if not is_url(p) and os.path.islink(p) and not os.path.exists(p)]:
+        rank_zero_warn(f"{path} is a link to {os.readlink(path)}, which no longer exists: ckpt_path='last' skips it.")
+        candidates.remove(path)
     candidates = sorted(set(candidates), key=modified_time)
     if not candidates:
         rank_zero_warn("ckpt_path='last' found no last.ckpt yet; training starts from scratch.")
