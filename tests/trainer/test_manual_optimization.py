@@ -17,7 +17,7 @@ from helpers import TinyModule, float16_mixed, loader, max_abs_diff, quiet_train
 from tandem.callbacks import ModelCheckpoint
 from tandem.loggers import CSVLogger
 from tandem.utilities.checkpoint import load_checkpoint_file
-from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError
+from tandem.utilities.exceptions import MisconfigurationException, TandemConfigError, TandemUserCodeError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -238,6 +238,105 @@ def test_manual_backward_with_automatic_optimization_is_an_error():
 
     with pytest.raises(TandemUserCodeError, match=r"manual_backward is for manual optimization"):
         quiet_trainer(max_steps=1).fit(Mixed(), loader())
+
+
+# ---------------------------------------------------------------------------------------------- own schedulers
+class HalvingSchedule:
+    """A scheduler that is not torch's (no ``LRScheduler`` base): ``step()`` halves the rate; its checkpoint state
+    is its count of steps."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer, self.steps = optimizer, 0
+
+    def step(self) -> None:
+        self.steps += 1
+        for group in self.optimizer.param_groups:
+            group["lr"] *= 0.5
+
+    def state_dict(self) -> dict[str, int]:
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.steps = state["steps"]
+
+
+class OwnSchedule(TinyModule):
+    """Manual optimization stepping a :class:`HalvingSchedule` every other batch through ``self.lr_schedulers()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        opt, schedule = self.optimizers(), self.lr_schedulers()
+        self.manual_backward(super().training_step(batch, batch_idx))
+        opt.step()
+        opt.zero_grad()
+        if batch_idx % 2:
+            schedule.step()
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=1.0)
+        return {"optimizer": optimizer, "lr_scheduler": HalvingSchedule(optimizer)}
+
+
+def test_a_manual_step_steps_a_scheduler_that_is_not_torchs_and_its_state_resumes(tmp_path):
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0)
+    first = quiet_trainer(max_epochs=1, callbacks=[checkpoint])
+    first.fit(OwnSchedule(), loader(64, 16))
+    schedule = first.lr_scheduler_configs[0].scheduler
+    assert isinstance(schedule, HalvingSchedule) and schedule.steps == 2  # batches 1 and 3 of 4
+    assert first.optimizers[0].param_groups[0]["lr"] == 0.25
+    assert load_checkpoint_file(tmp_path / "last.ckpt")["lr_schedulers"] == [{"steps": 2}]
+    resumed = quiet_trainer(max_epochs=2)
+    resumed.fit(OwnSchedule(), loader(64, 16), ckpt_path=tmp_path / "last.ckpt")
+    assert resumed.lr_scheduler_configs[0].scheduler.steps == 4
+    assert resumed.optimizers[0].param_groups[0]["lr"] == 1.0 / 16
+
+
+def test_a_scheduler_without_state_dict_and_load_state_dict_is_refused_naming_them():
+    class Stateless:
+        def __init__(self, optimizer):
+            self.optimizer = optimizer
+
+        def step(self):
+            pass
+
+    class Module(OwnSchedule):
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=1.0)
+            return [optimizer], [Stateless(optimizer)]
+
+    message = r"lr scheduler `Stateless` is invalid. It should have `state_dict` and `load_state_dict` methods"
+    with pytest.raises(TypeError, match=message + r".*add both to Stateless"):  # Lightning's type and words
+        quiet_trainer(max_steps=1).fit(Module(), loader())
+
+
+def test_automatic_optimization_steps_a_scheduler_that_is_not_torchs_only_through_lr_scheduler_step():
+    class Automatic(TinyModule):
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=1.0)
+            return {
+                "optimizer": optimizer,
+                "lr_scheduler": {"scheduler": HalvingSchedule(optimizer), "interval": "step"},
+            }
+
+    message = r"`HalvingSchedule` doesn't follow PyTorch's LRScheduler API.*override TrainingModule.lr_scheduler_step"
+    with pytest.raises(MisconfigurationException, match=message):  # as Lightning's, a config error
+        quiet_trainer(max_steps=1).fit(Automatic(), loader())
+
+    class Overridden(Automatic):
+        def lr_scheduler_step(self, scheduler, metric):
+            scheduler.step()
+
+    trainer = quiet_trainer(max_steps=3)
+    trainer.fit(Overridden(), loader())
+    assert trainer.lr_scheduler_configs[0].scheduler.steps == 3
+    by_instance = Automatic()  # a hook set on the instance counts too, as in Lightning
+    by_instance.lr_scheduler_step = lambda scheduler, metric: scheduler.step()
+    trainer = quiet_trainer(max_steps=2)
+    trainer.fit(by_instance, loader())
+    assert trainer.lr_scheduler_configs[0].scheduler.steps == 2
 
 
 # ---------------------------------------------------------------------------------------------- DDP

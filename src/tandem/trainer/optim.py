@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.optim import Optimizer
-from torch.optim.lr_scheduler import OneCycleLR, ReduceLROnPlateau
+from torch.optim.lr_scheduler import LRScheduler, OneCycleLR, ReduceLROnPlateau
 
 from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError, incompatible
 from tandem.utilities.rank_zero import rank_zero_warn
@@ -70,6 +70,13 @@ def check_manual_optimization(module: TrainingModule, strategy: Strategy, config
 _UNKNOWN = "Unknown configuration for model optimizers"
 _NO_SCHEDULER_KEY = 'The lr scheduler dict must have the key "scheduler" with its item being an lr scheduler'
 _NOT_ATTACHED = "Some schedulers are attached with an optimizer that wasn't returned from `configure_optimizers`"
+_STATELESS = (
+    "The provided lr scheduler `{}` is invalid. It should have `state_dict` and `load_state_dict` methods defined."
+)
+_NOT_TORCH = (
+    "The provided lr scheduler `{}` doesn't follow PyTorch's LRScheduler API. You should override the "
+    "`LightningModule.lr_scheduler_step` hook with your own logic if you are using a custom LR scheduler."
+)
 
 
 def _wrong(got: Any, why: str, lead: str = _UNKNOWN) -> TandemUserCodeError:
@@ -88,11 +95,15 @@ class _NoOptimizer(Optimizer):
         return closure() if closure is not None else None
 
 
-def parse_optimizers(result: Any, automatic: bool = True) -> tuple[list[Optimizer], list[LRSchedulerConfig]]:
+def parse_optimizers(
+    result: Any, automatic: bool = True, steps_schedulers: bool = False
+) -> tuple[list[Optimizer], list[LRSchedulerConfig]]:
     """Validate the return value of ``configure_optimizers``: the optimizers and their scheduler configs.
 
     Several optimizers need manual optimization (``automatic=False``); with automatic optimization they
-    are an error that says so.
+    are an error that says so. A scheduler is any object with ``state_dict`` and ``load_state_dict`` (the
+    checkpoint's); under automatic optimization one that is not torch's also needs the module's own
+    ``lr_scheduler_step`` (``steps_schedulers``), as in Lightning.
     """
     if result is None:
         rank_zero_warn(
@@ -115,6 +126,7 @@ def parse_optimizers(result: Any, automatic: bool = True) -> tuple[list[Optimize
         raise _wrong(result, "no optimizer in it")
     configs = [_parse_scheduler(s, monitor, automatic) for s in schedulers]
     for config in configs:
+        _check_scheduler_api(config.scheduler, automatic and not steps_schedulers)
         if getattr(config.scheduler, "optimizer", optimizers[0]) not in optimizers:
             raise _wrong(result, "a scheduler was built for another optimizer than those returned", _NOT_ATTACHED)
     return optimizers, configs
@@ -177,8 +189,6 @@ def _parse_scheduler(entry: Any, monitor: str | None, automatic: bool) -> LRSche
         config = LRSchedulerConfig(scheduler=entry, reduce_on_plateau=isinstance(entry, ReduceLROnPlateau))
     if config.monitor is None and config.reduce_on_plateau:
         config.monitor = monitor  # the top-level "monitor" of {"optimizer", "lr_scheduler", "monitor"}
-    if not hasattr(config.scheduler, "step") or not hasattr(config.scheduler, "state_dict"):
-        raise _wrong(entry, f"{type(config.scheduler).__name__} is not a learning-rate scheduler")
     if config.interval not in INTERVALS:
         raise TandemConfigError(
             f'The "interval" key in lr scheduler dict must be "step" or "epoch" but is "{config.interval}": '
@@ -201,6 +211,24 @@ def _parse_scheduler(entry: Any, monitor: str | None, automatic: bool) -> LRSche
             f"{owner} must include a monitor when a `ReduceLROnPlateau` scheduler is used",
         )
     return config
+
+
+def _check_scheduler_api(scheduler: Any, trainer_steps_it: bool) -> None:
+    """Lightning's rules for a scheduler: a checkpoint's methods always, torch's API where the Trainer steps it."""
+    name = type(scheduler).__name__
+    if not all(callable(getattr(scheduler, method, None)) for method in ("state_dict", "load_state_dict")):
+        raise TandemUserCodeError(
+            f"{_STATELESS.format(name)} A checkpoint saves each scheduler with the first and a resume restores it "
+            f"with the second: add both to {name} (state_dict returning a dict of plain values), or use a "
+            "torch.optim.lr_scheduler class."
+        )
+    if trainer_steps_it and not isinstance(scheduler, (LRScheduler, ReduceLROnPlateau)):
+        raise TandemConfigError(
+            f"{_NOT_TORCH.format(name)} Under automatic optimization the Trainer steps each scheduler, and it can "
+            f"step only torch's: override TrainingModule.lr_scheduler_step(self, scheduler, metric) to step {name} "
+            "(e.g. scheduler.step()), or step it yourself under manual optimization (self.automatic_optimization "
+            "= False, then self.lr_schedulers().step() in training_step)."
+        )
 
 
 # ---------------------------------------------------------------------- the optimizers the module sees

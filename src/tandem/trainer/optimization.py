@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.optim import Optimizer
 
-from tandem.module import is_overridden
+from tandem.module import calls_hook, is_overridden
 from tandem.trainer.hooks import current_hook, enter_hook, leave_hook, running_hook
 from tandem.trainer.optim import LRSchedulerConfig, TrainingOptimizer, parse_optimizers
 from tandem.trainer.profiling import StrategyCalls, module_action, timed
@@ -507,7 +507,8 @@ def configure_optimization(
     and the module's overrides the batches will call (None where the module keeps the default)."""
     strategy, config = context.strategy, context.config
     automatic = module.automatic_optimization
-    optimizers, schedulers = parse_optimizers(module.configure_optimizers(), automatic)
+    steps_schedulers = calls_hook(module, "lr_scheduler_step")
+    optimizers, schedulers = parse_optimizers(module.configure_optimizers(), automatic, steps_schedulers)
     optimizers = strategy.setup_optimizers(optimizers)
     if not automatic:
         return ManualOptimization(context, loop, optimizers, schedulers, takes_batch_idx)
