@@ -610,11 +610,6 @@ def test_a_mid_epoch_checkpoint_resumes_exactly_under_ddp(tandem_ddp: list[dict[
         assert got == {k: want[k] for k in got}, f"rank {rank}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a checkpoint holds rank 0's partial epoch sums (checkpoint['train_metrics']), which every rank resumes "
-    "from: rank 1's epoch value of a name logged without sync_dist mixes rank 0's first steps with its own last ones",
-)
 @pytest.mark.timeout(300)
 def test_rank_1s_epoch_values_after_a_mid_epoch_resume_are_its_own(tandem_ddp: list[dict[str, Any]]) -> None:
     full, resumed = tandem_ddp[1]["max_size"], tandem_ddp[1]["resumed"]
