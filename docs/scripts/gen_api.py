@@ -64,9 +64,12 @@ PAGES: dict[str, tuple[str, str, list[str], list[str]]] = {
     "cli": ("tandem.cli", "The command line and YAML configs.", ["tandem.cli"], []),
     "utilities": (
         "tandem.utilities",
-        "Rank-zero helpers, and the exceptions and warnings tandem raises (see [Reliability](../reliability.md)).",
+        "Rank-zero helpers, the model summary, and the exceptions and warnings tandem raises (see "
+        "[Reliability](../reliability.md)).",
         ["tandem.utilities"],
         [
+            "tandem.utilities.model_summary:ModelSummary",
+            "tandem.utilities.model_summary:summarize",
             "tandem.utilities.exceptions:RankFailedError",
             "tandem.utilities.exceptions:CollectiveMismatchError",
             "tandem.utilities.exceptions:HangError",

@@ -1282,7 +1282,7 @@ def _build_callbacks(
         from tandem.callbacks.model_summary import ModelSummary
 
         if not any(isinstance(c, ModelSummary) for c in callbacks):
-            callbacks.insert(0, ModelSummary())
+            callbacks.insert(0, _default_summary(callbacks))
     keys = [c.state_key for c in callbacks]
     duplicates = sorted({k for k in keys if keys.count(k) > 1})
     if duplicates:
@@ -1290,6 +1290,15 @@ def _build_callbacks(
             f"Two callbacks share the checkpoint state key {duplicates[0]!r}; give them different settings."
         )
     return _lightning_order(callbacks)
+
+
+def _default_summary(callbacks: list[Callback]) -> Callback:
+    """Lightning's default summary: a rich table beside a ``RichProgressBar``, the plain one otherwise."""
+    from tandem.callbacks.model_summary import ModelSummary
+    from tandem.callbacks.rich_model_summary import RichModelSummary
+    from tandem.callbacks.rich_progress import RichProgressBar
+
+    return RichModelSummary() if any(isinstance(c, RichProgressBar) for c in callbacks) else ModelSummary()
 
 
 def _lightning_order(callbacks: list[Callback]) -> list[Callback]:
