@@ -414,7 +414,7 @@ class FitLoop:
             validated, plateau_after_epoch_validation, ended = self._run_iter_steps(batches, offset, val_every)
             indexed: Iterator[tuple[int, Any]] | None = None
         else:
-            indexed, plateau_after_epoch_validation = enumerate(batches, start=loop.batches_done), 0
+            indexed, plateau_after_epoch_validation, ended = enumerate(batches, start=loop.batches_done), 0, False
         # plateau_after_epoch_validation: the epoch's last batch; its plateau schedulers step after that validation
         while indexed is not None:
             for batch_idx, batch in indexed:
@@ -510,7 +510,8 @@ class FitLoop:
         taken = DataLoaderIter(training_source(batches, start), self.data.num_batches[0] - start)
         if not start:
             self.steps_done = 0
-        loop.epoch_batches = math.inf  # which step is the epoch's last is known only once its batches are taken
+        # which step is the epoch's last is known only once its batches are taken
+        loop.epoch_batches = loop.batches_done if taken.done else math.inf
         several, max_steps = context.strategy.world_size > 1, context.config.max_steps
         plateau_per_step = self.optimization.has_schedulers("step", plateau=True)
         clock, validated, plateau_after_epoch_validation, ended = self.clock, -1, 0, taken.done
