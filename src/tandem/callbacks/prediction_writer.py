@@ -16,8 +16,8 @@ from torch.utils.data import (
 )
 
 from tandem.callbacks.callback import Callback
-from tandem.trainer.dataloader_iter import takes_dataloader_iter
 from tandem.utilities.exceptions import TandemConfigError, bad_choice
+from tandem.utilities.signature import takes_dataloader_iter
 
 if TYPE_CHECKING:
     from tandem.module import TrainingModule

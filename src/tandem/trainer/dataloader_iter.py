@@ -11,28 +11,12 @@ Which flavour a step is, is decided once per loop run, from its signature.
 
 from __future__ import annotations
 
-import inspect
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from tandem.utilities.exceptions import PossibleUserWarning
 from tandem.utilities.rank_zero import rank_zero_warn
-
-#: the parameter that makes a step the ``dataloader_iter`` flavour
-PARAMETER = "dataloader_iter"
-
-
-def takes_dataloader_iter(step: Callable[..., Any]) -> bool:
-    """Whether ``step`` names a ``dataloader_iter`` parameter itself (``*args`` does not count; Lightning's
-    ``is_param_in_hook_signature(step, "dataloader_iter", explicit=True)``)."""
-    step = getattr(step, "__wrapped__", step)
-    try:
-        parameters = inspect.signature(step).parameters
-    except (TypeError, ValueError):
-        return False
-    parameter = parameters.get(PARAMETER)
-    return parameter is not None and parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)
 
 
 def warn_experimental(step_name: str) -> None:

@@ -19,13 +19,14 @@ import torch
 from tandem.module import TrainingModule, is_overridden
 from tandem.strategies.side_channel import placed
 from tandem.trainer.data import check_dataloader_idx, takes_batch_idx
-from tandem.trainer.dataloader_iter import DataLoaderIter, evaluation_source, takes_dataloader_iter, warn_experimental
+from tandem.trainer.dataloader_iter import DataLoaderIter, evaluation_source, warn_experimental
 from tandem.trainer.hooks import running_hook
 from tandem.trainer.logging import LOADER_SUFFIX
 from tandem.trainer.profiling import NEXT_BATCH, StrategyCalls, timed_batches
 from tandem.trainer.state import EVAL_STAGES, LoopState, StageData
 from tandem.utilities.data import set_sampler_epoch
 from tandem.utilities.logged_values import to_float
+from tandem.utilities.signature import takes_dataloader_iter
 
 if TYPE_CHECKING:
     from tandem.trainer.loops import LoopContext

@@ -24,7 +24,7 @@ from tandem.strategies.precision import Precision
 from tandem.strategies.side_channel import placed, preemption_vote
 from tandem.strategies.strategy import moves_batches
 from tandem.trainer.combined_batches import TrainingBatches
-from tandem.trainer.dataloader_iter import DataLoaderIter, takes_dataloader_iter, training_source, warn_experimental
+from tandem.trainer.dataloader_iter import DataLoaderIter, training_source, warn_experimental
 from tandem.trainer.elastic import continue_from, data_layout, follow_order, order_sampler
 from tandem.trainer.evaluation import call_module_hook
 from tandem.trainer.nonfinite import loss_is_finite, nonfinite_parameters
@@ -38,6 +38,7 @@ from tandem.utilities.exceptions import PossibleUserWarning, TandemConfigError, 
 from tandem.utilities.preemption import PREEMPTION
 from tandem.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from tandem.utilities.seed import capture_rng_state, isolate_rng, restore_rng_state
+from tandem.utilities.signature import takes_dataloader_iter
 
 if TYPE_CHECKING:
     from tandem.profilers import Profiler
