@@ -77,3 +77,19 @@ def test_a_mid_epoch_checkpoint_of_two_loaders_resumes_exactly_under_ddp(ranks, 
         assert resumed["seen"] == full["seen"][4:]
         assert max_abs_diff(resumed["weights"], full["weights"]) == 0.0
     assert one_process["resumed"]["seen"] == one_process["max_size_cycle"]["seen"][4:]
+
+
+@pytest.mark.timeout(300)
+def test_a_dataloader_iter_step_takes_each_ranks_share_and_resumes_exactly_under_ddp(ranks, one_process):
+    """training_step(self, dataloader_iter) taking two batches a step: each rank takes its shard, the steps equal
+    one process's, and a checkpoint at step 2 (batch 4 of 5) resumes exactly."""
+    rank0, rank1, reference = ranks[0]["iter"], ranks[1]["iter"], one_process["iter"]
+    assert rank0["steps"] == rank1["steps"] == reference["steps"] == 6  # 2 + 2 + 1 batches, twice
+    for a, b in zip(rank0["seen"], rank1["seen"]):
+        assert all(not set(a[k]) & set(b[k]) for k in a)
+    one = [{k: sorted(v) for k, v in step.items()} for step in reference["seen"]]
+    assert _merged(rank0["seen"], rank1["seen"]) == one
+    assert max_abs_diff(rank0["weights"], reference["weights"]) < 1e-6
+    for rank in (*ranks, one_process):
+        assert rank["iter_resumed"]["seen"] == rank["iter"]["seen"][4:]
+        assert max_abs_diff(rank["iter_resumed"]["weights"], rank["iter"]["weights"]) == 0.0

@@ -17,6 +17,7 @@ from torch.utils.data import (
 
 from tandem.callbacks.callback import Callback
 from tandem.utilities.exceptions import TandemConfigError, bad_choice
+from tandem.utilities.signature import takes_dataloader_iter
 
 if TYPE_CHECKING:
     from tandem.module import TrainingModule
@@ -101,6 +102,15 @@ class BasePredictionWriter(Callback):
         )
 
     # ------------------------------------------------------------------ hooks
+    def setup(self, trainer: Trainer, pl_module: TrainingModule, stage: str) -> None:
+        if takes_dataloader_iter(pl_module.predict_step):  # no batch is known to belong to a prediction
+            raise NotImplementedError(
+                "The `PredictionWriterCallback` does not support using `dataloader_iter`: "
+                f"{type(pl_module).__name__}.predict_step(self, dataloader_iter) takes its batches itself, so no "
+                "prediction has known batch indices to write. Take the batch as predict_step(self, batch, batch_idx), "
+                "or collect the predictions from trainer.predict(...) and write them yourself."
+            )
+
     def on_predict_epoch_start(self, trainer: Trainer, module: TrainingModule) -> None:
         loaders = _as_list(trainer.predict_dataloaders)
         self._index_iterators = [_batch_indices(loader) for loader in loaders]

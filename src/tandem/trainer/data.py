@@ -399,10 +399,11 @@ def _check(loader: Any, name: str) -> Any:
     return loader
 
 
-def check_dataloader_idx(module: TrainingModule, names: StageNames, several: bool) -> bool:
+def check_dataloader_idx(module: TrainingModule, names: StageNames, several: bool, step: bool = True) -> bool:
     """Whether ``names``' step takes ``dataloader_idx``: it must with several loaders, and with one it may
-    only if the argument has a default (Lightning's rule). The batch hooks follow the same rule."""
-    hooks = [names.step, names.hook("batch_start"), names.hook("batch_end")]
+    only if the argument has a default (Lightning's rule). The batch hooks follow the same rule; ``step=False``:
+    the step is not asked (it takes a ``dataloader_iter``)."""
+    hooks = [names.step, names.hook("batch_start"), names.hook("batch_end")][0 if step else 1 :]
     for hook in hooks:
         fn = getattr(module, hook)
         if not is_overridden(module, hook):

@@ -19,12 +19,14 @@ import torch
 from tandem.module import TrainingModule, is_overridden
 from tandem.strategies.side_channel import placed
 from tandem.trainer.data import check_dataloader_idx, takes_batch_idx
+from tandem.trainer.dataloader_iter import DataLoaderIter, evaluation_source, warn_experimental
 from tandem.trainer.hooks import running_hook
 from tandem.trainer.logging import LOADER_SUFFIX
 from tandem.trainer.profiling import NEXT_BATCH, StrategyCalls, timed_batches
 from tandem.trainer.state import EVAL_STAGES, LoopState, StageData
 from tandem.utilities.data import set_sampler_epoch
 from tandem.utilities.logged_values import to_float
+from tandem.utilities.signature import takes_dataloader_iter
 
 if TYPE_CHECKING:
     from tandem.trainer.loops import LoopContext
@@ -123,7 +125,10 @@ class EvaluationLoop:
         strategy, metrics, hooks = context.strategy, context.metrics, context.hooks
         names = data.names
         counts = [min(context.config.sanity_steps, n) for n in data.num_batches] if sanity else data.num_batches
-        several = check_dataloader_idx(strategy.module, names, data.several)
+        takes_iter = takes_dataloader_iter(getattr(strategy.module, names.step))  # the step takes its batches
+        if takes_iter:
+            warn_experimental(names.step)
+        several = check_dataloader_idx(strategy.module, names, data.several, step=not takes_iter)
         keep = stage == "predict" and self.return_predictions
         module = strategy.module
         model = strategy.model if strategy.model is not None else module
@@ -135,14 +140,19 @@ class EvaluationLoop:
         hooks.call(names.hook("start"))
         hooks.call(names.hook("epoch_start"))
         predictions: list[Any] = []
+        results_of: list[int] | range = range(len(data.loaders))  # the loaders that get a results dict
+        step_logs = not sanity and stage != "predict"  # with loggers or without, as Lightning
         with torch.no_grad():
-            for index, (loader, count) in enumerate(zip(data.loaders, counts)):
-                metrics.dataloader_idx = index if several else None
-                step_logs = not sanity and stage != "predict"  # with loggers or without, as Lightning
-                batches = first if index == 0 else strategy.evaluation_batches(loader, count)
-                outputs = self._run_loader(names, batches, (index,) if several else (), keep, step_logs)
-                if keep:  # every rank's predictions, in dataset order (a collective: all ranks run it)
-                    predictions.append(strategy.gather_predictions(outputs, loader))
+            if takes_iter:  # the steps take the batches: each rank's predictions, not gathered (Lightning's)
+                outputs, results_of = self._run_iterator(names, data.loaders, counts, first, several, keep, step_logs)
+                predictions = outputs
+            else:
+                for index, (loader, count) in enumerate(zip(data.loaders, counts)):
+                    metrics.dataloader_idx = index if several else None
+                    batches = first if index == 0 else strategy.evaluation_batches(loader, count)
+                    outputs = self._run_loader(names, batches, (index,) if several else (), keep, step_logs)
+                    if keep:  # every rank's predictions, in dataset order (a collective: all ranks run it)
+                        predictions.append(strategy.gather_predictions(outputs, loader))
         metrics.dataloader_idx = None
         # as Lightning: the epoch's values are published before the epoch-end hooks (which read them in
         # callback_metrics), and what those hooks log is added after them
@@ -166,7 +176,7 @@ class EvaluationLoop:
             return (predictions if several else predictions[0]) if keep else None
         if len(data.loaders) <= 1:
             return [to_float(metrics.stage_values())]
-        return [to_float(metrics.stage_values(index)) for index in range(len(data.loaders))]
+        return [to_float(metrics.stage_values(index)) for index in results_of]
 
     def _run_loader(
         self, names: StageNames, batches: Iterator[Any], extra: tuple[int, ...], keep: bool, step_logs: bool
@@ -205,6 +215,62 @@ class EvaluationLoop:
                 sink.log_metrics(metrics.evaluation_step_values(), step=self.seen_batches.get(seen, 0))
                 self.seen_batches[seen] = self.seen_batches.get(seen, 0) + 1
         return outputs
+
+    def _run_iterator(
+        self,
+        names: StageNames,
+        loaders: list[Any],
+        counts: list[int | float],
+        first: Iterator[Any] | None,
+        several: bool,
+        keep: bool,
+        step_logs: bool,
+    ) -> tuple[list[list[Any]], list[int]]:
+        """The stage's batches for a ``*_step(self, dataloader_iter)`` (see :mod:`tandem.trainer.dataloader_iter`):
+        the step runs again while the loaders' batches last, and may take them across a loader's end. The batch
+        hooks get the last batch taken and its indices (before the step: the one the previous step took last; the
+        step's values are logged under that loader's name, as Lightning's). Returns the outputs kept, per loader
+        of the last batch each step took, and the loaders a step began in (those get a results dict: Lightning's)."""
+        strategy, metrics, hooks, sink = (
+            self.context.strategy,
+            self.context.metrics,
+            self.context.hooks,
+            self.context.sink,
+        )
+        profiler = self.context.profiler
+        step, start, end = names.step, names.hook("batch_start"), names.hook("batch_end")
+        run_step = strategy.run_step if profiler is None else StrategyCalls(strategy, profiler).run_step
+
+        def per_loader() -> Iterator[Iterator[Any]]:
+            for index, (loader, count) in enumerate(zip(loaders, counts)):
+                batches = first if index == 0 and first is not None else strategy.evaluation_batches(loader, count)
+                yield batches if profiler is None else timed_batches(batches, profiler, NEXT_BATCH[names.name])
+
+        taken = DataLoaderIter(evaluation_source(per_loader()), sum(counts))
+        outputs: list[list[Any]] = [[] for _ in loaders]
+        began_in: list[int] = []
+        while not taken.done:
+            self._at[0] = taken.fetched
+            index = taken.dataloader_idx
+            if not began_in or began_in[-1] != index:
+                began_in.append(index)
+            extra = (index,) if several else ()
+            metrics.dataloader_idx = index if several else None
+            metrics.set_batch(taken.batch)
+            hooks.call(start, taken.batch, taken.batch_idx, *extra)
+            try:
+                with running_hook(step):
+                    output = run_step(step, taken)
+            except StopIteration:  # let out of the step: the stage's data is used up (Lightning's)
+                break
+            if keep:
+                outputs[taken.dataloader_idx].append(output)
+            hooks.call(end, output, taken.batch, taken.batch_idx, *((taken.dataloader_idx,) if several else ()))
+            if step_logs:
+                seen = (names.name, index)
+                sink.log_metrics(metrics.evaluation_step_values(), step=self.seen_batches.get(seen, 0))
+                self.seen_batches[seen] = self.seen_batches.get(seen, 0) + 1
+        return outputs, began_in
 
 
 class ModuleModes:

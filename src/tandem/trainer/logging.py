@@ -154,6 +154,7 @@ class MetricCollector:
         self.logged_metrics: dict[str, Any] = {}
         self.progress_bar_metrics: dict[str, torch.Tensor] = {}
         self._unsynced_warned = False  # epoch values each process aggregated alone were reported (once)
+        self.batch_size_required = False  # training_step(self, dataloader_iter): training logs give batch_size
 
     @property
     def stage(self) -> str:
@@ -237,8 +238,14 @@ class MetricCollector:
         value goes (``entry.repeat``: the call, then what it resolved to). Returns the entry and the value to record,
         or None where nothing is left to record. ``metric_attribute``: the module attribute holding a logged
         torchmetrics Metric (None: found among the module's submodules)."""
-        hook, _, loader, on_step, on_epoch, prog_bar, logger, sync_dist, reduce_fx, batch_size = call[:10]
+        hook, stage, loader, on_step, on_epoch, prog_bar, logger, sync_dist, reduce_fx, batch_size = call[:10]
         rank_zero_only, add_dataloader_idx = call[10:]
+        if batch_size is None and self.batch_size_required and stage == "train":
+            raise LogCallError(
+                "With `def training_step(self, dataloader_iter)`, `self.log(..., batch_size=...)` should be provided: "
+                f"self.log({name!r}, ...) got none, and the Trainer cannot infer it, as the step takes its batches "
+                f"itself. Pass it, e.g. self.log({name!r}, value, batch_size=len(batch))."
+            )
         raw = name
         reduce_fx = reduce_fx_name(name, reduce_fx)  # once per call unlike the name's previous one, as all here
         buffer = replica_logs()

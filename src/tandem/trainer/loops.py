@@ -24,6 +24,7 @@ from tandem.strategies.precision import Precision
 from tandem.strategies.side_channel import placed, preemption_vote
 from tandem.strategies.strategy import moves_batches
 from tandem.trainer.combined_batches import TrainingBatches
+from tandem.trainer.dataloader_iter import DataLoaderIter, training_source, warn_experimental
 from tandem.trainer.elastic import continue_from, data_layout, follow_order, order_sampler
 from tandem.trainer.evaluation import call_module_hook
 from tandem.trainer.nonfinite import loss_is_finite, nonfinite_parameters
@@ -33,10 +34,11 @@ from tandem.trainer.replicas import ReplicaCheck
 from tandem.trainer.rollback import skipping
 from tandem.trainer.state import TRAIN, BatchPlan, LoopState, StageData
 from tandem.utilities.data import find_sampler, has_len, is_empty_batch
-from tandem.utilities.exceptions import PossibleUserWarning, empty_batch
+from tandem.utilities.exceptions import PossibleUserWarning, TandemConfigError, empty_batch
 from tandem.utilities.preemption import PREEMPTION
 from tandem.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from tandem.utilities.seed import capture_rng_state, isolate_rng, restore_rng_state
+from tandem.utilities.signature import takes_dataloader_iter
 
 if TYPE_CHECKING:
     from tandem.profilers import Profiler
@@ -96,6 +98,10 @@ class FitLoop:
         self.empty_batch: tuple[int, int, int] | None = None  # (rank, epoch, batch_idx) not yet acted on (ddp)
         self._bad: RollbackRecord | None = None  # on_nonfinite="rollback": a publishing check found a bad batch
         self.clock: ValidationClock | None = None  # a time-based val_check_interval's (set per fit); None: off
+        # training_step(self, dataloader_iter): the steps take the batches (decided once per fit); steps_done counts
+        # the epoch's steps, batches_done the batches they took
+        self.steps_take_batches = False
+        self.steps_done = 0
 
     def __getstate__(self) -> dict[str, Any]:  # ddp_spawn pickles the Trainer, which binds ``preempt`` again
         return {**self.__dict__, "_preempt": None, "_load": None, "plan": BatchPlan.FULL}
@@ -187,6 +193,8 @@ class FitLoop:
             state["data"] = layout
         if self.state.schedulers_pending:
             state["epoch_schedulers"] = self.optimization.monitored_values()
+        if self.steps_take_batches:  # the epoch's steps, where they differ from its batches
+            state["steps_done"] = self.steps_done
         return state
 
     def _data_layout(self) -> dict[str, Any] | None:
@@ -208,6 +216,7 @@ class FitLoop:
         loop.resume_train_metrics = train_metrics if loop.batches_done else None
         loop.resume_rng = rng
         loop.resume_schedulers = state.get("epoch_schedulers")
+        self.steps_done = state.get("steps_done", loop.batches_done)
         now = self._data_layout()
         if "data" in state and now is not None:  # another device count or batch size: the same place
             continue_from(state["data"], now, loop, self.data, announce)
@@ -242,6 +251,7 @@ class FitLoop:
         profiler = context.profiler
         self.plan = self._compose()
         self.optimization.follow_plan(self.plan)
+        self.steps_take_batches = self._steps_take_batches()
         loop = self.state
         if self.validates and context.config.num_sanity_val_steps != 0:
             with isolate_rng():  # as Lightning: the check draws no training randomness (a loader's iter seeds)
@@ -310,6 +320,24 @@ class FitLoop:
         here = (loop.epoch, loop.batches_done)
         if here >= preemption_vote().target(here):
             self._preempt()
+
+    def _steps_take_batches(self) -> bool:
+        """Whether the module's ``training_step`` takes a ``dataloader_iter`` (see
+        :mod:`tandem.trainer.dataloader_iter`); then ``self.log`` in training needs ``batch_size`` (Lightning's
+        rule: the Trainer does not see the batches), and rolling back past a bad batch is refused."""
+        context = self.context
+        takes = takes_dataloader_iter(context.strategy.module.training_step)
+        context.metrics.batch_size_required = takes
+        if not takes:
+            return False
+        if context.nonfinite.rollback is not None:
+            raise TandemConfigError(
+                "Trainer(on_nonfinite='rollback') cannot replay the batches of a training_step(self, dataloader_iter): "
+                "the step takes its batches itself. Use on_nonfinite='raise' or 'warn', or take the batch as "
+                "training_step(self, batch, batch_idx)."
+            )
+        warn_experimental("training_step")
+        return True
 
     #: compose every fit's plan with every stage on (the equivalence test's reference path; see BatchPlan)
     compose_all = False
@@ -382,9 +410,13 @@ class FitLoop:
         rollback = context.nonfinite.rollback
         if rollback is not None:  # a rollback goes back at most to here
             rollback.take(strategy, self.optimization, loop, metrics)
-        indexed: Iterator[tuple[int, Any]] | None = enumerate(batches, start=loop.batches_done)
-        plateau_after_epoch_validation = 0  # the epoch's last batch: its plateau schedulers step after that validation
         clock, validated = self.clock, -1  # validated: the batches done when the epoch last validated
+        if self.steps_take_batches:  # training_step(self, dataloader_iter): the steps take the batches
+            validated, plateau_after_epoch_validation, ended = self._run_iter_steps(batches, offset, val_every)
+            indexed: Iterator[tuple[int, Any]] | None = None
+        else:
+            indexed, plateau_after_epoch_validation, ended = enumerate(batches, start=loop.batches_done), 0, False
+        # plateau_after_epoch_validation: the epoch's last batch; its plateau schedulers step after that validation
         while indexed is not None:
             for batch_idx, batch in indexed:
                 if batch_idx >= n:
@@ -416,8 +448,12 @@ class FitLoop:
         # of a float interval's epoch is), when the epoch's length is unknown, or when the fit stops there
         # (once a batch: not again after a batch that validated and stopped the epoch, max_steps or a stop)
         stopping = context.state.should_stop and (not several or self._stop_agreed) and self._min_reached()
-        due = not val_every or (offset + loop.batches_done) % val_every == 0 or stopping
-        due = due and validated != loop.batches_done and self._validates_this_epoch()
+        if self.steps_take_batches:  # counted in steps; the end of the data validates (Lightning's)
+            due = ended or stopping or bool(val_every) and (offset + self.steps_done) % val_every == 0
+            due = due and validated != self.steps_done and self._validates_this_epoch()
+        else:
+            due = not val_every or (offset + loop.batches_done) % val_every == 0 or stopping
+            due = due and validated != loop.batches_done and self._validates_this_epoch()
         if due and (clock is None or stopping or clock.due()):
             self._validate()
         if plateau_after_epoch_validation:
@@ -463,6 +499,85 @@ class FitLoop:
         """A time-based interval's check after a training batch (Lightning's order): a stop that may end the fit
         validates first, else the time since the last validation decides."""
         return self.context.state.should_stop and self._min_reached() or clock.due()
+
+    def _run_iter_steps(self, batches: Iterator[Any], offset: int, val_every: int) -> tuple[int, int, bool]:
+        """The epoch of a ``training_step(self, dataloader_iter)``: steps while the epoch's batches last. The loop
+        state's ``batches_done`` counts the batches the steps took (where a resume continues), :attr:`steps_done`
+        the steps (what ``val_check_interval`` and the accumulation windows count, as Lightning's). Returns the
+        steps done when the epoch last validated (-1: not), the steps whose plateau schedulers wait for the
+        epoch-end validation (0: none), and whether the epoch's data ended (not a stop or ``max_steps``)."""
+        context, loop = self.context, self.state
+        start = loop.batches_done
+        taken = DataLoaderIter(training_source(batches, start), self.data.num_batches[0] - start)
+        if not start:
+            self.steps_done = 0
+        # which step is the epoch's last is known only once its batches are taken
+        loop.epoch_batches = loop.batches_done if taken.done else math.inf
+        several, max_steps = context.strategy.world_size > 1, context.config.max_steps
+        plateau_per_step = self.optimization.has_schedulers("step", plateau=True)
+        clock, validated, plateau_after_epoch_validation, ended = self.clock, -1, 0, taken.done
+        while not taken.done:
+            ran = self._run_iter_step(taken, start)
+            ended = taken.done or ran is None
+            if ended:
+                loop.epoch_batches = loop.batches_done
+            if not ran:
+                break
+            steps = self.steps_done
+            due = val_every and (offset + steps) % val_every == 0 and not ended
+            if due and self._validates_this_epoch() and (clock is None or self._time_to_validate(clock)):
+                self._validate()
+                validated = steps
+            if plateau_per_step and loop.stepping:
+                if ended:
+                    plateau_after_epoch_validation = steps
+                else:
+                    self.optimization.step_schedulers("step", plateau=True, count=steps)
+            if PREEMPTION.signum is not None:
+                if plateau_after_epoch_validation:
+                    self.optimization.step_schedulers("step", plateau=True, count=plateau_after_epoch_validation)
+                    plateau_after_epoch_validation = 0
+                self._stop_if_preempted()
+            stop = context.state.should_stop and (not several or self._stop_agreed)
+            if 0 <= max_steps <= loop.global_step or stop and self._min_reached():
+                break
+        return validated, plateau_after_epoch_validation, ended
+
+    def _run_iter_step(self, taken: DataLoaderIter, start: int) -> bool | None:
+        """One step of a ``training_step(self, dataloader_iter)``: :meth:`_run_batch`'s order, the batch hooks
+        getting the last batch taken (before the step: the previous step's last, None at first) and its index.
+        False: ``on_train_batch_start`` returned -1 (the epoch ends); None: ``StopIteration`` came out of the step
+        (the epoch ends there, as Lightning's)."""
+        context, loop, optimization, plan = self.context, self.state, self.optimization, self.plan
+        hooks, config = context.hooks, context.config
+        context.metrics.set_batch(None)  # self.log in training needs batch_size here
+        loop.logger_step = loop.batches_stepped
+        loop.plan_batch(
+            self.steps_done, config.accumulate_grad_batches, config.log_every_n_steps, optimization.automatic
+        )
+        if plan.batch_start and _ends_epoch(hooks.call("on_train_batch_start", taken.batch, taken.batch_idx)):
+            loop.no_step()
+            return False
+        if plan.follow is not None:
+            plan.follow(only_if_created=not plan.batch_start)
+        try:
+            output, loss = plan.optimize(taken, taken.batch_idx)
+        except StopIteration:  # the step ended the epoch: its epoch schedulers step all the same
+            loop.no_step()
+            loop.batches_done = start + taken.fetched
+            optimization.step_schedulers("epoch", plateau=False, count=loop.epoch + 1)
+            return None
+        self.steps_done += 1
+        if taken.done:  # the epoch's batches are taken: its epoch schedulers step
+            optimization.step_schedulers("epoch", plateau=False, count=loop.epoch + 1)
+        if loop.log_step:
+            self._publish_step(loss)  # no rollback here: True
+        loop.batches_done = start + taken.fetched
+        if plan.batch_end:
+            hooks.call("on_train_batch_end", optimization.hook_outputs(output, loss), taken.batch, taken.batch_idx)
+        if loop.log_step:
+            context.sink.log_metrics(context.metrics.step_values())
+        return True
 
     # ------------------------------------------------------------------ one batch
     def _run_batch(self, batch: Any, batch_idx: int) -> bool:

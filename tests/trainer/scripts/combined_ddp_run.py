@@ -1,5 +1,5 @@
 """A dict of two shuffled training loaders under ``Trainer(strategy="ddp", devices=2, data_order="global")``, in each
-CombinedLoader mode, and a mid-epoch checkpoint of it resumed. Run as a script (rank 1 is started by re-running it);
+CombinedLoader mode, and a mid-epoch checkpoint of it resumed; the same with a ``training_step(self, dataloader_iter)``. Run as a script (rank 1 is started by re-running it);
 each rank saves what it saw to ``<out>/combined-rank<r>.pt``. ``tests/trainer/test_combined_loader_ddp.py`` runs the
 same programs on one process (``run(world=1)``) and compares.
 
@@ -9,6 +9,7 @@ usage: combined_ddp_run.py --out FOLDER
 from __future__ import annotations
 
 import argparse
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import tandem
 from tandem.callbacks import ModelCheckpoint
 from tandem.utilities import CombinedLoader
 from tandem.utilities.data import find_sampler
+from tandem.utilities.exceptions import PossibleUserWarning
 
 MODES = ("max_size_cycle", "min_size", "max_size")
 
@@ -58,6 +60,20 @@ class Recording(tandem.TrainingModule):
         return torch.optim.SGD(self.parameters(), lr=0.05)
 
 
+class TakingTwo(Recording):
+    """``training_step(self, dataloader_iter)`` taking two batches a step (one at the end of an odd epoch)."""
+
+    def training_step(self, dataloader_iter: Any) -> torch.Tensor:
+        losses = []
+        for _ in range(2):
+            try:
+                batch, batch_idx, _ = next(dataloader_iter)
+            except StopIteration:
+                break
+            losses.append(super().training_step(batch, batch_idx))
+        return sum(losses)
+
+
 def _trainer(world: int, **kwargs: Any) -> tandem.Trainer:
     return tandem.Trainer(
         accelerator="cpu",
@@ -72,9 +88,11 @@ def _trainer(world: int, **kwargs: Any) -> tandem.Trainer:
     )
 
 
-def _fit(world: int, mode: str, ckpt: Path | None = None, **kwargs: Any) -> tuple[Recording, tandem.Trainer]:
+def _fit(
+    world: int, mode: str, ckpt: Path | None = None, module: type[Recording] = Recording, **kwargs: Any
+) -> tuple[Recording, tandem.Trainer]:
     tandem.seed_everything(7)
-    model = Recording()
+    model = module()
     trainer = _trainer(world, **kwargs)
     trainer.fit(model, CombinedLoader(loaders(4 // world), mode), ckpt_path=ckpt)
     return model, trainer
@@ -82,7 +100,7 @@ def _fit(world: int, mode: str, ckpt: Path | None = None, **kwargs: Any) -> tupl
 
 def run(world: int, folder: Path) -> dict[str, Any]:
     """Every mode for 2 epochs; then max_size_cycle stopped at step 4 with a checkpoint (mid-epoch: "a", 3 batches,
-    in its second pass), and resumed to the end."""
+    in its second pass), and resumed to the end; then the dataloader_iter step's fit and resume (:func:`_iter_fits`)."""
     result: dict[str, Any] = {}
     for mode in MODES:
         model, trainer = _fit(world, mode, max_epochs=2)
@@ -98,6 +116,23 @@ def run(world: int, folder: Path) -> dict[str, Any]:
     _fit(world, "max_size_cycle", max_epochs=2, max_steps=4, callbacks=[saving])
     model, trainer = _fit(world, "max_size_cycle", ckpt=folder / f"ckpt{world}" / "step=4.ckpt", max_epochs=2)
     result["resumed"] = {"seen": model.seen, "weights": {k: v.clone() for k, v in model.state_dict().items()}}
+    # the dataloader_iter step: 5 batches an epoch taken 2 a step; then stopped at step 2 (batch 4) and resumed
+    with warnings.catch_warnings():  # the flavour's announcement (tests/trainer/test_dataloader_iter.py asserts it)
+        warnings.filterwarnings("ignore", "Found `dataloader_iter` argument", PossibleUserWarning)
+        result.update(_iter_fits(world, folder))
+    return result
+
+
+def _iter_fits(world: int, folder: Path) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    model, trainer = _fit(world, "max_size_cycle", module=TakingTwo, max_epochs=2)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    result["iter"] = {"seen": model.seen, "steps": trainer.global_step, "weights": weights}
+    saving = ModelCheckpoint(dirpath=folder / f"iter{world}", every_n_train_steps=2, filename="{step}", save_top_k=-1)
+    _fit(world, "max_size_cycle", module=TakingTwo, max_epochs=2, max_steps=2, callbacks=[saving])
+    ckpt = folder / f"iter{world}" / "step=2.ckpt"
+    model, trainer = _fit(world, "max_size_cycle", ckpt=ckpt, module=TakingTwo, max_epochs=2)
+    result["iter_resumed"] = {"seen": model.seen, "weights": {k: v.clone() for k, v in model.state_dict().items()}}
     return result
 
 
