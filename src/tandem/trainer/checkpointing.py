@@ -40,22 +40,15 @@ def checkpoint_state(trainer: Trainer, weights_only: bool = False) -> dict[str, 
     if trainer.datamodule is not None:
         checkpoint["datamodule_hparams"] = dict(trainer.datamodule.hparams)
     if not weights_only:
-        train_metrics, rng_states = trainer.metric_collector.state_dict(), capture_rng_state()
         checkpoint.update(
             loops=trainer.fit_loop.state_dict(),
-            train_metrics=train_metrics,
+            train_metrics=trainer.metric_collector.state_dict(),
             optimizer_states=[trainer.strategy.optimizer_state(o) for o in trainer.optimizers],
             lr_schedulers=[c.scheduler.state_dict() for c in trainer.lr_scheduler_configs],
             precision=trainer.strategy.precision.state_dict(),
             callbacks={c.state_key: c.state_dict() for c in trainer.callbacks},
-            rng_states=rng_states,
+            rng_states=capture_rng_state(),
         )
-        if strategy.world_size > 1:  # each rank's own: its epoch's partial sums (values logged without sync_dist)
-            # and its RNG states, so that every rank resumes where it stood, not where rank 0 stood (one gather;
-            # every rank saves, as it takes part in the replica check above)
-            per_rank = strategy.all_gather_object((train_metrics, rng_states))
-            checkpoint["train_metrics_per_rank"] = [metrics for metrics, _ in per_rank]
-            checkpoint["rng_states_per_rank"] = [rng for _, rng in per_rank]
         if trainer.datamodule is not None:
             checkpoint["datamodule"] = trainer.datamodule.state_dict()
     trainer.call_hook("on_save_checkpoint", checkpoint)
@@ -111,13 +104,7 @@ def restore(
         )
     # mid-epoch: the epoch's partial metric sums come back too; the RNG states where the loop reaches their point
     rng_states = checkpoint.get("rng_states") if rng else None
-    train_metrics = checkpoint.get("train_metrics")
-    per_rank = checkpoint.get("train_metrics_per_rank")
-    if per_rank is not None and len(per_rank) == trainer.world_size:  # the same ranks: each its own (else rank 0's)
-        train_metrics = per_rank[trainer.global_rank]
-        if rng_states is not None:
-            rng_states = checkpoint["rng_states_per_rank"][trainer.global_rank]
-    trainer.fit_loop.load_state_dict(checkpoint["loops"], train_metrics, rng_states, announce)
+    trainer.fit_loop.load_state_dict(checkpoint["loops"], checkpoint.get("train_metrics"), rng_states, announce)
     _check_max_epochs(trainer, checkpoint.get("epoch", 0), path)
     for optimizer, state in zip(optimizers, saved):
         trainer.strategy.load_optimizer_state(optimizer, state)
