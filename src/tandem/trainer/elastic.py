@@ -12,6 +12,10 @@ layout translates its place (:func:`continue_from`):
 - another global batch: it continues from the items consumed, and says so once;
 - an order tandem cannot re-shard (a sampler of the user's on one process, an iterable dataset) resumed mid-epoch
   on another layout: an error naming why, never a silent restart of the epoch.
+
+Several training loaders each have their own order; mid-epoch on another layout each continues at its place
+(:class:`~tandem.trainer.combined_batches.Place`: its pass, the items of that pass consumed), counted from the
+batches of a whole pass each recorded, and the epoch ends where the resumed layout's mode ends it.
 """
 
 from __future__ import annotations
@@ -151,14 +155,14 @@ def _continue_places(
     left = [_batches_left(loader, place) for loader, place in zip(batches.loaders, places)]
     step = tuple(now["world_size"] * layout["items_per_batch"] for layout in now["loaders"])
     if changed:  # this layout's batches: as many done as leave the places' batches to go
-        lengths_now = [len(loader) for loader in batches.loaders]
-        if mode == "min_size":
+        lengths_now, mode_now = [len(loader) for loader in batches.loaders], batches.combined.mode
+        if mode_now == "min_size":
             to_go = min(left)
-        elif mode == "max_size":
+        elif mode_now == "max_size":
             to_go = max(left)
         else:  # max_size_cycle: until every loader has ended a pass; those that have are cycling
             to_go = max((n for n, place in zip(left, places) if place.cycle == 0), default=0)
-        whole = _EPOCH_LENGTH[batches.combined.mode](lengths_now)
+        whole = _EPOCH_LENGTH[mode_now](lengths_now)
         loop.batches_in_earlier_epochs = loop.batches_in_earlier_epochs * whole // max(1, _EPOCH_LENGTH[mode](lengths))
         loop.batches_done = max(0, whole - to_go)
     batches.pending = Begun(loop.batches_done, tuple(places), tuple(left), step)
