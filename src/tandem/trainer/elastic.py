@@ -12,6 +12,10 @@ layout translates its place (:func:`continue_from`):
 - another global batch: it continues from the items consumed, and says so once;
 - an order tandem cannot re-shard (a sampler of the user's on one process, an iterable dataset) resumed mid-epoch
   on another layout: an error naming why, never a silent restart of the epoch.
+
+Several training loaders each have their own order; mid-epoch on another layout each continues at its place
+(:class:`~tandem.trainer.combined_batches.Place`: its pass, the items of that pass consumed), counted from the
+batches of a whole pass each recorded, and the epoch ends where the resumed layout's mode ends it.
 """
 
 from __future__ import annotations
@@ -22,9 +26,9 @@ from typing import Any
 from torch.utils.data import BatchSampler, DataLoader
 
 from tandem.strategies.samplers import GlobalOrderSampler
-from tandem.trainer.combined_batches import TrainingBatches
+from tandem.trainer.combined_batches import Begun, Place, TrainingBatches
 from tandem.trainer.state import LoopState, StageData
-from tandem.utilities.data import find_sampler, unwrapped
+from tandem.utilities.data import find_sampler, has_len, unwrapped
 from tandem.utilities.exceptions import TandemConfigError
 from tandem.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
@@ -51,12 +55,19 @@ def data_layout(data: StageData | None, world_size: int, accumulate: int) -> dic
     (its batch size; 1 when the items are whole batches), accumulation, the order's seed (None: the order
     is the loader's own, which tandem cannot re-shard) and what else the order is made from (``order``: see
     :meth:`~tandem.strategies.samplers.GlobalOrderSampler.order_settings`). With several training loaders, the
-    last three for each loader under ``"loaders"``. None before a fit has training data."""
+    last three and the batches of a whole pass for each loader under ``"loaders"``, the mode, and where the epoch
+    in progress began when not at its start (``"begun"``, after an elastic resume). None before a fit has training
+    data."""
     if data is None or not data.loaders:
         return None
     several = _several(data)
     if several is not None:
-        return {"world_size": world_size, "accumulate": accumulate, "loaders": [_loader_layout(d) for d in several]}
+        batches = data.loaders[0]
+        loaders = [{**_loader_layout(d), "batches": len(d) if has_len(d) else None} for d in several]
+        layout = {"world_size": world_size, "accumulate": accumulate, "mode": batches.combined.mode, "loaders": loaders}
+        if batches.begun is not None:
+            layout["begun"] = batches.begun.record()
+        return layout
     return {"world_size": world_size, "accumulate": accumulate, **_loader_layout(data.loaders[0])}
 
 
@@ -84,7 +95,8 @@ def _continue_several(
     saved: dict[str, Any], now: dict[str, Any], loop: LoopState, data: StageData, announce: bool
 ) -> None:
     """:func:`continue_from` for several training loaders: each follows its own recorded order (a mid-epoch
-    resume: the seed of the pass each is in). Another layout continues only from an epoch's end."""
+    resume: the seed of the pass each is in). Another layout mid-epoch (or an epoch begun elsewhere): each loader
+    continues at its place of its global order (:func:`_continue_places`)."""
     several = _several(data) or []
     if len(saved.get("loaders", ())) != len(several):
         raise TandemConfigError(
@@ -102,19 +114,111 @@ def _continue_several(
     changed = saved["world_size"] != now["world_size"] or any(
         a["items_per_batch"] != b["items_per_batch"] for a, b in zip(saved["loaders"], now["loaders"])
     )
-    if changed and loop.batches_done:
-        raise TandemConfigError(
-            f"The checkpoint stopped in the middle of epoch {loop.epoch} with several training loaders, and this run "
-            f"changes the data layout (processes {saved['world_size']} -> {now['world_size']}, or a loader's batch "
-            "size): tandem continues several loaders mid-epoch only on the same layout. Resume on "
-            f"{saved['world_size']} process(es) with the same batch sizes, or from a checkpoint saved at an epoch's end."
-        )
+    if loop.batches_done and (changed or "begun" in saved):
+        _continue_places(saved, now, loop, data.loaders[0], changed)
+        if changed and announce:
+            _announce_places(saved, now, loop)
+        return
     if (changed or saved["accumulate"] != now["accumulate"]) and announce:
         rank_zero_warn(
             f"Resuming several training loaders with the data layout changed (processes {saved['world_size']} -> "
             f"{now['world_size']}, accumulate_grad_batches {saved['accumulate']} -> {now['accumulate']}, or a "
             "loader's batch size): training continues from the next epoch's start, but its steps are not those the "
             "checkpoint's run would have taken."
+        )
+
+
+def _continue_places(
+    saved: dict[str, Any], now: dict[str, Any], loop: LoopState, batches: TrainingBatches, changed: bool
+) -> None:
+    """Several loaders mid-epoch: where each stood when the checkpoint was saved (its pass, the items of its global
+    order consumed, all ranks together), counted on the saved layout; each continues there on this one, and the
+    epoch ends where this layout's mode ends it: ``min_size`` when a loader's pass ends, ``max_size`` when the
+    last one's does, ``max_size_cycle`` when every loader has ended a pass (the shorter ones starting again).
+    The epoch's done batches become this layout's count that leaves as many batches as the places have left."""
+    mode = saved.get("mode", batches.combined.mode)
+    if changed:
+        _check_reshardable(saved, batches, loop)
+    if any(layout.get("batches") is None for layout in saved["loaders"]):
+        raise TandemConfigError(
+            f"The checkpoint stopped in the middle of epoch {loop.epoch} with several training loaders and was "
+            "written by an earlier tandem, which did not record how long each loader's pass was: tandem cannot tell "
+            f"where each loader stands on another layout. Resume on {saved['world_size']} process(es) with the "
+            "checkpoint's batch sizes, or from a checkpoint saved at an epoch's end."
+        )
+    lengths = [layout["batches"] for layout in saved["loaders"]]
+    if "begun" in saved:
+        begun = Begun.from_record(saved["begun"])
+    else:
+        begun = Begun.start(lengths, [saved["world_size"] * layout["items_per_batch"] for layout in saved["loaders"]])
+    places = begun.places_at(loop.batches_done, lengths, cycling=mode == "max_size_cycle")
+    left = [_batches_left(loader, place) for loader, place in zip(batches.loaders, places)]
+    step = tuple(now["world_size"] * layout["items_per_batch"] for layout in now["loaders"])
+    if changed:  # this layout's batches: as many done as leave the places' batches to go
+        lengths_now, mode_now = [len(loader) for loader in batches.loaders], batches.combined.mode
+        if mode_now == "min_size":
+            to_go = min(left)
+        elif mode_now == "max_size":
+            to_go = max(left)
+        else:  # max_size_cycle: until every loader has ended a pass; those that have are cycling
+            to_go = max((n for n, place in zip(left, places) if place.cycle == 0), default=0)
+        whole = _EPOCH_LENGTH[mode_now](lengths_now)
+        loop.batches_in_earlier_epochs = loop.batches_in_earlier_epochs * whole // max(1, _EPOCH_LENGTH[mode](lengths))
+        loop.batches_done = max(0, whole - to_go)
+    batches.pending = Begun(loop.batches_done, tuple(places), tuple(left), step)
+
+
+#: an epoch's batches from each loader's batches in a pass, by mode
+_EPOCH_LENGTH = {"min_size": min, "max_size": max, "max_size_cycle": max}
+
+
+def _batches_left(loader: DataLoader, place: Place) -> int:
+    """This process's batches of ``loader`` left in a pass at ``place`` (0: the pass has ended)."""
+    if place.consumed is None:
+        return 0
+    sampler = _global_order(loader)
+    assert sampler is not None
+    per_rank, size = sampler.remaining(place.consumed), _loader_layout(loader)["items_per_batch"]
+    return per_rank // size if loader.drop_last else math.ceil(per_rank / size)
+
+
+def _check_reshardable(saved: dict[str, Any], batches: TrainingBatches, loop: LoopState) -> None:
+    """Each loader's order must be one tandem draws again on any layout, or the places mean nothing there."""
+    for i, (layout, loader) in enumerate(zip(saved["loaders"], batches.loaders)):
+        if layout["seed"] is None or _global_order(loader) is None or batches.skippables is None:
+            why = (
+                "the checkpoint's run drew its order from a sampler of its own"
+                if layout["seed"] is None
+                else "this run draws its order from a sampler of its own (or an iterable dataset)"
+            )
+            raise TandemConfigError(
+                f"The checkpoint stopped in the middle of epoch {loop.epoch} with several training loaders, and this "
+                f"run changes the data layout (processes {saved['world_size']} -> the run's, or a loader's batch "
+                f"size), but for training loader {i} {why}: tandem cannot tell which of its samples the rest of the "
+                f"epoch holds. Resume on {saved['world_size']} process(es) with the checkpoint's batch sizes, or from "
+                "a checkpoint saved at an epoch's end, or let tandem order that loader's data (a DataLoader with "
+                "shuffle=True or False and use_distributed_sampler=True)."
+            )
+
+
+def _announce_places(saved: dict[str, Any], now: dict[str, Any], loop: LoopState) -> None:
+    pairs = list(zip(saved["loaders"], now["loaders"]))
+    kept = all(
+        saved["world_size"] * a["items_per_batch"] == now["world_size"] * b["items_per_batch"] for a, b in pairs
+    ) and (saved["accumulate"] == now["accumulate"])
+    sizes = ", ".join(f"{a['items_per_batch']} -> {b['items_per_batch']}" for a, b in pairs)
+    layout = f"processes {saved['world_size']} -> {now['world_size']}, batch sizes {sizes}"
+    if kept:
+        rank_zero_info(
+            f"Resuming several training loaders in the middle of epoch {loop.epoch} on another layout ({layout}): "
+            "every loader's global batch is kept, so each continues at its next item as if never interrupted."
+        )
+    else:
+        rank_zero_warn(
+            f"Resuming several training loaders in the middle of epoch {loop.epoch} on another layout ({layout}, "
+            f"accumulate_grad_batches {saved['accumulate']} -> {now['accumulate']}): each loader continues at its "
+            "next item of its order, but the steps are not those the checkpoint's run would have taken. Keep each "
+            "loader's batch size x processes (and accumulate_grad_batches) to continue exactly."
         )
 
 

@@ -331,11 +331,15 @@ class CombinedLoader(Iterable[Any]):
         """:meth:`__len__` without beginning a pass (which would create the iterables' iterators)."""
         return len(_SUPPORTED_MODES[self._mode](self._flattened, self._limits))
 
-    def _begin_at(self, batches_done: int, prepare: Callable[[list[int]], None]) -> CombinedLoader:
+    def _begin_at(
+        self, batches_done: int, prepare: Callable[[list[int]], None], cycles: list[int] | None = None
+    ) -> CombinedLoader:
         """Begin a pass that continues after its first ``batches_done`` batches (tandem's mid-epoch resume).
         ``prepare`` gets, per iterable, how many items of its current pass it has given (its length: that pass has
         ended) and makes its next ``iter()`` begin there; then the iterators are created and the mode's own state
-        set. Every iterable must have a length; ``"sequential"`` is not resumed (no fit trains in it)."""
+        set. Every iterable must have a length; ``"sequential"`` is not resumed (no fit trains in it). ``cycles``:
+        each iterable's pass in progress (0: its first) where ``prepare`` places the iterables itself (an elastic
+        resume), instead of counting from ``batches_done``."""
         lengths = [int(_length(iterable)) for iterable in self._flattened]
         k = batches_done
         if self._mode == "min_size":
@@ -351,7 +355,7 @@ class CombinedLoader(Iterable[Any]):
         assert self._iterator is not None
         self._iterator._idx = k
         if isinstance(self._iterator, _MaxSizeCycle):  # an iterable that ended before the k-th batch ran out once
-            self._iterator._consumed = [k > n for n in lengths]
+            self._iterator._consumed = [k > n for n in lengths] if cycles is None else [c > 0 for c in cycles]
         return self
 
     def reset(self) -> None:
