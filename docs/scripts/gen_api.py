@@ -28,9 +28,13 @@ PAGES: dict[str, tuple[str, str, list[str], list[str]]] = {
     ),
     "trainer": (
         "tandem.trainer",
-        'The Trainer, and the record of `on_nonfinite="rollback"`.',
+        'The Trainer, its state\'s enums (Lightning\'s), and the record of `on_nonfinite="rollback"`.',
         ["tandem.trainer"],
-        [],
+        [
+            "tandem.trainer.state:TrainerFn",
+            "tandem.trainer.state:RunningStage",
+            "tandem.trainer.state:TrainerStatus",
+        ],
     ),
     "callbacks": (
         "tandem.callbacks",
