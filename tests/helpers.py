@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -9,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -217,3 +219,28 @@ class Payload:
 
     def __reduce__(self):
         return exec, (f"open({self.marker!r}, 'w').write('ran')",)
+
+
+def _same_number(want: float, got: float) -> bool:
+    """The parity suites' tolerance: equal to Lightning's recorded value up to float rounding (NaN equals NaN)."""
+    return (math.isnan(want) and math.isnan(got)) or math.isclose(want, got, rel_tol=1e-6, abs_tol=1e-7)
+
+
+def lightning_differences(want: dict[str, float], got: dict[str, Any]) -> list[str]:
+    """One line per key that differs from Lightning's recorded value, is missing or is extra, in Lightning's order."""
+    lines = []
+    for key in [*want, *(k for k in got if k not in want)]:
+        if key not in got:
+            lines.append(f"  {key}: lightning {want[key]!r}, tandem (missing)")
+        elif key not in want:
+            lines.append(f"  {key}: lightning (missing), tandem {got[key]!r}")
+        elif not _same_number(want[key], got[key]):
+            lines.append(f"  {key}: lightning {want[key]!r}, tandem {got[key]!r} (diff {got[key] - want[key]:+.3g})")
+    return lines
+
+
+def lightning_by_rank(constants: dict[str, float], devices: int) -> list[dict[str, float]]:
+    """Lightning's recorded values for each rank: rank 1's own values are recorded as ``rank1/<key>``."""
+    rank0 = {k: v for k, v in constants.items() if not k.startswith("rank1/")}
+    rank1 = {k.removeprefix("rank1/"): v for k, v in constants.items() if k.startswith("rank1/")}
+    return [rank0] if devices == 1 else [rank0, {**rank0, **rank1}]

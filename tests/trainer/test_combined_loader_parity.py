@@ -12,7 +12,6 @@ plays every mode and the resume on two ranks; each rank's values are compared wi
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from unittest import mock
 
 import pytest
 
-from helpers import launch_free_env, shared_folder
+from helpers import launch_free_env, lightning_by_rank, lightning_differences, shared_folder
 
 SCRIPT = Path(__file__).parent / "scripts" / "combined_parity_programs.py"
 
@@ -526,30 +525,6 @@ def tandem_ddp(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]
     return [json.loads((out / f"tandem.json.rank{rank}.json").read_text()) for rank in (0, 1)]
 
 
-def _same(want: float, got: float) -> bool:
-    return math.isclose(want, got, rel_tol=1e-6, abs_tol=1e-7)  # the tolerance of test_lightning_parity.py
-
-
-def differences(want: dict[str, float], got: dict[str, float]) -> list[str]:
-    """One line per key that differs, is missing or is extra, in the order Lightning recorded them."""
-    lines = []
-    for key in [*want, *(k for k in got if k not in want)]:
-        if key not in got:
-            lines.append(f"  {key}: lightning {want[key]!r}, tandem (missing)")
-        elif key not in want:
-            lines.append(f"  {key}: lightning (missing), tandem {got[key]!r}")
-        elif not _same(want[key], got[key]):
-            lines.append(f"  {key}: lightning {want[key]!r}, tandem {got[key]!r} (diff {got[key] - want[key]:+.3g})")
-    return lines
-
-
-def expected_by_rank(mode: str, devices: int) -> list[dict[str, float]]:
-    constants = LIGHTNING[(mode, devices)]
-    rank0 = {k: v for k, v in constants.items() if not k.startswith("rank1/")}
-    rank1 = {k.removeprefix("rank1/"): v for k, v in constants.items() if k.startswith("rank1/")}
-    return [rank0] if devices == 1 else [rank0, {**rank0, **rank1}]
-
-
 @pytest.mark.timeout(300)  # the first DDP case waits for the launch (about 10 s)
 @pytest.mark.parametrize("devices", [1, 2])
 @pytest.mark.parametrize("mode", MODES)
@@ -565,10 +540,12 @@ def test_a_dict_of_two_loaders_trains_as_under_lightning(
     else:
         results = [rank[mode] for rank in request.getfixturevalue("tandem_ddp")]
     report = []
-    for rank, (want, got) in enumerate(zip(expected_by_rank(mode, devices), results, strict=True)):
+    for rank, (want, got) in enumerate(
+        zip(lightning_by_rank(LIGHTNING[(mode, devices)], devices), results, strict=True)
+    ):
         if got["batches"] != BATCHES[(mode, devices)]:
             report.append(f"rank {rank}: batches {got['batches']}, Lightning's {BATCHES[(mode, devices)]}")
-        lines = differences(want, got["values"])
+        lines = lightning_differences(want, got["values"])
         if lines:
             report.append(f"rank {rank}: {len(lines)} of {len(want)} values differ from Lightning's:")
             report += lines

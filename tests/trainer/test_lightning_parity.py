@@ -10,17 +10,15 @@ without ``sync_dist`` are the rank's own), and both ranks' final weights must be
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 from unittest import mock
 
 import pytest
 
-from helpers import launch_free_env
+from helpers import launch_free_env, lightning_by_rank, lightning_differences
 
 SCRIPT = Path(__file__).parent / "scripts" / "parity_programs.py"
 
@@ -1034,30 +1032,6 @@ def tandem_ddp(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, dict[
     return [json.loads(out.with_name(f"{out.name}.rank{rank}.json").read_text()) for rank in (0, 1)]
 
 
-def _same(want: float, got: float) -> bool:
-    return (math.isnan(want) and math.isnan(got)) or math.isclose(want, got, rel_tol=1e-6, abs_tol=1e-7)
-
-
-def differences(want: dict[str, float], got: dict[str, Any]) -> list[str]:
-    """One line per key that differs, is missing or is extra, in the order Lightning recorded them."""
-    lines = []
-    for key in [*want, *(k for k in got if k not in want)]:
-        if key not in got:
-            lines.append(f"  {key}: lightning {want[key]!r}, tandem (missing)")
-        elif key not in want:
-            lines.append(f"  {key}: lightning (missing), tandem {got[key]!r}")
-        elif not _same(want[key], got[key]):
-            lines.append(f"  {key}: lightning {want[key]!r}, tandem {got[key]!r} (diff {got[key] - want[key]:+.3g})")
-    return lines
-
-
-def expected_by_rank(name: str, devices: int) -> list[dict[str, float]]:
-    constants = LIGHTNING[(name, devices)]
-    rank0 = {k: v for k, v in constants.items() if not k.startswith("rank1/")}
-    rank1 = {k.removeprefix("rank1/"): v for k, v in constants.items() if k.startswith("rank1/")}
-    return [rank0] if devices == 1 else [rank0, {**rank0, **rank1}]
-
-
 @pytest.mark.timeout(300)  # the first DDP case waits for the launch (about 20 s)
 @pytest.mark.parametrize("devices", [1, 2])
 @pytest.mark.parametrize("name", PROGRAMS)
@@ -1072,8 +1046,8 @@ def test_matches_lightning(name: str, devices: int, request: pytest.FixtureReque
     else:
         results = [rank[name] for rank in request.getfixturevalue("tandem_ddp")]
     report = []
-    for rank, (want, got) in enumerate(zip(expected_by_rank(name, devices), results)):
-        lines = differences(want, got)
+    for rank, (want, got) in enumerate(zip(lightning_by_rank(LIGHTNING[(name, devices)], devices), results)):
+        lines = lightning_differences(want, got)
         if lines:
             report.append(f"rank {rank}: {len(lines)} of {len(want)} values differ from Lightning's:")
             report += lines
