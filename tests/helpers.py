@@ -244,3 +244,22 @@ def lightning_by_rank(constants: dict[str, float], devices: int) -> list[dict[st
     rank0 = {k: v for k, v in constants.items() if not k.startswith("rank1/")}
     rank1 = {k.removeprefix("rank1/"): v for k, v in constants.items() if k.startswith("rank1/")}
     return [rank0] if devices == 1 else [rank0, {**rank0, **rank1}]
+
+
+class Nested(tandem.TrainingModule):
+    """Nested submodules with an example input: the model summary's tests (Lightning's table recorded for it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.1)))
+        self.head = nn.Linear(16, 2)
+        self.example_input_array = torch.zeros(4, 8)
+
+    def forward(self, x):
+        return self.head(self.encoder(x))
+
+    def training_step(self, batch, batch_idx):
+        return self(batch).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)

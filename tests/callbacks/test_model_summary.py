@@ -5,31 +5,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch import nn
 from torch.utils.data import DataLoader
 
 import tandem
-from helpers import quiet_trainer
+from helpers import Nested, quiet_trainer
 from tandem.callbacks.model_summary import ModelSummary
 from tandem.utilities.exceptions import TandemConfigError
-
-
-class Nested(tandem.TrainingModule):
-    def __init__(self):
-        super().__init__()
-        self.encoder = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.1)))
-        self.head = nn.Linear(16, 2)
-        self.example_input_array = torch.zeros(4, 8)
-
-    def forward(self, x):
-        return self.head(self.encoder(x))
-
-    def training_step(self, batch, batch_idx):
-        return self(batch).sum()
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
 
 # Recorded from Lightning 2.6.6: what its ModelSummary callback logs at fit start for this module (max_depth=1)
 LIGHTNING_LOGGED = """

@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import tandem
-from helpers import quiet_trainer
+from helpers import Nested, quiet_trainer
 from tandem.utilities import model_summary
 from tandem.utilities.exceptions import TandemConfigError
 from tandem.utilities.model_summary import (
@@ -36,23 +36,6 @@ class Lit(tandem.TrainingModule):
 
     def forward(self, x):
         return self.net(x)
-
-
-class Nested(tandem.TrainingModule):
-    def __init__(self):
-        super().__init__()
-        self.encoder = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.1)))
-        self.head = nn.Linear(16, 2)
-        self.example_input_array = torch.zeros(4, 8)
-
-    def forward(self, x):
-        return self.head(self.encoder(x))
-
-    def training_step(self, batch, batch_idx):
-        return self(batch).sum()
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
 class FrozenEval(tandem.TrainingModule):
