@@ -393,7 +393,7 @@ class OwnBackward(TinyModule):
         self.backwards: list[float] = []
 
     def backward(self, loss, *args, **kwargs):
-        self.backwards.append(float(loss))
+        self.backwards.append(float(loss.detach()))
         loss.backward(*args, **kwargs)
 
     def training_step(self, batch, batch_idx):
