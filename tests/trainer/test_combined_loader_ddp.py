@@ -4,7 +4,6 @@ mid-epoch checkpoint resumes exactly."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,22 +11,14 @@ from typing import Any
 import pytest
 import torch
 
-from helpers import launch_free_env, max_abs_diff, shared_folder
+from helpers import launch_script, max_abs_diff, shared_folder
 
 SCRIPT = Path(__file__).parent / "scripts" / "combined_ddp_run.py"
 MODES = ("max_size_cycle", "min_size", "max_size")
 
 
 def _launch(out: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**launch_free_env(), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
-        cwd=out,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    launch_script(SCRIPT, out)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ another batch size each loader's order goes on without a repeat or a gap."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from helpers import launch_free_env, max_abs_diff, shared_folder
+from helpers import launch_script, max_abs_diff, shared_folder
 
 SCRIPTS = Path(__file__).parent / "scripts"
 SCRIPT = SCRIPTS / "elastic_loaders_run.py"
@@ -32,15 +31,7 @@ def _programs() -> Any:
 def _fill(out: Path) -> None:
     """The one-process runs and checkpoints first (the launch resumes them), then the launch."""
     torch.save(_programs().one_process(out), out / "one.pt")
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**launch_free_env(), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
-        cwd=out,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    launch_script(SCRIPT, out)
 
 
 @pytest.fixture(scope="module")
