@@ -1,5 +1,7 @@
 """Write the API reference pages (docs/api/*.md) from the code: one page per public package, one section per
-name in its ``__all__``, each rendered by mkdocstrings from the docstrings of the module that defines it.
+name in its ``__all__`` (and per name a page adds), the page's main object first. mkdocstrings renders each from
+its docstring under the path it is imported from (``::: tandem.Trainer``), with its name as the heading and its
+signature under it; that path is the heading's id, which docstrings link to (``[`Trainer`][tandem.Trainer]``).
 
     python docs/scripts/gen_api.py           # rewrite docs/api/
     python docs/scripts/gen_api.py --check   # exit 1 when a page is not what the code gives (tests/test_docs.py)
@@ -14,42 +16,74 @@ import argparse
 import importlib
 import pkgutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 API = Path(__file__).resolve().parents[1] / "api"
 
-# page -> (title, introduction, packages whose __all__ it documents, extra names as "module:Name")
-PAGES: dict[str, tuple[str, str, list[str], list[str]]] = {
-    "tandem": (
+
+class Page(NamedTuple):
+    """One API page: its title and introduction, the packages whose ``__all__`` it documents, the names it adds
+    from elsewhere (``"module:Name"``), and the names that open it, in that order."""
+
+    title: str
+    intro: str
+    packages: Sequence[str]
+    extras: Sequence[str] = ()
+    first: Sequence[str] = ()
+
+
+# Each page opens with the object a reader came for (the class they make or subclass), then the others in the
+# order they meet them; a name not in ``first`` follows in its package's ``__all__`` order, then the extras.
+PAGES: dict[str, Page] = {
+    "tandem": Page(
         "tandem",
         "The top-level package: what a first program imports (`import tandem`).",
         ["tandem"],
         ["tandem.utilities.seed:isolate_rng"],
+        first=["Trainer", "TrainingModule", "DataModule", "Callback", "seed_everything", "isolate_rng"],
     ),
-    "trainer": (
+    "trainer": Page(
         "tandem.trainer",
-        'The Trainer, its state\'s enums (Lightning\'s), and the record of `on_nonfinite="rollback"`.',
+        "The Trainer, its state's enums (Lightning's), and the record of `on_nonfinite=\"rollback\"`.",
         ["tandem.trainer"],
         [
             "tandem.trainer.state:TrainerFn",
-            "tandem.trainer.state:RunningStage",
             "tandem.trainer.state:TrainerStatus",
+            "tandem.trainer.state:RunningStage",
         ],
+        first=["Trainer", "TrainerFn", "TrainerStatus", "RunningStage"],
     ),
-    "callbacks": (
+    "callbacks": Page(
         "tandem.callbacks",
         "Every callback, with Lightning's names and arguments.",
         ["tandem.callbacks"],
-        [],
+        first=["Callback"],
     ),
-    "loggers": ("tandem.loggers", "Where `self.log` values go.", ["tandem.loggers"], []),
-    "strategies": (
+    "loggers": Page(
+        "tandem.loggers",
+        "Where `self.log` values go.",
+        ["tandem.loggers"],
+        first=["Logger", "TensorBoardLogger", "CSVLogger"],
+    ),
+    "strategies": Page(
         "tandem.strategies",
         "Strategies by class, precision and the plugins `Trainer(plugins=...)` takes.",
         ["tandem.strategies"],
-        [],
+        first=[
+            "Strategy",
+            "SingleDeviceStrategy",
+            "DataParallelStrategy",
+            "DDPStrategy",
+            "FSDPStrategy",
+            "ParallelStrategy",
+            "register_strategy",
+            "available_strategies",
+            "Precision",
+        ],
     ),
-    "environments": (
+    "environments": Page(
         "tandem.strategies.environments",
         "Cluster environments: where a process reads its rank (see [Clusters](../clusters.md)).",
         [],
@@ -63,13 +97,23 @@ PAGES: dict[str, tuple[str, str, list[str], list[str]]] = {
             "tandem.strategies.environments:LocalEnvironment",
         ],
     ),
-    "profilers": ("tandem.profilers", "`Trainer(profiler=...)`.", ["tandem.profilers"], []),
-    "tuner": ("tandem.tuner", "The learning-rate and batch-size searches.", ["tandem.tuner"], []),
-    "cli": ("tandem.cli", "The command line and YAML configs.", ["tandem.cli"], []),
-    "utilities": (
+    "profilers": Page(
+        "tandem.profilers",
+        "`Trainer(profiler=...)`.",
+        ["tandem.profilers"],
+        first=["Profiler", "SimpleProfiler", "AdvancedProfiler", "PyTorchProfiler"],
+    ),
+    "tuner": Page("tandem.tuner", "The learning-rate and batch-size searches.", ["tandem.tuner"], first=["Tuner"]),
+    "cli": Page(
+        "tandem.cli",
+        "The command line and YAML configs.",
+        ["tandem.cli"],
+        first=["CLI", "LightningCLI", "LightningArgumentParser", "SaveConfigCallback"],
+    ),
+    "utilities": Page(
         "tandem.utilities",
-        "Rank-zero helpers, the model summary, and the exceptions and warnings tandem raises (see "
-        "[Reliability](../reliability.md)).",
+        "The combined loader, the rank-zero helpers, the model summary, and the exceptions and warnings tandem "
+        "raises (see [Reliability](../reliability.md)).",
         ["tandem.utilities"],
         [
             "tandem.utilities.model_summary:ModelSummary",
@@ -86,8 +130,9 @@ PAGES: dict[str, tuple[str, str, list[str], list[str]]] = {
             "tandem.utilities.exceptions:TandemUserCodeError",
             "tandem.utilities.exceptions:UnzeroedGradientsWarning",
         ],
+        first=["CombinedLoader", "rank_zero_only", "rank_zero_info", "rank_zero_warn", "ModelSummary", "summarize"],
     ),
-    "integrations": (
+    "integrations": Page(
         "tandem.integrations",
         "Optional integrations; each imports its framework only when used.",
         [],
@@ -97,16 +142,19 @@ PAGES: dict[str, tuple[str, str, list[str], list[str]]] = {
 
 
 def _section(package: str, name: str) -> str:
+    """A name of ``package.__all__``: rendered by mkdocstrings under its public path (``tandem.Trainer``), which
+    is also the identifier a docstring links to (``[`Trainer`][tandem.Trainer]``)."""
     value = getattr(importlib.import_module(package), name)
     if name == "__version__":
-        return f"## `__version__`\n\n`{package}.__version__`: the installed version, a string.\n"
+        version = f"{package}.__version__"
+        return f"## `__version__` {{#{version}}}\n\n`{version}`: the installed version, a string.\n"
     where = getattr(value, "__module__", None) or ""
     if not where.startswith("tandem"):
         where = _defining_submodule(package, name, value) or where
     if where.startswith("tandem"):
-        return f"## `{name}`\n\n::: {where}.{name}\n"
-    # A name tandem re-exports from another package: say where it comes from.
-    return f"## `{name}`\n\n`{package}.{name}` is `{where}.{name}`, as in Lightning.\n"
+        return f"::: {package}.{name}\n"
+    # A name tandem re-exports from another package (mkdocs.yml preloads it): its own docs, and where it comes from.
+    return f"::: {package}.{name}\n\n`{package}.{name}` is `{where}.{name}`, as in Lightning.\n"
 
 
 def _defining_submodule(package: str, name: str, value: object) -> str | None:
@@ -119,20 +167,34 @@ def _defining_submodule(package: str, name: str, value: object) -> str | None:
     return None
 
 
-def render(page: str) -> str:
-    title, intro, packages, extras = PAGES[page]
-    parts = [
-        f"# {title}\n",
-        "<!-- Generated by docs/scripts/gen_api.py from the code; do not edit. -->\n",
-        intro + "\n",
-    ]
-    for package in packages:
+def sections(page: str) -> dict[str, str]:
+    """The page's sections by name, in the page's order."""
+    spec = PAGES[page]
+    found: dict[str, str] = {}
+    for package in spec.packages:
         for name in importlib.import_module(package).__all__:
-            parts.append(_section(package, name))
-    for extra in extras:
+            found[name] = _section(package, name)
+    for extra in spec.extras:
         module, name = extra.split(":")
         getattr(importlib.import_module(module), name)  # fails loudly when a documented name is gone
-        parts.append(f"## `{name}`\n\n::: {module}.{name}\n")
+        found[name] = f"::: {module}.{name}\n"
+    unknown = [name for name in spec.first if name not in found]
+    if unknown:
+        raise SystemExit(
+            f"PAGES[{page!r}].first names {unknown}, which the page does not document; expected names of its "
+            "packages' __all__ or of its extras: remove them from first, or add them to the page"
+        )
+    return {name: found[name] for name in [*spec.first, *(n for n in found if n not in spec.first)]}
+
+
+def render(page: str) -> str:
+    spec = PAGES[page]
+    parts = [
+        f"# {spec.title}\n",
+        "<!-- Generated by docs/scripts/gen_api.py from the code; do not edit. -->\n",
+        spec.intro + "\n",
+        *sections(page).values(),
+    ]
     return "\n".join(parts)
 
 
