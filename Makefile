@@ -54,7 +54,8 @@ GPU_CHECK_PY ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 gpu-check:
 	$(GPU_CHECK_PY) benchmarks/gpu_check.py --out $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
 
-# The docs site (docs/, mkdocs.yml) into site/: --strict fails on a broken link, anchor or API reference.
+# The docs site (docs/, mkdocs.yml) into site/: --strict fails on a broken link, anchor or API reference; then the
+# README's links and the API pages' signatures are checked on the built site.
 # The docs extra is installed here only; make test runs the docs' code blocks without mkdocs (tests/test_docs.py).
 $(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
 	$(PY) -m pip install -q -e ".[docs]"
@@ -64,6 +65,7 @@ docs: $(VENV)/.docs-installed
 	$(PY) docs/scripts/gen_api.py --check
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 	$(PY) docs/scripts/check_site_links.py
+	$(PY) docs/scripts/check_api_signatures.py
 
 docs-serve: $(VENV)/.docs-installed
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve

@@ -37,11 +37,13 @@ COMPILE_ONLY = ("fragment", "needs")
 def _load_script(name: str):
     spec = importlib.util.spec_from_file_location(name, DOCS / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before it runs, as an import does (a dataclass looks its module up)
     spec.loader.exec_module(module)
     return module
 
 
 links = _load_script("check_site_links")
+signatures = _load_script("check_api_signatures")
 
 
 @dataclass
@@ -185,6 +187,46 @@ def test_docs_links_between_pages_resolve() -> None:
 
 def test_api_reference_pages_are_generated_from_the_code(capsys) -> None:
     assert _load_script("gen_api").main(["--check"]) == 0, capsys.readouterr().out
+
+
+def _built_object(identifier: str, kind: str, signature: bool) -> str:
+    """A top-level object as mkdocstrings writes it into a page (heading, optional signature, contents)."""
+    shown = f'<div class="doc-signature highlight"><pre><code>{identifier}()</code></pre></div>' if signature else ""
+    return (
+        f'<div class="doc doc-object doc-{kind}"><h2 id="{identifier}" class="doc doc-heading">'
+        f'<span class="doc doc-object-name">{identifier}</span></h2>{shown}'
+        f'<div class="doc doc-contents first"><div class="doc doc-object doc-function">'
+        f'<h3 id="{identifier}.member" class="doc doc-heading">member</h3>'
+        f'<div class="doc-signature highlight"></div></div></div></div>'
+    )
+
+
+def test_api_signature_check_finds_objects_without_one() -> None:
+    """docs/scripts/check_api_signatures.py (run by make docs on the built site), on pages written here."""
+    markdown = "# page\n\n::: tandem.A\n\n::: tandem.f\n\n::: tandem.VALUE\n"
+    good = "".join(
+        [
+            _built_object("tandem.A", "class", True),
+            _built_object("tandem.f", "function", True),
+            _built_object("tandem.VALUE", "attribute", False),  # an attribute needs none
+        ]
+    )
+    assert signatures.check_page(markdown, good, "api/page") == []
+    assert [(s.id, s.kind, s.signature) for s in signatures.sections(good)] == [
+        ("tandem.A", "class", True),
+        ("tandem.f", "function", True),
+        ("tandem.VALUE", "attribute", False),
+    ]
+
+    # A class whose signature is missing: its member's signature (an h3 in its contents) does not count.
+    no_signature = good.replace(_built_object("tandem.A", "class", True), _built_object("tandem.A", "class", False))
+    problems = signatures.check_page(markdown, no_signature, "api/page")
+    assert len(problems) == 1 and "tandem.A (class) shows no signature" in problems[0]
+
+    # show_root_heading off: the objects have no heading of their own, only their members do.
+    headless = re.sub(r'<h2 id="[^"]+" class="doc doc-heading">.*?</h2>', "", good)
+    problems = signatures.check_page(markdown, headless, "api/page")
+    assert len(problems) == 1 and "no heading for tandem.A, tandem.f, tandem.VALUE" in problems[0]
 
 
 def test_slug_matches_mkdocs() -> None:
