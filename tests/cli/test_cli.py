@@ -196,6 +196,9 @@ def test_help_lists_each_section_with_types_defaults_and_docstring_help(capsys):
         CLI(TinyModule, Data, args=["--help"])
     top = capsys.readouterr().out
     assert "fit" in top and "validate" in top and "predict" in top
+    # cross-references in the docstrings print as names
+    assert "or a Strategy instance" in out and "one dict per loader (see validate)." in " ".join(top.split())
+    assert not [text for text in (out, top) if "][" in text or ":class:" in text or ":meth:" in text]
 
 
 def test_errors_exit_with_status_2_and_one_message_before_anything_is_built(tmp_path, capsys):

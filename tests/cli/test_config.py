@@ -278,6 +278,28 @@ def test_help_text_comes_from_the_docstring_args():
     assert signature(Model).parameters["hidden"].help == "width of the hidden layer."
 
 
+def test_help_text_shows_names_for_links_and_roles():
+    """--help prints a docstring's cross-references as the names they show: mkdocstrings links (tandem's own
+    docstrings) and Sphinx roles (a user's)."""
+
+    def documented(strategy, callbacks, plugins):
+        """A function.
+
+        Args:
+            strategy: a name or a [`Strategy`][tandem.strategies.Strategy] instance.
+            callbacks: [`Callback`][tandem.Callback]s, or [`EarlyStopping`][] alone.
+            plugins: a :class:`~tandem.strategies.Precision` or ``None``.
+        """
+
+    docs = docstring_args(documented.__doc__)
+    assert docs["strategy"] == "a name or a Strategy instance."
+    assert docs["callbacks"] == "Callbacks, or EarlyStopping alone."
+    assert docs["plugins"] == "a Precision or None."
+    trainer = signature(tandem.Trainer).parameters
+    assert "or a Strategy instance" in trainer["strategy"].help
+    assert not [name for name, p in trainer.items() if "][" in p.help or ":class:" in p.help]
+
+
 def test_kwargs_handed_to_super_bring_the_parents_arguments():
     class MyTrainer(tandem.Trainer):
         def __init__(self, note: str = "", **kwargs) -> None:

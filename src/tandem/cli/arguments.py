@@ -197,7 +197,10 @@ def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
 
 _ARGS_HEADER = re.compile(r"^(Args|Arguments|Parameters|Keyword Args):$")
 _ARG_ENTRY = re.compile(r"^(\*{0,2}\w+(?:\s*[/,]\s*\*{0,2}\w+)*)\s*(?:\([^)]*\))?\s*:(?:\s+(.*))?$")
+# cross-references print as the names they show: a Sphinx role in a user's docstring (the class role on ~a.B -> B)
+# and a mkdocstrings link in tandem's ([`Trainer`][tandem.Trainer] -> Trainer)
 _ROLE = re.compile(r":\w+:`~?(?:[\w.]*\.)?(\w+)`")
+_LINK = re.compile(r"\[`?([^\]`]+)`?\]\[[\w.]*\]")
 
 
 def docstring_args(doc: str | None) -> dict[str, str]:
@@ -226,7 +229,12 @@ def docstring_args(doc: str | None) -> dict[str, str]:
         elif level > indent:
             for name in names:
                 out[name] = f"{out[name]} {stripped}".strip()
-    return {name: _ROLE.sub(r"\1", text).replace("``", "") for name, text in out.items()}
+    return {name: plain(text) for name, text in out.items()}
+
+
+def plain(text: str) -> str:
+    """Docstring text as the command line prints it: cross-references as their names, code without backticks."""
+    return _LINK.sub(r"\1", _ROLE.sub(r"\1", text)).replace("``", "")
 
 
 # ---------------------------------------------------------------------------------------------- types

@@ -28,6 +28,7 @@ from tandem.cli.arguments import (
     function_parameters,
     known_classes,
     list_replaced,
+    plain,
     signature,
     type_name,
 )
@@ -759,7 +760,7 @@ def _resolve_seed(value: bool | int) -> bool | int:
 def _first_sentence(doc: str | None) -> str:
     if not doc:
         return ""
-    text = " ".join(doc.strip().split("\n\n")[0].split()).replace("``", "")
+    text = plain(" ".join(doc.strip().split("\n\n")[0].split()))
     return text.split(". ")[0].rstrip(".") + "."
 
 
