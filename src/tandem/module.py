@@ -92,7 +92,8 @@ class AttributeDict(dict):
 
 
 class HyperparametersMixin:
-    """``save_hyperparameters`` and ``hparams``, shared by :class:`TrainingModule` and :class:`DataModule`."""
+    """``save_hyperparameters`` and ``hparams``, shared by [`TrainingModule`][tandem.TrainingModule] and
+    [`DataModule`][tandem.DataModule]."""
 
     def save_hyperparameters(self, *names: Any, ignore: Iterable[str] | str | None = None, logger: bool = True) -> None:
         """Store the ``__init__`` arguments of the caller in ``self.hparams`` (and in checkpoints and loggers).
@@ -140,8 +141,8 @@ class HyperparametersMixin:
 
 
 class DataHooks:
-    """Where data comes from and how a batch reaches the device: shared by :class:`TrainingModule` and
-    :class:`DataModule` (a DataModule's override wins). Transfer hooks are called only when overridden."""
+    """Where data comes from and how a batch reaches the device: shared by [`TrainingModule`][tandem.TrainingModule] and
+    [`DataModule`][tandem.DataModule] (a DataModule's override wins). Transfer hooks are called only when overridden."""
 
     # ------------------------------------------------------------------ data (used when fit gets no loaders)
     def prepare_data(self) -> None:
@@ -190,8 +191,8 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
     Set ``self.automatic_optimization = False`` to step the optimizers yourself in ``training_step``
     (GANs, several optimizers): ``self.optimizers()``, ``self.manual_backward(loss)``, ``opt.step()``.
 
-    Example::
-
+    Example:
+        ```python
         class Classifier(TrainingModule):
             def __init__(self, lr: float = 0.1):
                 super().__init__()
@@ -206,6 +207,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
 
             def configure_optimizers(self):
                 return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+        ```
     """
 
     #: run ``prepare_data`` on local rank 0 of every node (False: on global rank 0 only)
@@ -346,7 +348,8 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
 
     def toggle_optimizer(self, optimizer: Any) -> None:
         """Let only ``optimizer``'s parameters take gradients (the others' ``requires_grad`` is set False until
-        :meth:`untoggle_optimizer`), so each loss of a GAN reaches only the network it trains."""
+        [`untoggle_optimizer`][tandem.TrainingModule.untoggle_optimizer]), so each loss of a GAN reaches only the
+        network it trains."""
         state: dict[nn.Parameter, bool] = {}
         for opt in self.trainer.optimizers:
             for group in opt.param_groups:
@@ -360,7 +363,8 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         self._param_requires_grad_state = state
 
     def untoggle_optimizer(self, optimizer: Any) -> None:
-        """Restore the ``requires_grad`` flags that :meth:`toggle_optimizer` changed."""
+        """Restore the ``requires_grad`` flags that [`toggle_optimizer`][tandem.TrainingModule.toggle_optimizer]
+        changed."""
         inner = getattr(optimizer, "optimizer", optimizer)
         for opt in self.trainer.optimizers:
             if opt is inner:
@@ -373,7 +377,8 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
 
     @contextlib.contextmanager
     def toggled_optimizer(self, optimizer: Any) -> Iterator[None]:
-        """:meth:`toggle_optimizer` for the block, :meth:`untoggle_optimizer` after it (even on error)."""
+        """[`toggle_optimizer`][tandem.TrainingModule.toggle_optimizer] for the block,
+        [`untoggle_optimizer`][tandem.TrainingModule.untoggle_optimizer] after it (even on error)."""
         self.toggle_optimizer(optimizer)
         try:
             yield
@@ -409,7 +414,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         self, optimizer: Any, gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None
     ) -> None:
         """Called before each optimizer step (automatic optimization) with the Trainer's clipping settings.
-        Override to clip your own way; the default calls :meth:`clip_gradients`."""
+        Override to clip your own way; the default calls [`clip_gradients`][tandem.TrainingModule.clip_gradients]."""
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     @logs_per_step
@@ -620,12 +625,13 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
                 that ``__init__`` no longer takes (a renamed argument) is an error while an argument would fall
                 back to its default: pass that argument (``hidden_dim=...``), and the old saved name is left out.
 
-        Example::
-
+        Example:
+            ```python
             model = Classifier.load_from_checkpoint("runs/.../checkpoints/last.ckpt")
             model.eval()
             with torch.no_grad():
                 prediction = model(x)
+            ```
         """
         checkpoint = _read_checkpoint(checkpoint_path, weights_only)
         module = _instantiate(cls, checkpoint.get("hparams", {}), kwargs, checkpoint_path)
@@ -764,7 +770,8 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         self.zero_grad()
 
     def on_validation_model_eval(self) -> None:
-        """Called as validation starts: puts the model in eval mode (see :meth:`on_validation_model_train`)."""
+        """Called as validation starts: puts the model in eval mode (see
+        [`on_validation_model_train`][tandem.TrainingModule.on_validation_model_train])."""
         self._stepped_model().eval()
 
     def on_validation_model_train(self) -> None:
@@ -773,7 +780,8 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         self._stepped_model().train()
 
     def on_test_model_eval(self) -> None:
-        """Called as testing starts: puts the model in eval mode (see :meth:`on_test_model_train`)."""
+        """Called as testing starts: puts the model in eval mode (see
+        [`on_test_model_train`][tandem.TrainingModule.on_test_model_train])."""
         self._stepped_model().eval()
 
     def on_test_model_train(self) -> None:
@@ -873,7 +881,7 @@ def is_overridden(obj: TrainingModule | DataModule, name: str) -> bool:
 
 
 def calls_hook(obj: TrainingModule | DataModule, name: str) -> bool:
-    """Whether the loops call ``obj``'s hook ``name``: it is overridden (:func:`is_overridden`), or a callable is set on
+    """Whether the loops call ``obj``'s hook ``name``: it is overridden (``is_overridden``), or a callable is set on
     the instance, whatever it wraps (Lightning calls every hook; tandem skips only the base's own no-ops)."""
     return is_overridden(obj, name) or callable(vars(obj).get(name))
 
@@ -909,7 +917,7 @@ def _instantiate(cls: type, saved: Mapping[str, Any], passed: Mapping[str, Any],
     """``cls(**saved, **passed)``, keeping only the arguments ``__init__`` takes (all of them if it takes
     ``**kwargs``). Refused, naming the fix, when a required argument is neither saved nor passed, or when a saved
     name ``__init__`` does not take (a renamed argument) would be dropped while an argument falls back to its default
-    (see :func:`~tandem.utilities.exceptions.hyperparameters_renamed`)."""
+    (see ``hyperparameters_renamed``)."""
     parameters = inspect.signature(cls.__init__).parameters
     named = {
         name: p.default
@@ -937,8 +945,8 @@ class DataModule(HyperparametersMixin, DataHooks):
     ``"fit" | "validate" | "test" | "predict"``. A loader method may return one loader, or (validation,
     test and predict) a list or a dict of them.
 
-    Example::
-
+    Example:
+        ```python
         class Digits(DataModule):
             def setup(self, stage):
                 self.train_set, self.val_set = make_splits()
@@ -948,6 +956,7 @@ class DataModule(HyperparametersMixin, DataHooks):
 
             def val_dataloader(self):
                 return DataLoader(self.val_set, batch_size=256)
+        ```
     """
 
     #: run ``prepare_data`` on local rank 0 of every node (False: on global rank 0 only)
@@ -990,10 +999,11 @@ class DataModule(HyperparametersMixin, DataHooks):
         """A DataModule whose loaders read the given datasets (the training one shuffled). Evaluation
         datasets may be a list or dict: one loader each.
 
-        Example::
-
+        Example:
+            ```python
             data = DataModule.from_datasets(train_set, val_set, batch_size=64)
             trainer.fit(model, data)
+            ```
         """
 
         def loaders(datasets: Any, shuffle: bool) -> Any:
@@ -1023,7 +1033,7 @@ class DataModule(HyperparametersMixin, DataHooks):
     ) -> Self:
         """A DataModule rebuilt from a checkpoint of a fit that used one: ``cls(**saved hparams, **kwargs)``,
         with its ``load_state_dict`` given the saved state. ``weights_only=False``: the file is trusted (see
-        :meth:`TrainingModule.load_from_checkpoint`)."""
+        [`TrainingModule.load_from_checkpoint`][tandem.TrainingModule.load_from_checkpoint])."""
         checkpoint = _read_checkpoint(checkpoint_path, weights_only)
         datamodule = _instantiate(cls, checkpoint.get("datamodule_hparams", {}), kwargs, checkpoint_path)
         if "datamodule" in checkpoint:

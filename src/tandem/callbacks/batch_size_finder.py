@@ -98,8 +98,9 @@ def scale_batch_size(
     max_trials: int = 25,
     batch_arg_name: str = "batch_size",
 ) -> int | None:
-    """The search, run from a hook of a fit; see :class:`BatchSizeFinder`. Returns the size found (also set on the
-    module / DataModule, whose loaders are built again with it), or None under ``fast_dev_run``."""
+    """The search, run from a hook of a fit; see [`BatchSizeFinder`][tandem.callbacks.BatchSizeFinder]. Returns the size
+    found (also set on the module / DataModule, whose loaders are built again with it), or None under
+    ``fast_dev_run``."""
     if trainer.fast_dev_run:
         rank_zero_warn("Skipping the batch size finder: fast_dev_run is set.")
         return None
@@ -129,7 +130,7 @@ class BatchSizeFinder(Callback):
 
     Each size is tried for ``steps_per_trial`` optimizer steps in a ``Trainer.trial``; a size that raises an
     out-of-memory error (``torch.OutOfMemoryError``, "CUDA out of memory", see
-    :func:`~tandem.utilities.memory.is_oom_error`) is too large. The size found is set where
+    ``is_oom_error``) is too large. The size found is set where
     ``batch_arg_name`` is found (the module, its hparams, the DataModule, its hparams), the training loaders are
     built again with it, and the fit starts from exactly the state it had before the search. The loaders must come
     from ``train_dataloader()`` of the module or DataModule, reading that attribute. ``optimal_batch_size`` holds
@@ -146,10 +147,11 @@ class BatchSizeFinder(Callback):
         max_trials: the most sizes tried (``"binsearch"``: the most sizes that fit).
         batch_arg_name: the attribute holding the batch size.
 
-    Example::
-
+    Example:
+        ```python
         trainer = Trainer(callbacks=[BatchSizeFinder(mode="binsearch")])
         trainer.fit(model)  # model.batch_size is the largest that fits, then training runs with it
+        ```
     """
 
     SUPPORTED_MODES = ("power", "binsearch")

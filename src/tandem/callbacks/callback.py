@@ -26,12 +26,13 @@ class Callback:
     The evaluation batch hooks (``on_validation_batch_end`` and friends) get ``dataloader_idx`` only when
     the stage has several loaders; declare it as ``dataloader_idx=0``, as Lightning does.
 
-    Example::
-
+    Example:
+        ```python
         class PrintLoss(Callback):
             def on_train_epoch_end(self, trainer, module):
                 if trainer.is_global_zero:
                     print(trainer.current_epoch, float(trainer.callback_metrics["train_loss"]))
+        ```
     """
 
     @property
@@ -117,16 +118,17 @@ class Callback:
         """Log a value from a callback hook, as ``pl_module.log(name, value, **kwargs)`` (Lightning's ``Callback.log``):
         the same arguments, defaults per hook, rules and errors, into the module the run is training or evaluating.
 
-        Example::
-
+        Example:
+            ```python
             class LogEpoch(Callback):
                 def on_train_epoch_end(self, trainer, pl_module):
                     self.log("epoch_seen", trainer.current_epoch)
+            ```
         """
         _running_module(name).log(name, value, **kwargs)
 
     def log_dict(self, values: Mapping[str, Any], **kwargs: Any) -> None:
-        """:meth:`log` for each item, with the same options (``pl_module.log_dict``)."""
+        """[`log`][tandem.Callback.log] for each item, with the same options (``pl_module.log_dict``)."""
         _running_module(next(iter(values), "")).log_dict(values, **kwargs)
 
     def state_dict(self) -> dict[str, Any]:

@@ -57,9 +57,10 @@ class DeviceStatsMonitor(Callback):
             False: never.
         filter_keys: log only these statistics (names without the prefix, e.g. ``{"cpu_percent"}``).
 
-    Example::
-
+    Example:
+        ```python
         trainer = Trainer(callbacks=[DeviceStatsMonitor(filter_keys={"allocated_bytes.all.peak"})])
+        ```
     """
 
     def __init__(self, cpu_stats: bool | None = None, filter_keys: set[str] | None = None) -> None:

@@ -57,15 +57,16 @@ class EarlyStopping(Callback):
             with ``[rank: r]`` under several processes (Lightning's rule).
 
     Attributes:
-        stopping_reason: an :class:`EarlyStoppingReason` (``NOT_STOPPED`` until it stops the fit).
+        stopping_reason: an ``EarlyStoppingReason`` (``NOT_STOPPED`` until it stops the fit).
         stopping_reason_message: the reason in words once it stopped the fit, else None.
 
     The reason for stopping is reported (with ``verbose``, each improvement too) through the module's ``log``
     logger (``logging.getLogger("tandem.callbacks.early_stopping")``), in Lightning's words.
 
-    Example::
-
+    Example:
+        ```python
         trainer = Trainer(callbacks=[EarlyStopping("val_loss", patience=5, min_delta=1e-3)], max_epochs=100)
+        ```
     """
 
     def __init__(

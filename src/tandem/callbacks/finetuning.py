@@ -27,10 +27,12 @@ def multiplicative(epoch: int) -> float:
 
 
 class BaseFinetuning(Callback):
-    """The base of finetuning callbacks: :meth:`freeze_before_training` freezes modules before the optimizers
-    are configured, :meth:`finetune_function` runs at the start of every training epoch (once per optimizer)
-    and unfreezes them, typically with :meth:`unfreeze_and_add_param_group`, which adds their parameters to the
-    optimizer as a new parameter group.
+    """The base of finetuning callbacks:
+    [`freeze_before_training`][tandem.callbacks.BaseFinetuning.freeze_before_training] freezes modules before the
+    optimizers are configured, [`finetune_function`][tandem.callbacks.BaseFinetuning.finetune_function] runs at the
+    start of every training epoch (once per optimizer) and unfreezes them, typically with
+    [`unfreeze_and_add_param_group`][tandem.callbacks.BaseFinetuning.unfreeze_and_add_param_group], which adds their
+    parameters to the optimizer as a new parameter group.
 
     The parameter groups added this way, and which parameters are frozen, are kept in checkpoints: a resumed fit
     gets them back before the optimizer's state is loaded. ``configure_optimizers`` must leave frozen
@@ -38,8 +40,8 @@ class BaseFinetuning(Callback):
     already and are not added again. With DDP, parameters frozen when the module is wrapped get no gradient
     synchronisation later; finetune on one device or unfreeze before fit.
 
-    Example::
-
+    Example:
+        ```python
         class FeatureExtractorFreezeUnfreeze(BaseFinetuning):
             def __init__(self, unfreeze_at_epoch=10):
                 super().__init__()
@@ -51,6 +53,7 @@ class BaseFinetuning(Callback):
             def finetune_function(self, module, current_epoch, optimizer):
                 if current_epoch == self._unfreeze_at_epoch:
                     self.unfreeze_and_add_param_group(module.feature_extractor, optimizer, train_bn=True)
+        ```
     """
 
     def __init__(self) -> None:
@@ -238,15 +241,17 @@ class BackboneFinetuning(BaseFinetuning):
         backbone_initial_lr: the backbone's first rate (overrides ``backbone_initial_ratio_lr``).
         should_align: cap the backbone's rate at the first group's.
         initial_denom_lr: kept for Lightning compatibility; the backbone's rate is always given explicitly,
-            so it has no effect here (see :meth:`BaseFinetuning.unfreeze_and_add_param_group`).
+            so it has no effect here (see
+            [`unfreeze_and_add_param_group`][tandem.callbacks.BaseFinetuning.unfreeze_and_add_param_group]).
         train_bn: add the backbone's BatchNorm layers to its group at the unfreeze epoch (they are not frozen
             before it, as in Lightning: configure_optimizers may already hold them).
         verbose: report the learning rates each epoch from the unfreeze epoch on.
         rounding: digits of the reported learning rates.
 
-    Example::
-
+    Example:
+        ```python
         trainer = Trainer(callbacks=[BackboneFinetuning(unfreeze_backbone_at_epoch=5, lambda_func=lambda e: 1.5)])
+        ```
     """
 
     def __init__(

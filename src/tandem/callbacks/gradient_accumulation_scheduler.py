@@ -23,9 +23,10 @@ class GradientAccumulationScheduler(Callback):
     Args:
         scheduling: ``{first epoch: batches to accumulate}``; keys ints >= 0, values ints >= 1.
 
-    Example::
-
+    Example:
+        ```python
         trainer = Trainer(callbacks=[GradientAccumulationScheduler(scheduling={0: 8, 4: 4, 8: 1})])
+        ```
     """
 
     def __init__(self, scheduling: Mapping[int, int]) -> None:

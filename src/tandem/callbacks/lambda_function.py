@@ -15,13 +15,14 @@ HOOKS = tuple(sorted(n for n in vars(Callback) if n in ("setup", "teardown") or 
 
 class LambdaCallback(Callback):
     """A callback whose hooks are the functions given, by hook name; each is called as the hook would be,
-    ``fn(trainer, module, ...)``. Every hook of :class:`Callback` can be given (``setup``, ``teardown``,
+    ``fn(trainer, module, ...)``. Every hook of [`Callback`][tandem.Callback] can be given (``setup``, ``teardown``,
     ``on_fit_start``, ``on_train_batch_end``, ``on_save_checkpoint``, ``on_exception``, ...); the others are
     not called at all.
 
-    Example::
-
+    Example:
+        ```python
         trainer = Trainer(callbacks=[LambdaCallback(on_train_epoch_end=lambda trainer, module: print("done"))])
+        ```
     """
 
     def __init__(self, **hooks: Callable[..., Any] | None) -> None:

@@ -209,8 +209,9 @@ def lr_find(
     update_attr: bool = False,
     attr_name: str = "",
 ) -> LRFinder | None:
-    """The range test, run from a hook of a fit on every rank; see :class:`LearningRateFinder`. Returns the
-    results (the same on every rank: rank 0's), or None under ``fast_dev_run``."""
+    """The range test, run from a hook of a fit on every rank; see
+    [`LearningRateFinder`][tandem.callbacks.LearningRateFinder]. Returns the results (the same on every rank: rank 0's),
+    or None under ``fast_dev_run``."""
     if trainer.fast_dev_run:
         rank_zero_warn("Skipping the learning rate finder: fast_dev_run is set.")
         return None
@@ -281,13 +282,14 @@ class LearningRateFinder(Callback):
             or the DataModule, wherever it is found, and on the optimizer.
         attr_name: the attribute holding the learning rate, when it is not ``lr`` or ``learning_rate``.
 
-    Example::
-
+    Example:
+        ```python
         trainer = Trainer(callbacks=[LearningRateFinder(num_training_steps=50)])
         trainer.fit(model)  # searches first, then trains with model.lr set to the suggestion
+        ```
 
-    Override ``on_fit_start`` and call :meth:`lr_find` from another hook (e.g. ``on_train_epoch_start`` at some
-    epochs, when fine-tuning) to search elsewhere.
+    Override ``on_fit_start`` and call [`lr_find`][tandem.callbacks.LearningRateFinder.lr_find] from another hook (e.g.
+    ``on_train_epoch_start`` at some epochs, when fine-tuning) to search elsewhere.
     """
 
     SUPPORTED_MODES = ("linear", "exponential")

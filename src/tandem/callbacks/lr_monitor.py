@@ -36,11 +36,12 @@ class LearningRateMonitor(Callback):
         log_momentum: also log the momentum.
         log_weight_decay: also log the weight decay.
 
-    Example::
-
+    Example:
+        ```python
         trainer = Trainer(callbacks=[LearningRateMonitor(logging_interval="step")], logger=True)
         trainer.fit(model)
         trainer.callback_metrics["lr-SGD"]  # the last rate logged, a tensor
+        ```
     """
 
     def __init__(

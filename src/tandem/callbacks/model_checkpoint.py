@@ -83,12 +83,13 @@ class ModelCheckpoint(Checkpoint):
         enable_version_counter: when a file of the same name exists, write ``name-v1.ckpt``, ``-v2``...
             instead of overwriting it.
 
-    Example::
-
+    Example:
+        ```python
         checkpoint = ModelCheckpoint(monitor="val_loss", mode="min", save_top_k=3, save_last=True)
         trainer = Trainer(callbacks=[checkpoint], max_epochs=10)
         trainer.fit(module, datamodule=data)
         print(checkpoint.best_model_path, checkpoint.best_model_score)
+        ```
     """
 
     CHECKPOINT_JOIN_CHAR = "-"
@@ -597,10 +598,11 @@ class ModelCheckpoint(Checkpoint):
     ) -> str:
         """The checkpoint path for ``metrics`` (name -> number or 0-dim tensor).
 
-        Example::
-
+        Example:
+            ```python
             ModelCheckpoint(dirpath="ckpts", filename="{epoch}-{val_loss:.2f}").format_checkpoint_name(
                 {"epoch": 3, "val_loss": 0.1234})  # 'ckpts/epoch=3-val_loss=0.12.ckpt'
+            ```
         """
         name = _format_name(filename or self.filename, metrics, self.auto_insert_metric_name)
         if ver is not None:
@@ -612,9 +614,10 @@ class ModelCheckpoint(Checkpoint):
         """Write ``best_k_models`` (path -> score as a float) as YAML to ``filepath`` (default:
         ``<dirpath>/best_k_models.yaml``), atomically.
 
-        Example::
-
+        Example:
+            ```python
             checkpoint.to_yaml()  # after fit: {'/run/checkpoints/epoch=3-step=400.ckpt': 0.21, ...}
+            ```
         """
         import yaml  # a dependency of omegaconf's
 

@@ -1,4 +1,4 @@
-"""ModelSummary: the module's summary table (:mod:`tandem.utilities.model_summary`), logged once at fit start."""
+"""ModelSummary: the module's summary table (``tandem.utilities.model_summary``), logged once at fit start."""
 
 from __future__ import annotations
 
@@ -17,23 +17,24 @@ log = logging.getLogger(__name__)
 
 
 class ModelSummary(Callback):
-    """Log the module's :class:`~tandem.utilities.model_summary.ModelSummary` table when ``fit`` starts.
+    """Log the module's [`ModelSummary`][tandem.utilities.model_summary.ModelSummary] table when ``fit`` starts.
 
     Every process computes the summary (its forward pass of ``example_input_array`` may need all of them, as
     with sharded parameters); global rank 0 logs it, on the ``tandem`` logger (stderr unless the application
     configured logging). ``Trainer(enable_model_summary=True)`` (the default) adds one with ``max_depth=1``
     unless a ``ModelSummary`` is among the callbacks.
 
-    Override the static method :meth:`summarize` to show the summary another way.
+    Override the static method [`summarize`][tandem.callbacks.ModelSummary.summarize] to show the summary another way.
 
     Args:
         max_depth: how deep to list submodules: 1 lists the module's children, 2 their children too,
             -1 every level, 0 turns the summary off.
-        **summarize_kwargs: passed on to :meth:`summarize`.
+        **summarize_kwargs: passed on to [`summarize`][tandem.callbacks.ModelSummary.summarize].
 
-    Example::
-
+    Example:
+        ```python
         trainer = Trainer(callbacks=[ModelSummary(max_depth=2)])
+        ```
     """
 
     def __init__(self, max_depth: int = 1, **summarize_kwargs: Any) -> None:

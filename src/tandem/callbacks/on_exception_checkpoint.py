@@ -27,9 +27,10 @@ class OnExceptionCheckpoint(Checkpoint):
         dirpath: the folder of the checkpoint (given now: an exception can come at any moment).
         filename: the file name without extension.
 
-    Example::
-
+    Example:
+        ```python
         trainer = Trainer(callbacks=[OnExceptionCheckpoint("checkpoints")])
+        ```
     """
 
     FILE_EXTENSION = ".ckpt"

@@ -42,8 +42,8 @@ class BasePredictionWriter(Callback):
         write_interval: ``"batch"`` calls ``write_on_batch_end`` after each batch, ``"epoch"`` calls
             ``write_on_epoch_end`` once with every batch, ``"batch_and_epoch"`` both.
 
-    Example::
-
+    Example:
+        ```python
         class Writer(BasePredictionWriter):
             def __init__(self, folder):
                 super().__init__(write_interval="epoch")
@@ -55,6 +55,7 @@ class BasePredictionWriter(Callback):
 
         trainer = Trainer(strategy="ddp", devices=2, callbacks=[Writer("out")])
         trainer.predict(model, loader)
+        ```
     """
 
     def __init__(self, write_interval: str = "batch") -> None:

@@ -49,9 +49,10 @@ class ProgressBar(Callback):
         refresh_rate: advance the bars every this many batches; 0 disables the bars.
         leave: keep each epoch's training bar on screen (a new line per epoch) instead of reusing one line.
 
-    Example::
-
+    Example:
+        ```python
         trainer = Trainer(callbacks=[ProgressBar(refresh_rate=10, leave=True)])
+        ```
     """
 
     def __init__(self, refresh_rate: int = 1, leave: bool = False) -> None:
@@ -288,8 +289,8 @@ def _write_above_bars(text: str, file: Any) -> None:
 
 class _LineBar:
     """A bar for a file or a pipe: plain lines instead of ``\r`` frames. Implements the part of tqdm's interface
-    :class:`ProgressBar` uses; a line is printed on request (:meth:`print_line`), at most every ``_LINE_EVERY_S``
-    seconds while it advances, and when a bar that stays (``leave``) closes."""
+    [`ProgressBar`][tandem.callbacks.ProgressBar] uses; a line is printed on request (``print_line``), at most every
+    ``_LINE_EVERY_S`` seconds while it advances, and when a bar that stays (``leave``) closes."""
 
     def __init__(self, desc: str, total: int | None, leave: bool, file: Any) -> None:
         self.desc, self.total, self.leave, self.file = desc, total, leave, file

@@ -10,17 +10,18 @@ from tandem.utilities.model_summary import get_formatted_model_size, get_human_r
 
 
 class RichModelSummary(ModelSummary):
-    """:class:`ModelSummary` printed as a ``rich`` table, once at fit start on global rank 0. Needs
-    ``pip install rich``.
+    """[`ModelSummary`][tandem.callbacks.ModelSummary] printed as a ``rich`` table, once at fit start on global rank 0.
+    Needs ``pip install rich``.
 
     Args:
         max_depth: how deep to list submodules: 1 lists the module's children, -1 every level, 0 turns it off.
         **summarize_kwargs: ``header_style`` (default ``"bold magenta"``); ``console_kwargs``, arguments for a
             ``rich.console.Console`` (default: rich's global console).
 
-    Example::
-
+    Example:
+        ```python
         trainer = Trainer(callbacks=[RichModelSummary(max_depth=2)])
+        ```
     """
 
     def __init__(self, max_depth: int = 1, **summarize_kwargs: Any) -> None:

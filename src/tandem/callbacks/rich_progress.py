@@ -17,17 +17,19 @@ def require_rich(owner: str) -> None:
 
 
 class RichProgressBar(ProgressBar):
-    """:class:`ProgressBar` drawn with ``rich``: the same bars (``Epoch n``, sanity check, validation, test,
-    predict), the step ``loss`` and ``prog_bar`` values, on global rank 0 only. Needs ``pip install rich``.
+    """[`ProgressBar`][tandem.callbacks.ProgressBar] drawn with ``rich``: the same bars (``Epoch n``, sanity check,
+    validation, test, predict), the step ``loss`` and ``prog_bar`` values, on global rank 0 only. Needs
+    ``pip install rich``.
 
     Args:
         refresh_rate: advance the bars every this many batches; 0 disables the bars.
         leave: keep each epoch's training bar on screen instead of reusing one line.
         console_kwargs: arguments for ``rich.console.Console`` (default: write to stderr).
 
-    Example::
-
+    Example:
+        ```python
         trainer = Trainer(callbacks=[RichProgressBar(leave=True)])
+        ```
     """
 
     def __init__(
@@ -71,7 +73,8 @@ class RichProgressBar(ProgressBar):
 
 
 class _RichBar:
-    """The part of tqdm's interface :class:`ProgressBar` uses, drawn as one task of a rich ``Progress``."""
+    """The part of tqdm's interface [`ProgressBar`][tandem.callbacks.ProgressBar] uses, drawn as one task of a rich
+    ``Progress``."""
 
     def __init__(self, progress: Any, desc: str, total: float | None, leave: bool) -> None:
         self._progress = progress

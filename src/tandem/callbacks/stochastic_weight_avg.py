@@ -26,9 +26,9 @@ _STRATEGIES = ("cos", "linear")
 class StochasticWeightAveraging(Callback):
     """Stochastic Weight Averaging (Izmailov et al., 2018) with ``torch.optim.swa_utils``.
 
-    From the SWA start epoch on, the learning rate follows :class:`~torch.optim.swa_utils.SWALR` (annealed
+    From the SWA start epoch on, the learning rate follows ``torch.optim.swa_utils.SWALR`` (annealed
     over ``annealing_epochs`` to ``swa_lrs``, replacing what the module's own schedulers set), and the
-    weights at the end of every epoch are averaged in an :class:`~torch.optim.swa_utils.AveragedModel`. When
+    weights at the end of every epoch are averaged in a ``torch.optim.swa_utils.AveragedModel``. When
     training ends, the averaged weights are copied into the module and, if it has BatchNorm layers, their
     statistics are recomputed with one pass over the training data (``module(batch[0])`` for a tuple or
     list batch, ``module(batch)`` otherwise, as ``torch.optim.swa_utils.update_bn``; with several processes
@@ -44,9 +44,10 @@ class StochasticWeightAveraging(Callback):
         avg_fn: ``fn(averaged_param, param, num_averaged) -> new averaged_param``; default: the running mean.
         device: where the averaged copy of the weights lives (``None``: the module's device).
 
-    Example::
-
+    Example:
+        ```python
         trainer = Trainer(max_epochs=20, callbacks=[StochasticWeightAveraging(swa_lrs=1e-2, swa_epoch_start=15)])
+        ```
     """
 
     def __init__(

@@ -37,9 +37,10 @@ class ThroughputMonitor(Callback):
         window: batches to average over.
         prog_bar: show the totals in the progress bar.
 
-    Example::
-
+    Example:
+        ```python
         trainer = Trainer(callbacks=[ThroughputMonitor(batch_size_fn=lambda batch: batch["ids"].shape[0])])
+        ```
     """
 
     def __init__(

@@ -38,12 +38,13 @@ class Timer(Callback):
         interval: ``"step"`` or ``"epoch"``: when the limit is checked.
         verbose: say when the time limit stops training.
 
-    Example::
-
+    Example:
+        ```python
         timer = Timer(duration="00:12:00:00")  # stop after 12 hours of training
         trainer = Trainer(callbacks=[timer])
         trainer.fit(model, data)
         print(timer.time_elapsed("train"), timer.time_elapsed("validate"))
+        ```
     """
 
     def __init__(

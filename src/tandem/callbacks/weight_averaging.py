@@ -48,10 +48,11 @@ def swap_average(average: AveragedModel, module: nn.Module, buffers: bool) -> No
 
 
 class WeightAveraging(Callback):
-    """A running average of the module's weights (an :class:`~torch.optim.swa_utils.AveragedModel`), updated
-    after optimizer steps or training epochs as :meth:`should_update` decides (default: after every optimizer
-    step). The default average is the equal-weight mean (SWA); pass ``avg_fn`` or ``multi_avg_fn`` for another
-    (``torch.optim.swa_utils.get_ema_avg_fn(0.999)`` for an EMA), or use :class:`EMAWeightAveraging`.
+    """A running average of the module's weights (a ``torch.optim.swa_utils.AveragedModel``), updated
+    after optimizer steps or training epochs as [`should_update`][tandem.callbacks.WeightAveraging.should_update]
+    decides (default: after every optimizer step). The default average is the equal-weight mean (SWA); pass ``avg_fn``
+    or ``multi_avg_fn`` for another (``torch.optim.swa_utils.get_ema_avg_fn(0.999)`` for an EMA), or use
+    [`EMAWeightAveraging`][tandem.callbacks.EMAWeightAveraging].
 
     During validation the module holds the averaged weights (swapped in at ``on_validation_epoch_start``, back at
     ``on_validation_epoch_end``), and when training ends the averaged weights are copied into the module. A
@@ -71,13 +72,14 @@ class WeightAveraging(Callback):
         use_buffers: average the buffers too, not only the parameters.
         **kwargs: ``avg_fn`` or ``multi_avg_fn`` for ``AveragedModel`` (the averaging rule).
 
-    Example::
-
+    Example:
+        ```python
         class EveryEpochFromTen(WeightAveraging):
             def should_update(self, step_idx=None, epoch_idx=None):
                 return epoch_idx is not None and epoch_idx >= 10
 
         trainer = Trainer(max_epochs=20, callbacks=[EveryEpochFromTen()])
+        ```
     """
 
     def __init__(self, device: torch.device | str | int | None = None, use_buffers: bool = True, **kwargs: Any) -> None:
@@ -192,8 +194,8 @@ class WeightAveraging(Callback):
 
 class EMAWeightAveraging(WeightAveraging):
     """An exponential moving average of the weights: ``average = decay * average + (1 - decay) * weights``
-    (the first update copies the weights), as :class:`WeightAveraging` swaps in for validation, keeps at the
-    end of fit and saves in checkpoints.
+    (the first update copies the weights), as [`WeightAveraging`][tandem.callbacks.WeightAveraging] swaps in for
+    validation, keeps at the end of fit and saves in checkpoints.
 
     The average is updated after optimizer step ``step_idx`` (0-based) when ``step_idx % update_every_n_steps
     == 0`` and ``step_idx >= update_starting_at_step`` (if set); and after epoch ``epoch_idx`` when
@@ -208,9 +210,10 @@ class EMAWeightAveraging(WeightAveraging):
         update_starting_at_epoch: also update at the end of each epoch from this one on.
         **kwargs: further ``AveragedModel`` arguments (``multi_avg_fn``).
 
-    Example::
-
+    Example:
+        ```python
         trainer = Trainer(callbacks=[EMAWeightAveraging(decay=0.999, update_starting_at_step=1000)])
+        ```
     """
 
     def __init__(

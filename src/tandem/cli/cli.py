@@ -78,13 +78,15 @@ _OPTION_WIDTH = 26
 class CLI:
     """A complete command line for a module, a datamodule and the Trainer, built from their signatures.
 
-    ``train.py``::
+    ``train.py``:
 
-        from tandem.cli import CLI
-        from mypackage import MyModel, MyData
+    ```python
+    from tandem.cli import CLI
+    from mypackage import MyModel, MyData
 
-        if __name__ == "__main__":
-            CLI(MyModel, MyData)
+    if __name__ == "__main__":
+        CLI(MyModel, MyData)
+    ```
 
     gives ``python train.py fit|validate|test|predict`` with
 
@@ -107,12 +109,12 @@ class CLI:
     before any process or file is created. Under ``ddp``, torchrun or srun each rank parses the same command.
 
     Subclass it as Lightning's ``LightningCLI`` (also importable under that name), overriding the hooks:
-    ``add_arguments_to_parser(parser)`` (a :class:`LightningArgumentParser`: ``add_lightning_class_args``,
-    ``add_argument``, ``set_defaults``, ``link_arguments``, ``add_optimizer_args``), ``before_instantiate_classes``,
-    ``instantiate_classes``, ``after_instantiate_classes``, ``instantiate_trainer(**kwargs)``,
-    ``before_fit`` / ``after_fit`` (and for validate, test, predict), or a method named after the subcommand
-    to run instead of the Trainer's. Unlike Lightning, ``config`` and ``config_init`` are flat in every mode
-    (``cli.config.model``, not ``cli.config.fit.model``).
+    ``add_arguments_to_parser(parser)`` (a [`LightningArgumentParser`][tandem.cli.LightningArgumentParser]:
+    ``add_lightning_class_args``, ``add_argument``, ``set_defaults``, ``link_arguments``, ``add_optimizer_args``),
+    ``before_instantiate_classes``, ``instantiate_classes``, ``after_instantiate_classes``,
+    ``instantiate_trainer(**kwargs)``, ``before_fit`` / ``after_fit`` (and for validate, test, predict), or a method
+    named after the subcommand to run instead of the Trainer's. Unlike Lightning, ``config`` and ``config_init`` are
+    flat in every mode (``cli.config.model``, not ``cli.config.fit.model``).
 
     Args:
         model_class: the TrainingModule to build; None: the config names one with ``model.class_path``.
@@ -138,7 +140,8 @@ class CLI:
 
     Attributes:
         subcommand: "fit", "validate", "test", "predict", or None with ``run=False``.
-        parser: the :class:`LightningArgumentParser` that ``add_arguments_to_parser`` filled.
+        parser: the [`LightningArgumentParser`][tandem.cli.LightningArgumentParser] that ``add_arguments_to_parser``
+            filled.
         config: the resolved config (an omegaconf ``DictConfig``), as saved in ``config.yaml``.
         config_init: the config with its classes built (``config_init.model``; ``config_init.trainer`` holds the
             Trainer's arguments).

@@ -77,15 +77,16 @@ class Link:
 
 
 class LightningArgumentParser:
-    """The parser a :class:`~tandem.cli.CLI` hands to ``add_arguments_to_parser``.
+    """The parser a [`CLI`][tandem.cli.CLI] hands to ``add_arguments_to_parser``.
 
-    Example::
-
+    Example:
+        ```python
         class MyCLI(CLI):
             def add_arguments_to_parser(self, parser):
                 parser.add_lightning_class_args(EarlyStopping, "early_stopping")
                 parser.set_defaults({"early_stopping.monitor": "val_loss", "trainer.max_epochs": 15})
                 parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+        ```
 
     Mistakes in these calls (a reserved key, a link to itself) raise ``ValueError`` at once; a key that the
     classes do not have is reported with the other config errors when the command line is parsed.

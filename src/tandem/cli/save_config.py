@@ -27,10 +27,10 @@ def saved_text(config: str) -> str:
 
 
 class SaveConfigCallback(Callback):
-    """Writes the config a :class:`~tandem.cli.CLI` run was built from to ``<trainer.log_dir>/config.yaml``.
+    """Writes the config a [`CLI`][tandem.cli.CLI] run was built from to ``<trainer.log_dir>/config.yaml``.
 
     Global rank 0 writes it (atomically) when the first stage sets up, under a first line that marks it as
-    tandem's (:data:`SAVED_MARK`); feeding the file back with ``--config`` gives the same run. A different
+    tandem's (``SAVED_MARK``); feeding the file back with ``--config`` gives the same run. A different
     config that tandem saved already in that folder belongs to another run: every rank stops with an error
     unless ``overwrite=True`` (``--overwrite``). A file without the mark is not tandem's (often the user's own
     ``config.yaml``, with ``trainer.logger: false`` in its folder): the error says so and never suggests

@@ -2,7 +2,8 @@
 
 Ray's ``TorchTrainer`` starts the workers and initialises the process group; ``strategy="ddp"`` joins that
 group (devices = workers per node, num_nodes = nodes) and never destroys it. Add
-:class:`RayTrainReportCallback` so that Ray sees the metrics and checkpoints (its ``Result``, Ray Tune).
+[`RayTrainReportCallback`][tandem.integrations.ray.RayTrainReportCallback] so that Ray sees the metrics and checkpoints
+(its ``Result``, Ray Tune).
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ class RayTrainReportCallback(Callback):
     ``epoch`` and ``step``) and a checkpoint to Ray Train with ``ray.train.report``. Every rank reports (Ray
     expects it); rank 0 attaches the checkpoint, a directory holding ``checkpoint.ckpt``.
 
-    Example::
-
+    Example:
+        ```python
         def train_loop_per_worker(config):
             trainer = Trainer(strategy="ddp", devices=2, callbacks=[RayTrainReportCallback()])
             trainer.fit(model, loader)
 
         TorchTrainer(train_loop_per_worker, scaling_config=ScalingConfig(num_workers=2)).fit()
+        ```
     """
 
     CHECKPOINT_NAME = "checkpoint.ckpt"

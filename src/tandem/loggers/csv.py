@@ -22,13 +22,13 @@ class CSVLogger(Logger):
     One row per ``log_metrics`` call; the columns are every metric name, sorted, with ``step`` (and
     ``epoch``, which the Trainer adds to every row) among them, so ``pandas.read_csv(path).set_index("epoch")``
     works. Cells a row did not log stay empty. Rows are kept in memory and written every
-    ``flush_logs_every_n_steps`` steps, at :meth:`save` (the Trainer calls it at each epoch end) and at
-    :meth:`finalize`. A metric name that appears mid-run adds a column: the file is rewritten with the union
-    of columns, and earlier rows leave the new cells empty.
+    ``flush_logs_every_n_steps`` steps, at ``save`` (the Trainer calls it at each epoch end) and at
+    [`finalize`][tandem.loggers.Logger.finalize]. A metric name that appears mid-run adds a column: the file is
+    rewritten with the union of columns, and earlier rows leave the new cells empty.
 
     ``save_dir`` may be an fsspec URL (``s3://bucket/runs`` with s3fs, ``gs://...`` with gcsfs): the files are
     written to a local staging folder and uploaded whole whenever rows are written (see
-    :class:`~tandem.loggers.logger.StagingFolder`).
+    ``StagingFolder``).
 
     Args:
         save_dir: the folder that holds every experiment: a local path or an fsspec URL.
@@ -36,11 +36,12 @@ class CSVLogger(Logger):
         version: an int (``version_<n>``), a folder name, or ``None`` for the next free ``version_<n>``.
         flush_logs_every_n_steps: write pending rows once the step has advanced this far since the last write.
 
-    Example::
-
+    Example:
+        ```python
         logger = CSVLogger("runs", name="mnist")
         trainer = Trainer(logger=logger, max_epochs=3)
         # afterwards: pandas.read_csv(f"{logger.log_dir}/metrics.csv")
+        ```
     """
 
     def __init__(
@@ -68,7 +69,7 @@ class CSVLogger(Logger):
     def experiment(self) -> ExperimentWriter:
         """The writer of ``metrics.csv`` and ``hparams.yaml`` (Lightning's ``ExperimentWriter``): ``log_metrics``,
         ``log_hparams`` and ``save``, which write on global rank 0 only. It has no ``add_image`` or other
-        TensorBoard call: log those with a :class:`~tandem.loggers.TensorBoardLogger`."""
+        TensorBoard call: log those with a [`TensorBoardLogger`][tandem.loggers.TensorBoardLogger]."""
         return ExperimentWriter(self)
 
     @rank_zero_only
@@ -116,9 +117,10 @@ class ExperimentWriter:
     Args:
         logger: the CSVLogger it writes for.
 
-    Example::
-
+    Example:
+        ```python
         self.logger.experiment.log_metrics({"val_f1": 0.8}, step=self.global_step)
+        ```
     """
 
     NAME_METRICS_FILE = METRICS_FILE

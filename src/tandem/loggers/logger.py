@@ -6,8 +6,9 @@ logger whose version is a run id from a tracking service (MLflow, W&B) makes the
 the other ranks learn its id from that broadcast.
 
 A ``save_dir`` may be an fsspec URL (``s3://bucket/runs``, ``gs://...``, ``memory://...``): the logger then
-writes into a local staging folder (:class:`StagingFolder`) and copies the files that changed to the URL at
-each :meth:`Logger.save` and at :meth:`Logger.finalize`; versions are numbered from the folders at the URL.
+writes into a local staging folder (``StagingFolder``) and copies the files that changed to the URL at
+each [`Logger.save`][tandem.loggers.Logger.save] and at [`Logger.finalize`][tandem.loggers.Logger.finalize]; versions
+are numbered from the folders at the URL.
 """
 
 from __future__ import annotations
@@ -41,16 +42,20 @@ class Logger(ABC):
 
     Args:
         save_dir: the folder that holds every run of every experiment; a local path or an fsspec URL (the
-            files are then staged locally and uploaded at each :meth:`save` and at :meth:`finalize`).
+            files are then staged locally and uploaded at each [`save`][tandem.loggers.Logger.save] and at
+            [`finalize`][tandem.loggers.Logger.finalize]).
         name: the experiment's folder under ``save_dir``; ``""`` puts versions directly in ``save_dir``.
         version: an int gives ``version_<n>``, a str is used as the folder name; ``None`` picks the next
             free ``version_<n>`` the first time the version is read.
 
-    Subclasses implement :meth:`log_metrics` and :meth:`log_hyperparams` (decorated ``@rank_zero_only``)
-    and may override :meth:`save`, :meth:`finalize`, :meth:`log_graph` and :meth:`after_save_checkpoint`.
+    Subclasses implement [`log_metrics`][tandem.loggers.Logger.log_metrics] and
+    [`log_hyperparams`][tandem.loggers.Logger.log_hyperparams] (decorated ``@rank_zero_only``) and may override
+    [`save`][tandem.loggers.Logger.save], [`finalize`][tandem.loggers.Logger.finalize],
+    [`log_graph`][tandem.loggers.Logger.log_graph] and
+    [`after_save_checkpoint`][tandem.loggers.Logger.after_save_checkpoint].
 
-    Example::
-
+    Example:
+        ```python
         class PrintLogger(Logger):
             @rank_zero_only
             def log_metrics(self, metrics, step):
@@ -61,6 +66,7 @@ class Logger(ABC):
                 self._save_hparams_yaml(params)
 
         logger = PrintLogger("runs")  # log_dir: runs/tandem_logs/version_0
+        ```
     """
 
     def __init__(
@@ -118,8 +124,8 @@ class Logger(ABC):
 
     @property
     def _local_log_dir(self) -> str:
-        """Where this logger's writers put its files: :attr:`log_dir`, or for a URL ``save_dir`` the same
-        place in the local staging folder (uploaded by :meth:`_upload`)."""
+        """Where this logger's writers put its files: [`log_dir`][tandem.loggers.Logger.log_dir], or for a URL
+        ``save_dir`` the same place in the local staging folder (uploaded by ``_upload``)."""
         if not is_url(self._save_dir):
             return self.log_dir
         if self._staging is None or self._staging.url != self._save_dir:  # the Trainer may give rank 0's
@@ -163,8 +169,8 @@ class Logger(ABC):
         """
 
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:  # noqa: B027 (optional override)
-        """Called by :class:`~tandem.callbacks.ModelCheckpoint` on global rank 0 after each checkpoint file it
-        writes (its ``best_model_path``, ``last_model_path`` and ``best_k_models`` already name the new file)."""
+        """Called by [`ModelCheckpoint`][tandem.callbacks.ModelCheckpoint] on global rank 0 after each checkpoint file
+        it writes (its ``best_model_path``, ``last_model_path`` and ``best_k_models`` already name the new file)."""
 
     @rank_zero_only
     def save(self) -> None:
@@ -343,7 +349,7 @@ def _yaml_safe(value: Any) -> Any:
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, what: str = "") -> None:
-    """Write ``text`` (UTF-8) through :func:`tandem.utilities.checkpoint.atomic_write`: a new file gets the
+    """Write ``text`` (UTF-8) through ``tandem.utilities.checkpoint.atomic_write``: a new file gets the
     umask's mode, a failed write names the file and the cause and leaves the previous file intact."""
     atomic_write(path, lambda f: f.write(text.encode("utf-8")), what=what)
 
@@ -357,7 +363,7 @@ def save_hparams_yaml(path: str | os.PathLike, params: Mapping[str, Any] | argpa
 
 
 def load_hparams_yaml(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a file written by :func:`save_hparams_yaml` back into a plain dict."""
+    """Read a file written by ``save_hparams_yaml`` back into a plain dict."""
     from omegaconf import OmegaConf
 
     return OmegaConf.to_container(OmegaConf.load(path))
@@ -406,7 +412,7 @@ def _folders_in(folder: str) -> list[str]:
 
 class StagingFolder:
     """A local temporary folder that stands for the fsspec URL ``url``: writers that need local files (torch's
-    SummaryWriter, the csv module) write into it, and :meth:`upload` copies the files that changed since the last
+    SummaryWriter, the csv module) write into it, and ``upload`` copies the files that changed since the last
     upload to the same place under ``url``.
 
     Each changed file is uploaded whole (object stores have no append), so a file that grows is sent again at
@@ -432,7 +438,7 @@ class StagingFolder:
         return self._local
 
     def local_path(self, url: str) -> str:
-        """Where ``url`` (under :attr:`url`) is staged."""
+        """Where ``url`` (under ``self.url``) is staged."""
         relative = url[len(self.url) :].strip("/")
         return os.path.join(self.local, *relative.split("/")) if relative else self.local
 

@@ -47,7 +47,7 @@ class MLFlowLogger(Logger):
         save_dir: the local folder of the file store, used when no ``tracking_uri`` is given. MLflow 3.13 and
             later refuse the file store unless ``MLFLOW_ALLOW_FILE_STORE=true`` is set; a database URI
             (``tracking_uri="sqlite:///mlflow.db"``, with the full ``mlflow`` package) needs nothing more.
-        log_model: log the checkpoints of :class:`~tandem.callbacks.ModelCheckpoint` as artifacts of the run:
+        log_model: log the checkpoints of [`ModelCheckpoint`][tandem.callbacks.ModelCheckpoint] as artifacts of the run:
             ``"all"`` as they are saved; ``True`` at the end of training (as they are saved when
             ``save_top_k=-1``); ``False`` never.
         checkpoint_path_prefix: a folder in the run's artifacts that holds the logged checkpoints.
@@ -56,11 +56,12 @@ class MLFlowLogger(Logger):
         run_id: log into this existing run instead of starting a new one.
         synchronous: whether each logging call waits until MLflow stored it; ``None``: MLflow's default.
 
-    Example::
-
+    Example:
+        ```python
         logger = MLFlowLogger(experiment_name="mnist", tracking_uri="sqlite:///mlflow.db", log_model=True)
         trainer = Trainer(logger=logger, max_epochs=3)
         logger.experiment.log_text(logger.run_id, "notes", "notes.txt")  # the MlflowClient itself
+        ```
     """
 
     LOGGER_JOIN_CHAR = "-"

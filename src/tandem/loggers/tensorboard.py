@@ -1,4 +1,4 @@
-"""TensorBoard logging: tandem writes the run's event file itself (:class:`EventFile`, synchronous and buffered, no
+"""TensorBoard logging: tandem writes the run's event file itself (``EventFile``, synchronous and buffered, no
 thread); ``logger.experiment``, torch's ``SummaryWriter``, is created on first use and writes into the same file."""
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ class TensorBoardLogger(Logger):
 
     ``save_dir`` may be an fsspec URL (``s3://bucket/runs`` with s3fs, ``gs://...`` with gcsfs,
     ``memory://...``): the SummaryWriter writes to a local staging folder, and the event files and
-    ``hparams.yaml`` are uploaded whole at each :meth:`save` (every epoch end) and at :meth:`finalize` (also
-    of a failed or interrupted run); see :class:`~tandem.loggers.logger.StagingFolder`.
+    ``hparams.yaml`` are uploaded whole at each ``save`` (every epoch end) and at ``finalize`` (also
+    of a failed or interrupted run); see ``StagingFolder``.
 
     Args:
         save_dir: the folder that holds every experiment: a local path or an fsspec URL.
@@ -47,16 +47,18 @@ class TensorBoardLogger(Logger):
             ``model.example_input_array``, which the module sets (e.g. ``self.example_input_array =
             torch.zeros(1, 28 * 28)`` in ``__init__``). The trace runs ``forward`` on global rank 0 alone, so
             it suits modules that are whole on every rank (not sharded ones).
-        default_hp_metric: :meth:`log_hyperparams` without ``metrics`` logs the placeholder ``hp_metric: -1``
-            (Lightning's), a value to overwrite with the run's score (``self.log("hp_metric", score)``).
+        default_hp_metric: [`log_hyperparams`][tandem.loggers.TensorBoardLogger.log_hyperparams] without ``metrics``
+            logs the placeholder ``hp_metric: -1`` (Lightning's), a value to overwrite with the run's score
+            (``self.log("hp_metric", score)``).
         **summary_writer_kwargs: passed to ``SummaryWriter`` (``logger.experiment``); ``flush_secs``,
             ``filename_suffix`` and ``purge_step`` also apply to the event file the logger's own values go to.
 
-    Example::
-
+    Example:
+        ```python
         logger = TensorBoardLogger("runs", name="mnist")
         trainer = Trainer(logger=logger, max_epochs=3)
         logger.experiment.add_histogram("weights", w, step)  # the SummaryWriter itself
+        ```
     """
 
     def __init__(
@@ -107,7 +109,7 @@ class TensorBoardLogger(Logger):
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         """All of the step's values in one event (a ``Summary`` holding a value per name), encoded by tandem and
-        written in this thread (:meth:`EventFile.add_scalars`): TensorBoard reads it as ``add_scalar`` would have
+        written in this thread (``EventFile.add_scalars``): TensorBoard reads it as ``add_scalar`` would have
         written each value."""
         if metrics:
             events = self._events if self._events is not None else self._event_file()
@@ -121,8 +123,9 @@ class TensorBoardLogger(Logger):
         step: int | None = None,
     ) -> None:
         """Record the hyperparameters (the HPARAMS tab and ``hparams.yaml``) and, as Lightning, ``metrics`` at ``step``
-        through :meth:`log_metrics`: ``hp_metric: -1`` when none are given under ``default_hp_metric=True``, a number
-        as ``{"hp_metric": number}``. The tab lists every scalar of the run as a metric, these among them."""
+        through [`log_metrics`][tandem.loggers.TensorBoardLogger.log_metrics]: ``hp_metric: -1`` when none are given
+        under ``default_hp_metric=True``, a number as ``{"hp_metric": number}``. The tab lists every scalar of the run
+        as a metric, these among them."""
         from torch.utils.tensorboard.summary import hparams
 
         if metrics is None:
@@ -283,11 +286,11 @@ class EventFile:
     Events are kept as they are added and framed (the length and data checksums, CRC-32C in Python) when they are
     written, at a flush: a publishing step only encodes.
 
-    Scalars are encoded here, without protobuf objects (:meth:`add_scalars`: ``Event{wall_time, step,
+    Scalars are encoded here, without protobuf objects (``add_scalars``: ``Event{wall_time, step,
     summary{value{tag, simple_value}...}}``, the bytes protobuf writes); other events (hyperparameters, a
-    ``SummaryWriter``'s histograms and graphs) are serialized by protobuf (:meth:`add_event`). They reach the disk
-    at :meth:`flush` (every epoch end, through the logger's ``save``), at the first event added ``flush_secs``
-    after the last flush, and at :meth:`close`.
+    ``SummaryWriter``'s histograms and graphs) are serialized by protobuf (``add_event``). They reach the disk
+    at ``flush`` (every epoch end, through the logger's ``save``), at the first event added ``flush_secs``
+    after the last flush, and at ``close``.
 
     Args:
         log_dir: the folder of the file (created if missing).

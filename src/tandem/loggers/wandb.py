@@ -31,8 +31,8 @@ _ID_CHARS = string.ascii_lowercase + string.digits
 
 class WandbLogger(Logger):
     """Logs hyperparameters (the run's config), metrics, checkpoints (with ``log_model``) and, with
-    :meth:`watch`, gradients to a Weights & Biases run, as Lightning's WandbLogger does. Needs
-    ``pip install wandb``.
+    [`watch`][tandem.loggers.WandbLogger.watch], gradients to a Weights & Biases run, as Lightning's WandbLogger does.
+    Needs ``pip install wandb``.
 
     The run starts at the first write, on global rank 0 only; the other ranks log nothing. ``name`` is the
     project, ``version`` the run's id: rank 0 picks one when the Trainer first asks (or takes the id given,
@@ -51,7 +51,7 @@ class WandbLogger(Logger):
         id: the same as ``version``.
         anonymous: log anonymously (``wandb.init``'s ``anonymous="allow"``).
         project: the project; default: the ``WANDB_PROJECT`` environment variable, else ``"tandem_logs"``.
-        log_model: log the checkpoints of :class:`~tandem.callbacks.ModelCheckpoint` as ``model`` artifacts
+        log_model: log the checkpoints of [`ModelCheckpoint`][tandem.callbacks.ModelCheckpoint] as ``model`` artifacts
             with the aliases "latest" and "best": ``"all"`` as they are saved; ``True`` at the end of a
             successful ``fit`` (as they are saved when ``save_top_k=-1``); ``False`` never.
         experiment: a run to log into instead of starting one.
@@ -59,11 +59,12 @@ class WandbLogger(Logger):
         checkpoint_name: the artifact's name; default ``model-<run id>``.
         **kwargs: passed to ``wandb.init`` (``entity``, ``group``, ``tags``, ``mode``, ``config``, ...).
 
-    Example::
-
+    Example:
+        ```python
         logger = WandbLogger(project="mnist", log_model="all")
         logger.watch(model, log="all", log_freq=50)
         trainer = Trainer(logger=logger, max_epochs=3)
+        ```
     """
 
     LOGGER_JOIN_CHAR = "-"
@@ -210,7 +211,7 @@ class WandbLogger(Logger):
         dataframe: Any = None,
         step: int | None = None,
     ) -> None:
-        """Log text as a table (see :meth:`log_table`)."""
+        """Log text as a table (see [`log_table`][tandem.loggers.WandbLogger.log_table])."""
         self.log_table(key, columns, data, dataframe, step)
 
     @rank_zero_only

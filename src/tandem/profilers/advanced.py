@@ -31,9 +31,10 @@ class AdvancedProfiler(Profiler):
     Raises:
         ValueError: an action is stopped without having been started.
 
-    Example::
-
+    Example:
+        ```python
         trainer = Trainer(profiler=AdvancedProfiler(filename="perf", line_count_restriction=10))
+        ```
     """
 
     def __init__(

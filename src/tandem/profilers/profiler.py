@@ -14,19 +14,22 @@ from tandem.utilities.rank_zero import rank_zero_info
 
 
 class Profiler(ABC):
-    """Times named actions. Subclass it and implement :meth:`start` and :meth:`stop` (and :meth:`summary`
-    for a report) to write your own.
+    """Times named actions. Subclass it and implement [`start`][tandem.profilers.Profiler.start] and
+    [`stop`][tandem.profilers.Profiler.stop] (and [`summary`][tandem.profilers.Profiler.summary] for a report) to write
+    your own.
 
     Args:
-        dirpath: the folder of ``filename``; None: the Trainer's ``log_dir`` (set at :meth:`setup`).
+        dirpath: the folder of ``filename``; None: the Trainer's ``log_dir`` (set at
+            [`setup`][tandem.profilers.Profiler.setup]).
         filename: write the report to ``<dirpath>/<stage>-<filename>[-<local_rank>].txt`` instead of printing
             it (the rank is added when the run has several processes). ``.txt`` is added by the profiler.
 
-    The Trainer calls :meth:`setup` when a run (``fit``, ``validate``, ``test``, ``predict``) starts,
-    :meth:`start` / :meth:`stop` around each action, and :meth:`describe` when the run ends.
+    The Trainer calls [`setup`][tandem.profilers.Profiler.setup] when a run (``fit``, ``validate``, ``test``,
+    ``predict``) starts, [`start`][tandem.profilers.Profiler.start] / [`stop`][tandem.profilers.Profiler.stop] around
+    each action, and [`describe`][tandem.profilers.Profiler.describe] when the run ends.
 
-    Example::
-
+    Example:
+        ```python
         class CountingProfiler(Profiler):
             def __init__(self):
                 super().__init__()
@@ -40,6 +43,7 @@ class Profiler(ABC):
 
             def summary(self):
                 return "\\n".join(f"{name}: {n}" for name, n in self.calls.most_common())
+        ```
     """
 
     def __init__(self, dirpath: str | os.PathLike | None = None, filename: str | None = None) -> None:
@@ -56,7 +60,7 @@ class Profiler(ABC):
 
     @abstractmethod
     def stop(self, action_name: str) -> None:
-        """Stop timing ``action_name`` (started with :meth:`start`)."""
+        """Stop timing ``action_name`` (started with [`start`][tandem.profilers.Profiler.start])."""
 
     def summary(self) -> str:
         """The report (empty: nothing to report)."""
@@ -66,10 +70,11 @@ class Profiler(ABC):
     def profile(self, action_name: str) -> Iterator[str]:
         """Time the block as ``action_name``.
 
-        Example::
-
+        Example:
+            ```python
             with profiler.profile("load training data"):
                 data = load()
+            ```
         """
         try:
             self.start(action_name)

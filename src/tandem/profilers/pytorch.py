@@ -26,10 +26,11 @@ class RegisterRecordFunction:
     """Labels each submodule's forward in the profile with its name (``[pl][module]<class>: <name>``), through
     forward hooks added on entering and removed on leaving the block.
 
-    Example::
-
+    Example:
+        ```python
         with torch.profiler.profile() as prof, RegisterRecordFunction(model):
             model(batch)
+        ```
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -126,7 +127,7 @@ class PyTorchProfiler(Profiler):
         emit_nvtx: emit an NVTX range for every autograd operation instead (for ``nsys`` / ``nvprof``; CUDA).
         export_to_chrome: write the traces (``torch.profiler.tensorboard_trace_handler``).
         row_limit: rows of the table (-1: all).
-        sort_by_key: the table's order, one of :attr:`AVAILABLE_SORT_KEYS` (default ``"cuda_time_total"`` when
+        sort_by_key: the table's order, one of ``AVAILABLE_SORT_KEYS`` (default ``"cuda_time_total"`` when
             CUDA is profiled, else ``"cpu_time_total"``).
         record_module_names: label each submodule's forward with its name.
         table_kwargs: more arguments of ``EventList.table`` (not ``sort_by`` / ``row_limit``).
@@ -136,14 +137,15 @@ class PyTorchProfiler(Profiler):
             is recorded instead.
 
     Raises:
-        TandemConfigError: ``sort_by_key`` is not one of :attr:`AVAILABLE_SORT_KEYS`, ``schedule`` is not a
+        TandemConfigError: ``sort_by_key`` is not one of ``AVAILABLE_SORT_KEYS``, ``schedule`` is not a
             callable returning a ``torch.profiler.ProfilerAction``, or a ``table_kwargs`` key is not one of
             ``EventList.table``'s.
 
-    Example::
-
+    Example:
+        ```python
         profiler = PyTorchProfiler(filename="perf", schedule=torch.profiler.schedule(wait=2, warmup=1, active=5))
         trainer = Trainer(profiler=profiler)  # open the log folder with tensorboard --logdir
+        ```
     """
 
     STEP_FUNCTIONS = set(_STEP_KINDS)

@@ -22,10 +22,11 @@ class SimpleProfiler(Profiler):
     Raises:
         ValueError: an action is started while it runs already, or stopped without having been started.
 
-    Example::
-
+    Example:
+        ```python
         trainer = Trainer(profiler=SimpleProfiler(filename="perf"))  # fit-perf.txt in the log folder
         trainer.fit(model)
+        ```
     """
 
     def __init__(

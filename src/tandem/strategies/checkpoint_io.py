@@ -1,7 +1,7 @@
 """Checkpoints written in the background: ``Trainer(plugins=[AsyncCheckpointIO()])``.
 
-The save copies the state to host memory (:func:`~tandem.utilities.checkpoint.host_copy`) and hands the copy
-to one background thread, which writes it as a synchronous save does (:func:`~tandem.utilities.checkpoint.atomic_save`:
+The save copies the state to host memory (``host_copy``) and hands the copy
+to one background thread, which writes it as a synchronous save does (``atomic_save``:
 checksum, temporary file, ``os.replace``), so the training step waits only for the copy. The rules:
 
 - at most one write is in flight: a new save first waits for the previous write;
@@ -12,7 +12,8 @@ checksum, temporary file, ``os.replace``), so the training step waits only for t
 
 Only global rank 0 writes, as for a synchronous save. ``FSDPStrategy(state_dict_type="sharded")`` writes its
 shards synchronously (every rank writes into one temporary directory renamed when all are done; see
-:meth:`~tandem.strategies.FSDPStrategy.save_checkpoint`); its full-state files go through the background writer.
+[`save_checkpoint`][tandem.strategies.FSDPStrategy.save_checkpoint]); its full-state files go through the background
+writer.
 """
 
 from __future__ import annotations
@@ -34,11 +35,12 @@ class AsyncCheckpointIO:
     Writes stay atomic: a process killed during one leaves the previous file intact, and the next save into
     the folder removes the temporary it left.
 
-    Example::
-
+    Example:
+        ```python
         from tandem.strategies import AsyncCheckpointIO
 
         trainer = Trainer(plugins=[AsyncCheckpointIO()], callbacks=[ModelCheckpoint(every_n_train_steps=500)])
+        ```
     """
 
     def __init__(self) -> None:
@@ -75,7 +77,8 @@ class AsyncCheckpointIO:
             raise error
 
     def wait_for(self, path: str | os.PathLike) -> None:
-        """:meth:`wait`, if the write in flight is of ``path`` (before the file is removed or read)."""
+        """[`wait`][tandem.strategies.AsyncCheckpointIO.wait], if the write in flight is of ``path`` (before the file is
+        removed or read)."""
         if self._pending_path is not None and Path(self._pending_path).absolute() == Path(path).absolute():
             self.wait()
 

@@ -1,16 +1,16 @@
 """DataParallel: one process drives several CUDA devices; each step's batch is split across them.
 
-The data flow of one step, in :meth:`DataParallelStrategy.run_step`:
+The data flow of one step, in [`DataParallelStrategy.run_step`][tandem.strategies.DataParallelStrategy.run_step]:
 
-1. **Split** the batch along dim 0 into one chunk per device with :func:`split_batch` (tensors inside
+1. **Split** the batch along dim 0 into one chunk per device with ``split_batch`` (tensors inside
    tuples, lists, dicts and dataclasses; other values are copied to every chunk). Chunk sizes differ by
    at most one: a batch of 10 on 4 devices gives 3, 3, 2, 2.
 2. **Replicate** the module onto the devices (torch's ``replicate``; the replicas' parameters are views
    of the module's, so their gradients flow back to it).
 3. **Apply** the step method (``training_step``, ``validation_step``, ``test_step``, ``predict_step``)
    in each replica, in one thread per device, under the precision's autocast. ``self.log`` calls made
-   there are buffered per replica (:func:`tandem.utilities.logged_values.replica_log_buffer`).
-4. **Combine** on the first device with :func:`combine_outputs`: scalars (the loss) as the mean weighted
+   there are buffered per replica (``tandem.utilities.logged_values.replica_log_buffer``).
+4. **Combine** on the first device with ``combine_outputs``: scalars (the loss) as the mean weighted
    by chunk size, so the gradient is exactly the single-device gradient of the whole batch; per-sample
    tensors concatenated in order. Each logged name is combined the same way (or by its ``reduce_fx``)
    and logged once from the main thread.
@@ -79,13 +79,14 @@ class DataParallelStrategy(Strategy):
     Args:
         devices: CUDA devices (indices, ``"cuda:1"``, or ``torch.device``); None: the Trainer's ``devices``.
             CPU devices (``["cpu"] * 4``) run the same data flow on CPU copies, for tests and debugging only.
-        precision: see :class:`~tandem.strategies.precision.Precision`.
+        precision: see [`Precision`][tandem.strategies.Precision].
         parallel: run the replicas in threads (default); False runs them one after another in the calling
             thread (same results; easier to debug with pdb).
 
-    Example::
-
+    Example:
+        ```python
         trainer = Trainer(strategy="dp", accelerator="cuda", devices=4)  # batch_size=256 -> 64 per GPU
+        ```
     """
 
     name = "dp"

@@ -1,7 +1,7 @@
 """DistributedDataParallel: one process per device, gradients all-reduced in backward.
 
 Environment, launchers, process group, collectives and data sharding come from
-:class:`~tandem.strategies.parallel.ParallelStrategy`; this module adds DDP's wrapper, its gradient
+[`ParallelStrategy`][tandem.strategies.ParallelStrategy]; this module adds DDP's wrapper, its gradient
 synchronisation and its error messages.
 
 DDP follows the module. torch's wrapper averages the gradients of the parameters that required gradients when it
@@ -11,8 +11,8 @@ module changes under it:
 - **the trainable set changes** (a ``BaseFinetuning`` unfreeze, a ``requires_grad_``, a head a callback adds in
   ``on_fit_start``): at the fit's start, each epoch's start, after an overridden ``on_train_batch_start``, and at
   the next step after a parameter was created anywhere (a global registration hook marks it: one flag read a step),
-  :meth:`DDPStrategy.follow_module` builds the wrapper again, which also broadcasts rank 0's parameters and buffers
-  so every replica starts equal;
+  [`DDPStrategy.follow_module`][tandem.strategies.DDPStrategy.follow_module] builds the wrapper again, which also
+  broadcasts rank 0's parameters and buffers so every replica starts equal;
 - **parameters get no gradient in a step** (a GAN toggling its optimizers, a target network outside the loss, a head
   trained by a callback's own optimizer): after each synced backward, one cheap check of DDP's reducer finds the
   reduction unfinished; the step's gradients are then averaged by hand (so the step is the one N processes should
@@ -59,7 +59,7 @@ class DDPStrategy(ParallelStrategy):
 
     Args:
         devices: this node's devices, one process each (the Trainer's ``devices`` when None).
-        precision: see :class:`~tandem.strategies.precision.Precision`.
+        precision: see [`Precision`][tandem.strategies.Precision].
         process_group_backend: "gloo" (CPU default), "nccl" (CUDA default), or another torch backend.
         timeout: how long a collective may wait for the other ranks before failing.
         find_unused_parameters: let DDP handle parameters that get no gradient in a step (slower). None (the
@@ -78,12 +78,13 @@ class DDPStrategy(ParallelStrategy):
             ``use_distributed_sampler`` (True by default).
         start_method: "popen" (re-run the script), "spawn" or "fork" (torch.multiprocessing, per stage).
         cluster_environment: how each process learns its rank; None detects it (see
-            :class:`~tandem.strategies.parallel.ParallelStrategy`).
+            [`ParallelStrategy`][tandem.strategies.ParallelStrategy]).
 
-    Example::
-
+    Example:
+        ```python
         trainer = Trainer(strategy=DDPStrategy(find_unused_parameters=True), accelerator="cpu", devices=2)
         trainer.fit(model)  # rank 0 runs this line; it starts rank 1 by re-running the script
+        ```
     """
 
     name = "ddp"

@@ -4,54 +4,62 @@ A distributed job is described by environment variables. Whoever starts the proc
 torchrun / torch.distributed.run, SLURM's srun, or tandem's own launcher when it starts the other
 ranks of a script (``strategy="ddp"``) or spawns them (``strategy="ddp_spawn"``).
 
-torchrun (detected by ``TORCHELASTIC_RUN_ID``)::
+torchrun (detected by ``TORCHELASTIC_RUN_ID``):
 
-    RANK             global rank of this process, 0 .. WORLD_SIZE-1
-    LOCAL_RANK       rank of this process on its node
-    WORLD_SIZE       number of processes in the job
-    GROUP_RANK       index of this node
-    MASTER_ADDR      address of the rank-0 host for the process-group rendezvous
-    MASTER_PORT      TCP port on that host (torchrun's own store)
-    TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_USE_AGENT_STORE
-                     with restarts allowed and the agent's store shared with the workers (torch's
-                     default since 2.5), a restarted job can read the previous attempt's keys and
-                     fail or hang in init_process_group (pytorch/pytorch#135712): tandem warns. Fix:
-                     ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --rdzv-backend c10d ...``
-                     (or ``--standalone``); the static rendezvous always shares its store.
+```text
+RANK             global rank of this process, 0 .. WORLD_SIZE-1
+LOCAL_RANK       rank of this process on its node
+WORLD_SIZE       number of processes in the job
+GROUP_RANK       index of this node
+MASTER_ADDR      address of the rank-0 host for the process-group rendezvous
+MASTER_PORT      TCP port on that host (torchrun's own store)
+TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_USE_AGENT_STORE
+                 with restarts allowed and the agent's store shared with the workers (torch's
+                 default since 2.5), a restarted job can read the previous attempt's keys and
+                 fail or hang in init_process_group (pytorch/pytorch#135712): tandem warns. Fix:
+                 ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --rdzv-backend c10d ...``
+                 (or ``--standalone``); the static rendezvous always shares its store.
+```
 
 SLURM (detected when ``srun`` started more than one task, outside ``salloc``'s interactive shells,
-i.e. ``SLURM_JOB_NAME`` is not ``bash`` or ``interactive``)::
+i.e. ``SLURM_JOB_NAME`` is not ``bash`` or ``interactive``):
 
-    SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID   rank, world size, local rank, node
-    SLURM_NODELIST   e.g. ``node[03-05,7]``; its first host is MASTER_ADDR unless MASTER_ADDR is set
-    MASTER_PORT      if unset: 15000 + the last four digits of SLURM_JOB_ID
-    SLURM_JOB_ID, SLURM_ARRAY_JOB_ID, SLURM_ARRAY_TASK_ID
-                     the job that rank 0 requeues (``scontrol requeue``) after a pre-emption stop on SIGUSR1
-                     (any SLURM batch job, however its processes were started; not an interactive one).
-                     ``Trainer(plugins=[SLURMEnvironment(auto_requeue=False)])`` turns that off, and
-                     ``requeue_signal=signal.SIGTERM`` requeues on SIGTERM instead
+```text
+SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID   rank, world size, local rank, node
+SLURM_NODELIST   e.g. ``node[03-05,7]``; its first host is MASTER_ADDR unless MASTER_ADDR is set
+MASTER_PORT      if unset: 15000 + the last four digits of SLURM_JOB_ID
+SLURM_JOB_ID, SLURM_ARRAY_JOB_ID, SLURM_ARRAY_TASK_ID
+                 the job that rank 0 requeues (``scontrol requeue``) after a pre-emption stop on SIGUSR1
+                 (any SLURM batch job, however its processes were started; not an interactive one).
+                 ``Trainer(plugins=[SLURMEnvironment(auto_requeue=False)])`` turns that off, and
+                 ``requeue_signal=signal.SIGTERM`` requeues on SIGTERM instead
+```
 
 LSF's ``jsrun`` (detected by all of ``LSB_JOBID``, ``LSB_DJOB_RANKFILE``, ``JSM_NAMESPACE_LOCAL_RANK``,
-``JSM_NAMESPACE_SIZE``)::
+``JSM_NAMESPACE_SIZE``):
 
-    JSM_NAMESPACE_RANK, JSM_NAMESPACE_SIZE, JSM_NAMESPACE_LOCAL_RANK   rank, world size, local rank
-    LSB_DJOB_RANKFILE  one host per line, the launch node first: the host of rank r is line r + 2; the node
-                       rank is that host's index among the distinct hosts; the first of them is MASTER_ADDR
-    MASTER_PORT      if unset: 10000 + LSB_JOBID % 1000 (Lightning's rule)
+```text
+JSM_NAMESPACE_RANK, JSM_NAMESPACE_SIZE, JSM_NAMESPACE_LOCAL_RANK   rank, world size, local rank
+LSB_DJOB_RANKFILE  one host per line, the launch node first: the host of rank r is line r + 2; the node
+                   rank is that host's index among the distinct hosts; the first of them is MASTER_ADDR
+MASTER_PORT      if unset: 10000 + LSB_JOBID % 1000 (Lightning's rule)
+```
 
 MPI's ``mpirun`` / ``mpiexec``, without mpi4py (detected by a rank and a size variable of one family). Inside a
 SLURM allocation, SLURM's variables are read only when srun started the MPI ranks itself (``srun --mpi=pmi2``:
 ``SLURM_STEP_NUM_TASKS`` equals the MPI size); the processes of an ``mpirun`` there inherit one SLURM_PROCID,
-so MPI's variables are read instead::
+so MPI's variables are read instead:
 
-    Open MPI    OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, _NODE_RANK
-    MPICH, Intel MPI (Hydra)   PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS
-    MVAPICH2    MV2_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE
-    MASTER_ADDR, MASTER_PORT   needed on several nodes (``mpirun -x MASTER_ADDR=<rank 0's host> -x
-                     MASTER_PORT=29500``; MPICH: ``-genv``). On one node the address is 127.0.0.1 and the port,
-                     unless set, is derived from the pid of the launcher's process that started this node's ranks
-                     (the same for all of them): 20000 + that pid % 20000
-    Without a node-rank variable, ranks are taken to be placed in blocks: node rank = rank // local size.
+```text
+Open MPI    OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, _NODE_RANK
+MPICH, Intel MPI (Hydra)   PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS
+MVAPICH2    MV2_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE
+MASTER_ADDR, MASTER_PORT   needed on several nodes (``mpirun -x MASTER_ADDR=<rank 0's host> -x
+                 MASTER_PORT=29500``; MPICH: ``-genv``). On one node the address is 127.0.0.1 and the port,
+                 unless set, is derived from the pid of the launcher's process that started this node's ranks
+                 (the same for all of them): 20000 + that pid % 20000
+Without a node-rank variable, ranks are taken to be placed in blocks: node rank = rank // local size.
+```
 
 Kubeflow's PyTorchJob (v1; detected by ``KUBERNETES_SERVICE_HOST`` or ``KUBERNETES_PORT`` with ``RANK``,
 ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` and no ``LOCAL_RANK``): one process per pod, so the node
@@ -71,11 +79,13 @@ report). A process with LOCAL_RANK set was started by a launcher and starts noth
 defaults to 127.0.0.1 and a free MASTER_PORT is picked; with several nodes, set MASTER_ADDR,
 MASTER_PORT and NODE_RANK on every node.
 
-Also read here::
+Also read here:
 
-    OMP_NUM_THREADS     when set, tandem leaves torch's thread count alone; otherwise each process
-                        uses max(1, cpus // processes on the node) threads
-    TANDEM_GLOBAL_SEED  set by seed_everything; seeds the DistributedSampler's shuffling (else 0)
+```text
+OMP_NUM_THREADS     when set, tandem leaves torch's thread count alone; otherwise each process
+                    uses max(1, cpus // processes on the node) threads
+TANDEM_GLOBAL_SEED  set by seed_everything; seeds the DistributedSampler's shuffling (else 0)
+```
 """
 
 from __future__ import annotations
@@ -167,12 +177,12 @@ class ClusterEnvironment:
 
     @property
     def main_address(self) -> str:
-        """MASTER_ADDR when set, else the launcher's own rule (:meth:`_default_address`)."""
+        """MASTER_ADDR when set, else the launcher's own rule (``_default_address``)."""
         return os.environ["MASTER_ADDR"] if "MASTER_ADDR" in os.environ else self._default_address()
 
     @property
     def main_port(self) -> int:
-        """MASTER_PORT when set, else the launcher's own rule (:meth:`_default_port`)."""
+        """MASTER_PORT when set, else the launcher's own rule (``_default_port``)."""
         return _int("MASTER_PORT") if "MASTER_PORT" in os.environ else self._default_port()
 
     def _default_address(self) -> str:
@@ -239,9 +249,10 @@ class SLURMEnvironment(ClusterEnvironment):
             sends it ahead of the end with ``sbatch --signal=USR1@90``) or ``signal.SIGTERM``, the two signals
             tandem stops for.
 
-    Example::
-
+    Example:
+        ```python
         Trainer(plugins=[SLURMEnvironment(auto_requeue=False)])  # stop and save on SIGUSR1, but no requeue
+        ```
     """
 
     name = "slurm"
@@ -298,7 +309,8 @@ def slurm_job_to_requeue() -> str | None:
 
 def requeues(signum: int, environment: ClusterEnvironment | None = None) -> bool:
     """Whether a pre-emption stop for ``signum`` asks SLURM to requeue the job: on SIGUSR1 unless the
-    environment given to the Trainer or strategy is a :class:`SLURMEnvironment` that says otherwise."""
+    environment given to the Trainer or strategy is a
+    [`SLURMEnvironment`][tandem.strategies.environments.SLURMEnvironment] that says otherwise."""
     slurm = environment if isinstance(environment, SLURMEnvironment) else SLURMEnvironment()
     return slurm.auto_requeue and signum == slurm.requeue_signal
 

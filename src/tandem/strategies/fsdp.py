@@ -1,17 +1,17 @@
 """Fully sharded data parallel on PyTorch's FSDP2: each of N processes holds 1/N of the parameters,
 gradients and optimizer state.
 
-The engine is torch's: :func:`torch.distributed.fsdp.fully_shard` over a one-dimensional
-:class:`~torch.distributed.device_mesh.DeviceMesh`, and :mod:`torch.distributed.checkpoint` for state dicts
+The engine is torch's: ``torch.distributed.fsdp.fully_shard`` over a one-dimensional
+``torch.distributed.device_mesh.DeviceMesh``, and ``torch.distributed.checkpoint`` for state dicts
 and sharded checkpoints. What tandem adds:
 
 - **Groups.** ``auto_wrap_policy`` (a set of layer classes, or ``callable(module) -> bool``) picks the
   submodules that become FSDP groups, bottom-up; the module's own ``configure_model()`` hook may call
-  ``fully_shard`` itself. The root group is a :class:`~tandem.strategies.strategy.StepForward` around the
+  ``fully_shard`` itself. The root group is a ``StepForward`` around the
   module, so each ``training_step`` / ``validation_step`` / ... is one FSDP forward: its parameters are
   gathered before the step and its gradients reduce-scattered in backward.
 - **Evaluation in step.** FSDP's forward is a collective, but evaluation ranks see different numbers of
-  batches (every sample exactly once). :meth:`FSDPStrategy.evaluation_batches` lets a rank that has run out
+  batches (every sample exactly once). ``FSDPStrategy.evaluation_batches`` lets a rank that has run out
   of batches join the others' parameter gathers (replaying the last step's gathers) until every rank is
   done, so validation, test and predict equal one process's results and never hang.
 - **Checkpoints.** ``state_dict_type="full"`` gathers one file on rank 0 in tandem's normal format
@@ -21,7 +21,8 @@ and sharded checkpoints. What tandem adds:
   full file.
 - **After a stage** the module stays sharded (as in Lightning: gathering it whole on every rank would need
   the memory FSDP saves). Calling it or its ``state_dict()`` outside the Trainer is an error naming
-  ``trainer.save_checkpoint(path, weights_only=True)`` and :meth:`FSDPStrategy.full_module_state_dict`.
+  ``trainer.save_checkpoint(path, weights_only=True)`` and
+  [`FSDPStrategy.full_module_state_dict`][tandem.strategies.FSDPStrategy.full_module_state_dict].
 """
 
 from __future__ import annotations
@@ -77,12 +78,12 @@ class FSDPStrategy(ParallelStrategy):
     """One process per device, with parameters, gradients and optimizer state sharded across the processes.
 
     Launch, data sharding, evaluation, metrics and crash handling are those of ``ddp``
-    (:class:`~tandem.strategies.parallel.ParallelStrategy`): the script is re-run for the other ranks, or
+    ([`ParallelStrategy`][tandem.strategies.ParallelStrategy]): the script is re-run for the other ranks, or
     torchrun / srun started them; ``start_method="spawn"`` spawns them per stage.
 
     Args:
         devices: this node's devices, one process each (the Trainer's ``devices`` when None).
-        precision: see :class:`~tandem.strategies.precision.Precision`. "bf16-mixed" keeps bfloat16 copies of
+        precision: see [`Precision`][tandem.strategies.Precision]. "bf16-mixed" keeps bfloat16 copies of
             the parameters for compute and reduces gradients in float32 (FSDP's ``MixedPrecisionPolicy``),
             under autocast; "16-mixed" the same with float16 and a sharded gradient scaler. BatchNorm layers
             keep float32 weights (each its own group), as under autocast on one device.
@@ -105,13 +106,14 @@ class FSDPStrategy(ParallelStrategy):
         process_group_backend, timeout, use_distributed_sampler, start_method, cluster_environment: as for
             ``DDPStrategy``.
 
-    Example::
-
+    Example:
+        ```python
         trainer = Trainer(strategy=FSDPStrategy(auto_wrap_policy={Block}), accelerator="cuda", devices=4,
                           precision="bf16-mixed")
         with trainer.init_module(empty_init=True):  # no memory until each rank materialises its shard
             model = LanguageModel()
         trainer.fit(model, loader)
+        ```
     """
 
     name = "fsdp"
@@ -444,11 +446,12 @@ class FSDPStrategy(ParallelStrategy):
         (it is a collective); rank 0 receives them, the others get ``{}``. After ``fit`` this is how the
         trained weights leave the sharded module (or ``trainer.save_checkpoint(path, weights_only=True)``).
 
-        Example::
-
+        Example:
+            ```python
             state_dict = trainer.strategy.full_module_state_dict()  # every rank
             if trainer.is_global_zero:
                 torch.save(state_dict, "model.pt")
+            ```
         """
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -512,7 +515,7 @@ class FSDPStrategy(ParallelStrategy):
         directory — every rank writes its shard with torch.distributed.checkpoint into a temporary directory
         (named and locked by rank 0 like a file's temporary, so a later save or resume removes one a killed job
         left), rank 0 adds ``meta.pt`` (everything but the module and optimizer tensors), and the directory is
-        renamed onto ``path`` once every rank has finished (:func:`~tandem.utilities.checkpoint.replace_directory`:
+        renamed onto ``path`` once every rank has finished (``replace_directory``:
         a kill while the previous checkpoint is replaced leaves what the next save or a resume settles)."""
         if not any(_is_dtensor(v) for v in checkpoint["state_dict"].values()):  # the same on every rank
             super().save_checkpoint(checkpoint, path)
@@ -548,7 +551,7 @@ class FSDPStrategy(ParallelStrategy):
     def load_checkpoint(self, path: str | Path, weights_only: bool | None = None) -> dict[str, Any]:
         """A file (full, or written by another strategy) as usual; a sharded directory is read into this rank's
         shards, whatever the number of ranks that wrote it. Tensors and plain data only, its ``.metadata`` too
-        (:mod:`~tandem.strategies.sharded_reader`), unless ``weights_only=False`` says the checkpoint is trusted."""
+        (``sharded_reader``), unless ``weights_only=False`` says the checkpoint is trusted."""
         path = Path(path)
         if not is_sharded_checkpoint(path):
             return load_checkpoint_file(path, weights_only)  # a file, or a plain folder (named as one there)
@@ -689,7 +692,7 @@ def _refuse_data_parallel(module: nn.Module) -> None:
 
 def _guard(module: nn.Module, world_size: int) -> None:
     """Between stages, calling the sharded module (or a layer of it) or its ``state_dict()`` raises
-    :func:`_sharded_module_error`; the hooks cost nothing while a stage runs (they are removed then). The
+    ``_sharded_module_error``; the hooks cost nothing while a stage runs (they are removed then). The
     strategy's own reads (``_reading``) pass."""
     _unguard(module)
     name = type(module).__name__
@@ -784,7 +787,7 @@ def _numbered(state: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _named(state: Mapping[str, Any], names: list[str]) -> dict[str, Any]:
-    """The inverse of :func:`_numbered`, with the names of the optimizer's parameters in order."""
+    """The inverse of ``_numbered``, with the names of the optimizer's parameters in order."""
     groups = [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]
     return {"state": {names[i]: v for i, v in state["state"].items()}, "param_groups": groups}
 

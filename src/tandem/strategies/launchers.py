@@ -9,11 +9,11 @@ and brings rank 0's results back to the caller, for code that cannot be re-run a
 A launcher is used as ``launcher.launch(function, *args, trainer=trainer, **kwargs)``; it returns
 what ``function`` returned on this process (ScriptLauncher) or on global rank 0 (SpawnLauncher).
 
-When a rank fails, the others are stopped and the failure is raised as :class:`RankFailedError`, with
-the failing rank's traceback, in the process the user watches: rank 0 under ``ddp`` (in its main
-thread, wherever it is, so its ``finally`` blocks and context managers run), the caller under
-``ddp_spawn``. Each started rank writes the traceback of the error that ends it to a file of its own
-(atomically: a reader never sees half of it) and, under ``ddp``, leaves printing it to rank 0: each
+When a rank fails, the others are stopped and the failure is raised as
+[`RankFailedError`][tandem.utilities.exceptions.RankFailedError], with the failing rank's traceback, in the process the
+user watches: rank 0 under ``ddp`` (in its main thread, wherever it is, so its ``finally`` blocks and context managers
+run), the caller under ``ddp_spawn``. Each started rank writes the traceback of the error that ends it to a file of its
+own (atomically: a reader never sees half of it) and, under ``ddp``, leaves printing it to rank 0: each
 traceback is printed once for the job, and an error that every rank raised is printed once, naming the
 ranks. A rank killed by a signal writes none and is reported by its signal. Before stopping the ranks,
 the launcher announces the teardown through the side channel, so that they take its SIGTERM for what it
@@ -170,7 +170,7 @@ def _write_error_record(path: str, text: str, error: BaseException | None = None
 
 
 def _read_error_record(path: str | None) -> _Record | None:
-    """What :func:`_write_error_record` wrote, or None if the rank wrote none."""
+    """What ``_write_error_record`` wrote, or None if the rank wrote none."""
     if not path:
         return None
     try:
@@ -278,9 +278,9 @@ def _handled_exception(thread_id: int) -> BaseException | None:
 class _Watchdog:
     """The ranks this process started, watched until they end: one failing ends the whole job.
 
-    The failure is raised as :class:`RankFailedError` in the thread that launched them (normally the
-    main thread): directly when that thread is already failing (its collective broke when the rank
-    died), else through a signal whose handler raises it (a busy or sleeping thread). Only a thread that
+    The failure is raised as [`RankFailedError`][tandem.utilities.exceptions.RankFailedError] in the thread that
+    launched them (normally the main thread): directly when that thread is already failing (its collective broke when
+    the rank died), else through a signal whose handler raises it (a busy or sleeping thread). Only a thread that
     does not respond at all (blocked outside Python) is ended with ``os._exit``.
     """
 
@@ -489,7 +489,7 @@ class _Watchdog:
 
     def failure_behind(self, error: BaseException) -> Exception | None:
         """Rank 0's launch() failed with ``error``: the error to raise instead (a started rank failed first, and
-        ``error`` is most likely its echo; see :meth:`error`), or None to re-raise ``error`` (its own, or Ctrl-C).
+        ``error`` is most likely its echo; see ``error``), or None to re-raise ``error`` (its own, or Ctrl-C).
         Stops every started rank."""
         if isinstance(error, Preempted):
             return None  # every rank stopped at the same step and exits with the same code; they are not stopped
@@ -624,11 +624,12 @@ def _watch_parent(pid: int) -> None:
 class ScriptLauncher:
     """Start local ranks 1..N-1 by re-running this script with the rank variables set; this process is rank 0.
 
-    When a started rank fails, rank 0 stops the others and raises :class:`RankFailedError` (with that
-    rank's traceback) in its main thread, wherever it is: ``finally`` blocks and context managers run.
+    When a started rank fails, rank 0 stops the others and raises
+    [`RankFailedError`][tandem.utilities.exceptions.RankFailedError] (with that rank's traceback) in its main thread,
+    wherever it is: ``finally`` blocks and context managers run.
 
     Args:
-        environment: the :class:`LocalEnvironment` of this job.
+        environment: the [`LocalEnvironment`][tandem.strategies.environments.LocalEnvironment] of this job.
         num_processes: processes per node.
     """
 
@@ -784,7 +785,7 @@ class SpawnLauncher:
     so every stage of one Trainer logs into one folder.
 
     Args:
-        environment: the :class:`LocalEnvironment` of this job.
+        environment: the [`LocalEnvironment`][tandem.strategies.environments.LocalEnvironment] of this job.
         num_processes: processes per node.
         start_method: a ``torch.multiprocessing`` start method; "spawn" works everywhere.
     """

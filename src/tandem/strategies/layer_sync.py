@@ -11,9 +11,10 @@ class TorchSyncBatchNorm:
     ``Trainer(plugins=[TorchSyncBatchNorm()])`` is ``Trainer(sync_batchnorm=True)``: strategies with several
     processes convert the module when they set it up (DDP: CUDA devices only); one process ignores it.
 
-    Example::
-
+    Example:
+        ```python
         Trainer(strategy="ddp", accelerator="cuda", devices=4, plugins=[TorchSyncBatchNorm()])
+        ```
     """
 
     def apply(self, model: nn.Module) -> nn.Module:

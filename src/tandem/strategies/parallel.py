@@ -3,13 +3,13 @@
 What they share lives here: the environment (who started the processes, which rank this is), the
 launcher choice, joining and leaving the process group, the collectives, sharding the data, evening the
 training batch counts (counted ones here; an epoch of unknown length is evened by the loop, a batch at a
-time, with :meth:`ParallelStrategy.ranks_with_batch`), and gathering predictions. A subclass adds how the
-module is wrapped and how gradients are synchronised.
+time, with [`ParallelStrategy.ranks_with_batch`][tandem.strategies.Strategy.ranks_with_batch]), and gathering
+predictions. A subclass adds how the module is wrapped and how gradients are synchronised.
 
-Launch: see :mod:`tandem.strategies.launchers` (who starts the processes) and
-:mod:`tandem.strategies.environments` (how a process learns its rank).
+Launch: see ``tandem.strategies.launchers`` (who starts the processes) and
+``tandem.strategies.environments`` (how a process learns its rank).
 
-Data: see :mod:`tandem.strategies.samplers`. The training loader is sharded with a DistributedSampler
+Data: see ``tandem.strategies.samplers``. The training loader is sharded with a DistributedSampler
 that keeps the user's shuffle / drop_last / custom sampler; evaluation and predict loaders give every
 sample to exactly one rank (rank r: samples r, r+N, r+2N, ...), so metrics reduced across ranks as
 sums and counts equal single-device results. ``trainer.predict`` returns every sample's prediction,
@@ -73,7 +73,7 @@ class ParallelStrategy(Strategy):
 
     Args:
         devices: this node's devices, one process each (the Trainer's ``devices`` when None).
-        precision: see :class:`~tandem.strategies.precision.Precision`.
+        precision: see [`Precision`][tandem.strategies.Precision].
         process_group_backend: "gloo" (CPU default), "nccl" (CUDA default), or another torch backend.
         timeout: how long a collective may wait for the other ranks before failing.
         use_distributed_sampler: shard the dataloaders as described in this module; False leaves them
@@ -84,19 +84,19 @@ class ParallelStrategy(Strategy):
             saves, metric reduction; not the per-step gradient sync) are first agreed on through the
             process group's store: ranks entering different ones fail at once with both sides named, and
             a rank that sits this long in another collective (or whose script ended) is reported instead
-            of waiting for ``timeout`` (see :mod:`tandem.strategies.side_channel`). None turns the
+            of waiting for ``timeout`` (see ``tandem.strategies.side_channel``). None turns the
             check off.
         hang_timeout: when no rank makes progress (its loop's place, its Python stack) for this long during a fit,
-            every rank prints its Python stack and rank 0 raises :class:`~tandem.utilities.exceptions.HangError`
+            every rank prints its Python stack and rank 0 raises [`HangError`][tandem.utilities.exceptions.HangError]
             with a table of where each rank was (stage, hook, step, batch, the user's line it is blocked in),
             instead of waiting for ``timeout``: a rank that skipped ``backward``, a ``torch.distributed`` call on
             one rank, a data loader blocked on one rank. None turns it off.
         sync_batchnorm: convert BatchNorm layers to SyncBatchNorm, for the subclasses that can. None: the
             Trainer's ``sync_batchnorm``.
         cluster_environment: how this process learns its rank (a
-            :class:`~tandem.strategies.environments.ClusterEnvironment`, e.g. ``SLURMEnvironment(auto_requeue=False)``);
-            None: detected from the environment variables (torchrun, then SLURM, else tandem's launcher). Also
-            given as ``Trainer(plugins=[...])``.
+            [`ClusterEnvironment`][tandem.strategies.environments.ClusterEnvironment], e.g.
+            ``SLURMEnvironment(auto_requeue=False)``); None: detected from the environment variables (torchrun, then
+            SLURM, else tandem's launcher). Also given as ``Trainer(plugins=[...])``.
     """
 
     max_devices = None
@@ -381,7 +381,7 @@ class ParallelStrategy(Strategy):
             dist.barrier()
 
     def _ranks_with_batch(self, has_batch: bool) -> list[bool]:
-        """Not agreed on through the store first (see :meth:`_check`): the loop asks this before every training
+        """Not agreed on through the store first (see ``_check``): the loop asks this before every training
         batch of an epoch of unknown length, on every rank at the same batch, so it is per-step hot path. One
         all-reduce of one number (how many ranks have a batch: its size does not grow with the ranks); only when
         some have one and some not (once, at the end of such an epoch) a second one says which."""
@@ -433,9 +433,10 @@ class ParallelStrategy(Strategy):
 
     # ------------------------------------------------------------------ data
     def _process_dataloader(self, dataloader: DataLoader, stage: str) -> DataLoader:
-        """Shard ``dataloader`` with :attr:`distributed_sampler_kwargs`; even the training batch counts.
+        """Shard ``dataloader`` with ``distributed_sampler_kwargs``; even the training batch counts.
 
-        Call after :meth:`setup_environment` on every rank: for "fit" it compares batch counts across ranks.
+        Call after [`setup_environment`][tandem.strategies.ParallelStrategy.setup_environment] on every rank: for "fit"
+        it compares batch counts across ranks.
         """
         shardable = isinstance(dataloader, DataLoader) and not is_iterable_style(dataloader)
         shards = self.distributed_sampler_kwargs

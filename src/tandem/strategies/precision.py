@@ -66,9 +66,10 @@ class Precision:
             slower than float32, and float16 is slower still: use the 16-bit precisions on a GPU.
         device_type: ``"cpu"`` or ``"cuda"``; set by the strategy once it knows its device.
 
-    Example::
-
+    Example:
+        ```python
         Trainer(precision="bf16-true")  # same as Trainer(plugins=[Precision("bf16-true")])
+        ```
     """
 
     SUPPORTED: ClassVar[tuple[str, ...]] = ("32-true", "64-true", "bf16-true", "16-true", "bf16-mixed", "16-mixed")
@@ -90,7 +91,7 @@ class Precision:
         self.autocast_dtype: torch.dtype | None = _AUTOCAST_DTYPES.get(precision)
         #: the dtype of the parameters and inputs under a "true" precision other than float32, else None
         self.parameter_dtype: torch.dtype | None = _PARAMETER_DTYPES.get(precision)
-        #: whether :meth:`forward_context` does anything (the strategies skip it on the per-step path when not)
+        #: whether ``forward_context`` does anything (the strategies skip it on the per-step path when not)
         self.has_forward_context: bool = self.autocast_dtype is not None or self.parameter_dtype is not None
         self.device_type = device_type
         self.scaler: torch.amp.GradScaler | None = None
@@ -120,7 +121,8 @@ class Precision:
         return _NO_CONTEXT if dtype is None else _DefaultDtype(dtype)
 
     def module_init_context(self) -> contextlib.AbstractContextManager:
-        """Where ``trainer.init_module()`` builds the module: as :meth:`tensor_init_context`."""
+        """Where ``trainer.init_module()`` builds the module: as
+        [`tensor_init_context`][tandem.strategies.Precision.tensor_init_context]."""
         return self.tensor_init_context()
 
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:

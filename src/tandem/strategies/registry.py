@@ -148,7 +148,7 @@ class Plugins:
 
 
 def sort_plugins(plugins: Any) -> Plugins:
-    """Sort ``Trainer(plugins=...)`` (one plugin, a list of them, or None) into a :class:`Plugins`; anything
+    """Sort ``Trainer(plugins=...)`` (one plugin, a list of them, or None) into a ``Plugins``; anything
     tandem has no plugin for is an error naming what it accepts."""
     if plugins is None:
         return Plugins()
@@ -217,14 +217,15 @@ def resolve_strategy(
             open (None); an instance built with another value than a Trainer argument that is not its
             default is refused (say it in one place).
         data_order: the Trainer's ``data_order`` ("sampler" or "global"), how training data is ordered.
-        plugins: the Trainer's ``plugins`` (see :func:`sort_plugins`): a ``Precision`` takes the place of
+        plugins: the Trainer's ``plugins`` (see ``sort_plugins``): a ``Precision`` takes the place of
             ``precision`` (giving both is an error, as is a strategy instance built with its own precision), a
             cluster environment that of the strategy's ``cluster_environment``, ``TorchSyncBatchNorm()``
             means ``sync_batchnorm=True``, and ``AsyncCheckpointIO()`` has checkpoints written in the background.
 
-    Example::
-
+    Example:
+        ```python
         strategy = resolve_strategy("ddp", "cpu", 2, 1, "32-true", use_distributed_sampler=False)
+        ```
     """
     from tandem.strategies.strategy import Strategy  # the registry is imported by strategy modules
 

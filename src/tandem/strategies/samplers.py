@@ -4,7 +4,7 @@ Training, in the Trainer's ``data_order``:
 
 - ``"sampler"`` (the default, Lightning's numbers): one process draws what the user's sampler draws; a plain
   RandomSampler's epochs are drawn as it draws them (a seed taken from torch's global generator as the epoch
-  begins), by a :class:`GlobalOrderSampler` that records that seed so a checkpoint can continue the epoch on any
+  begins), by a ``GlobalOrderSampler`` that records that seed so a checkpoint can continue the epoch on any
   number of processes. Several processes get Lightning's DistributedSampler: shuffling the training data (even a
   ``shuffle=False`` loader's), seeded with the ``seed_everything`` seed plus the epoch, padded to equal shares.
 - ``"global"``: the order does not depend on the number of processes: one process draws the order N processes
@@ -14,11 +14,11 @@ Training, in the Trainer's ``data_order``:
 Either way an epoch's order is a function of what the checkpoint records (the seed and how it is used), and rank r
 of N takes its items r, r+N, ...; so global batch k is the block ``order[k·B·N : (k+1)·B·N]`` whatever N is, and a
 checkpoint of N processes can continue on N' at the exact next sample (``start``). Samplers of the user's own are
-wrapped in a :class:`DistributedSamplerWrapper` under several processes, and left alone on one.
+wrapped in a ``DistributedSamplerWrapper`` under several processes, and left alone on one.
 
-Evaluation and predict: :class:`EvalDistributedSampler` gives rank r the samples r, r+N, r+2N, ... of the
+Evaluation and predict: ``EvalDistributedSampler`` gives rank r the samples r, r+N, r+2N, ... of the
 order one process would see, each exactly once and without padding, so sums and counts reduced across
-ranks equal single-device results; :func:`interleave_predictions` rebuilds the single-device list of
+ranks equal single-device results; ``interleave_predictions`` rebuilds the single-device list of
 predictions from every rank's outputs.
 """
 
@@ -95,11 +95,11 @@ class GlobalOrderSampler(DistributedSampler):
         return left // self.num_replicas if self.drop_last else math.ceil(left / self.num_replicas)
 
     def order_settings(self) -> dict[str, Any]:
-        """What an epoch's order is made from (a checkpoint's record; :meth:`follow` takes it back)."""
+        """What an epoch's order is made from (a checkpoint's record; ``follow`` takes it back)."""
         return {"seed": self.seed, "seeding": self.seeding, "shuffle": self.shuffle, "epoch_seed": self.epoch_seed}
 
     def follow(self, settings: dict[str, Any], mid_epoch: bool) -> None:
-        """Draw the order a checkpoint's run drew (``settings`` from :meth:`order_settings`; a tandem 0.1
+        """Draw the order a checkpoint's run drew (``settings`` from ``order_settings``; a tandem 0.1
         checkpoint records the seed alone). ``mid_epoch``: the epoch in progress continues with its recorded seed.
         This run's ``drop_last`` stays: it decides how many batches the epoch has."""
         self.seed = settings["seed"]
@@ -171,7 +171,7 @@ class EvalDistributedSampler(Sampler):
 class FirstItems(BatchSampler):
     """The first ``count`` items of ``sampler`` (indices or batches).
 
-    A BatchSampler subclass only so that :func:`~tandem.utilities.data.find_sampler` sees through it
+    A BatchSampler subclass only so that ``find_sampler`` sees through it
     to the sampler below, whose ``set_epoch`` the Trainer calls.
     """
 
@@ -234,7 +234,7 @@ def shard_training(
 
 
 def ordered_training(loader: DataLoader, seed: int, data_order: str = "sampler") -> DataLoader:
-    """One process's training loader, drawing its order through a :class:`GlobalOrderSampler` of one replica
+    """One process's training loader, drawing its order through a ``GlobalOrderSampler`` of one replica
     that a checkpoint can continue on any number of processes. ``data_order="sampler"``: the numbers the user's
     sampler draws (a plain RandomSampler's seed per epoch from the global generator; a SequentialSampler's
     order); ``"global"``: the order N processes would share, seeded with ``seed + epoch``. Other samplers stay."""

@@ -5,9 +5,9 @@ planner reads every non-tensor item (an optimizer's ``lr``, ``betas``) with ``to
 a directory someone else wrote can run any code on every rank that loads it. tandem's reader unpickles
 ``.metadata`` allowing only the classes that file is made of (``torch.distributed.checkpoint``'s metadata
 records, ``torch.Size``, dtypes, layouts, memory formats, paths), and its planner reads the non-tensor items with
-``torch.load(weights_only=True)``. What either refuses is a :class:`~tandem.utilities.exceptions.CheckpointError`
-naming the file, what it holds and ``weights_only=False``, the way to load a directory one trusts (torch's own
-reader and planner are used then).
+``torch.load(weights_only=True)``. What either refuses is a
+[`CheckpointError`][tandem.utilities.exceptions.CheckpointError] naming the file, what it holds and
+``weights_only=False``, the way to load a directory one trusts (torch's own reader and planner are used then).
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def readers(path: str | os.PathLike, trusted: bool) -> dict[str, Any]:
 
 
 def refusal(arguments: dict[str, Any]) -> Refused | None:
-    """What the safe reader or planner among ``arguments`` (from :func:`readers`) refused, or None."""
+    """What the safe reader or planner among ``arguments`` (from ``readers``) refused, or None."""
     for part in (arguments.get("storage_reader"), arguments.get("planner")):
         if getattr(part, "refused", None) is not None:
             return part.refused

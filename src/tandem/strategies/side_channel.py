@@ -1,45 +1,46 @@
 """The side channel: how the ranks of one process group agree without a collective, and its two clients.
 
-A :class:`SideChannel` owns the process group's key-value store (reached out of band: never a collective, so
+A ``SideChannel`` owns the process group's key-value store (reached out of band: never a collective, so
 a rank sitting in another collective, say DDP's gradient all-reduce, cannot turn the agreement itself into a
 mismatch), this rank's watcher thread, and the beats the watcher posts once a second (where the main thread
 is, whether it waits inside torch for other ranks, whether the script ended or failed). Two named clients
 use it:
 
-- :attr:`SideChannel.collective_check` (:class:`CollectiveCheck`): before each of tandem's own collectives
+- ``SideChannel.collective_check`` (``CollectiveCheck``): before each of tandem's own collectives
   outside the per-step hot path (set-up broadcasts, epoch and evaluation ends, checkpoint saves,
   ``should_stop``, metric reduction at logging steps) the ranks agree that they enter the same one. A
   collective that one rank enters and another does not (``trainer.save_checkpoint`` or ``trainer.test``
   under ``if trainer.is_global_zero:``, a rank whose script already ended) otherwise fails with the
   backend's text ("Connection closed by peer"), aborts the process, or waits for the whole process-group
   timeout (30 minutes). Its messages name the Trainer entry point each rank is in: the Trainer tags it
-  with :func:`entry_point` (a context variable; nothing reads the call stack's variables for it).
-- :attr:`SideChannel.preemption_vote` (:class:`PreemptionVote`, reached with :func:`preemption_vote`):
+  with ``entry_point`` (a context variable; nothing reads the call stack's variables for it).
+- ``SideChannel.preemption_vote`` (``PreemptionVote``, reached with ``preemption_vote``):
   after SIGTERM / SIGUSR1, which may reach one rank only, every rank stops at the same step.
 
 The beats also carry each rank's place: the stage, epoch, batch and step its fit loop publishes with
-:func:`placed` (a callable the watcher reads once a beat: nothing runs per step), and, sampled from the main
+``placed`` (a callable the watcher reads once a beat: nothing runs per step), and, sampled from the main
 thread's stack, the hook it is in and the user's line. With a ``hang_timeout`` (the strategy's), rank 0's watcher
 watches for a hang anywhere, not only in tandem's own collectives: when, during a fit, no rank's place or stack
 moves for that long (DDP's all-reduce after one rank skipped ``backward``, a ``torch.distributed`` call on one
 rank, a data loader blocked on one rank), it prints a table of where each rank is and its own stack; the other
-ranks print theirs (``faulthandler``) and end with :data:`HANG_EXIT`, and rank 0 raises :class:`HangError`
-with the table (its collective breaks as they end; under tandem's launcher the launcher raises it).
+ranks print theirs (``faulthandler``) and end with ``HANG_EXIT``, and rank 0 raises
+[`HangError`][tandem.utilities.exceptions.HangError] with the table (its collective breaks as they end; under tandem's
+launcher the launcher raises it).
 
 The channel also carries how the job ends. A rank posts how it left (``ended its script normally (after
 Trainer.fit returned)``, ``(sys.exit(0) at train.py:12 in training_step inside Trainer.fit)``, ``failed
 (ValueError: ...)``, ``was interrupted (KeyboardInterrupt)``, ``stopped the job (CollectiveMismatchError: ...)``); a
 rank whose collective then breaks inside torch (gloo's "Connection closed by peer")
-raises :class:`RankFailedError` naming that rank and where it was (:meth:`SideChannel.explain`, at the
-Trainer entry point). A failing rank, or the launcher stopping the job, announces the teardown
-(:func:`announce_teardown`): a SIGTERM that follows (torchrun's, tandem's launcher's) ends a rank at once
+raises [`RankFailedError`][tandem.utilities.exceptions.RankFailedError] naming that rank and where it was
+(``SideChannel.explain``, at the Trainer entry point). A failing rank, or the launcher stopping the job, announces the
+teardown (``announce_teardown``): a SIGTERM that follows (torchrun's, tandem's launcher's) ends a rank at once
 instead of starting a pre-emption stop, and a rank blocked in a collective waiting for the launching rank
 ends from its watcher.
 
 What the store is trusted with. The store listens on every interface without authentication (torchrun's does too):
 anyone who reaches its port can list, read, write and delete keys. So every value that controls the job (beats,
 check tags, differ records and verdicts, teardown, stopping, the hang declaration, the pre-emption signal and stop
-positions) is signed (:class:`SignedStore`): an HMAC-SHA256 with a per-job secret that rank 0 draws and broadcasts
+positions) is signed (``SignedStore``): an HMAC-SHA256 with a per-job secret that rank 0 draws and broadcasts
 over the process group's own backend with the run id (never through the store), over the key's full name and the
 value. A value that is not signed by this job (an outsider's, a malformed one) reads as absent and is reported once
 on stderr. The counters the store keeps with ``add`` (``arrived``, ``posted``, ``moved``) cannot be signed: they are
@@ -54,10 +55,10 @@ Process-wide state, and why each piece is needed:
 - ``_CHANNEL``, the side channel of the default process group. The group is joined once per process and
   outlives each Trainer and its strategy (``teardown`` keeps it, so that ``trainer.test()`` after
   ``fit()`` and a next Trainer in the same script use it again), so its channel is the group's, not a
-  strategy's: the strategy that joins the group opens it (:func:`open_channel`), destroying the group closes
-  it (:func:`close_channel`).
+  strategy's: the strategy that joins the group opens it (``open_channel``), destroying the group closes
+  it (``close_channel``).
 - ``_ENTRY_POINT``, a context variable: the Trainer entry point running now, set for a block.
-- :data:`~tandem.utilities.preemption.PREEMPTION` (outside this module): the signal record. Signal handlers
+- ``PREEMPTION`` (outside this module): the signal record. Signal handlers
   belong to the process, and the process that started the ranks forwards signals with no group joined.
 """
 
@@ -166,7 +167,7 @@ _FIX_STALLED = (
     "all_reduce) on every rank; guard only side effects (files, prints, uploads) with trainer.is_global_zero."
 )
 
-#: the Trainer entry point running now (see :func:`entry_point`)
+#: the Trainer entry point running now (see ``entry_point``)
 _ENTRY_POINT: contextvars.ContextVar[str | None] = contextvars.ContextVar("tandem_entry_point", default=None)
 
 
@@ -177,10 +178,11 @@ def entry_point(name: str) -> Iterator[None]:
     ``trainer.validate`` on another pass through the same collectives, yet do not belong together: the
     collective check tells them apart by this name.
 
-    Example::
-
+    Example:
+        ```python
         with entry_point("save_checkpoint"):
             strategy.barrier()  # a mismatch names "in Trainer.save_checkpoint"
+        ```
     """
     outermost = _ENTRY_POINT.get() is None
     token = _ENTRY_POINT.set(name)
@@ -208,10 +210,11 @@ def placed(place: Callable[[], Place]) -> Iterator[None]:
     watcher thread calls it once a beat (nothing runs per step: it reads the loop's own counters); a hang's table
     shows it. Nothing happens without a side channel.
 
-    Example::
-
+    Example:
+        ```python
         with placed(lambda: (state.stage, loop.epoch, loop.batches_done, loop.global_step)):
             ...  # the fit
+        ```
     """
     channel = _CHANNEL
     if channel is None:
@@ -293,19 +296,20 @@ class SignedStore:
     Every value written carries an HMAC-SHA256, keyed with the job's secret, over the key's full name and the value
     (a signed value cannot be forged, nor moved to another key). A value read counts only when its signature holds;
     any other (an outsider's, a malformed one) reads as absent, and the first time a key holds one, a ``[tandem]``
-    line on stderr says so (at most ``_REPORT_LIMIT`` lines a channel). Counters (:meth:`add`) cannot be signed:
+    line on stderr says so (at most ``_REPORT_LIMIT`` lines a channel). Counters (``add``) cannot be signed:
     callers take them as hints and act on signed values only.
 
     Args:
         store: the process group's ``torch.distributed`` store.
-        secret: the job's secret, the same on every rank (rank 0 draws it with :func:`new_secret` and broadcasts it
+        secret: the job's secret, the same on every rank (rank 0 draws it with ``new_secret`` and broadcasts it
             over the process group's backend: it never goes through the store).
 
-    Example::
-
+    Example:
+        ```python
         store = SignedStore(dist.distributed_c10d._get_default_store(), secret)
         store.set("tandem/side/ab12/teardown", "rank 1 failed")
         store.get("tandem/side/ab12/teardown")  # "rank 1 failed"; None if an outsider wrote it
+        ```
     """
 
     def __init__(self, store: Any, secret: bytes, reported: set[str] | None = None) -> None:
@@ -448,7 +452,7 @@ class SideChannel:
         #: how this rank last left a Trainer entry point ("after Trainer.fit returned", "sys.exit(0) at ...
         #: inside Trainer.fit"): what the other ranks are told when its script ends
         self.left = ""
-        #: where this rank's loop is (see :func:`placed`); read by the watcher, once a beat
+        #: where this rank's loop is (see ``placed``); read by the watcher, once a beat
         self.place: Callable[[], Place] | None = None
         #: seconds without progress on any rank after which rank 0 declares a hang (None: never)
         self.hang_timeout: float | None = None
@@ -534,7 +538,8 @@ class SideChannel:
     def explain(self, error: BaseException, entry: str) -> RankFailedError | None:
         """``error`` ends this rank's Trainer.``entry``. When it is a collective that broke inside torch because
         another rank left (its script ended or failed; gloo's "Connection closed by peer"), the
-        :class:`RankFailedError` that names that rank, how it left and where this rank was; else None."""
+        [`RankFailedError`][tandem.utilities.exceptions.RankFailedError] that names that rank, how it left and where
+        this rank was; else None."""
         if self.hang is not None and not isinstance(error, (HangError, KeyboardInterrupt)):
             return HangError(self.hang)  # this rank's collective broke because the others ended after the hang
         if isinstance(error, (RankFailedError, CollectiveMismatchError, HangError)) or not broke_in_torch(error):
@@ -640,7 +645,7 @@ class SideChannel:
         rank adds that to the group's ``moved`` counter (one request, whatever the number of ranks). Rank 0: when
         the counter has not grown for ``hang_timeout`` seconds, it reads every rank's beat (once, not every beat)
         and, while some rank is in a loop, none has left and every rank's beat says it has not moved for about that
-        long, declares the hang (:meth:`_declare_hang`). Every other rank: when rank 0 declared one (its signed
+        long, declares the hang (``_declare_hang``). Every other rank: when rank 0 declared one (its signed
         ``hang`` key; the counter out of its range only says when to look), print this rank's stack and end (its
         collectives then break on rank 0, which raises). Anyone can add to the counter: that can keep a hang from
         being seen, never make one (the beats decide)."""
@@ -676,7 +681,7 @@ class SideChannel:
 
     def _declare_hang(self, beats: list[_Beat], stalled_for: float) -> None:
         """Rank 0: print the table of where each rank is and this rank's stack, tell the other ranks (they print
-        theirs and end), and make the main thread raise :class:`HangError`."""
+        theirs and end), and make the main thread raise [`HangError`][tandem.utilities.exceptions.HangError]."""
         rows = [("rank", "stage", "hook", "epoch", "step", "batch", "blocked at (your code)", "innermost frame")]
         for r, beat in enumerate(beats):
             stage, epoch, batch, step = (beat.place or "- - - -").split(" ")
@@ -794,7 +799,7 @@ def error_summary(error: BaseException) -> str:
 
 
 def _main_thread_place(frame: FrameType | None) -> tuple[str, bool, str, str]:
-    """:func:`_main_thread_position`, the user's line and the hook the main thread is in (the innermost frame named
+    """``_main_thread_position``, the user's line and the hook the main thread is in (the innermost frame named
     after a hook or step method outside torch; "fetching a batch" inside a data loader; "backward" in autograd). A
     wait in the collective check shows as its caller (its polling loop would look like progress)."""
     checking = frame is not None and frame.f_code.co_filename == _THIS_FILE
@@ -848,7 +853,7 @@ class CollectiveCheck:
     2. The last rank to arrive writes the verdict: ``ok`` when nobody differed, else the mismatch, every side
        named (read from the one ``differ`` key). Every rank waits for the verdict (polling, at most
        ``_POLL_BUDGET`` requests a second from all waiting ranks together) and raises
-       :class:`CollectiveMismatchError` if it is not ok.
+       [`CollectiveMismatchError`][tandem.utilities.exceptions.CollectiveMismatchError] if it is not ok.
     3. While they wait, the rank whose tag was written first reads the other ranks' beats once a beat (one
        request). A rank that ended its script, or whose main thread has sat in a torch collective or backward
        pass (for DDP: the gradient all-reduce, waiting for this rank) for ``stall_timeout`` seconds, will not
@@ -857,7 +862,7 @@ class CollectiveCheck:
        to the process-group timeout, as before. When every beat says its rank arrived and no verdict came (an
        outsider held the ``arrived`` count back), it writes the verdict itself.
 
-    Tags, differ records and verdicts are signed (:class:`SignedStore`); ``arrived`` is a count anyone can change,
+    Tags, differ records and verdicts are signed (``SignedStore``); ``arrived`` is a count anyone can change,
     so it only says who writes the verdict soonest: pushed up, a verdict may be written before a differing rank
     arrived (its mismatch then fails in the collective itself, as without the check); a job whose ranks agree gets
     ``ok`` whatever the count says.
@@ -977,7 +982,7 @@ class PreemptionVote:
 
     A signal may reach one rank only (torchrun, srun, a signal sent by hand), and each rank sees it at a
     different step. The ranks agree on one stop position without any per-step work: the signal handler sets
-    a local flag (:data:`~tandem.utilities.preemption.PREEMPTION`); each watcher shares it both ways (flag ->
+    a local flag (``PREEMPTION``); each watcher shares it both ways (flag ->
     store key ``preempt/<round>/signal``, key -> flag) once a second. Each rank posts, once (compare_set), a
     position at or ahead of where it is: its watcher posts the batch its main thread is in (or the epoch end
     it is in), its main thread, if it gets there first, the position it stopped at. Every rank stops at the
@@ -986,7 +991,7 @@ class PreemptionVote:
     the ranks within one step of each other, so the largest post is at most a step or two ahead of anyone.
     Each rank counts itself in ``preempt/<round>/posted`` as it posts; a rank at its stop point polls that one key
     (at most ``_POLL_BUDGET`` requests a second from all ranks together), then reads the N positions once. The
-    signal and the positions are signed (:class:`SignedStore`); ``posted``, a count anyone can change, only says
+    signal and the positions are signed (``SignedStore``); ``posted``, a count anyone can change, only says
     when to read them: a rank also reads them once a second, and stops only when all N are there and signed.
     """
 
@@ -1089,14 +1094,15 @@ class LocalVote:
 
 
 def preemption_vote() -> PreemptionVote | LocalVote:
-    """This process's pre-emption vote: the process group's side channel's, or a :class:`LocalVote` when
+    """This process's pre-emption vote: the process group's side channel's, or a ``LocalVote`` when
     there is none.
 
-    Example::
-
+    Example:
+        ```python
         preemption_vote().new_round()  # at the start of each fit
         if here >= preemption_vote().target(here):  # at a stop point, with a signal pending
             ...  # every rank stops here
+        ```
     """
     return _CHANNEL.preemption_vote if _CHANNEL is not None else LocalVote()
 
@@ -1133,7 +1139,7 @@ def report_for_the_job() -> None:
 
 
 def announce_teardown(reason: str, stopping: bool = False) -> None:
-    """The job is being torn down (see :meth:`SideChannel.announce_teardown`); nothing happens without a channel."""
+    """The job is being torn down (see ``SideChannel.announce_teardown``); nothing happens without a channel."""
     if _CHANNEL is not None:
         _CHANNEL.announce_teardown(reason, stopping)
 

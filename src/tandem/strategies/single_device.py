@@ -14,11 +14,12 @@ class SingleDeviceStrategy(Strategy):
 
     Args:
         device: e.g. ``"cpu"``, ``"cuda:1"``; ``None`` lets the Trainer choose.
-        precision: see :class:`~tandem.strategies.precision.Precision`.
+        precision: see [`Precision`][tandem.strategies.Precision].
 
-    Example::
-
+    Example:
+        ```python
         Trainer(strategy=SingleDeviceStrategy("cuda:1"))
+        ```
     """
 
     name = "single_device"

@@ -1,7 +1,7 @@
 """The Strategy base: where the module lives, how batches get there, and how processes talk.
 
 A strategy with one process uses the defaults here unchanged: its collectives return their input and
-its barrier passes. Distributed strategies (:mod:`tandem.strategies.parallel`) override only the
+its barrier passes. Distributed strategies (``tandem.strategies.parallel``) override only the
 private hooks of what differs; the public methods check their arguments first, so every strategy
 accepts and refuses the same inputs.
 """
@@ -63,7 +63,7 @@ class StepForward(nn.Module):
 
 class CompiledSteps:
     """A module's step methods, each compiled on its first call (as Lightning's ``from_compiled`` does), called
-    as a :class:`StepForward` is: ``steps("training_step", batch, batch_idx)``."""
+    as a ``StepForward`` is: ``steps("training_step", batch, batch_idx)``."""
 
     def __init__(self, module: nn.Module, compiler: Compiler) -> None:
         self.module = module
@@ -79,7 +79,7 @@ class CompiledSteps:
 
 @functools.cache
 def _start_graphs_at_the_steps() -> None:
-    """Dynamo compiles from the frames :meth:`StepForward.forward` calls (``training_step``, ...), not from that
+    """Dynamo compiles from the frames ``StepForward.forward`` calls (``training_step``, ...), not from that
     one trampoline: each step method keeps its own cache of graphs (and its own recompile limit), as when the
     methods themselves are compiled (Lightning's ``from_compiled``). Called once, when a module comes compiled."""
     try:
@@ -95,15 +95,16 @@ class Strategy:
     Args:
         devices: the devices this process may use (one for most strategies, several for
             DataParallel). ``None`` lets the Trainer choose from its ``accelerator`` and ``devices``.
-        precision: a precision name (see :class:`~tandem.strategies.precision.Precision`) or instance.
+        precision: a precision name (see [`Precision`][tandem.strategies.Precision]) or instance.
             ``None`` means "32-true" until a Trainer gives its own ``precision``.
-        use_distributed_sampler: whether :meth:`process_dataloader` may replace samplers to shard the data.
-            ``None`` (not given) takes the Trainer's ``use_distributed_sampler`` (True by default).
+        use_distributed_sampler: whether [`process_dataloader`][tandem.strategies.Strategy.process_dataloader] may
+            replace samplers to shard the data. ``None`` (not given) takes the Trainer's ``use_distributed_sampler``
+            (True by default).
         sync_batchnorm: turn BatchNorm layers into SyncBatchNorm (strategies with one process ignore it).
             ``None`` (not given) takes the Trainer's ``sync_batchnorm`` (False by default).
 
     A strategy is complete when constructed: its precision, devices (when given) and options are set, and
-    :func:`~tandem.strategies.registry.resolve_strategy` only fills in, from the Trainer's arguments, what
+    ``resolve_strategy`` only fills in, from the Trainer's arguments, what
     the instance left open (``None``); a Trainer argument that is not its default yet disagrees with the
     instance is an error. Nothing is set on a strategy after that one phase. Subclasses set ``name``
     and override the private hooks (``_reduce``, ``_process_dataloader``, ...) and the properties below;
@@ -111,9 +112,10 @@ class Strategy:
     ``distributed_sampler_kwargs`` says whether the data must be sharded, ``launcher`` whether other
     processes must be started.
 
-    Example::
-
+    Example:
+        ```python
         trainer = Trainer(strategy=SingleDeviceStrategy(device="cpu"), max_epochs=1)
+        ```
     """
 
     name: ClassVar[str] = ""
@@ -124,10 +126,10 @@ class Strategy:
     #: whether ``training_step`` may step the optimizers itself (manual optimization)
     supports_manual_optimization: ClassVar[bool] = True
     #: whether every process holds the whole module and all must stay identical (DDP; not FSDP's shards): with
-    #: several processes the Trainer then compares them at epoch ends and saves (:mod:`tandem.trainer.replicas`)
+    #: several processes the Trainer then compares them at epoch ends and saves (``tandem.trainer.replicas``)
     identical_replicas: ClassVar[bool] = False
     #: whether a ``torch.compile``'d module can run (compiled again around this strategy's wrapper)
-    #: :meth:`follow_module` has work to do (the loops call it at step boundaries; never when False)
+    #: ``follow_module`` has work to do (the loops call it at step boundaries; never when False)
     follows_module: ClassVar[bool] = False
     supports_compile: ClassVar[bool] = True
 
@@ -188,7 +190,7 @@ class Strategy:
         data_order: str = "sampler",
     ) -> None:
         """Fill in what the Trainer's arguments decide and the instance left open (called once, by
-        ``resolve_strategy``), then :meth:`_check_configuration`. ``precision`` is a name (the Trainer's
+        ``resolve_strategy``), then ``_check_configuration``. ``precision`` is a name (the Trainer's
         ``precision``) or a ``Precision`` instance (from ``plugins``, kept as given)."""
         if self.parallel_devices is None:
             self.parallel_devices = devices
@@ -240,7 +242,8 @@ class Strategy:
     @property
     def distributed_sampler_kwargs(self) -> dict[str, int] | None:
         """``num_replicas`` and ``rank`` of this process's share of the data, or None when the data needs no
-        sharding (one process). :meth:`process_dataloader` shards with these."""
+        sharding (one process). [`process_dataloader`][tandem.strategies.Strategy.process_dataloader] shards with
+        these."""
         return None
 
     @property
@@ -286,11 +289,11 @@ class Strategy:
 
         Args:
             module: the user's module (not a ``torch.compile`` wrapper: see
-                :func:`~tandem.utilities.compile.unwrap_compiled`).
+                ``unwrap_compiled``).
             compiler: the settings of the ``torch.compile`` call the module came in, or None. The steps then run
                 through the strategy's wrapper compiled with them (DDP: the DDP module, so that dynamo splits
                 the graph at its gradient buckets; FSDP: the root, whose groups' hooks run between the compiled
-                pieces), or, unwrapped, as the module's step methods compiled (:class:`CompiledSteps`); the
+                pieces), or, unwrapped, as the module's step methods compiled (``CompiledSteps``); the
                 module itself stays plain.
         """
         if not isinstance(module, nn.Module):
@@ -322,7 +325,7 @@ class Strategy:
         return optimizers
 
     def follow_module(self, only_if_created: bool = False) -> None:
-        """Called at step boundaries when :attr:`follows_module` (the fit's start, each epoch's start, after an
+        """Called at step boundaries when ``follows_module`` (the fit's start, each epoch's start, after an
         overridden ``on_train_batch_start``, and each step with ``only_if_created``): adapt the wrapper to changes of
         the module's trainable parameters (DDP builds its wrapper again). Nothing to do by default."""
 
@@ -358,7 +361,7 @@ class Strategy:
 
     def _process_dataloader(self, dataloader: DataLoader, stage: str) -> DataLoader:
         """One process: the training loader draws its order through a sampler a checkpoint can continue on any
-        number of processes (:func:`~tandem.strategies.samplers.ordered_training`)."""
+        number of processes (``ordered_training``)."""
         if stage != "fit" or not self.use_distributed_sampler:
             return dataloader
         return ordered_training(dataloader, order_seed(), self.data_order)
@@ -527,8 +530,9 @@ class Strategy:
 
     # ------------------------------------------------------------------ checkpoint state
     def module_state_dict(self) -> dict[str, Any]:
-        """The module's state for a checkpoint, in the format :meth:`save_checkpoint` writes. Every rank
-        calls this (a sharding strategy gathers or shards here)."""
+        """The module's state for a checkpoint, in the format
+        [`save_checkpoint`][tandem.strategies.Strategy.save_checkpoint] writes. Every rank calls this (a sharding
+        strategy gathers or shards here)."""
         return self.full_module_state_dict()
 
     def full_module_state_dict(self) -> dict[str, Any]:
@@ -603,7 +607,8 @@ def sharded_checkpoint_error(path: str | Path, strategy: str) -> CheckpointError
 
 def moves_batches(strategy: Strategy) -> bool:
     """Whether ``strategy.batch_to_device`` changes a batch; False on the CPU at the precision's own dtype with the
-    method as :class:`Strategy` writes it (loaders yield CPU tensors): the training loop then skips the call."""
+    method as [`Strategy`][tandem.strategies.Strategy] writes it (loaders yield CPU tensors): the training loop then
+    skips the call."""
     if type(strategy).batch_to_device is not Strategy.batch_to_device or strategy.root_device.type != "cpu":
         return True
     precision = strategy.precision

@@ -66,11 +66,11 @@ def restore(
     """Load the weights; for ``fit``, everything the run needs to continue exactly. Returns the file loaded
     (None when ``ckpt_path="last"`` found none). Rank 0 first settles what killed saves left in the checkpoint's
     folder (only where the writer is gone): temporaries are removed, a sharded checkpoint moved aside by a
-    replacement that never arrived is put back (see :func:`~tandem.utilities.checkpoint.replace_directory`); the
+    replacement that never arrived is put back (see ``replace_directory``); the
     other ranks wait for it. ``rng=False``: the RNG states saved are not brought back (a tuner's search keeps the
     RNG as it was itself); ``announce=False``: a search's trial coming back, not a resume (nothing said of the
     data layout); ``weights_only=False``: the file is trusted, and unpickled in full (see
-    :func:`~tandem.utilities.checkpoint.load_checkpoint_file`)."""
+    ``load_checkpoint_file``)."""
     path = resolve_ckpt_path(trainer, ckpt_path, fn)
     if path is None:
         return None
@@ -206,7 +206,7 @@ def own_checkpoint_folders(trainer: Trainer) -> list[str]:
 
 def last_checkpoint_path(trainer: Trainer) -> str:
     """Where a ``last.ckpt`` written outside ModelCheckpoint's schedule (a pre-emption stop) goes, so that
-    :func:`find_last_checkpoint` finds it: the first ModelCheckpoint's ``last`` file, else the run folder's
+    ``find_last_checkpoint`` finds it: the first ModelCheckpoint's ``last`` file, else the run folder's
     ``checkpoints`` (the folder a ModelCheckpoint would use)."""
     callback = trainer.checkpoint_callback
     if callback is not None and callback.dirpath:
@@ -215,8 +215,8 @@ def last_checkpoint_path(trainer: Trainer) -> str:
 
 
 def find_last_checkpoint(trainer: Trainer) -> str | None:
-    """Rank 0: the newest ``last*.ckpt`` of this run's own checkpoint folders (:func:`own_checkpoint_folders`).
-    Those folders are first settled (:func:`~tandem.utilities.checkpoint.remove_stale_temporaries_in`): a sharded
+    """Rank 0: the newest ``last*.ckpt`` of this run's own checkpoint folders (``own_checkpoint_folders``).
+    Those folders are first settled (``remove_stale_temporaries_in``): a sharded
     ``last.ckpt`` whose replacement a kill interrupted is put back, so it is found."""
     folders = own_checkpoint_folders(trainer)
     candidates = []

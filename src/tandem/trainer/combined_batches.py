@@ -1,7 +1,7 @@
 """Several training loaders (a list, a dict, nested ones, or a ``CombinedLoader``) read as one: the fit loop iterates
-:class:`TrainingBatches`, whose batches have the shape the user gave, epoch after epoch, and which can begin an epoch
+``TrainingBatches``, whose batches have the shape the user gave, epoch after epoch, and which can begin an epoch
 after its first ``skip`` batches (a mid-epoch resume) with every loader where it stood, or (an elastic resume, see
-:mod:`tandem.trainer.elastic`) with each loader at a :class:`Place` of its global order."""
+``tandem.trainer.elastic``) with each loader at a ``Place`` of its global order."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ class Begun:
         return places
 
     def record(self) -> dict[str, Any]:
-        """The checkpoint's record (``checkpoint["loops"]["data"]["begun"]``); :meth:`from_record` reads it."""
+        """The checkpoint's record (``checkpoint["loops"]["data"]["begun"]``); ``from_record`` reads it."""
         loaders = [
             {"pass": p.cycle, "consumed": p.consumed, "left": left, "step": step}
             for p, left, step in zip(self.places, self.left, self.step)
@@ -79,10 +79,10 @@ class Begun:
 
 class TrainingBatches:
     """The fit's batches from ``combined`` (over the processed loaders; ``skippables``: each loader's
-    :class:`~tandem.utilities.data.SkippableSampler`, or None for all when one cannot skip).
+    ``SkippableSampler``, or None for all when one cannot skip).
 
-    Like a SkippableSampler for the loop: ``skip`` is consumed by the next ``iter()``, and :meth:`start` draws the
-    epoch's orders and skips without loading data. An elastic resume sets ``pending`` (a :class:`Begun`): the next
+    Like a SkippableSampler for the loop: ``skip`` is consumed by the next ``iter()``, and ``start`` draws the
+    epoch's orders and skips without loading data. An elastic resume sets ``pending`` (a ``Begun``): the next
     ``iter()`` places each loader there, and the epoch remembers it (``begun``) for a checkpoint or a replay.
     """
 
@@ -119,7 +119,7 @@ class TrainingBatches:
 
     def _place(self, batch: int) -> None:
         """Begin the epoch after its first ``batch`` batches, each loader at its place of its global order as
-        ``begun`` counts it (every loader draws a :class:`GlobalOrderSampler`'s order: tandem's elastic resume)."""
+        ``begun`` counts it (every loader draws a ``GlobalOrderSampler``'s order: tandem's elastic resume)."""
         assert self.begun is not None and self.skippables is not None
         lengths = [len(loader) for loader in self.loaders]
         places = self.begun.places_at(batch, lengths, cycling=self.combined.mode == "max_size_cycle")
@@ -151,7 +151,7 @@ class TrainingBatches:
 
     def start(self) -> None:
         """Draw each loader's order and skip its done items now, in the loaders' order (see
-        :meth:`~tandem.utilities.data.SkippableSampler.start`)."""
+        ``start``)."""
         for skippable in self.skippables or ():
             skippable.start()
 

@@ -27,7 +27,7 @@ def _check_limit(name: str, value: int | float) -> int | float:
 
 
 def _check_val_check_interval(value: Any, check_val_every_n_epoch: int | None) -> int | float:
-    """A batch-count or fraction ``val_check_interval`` (a duration is parsed by :func:`time_interval_seconds`)."""
+    """A batch-count or fraction ``val_check_interval`` (a duration is parsed by ``time_interval_seconds``)."""
     value = _check_limit("val_check_interval", value)
     if value == 0:
         raise out_of_range(
@@ -91,7 +91,7 @@ DIVERGENCE_REACTIONS = ("raise", "warn")
 
 @dataclass
 class TrainerConfig:
-    """Loop settings; see :class:`~tandem.Trainer` for their meaning."""
+    """Loop settings; see [`Trainer`][tandem.Trainer] for their meaning."""
 
     max_epochs: int | None = None
     max_steps: int = -1

@@ -313,7 +313,7 @@ def _missing_state(
 
 def training_data(given: Any, strategy: Strategy, limit: int | float) -> StageData:
     """The training loader, sharded by the strategy and able to skip ahead on a mid-epoch resume; several loaders
-    (see :func:`combined`) each on their own, read as one by :class:`TrainingBatches`."""
+    (see ``combined``) each on their own, read as one by ``TrainingBatches``."""
     if isinstance(given, CombinedLoader):
         return _combined_training_data(given, strategy, limit)
     loader = strategy.process_dataloader(_check(given, "train_dataloaders"), "fit")

@@ -1,12 +1,12 @@
 """Elastic resume: a checkpoint written by W processes continues on W' (1 included) at the exact next sample.
 
-The training order of an epoch is global: a :class:`~tandem.strategies.samplers.GlobalOrderSampler` draws it from
+The training order of an epoch is global: a ``GlobalOrderSampler`` draws it from
 what the checkpoint records (the seed and the epoch, or the seed a RandomSampler drew for the epoch), the same on 1
 or N processes, and rank r takes items r, r+N, ... of it. Global
 batch k is then the block ``order[k·G : (k+1)·G]`` with ``G`` = per-device batch × processes, so a run keeps its
 place by counting items of the order consumed (``batches_done · G``), not per-rank positions. A checkpoint saves
-the layout it was trained with (:func:`data_layout`, in ``checkpoint["loops"]["data"]``); a resume with another
-layout translates its place (:func:`continue_from`):
+the layout it was trained with (``data_layout``, in ``checkpoint["loops"]["data"]``); a resume with another
+layout translates its place (``continue_from``):
 
 - the same global batch (G·accumulation kept): the run continues as if never interrupted;
 - another global batch: it continues from the items consumed, and says so once;
@@ -14,7 +14,7 @@ layout translates its place (:func:`continue_from`):
   on another layout: an error naming why, never a silent restart of the epoch.
 
 Several training loaders each have their own order; mid-epoch on another layout each continues at its place
-(:class:`~tandem.trainer.combined_batches.Place`: its pass, the items of that pass consumed), counted from the
+(``Place``: its pass, the items of that pass consumed), counted from the
 batches of a whole pass each recorded, and the epoch ends where the resumed layout's mode ends it.
 """
 
@@ -54,7 +54,7 @@ def data_layout(data: StageData | None, world_size: int, accumulate: int) -> dic
     """How the training data is laid out: processes, items of the order per batch of one process
     (its batch size; 1 when the items are whole batches), accumulation, the order's seed (None: the order
     is the loader's own, which tandem cannot re-shard) and what else the order is made from (``order``: see
-    :meth:`~tandem.strategies.samplers.GlobalOrderSampler.order_settings`). With several training loaders, the
+    ``order_settings``). With several training loaders, the
     last three and the batches of a whole pass for each loader under ``"loaders"``, the mode, and where the epoch
     in progress began when not at its start (``"begun"``, after an elastic resume). None before a fit has training
     data."""
@@ -94,9 +94,9 @@ def follow_order(data: StageData, order: Any) -> None:
 def _continue_several(
     saved: dict[str, Any], now: dict[str, Any], loop: LoopState, data: StageData, announce: bool
 ) -> None:
-    """:func:`continue_from` for several training loaders: each follows its own recorded order (a mid-epoch
+    """``continue_from`` for several training loaders: each follows its own recorded order (a mid-epoch
     resume: the seed of the pass each is in). Another layout mid-epoch (or an epoch begun elsewhere): each loader
-    continues at its place of its global order (:func:`_continue_places`)."""
+    continues at its place of its global order (``_continue_places``)."""
     several = _several(data) or []
     if len(saved.get("loaders", ())) != len(several):
         raise TandemConfigError(

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 
 class EvaluationLoop:
-    """Runs the evaluation stages and owns their records (one :class:`StageData` per stage: loaders, counts,
+    """Runs the evaluation stages and owns their records (one ``StageData`` per stage: loaders, counts,
     the shape the user gave them in).
 
     Args:
@@ -86,7 +86,7 @@ class EvaluationLoop:
                 set_sampler_epoch(loader, self._training.epoch)
 
     def run(self, stage: str, sanity: bool = False, epoch: int | None = None, counts: bool = True) -> Any:
-        """One pass over ``stage``'s loaders, asked for first where due (see :meth:`load`; ``epoch``: the fit's epoch
+        """One pass over ``stage``'s loaders, asked for first where due (see ``load``; ``epoch``: the fit's epoch
         in progress, None outside a fit). Returns one dict of epoch metrics per loader, or the predictions (one list
         per loader when there are several; None when ``return_predictions`` is off); nothing (``[]``, or None for
         predict) when there is nothing to evaluate, and then no evaluation hook runs (Lightning's skip)."""
@@ -181,7 +181,7 @@ class EvaluationLoop:
     def _run_loader(
         self, names: StageNames, batches: Iterator[Any], extra: tuple[int, ...], keep: bool, step_logs: bool
     ) -> list[Any]:
-        """The ``batches`` of one loader (:meth:`Strategy.evaluation_batches`); ``extra`` is ``(dataloader_idx,)``
+        """The ``batches`` of one loader (``Strategy.evaluation_batches``); ``extra`` is ``(dataloader_idx,)``
         when there are several loaders. With ``step_logs``, each batch's ``on_step`` values go to the loggers at the
         loader's own batch count."""
         strategy, metrics, hooks, sink = (
@@ -226,7 +226,7 @@ class EvaluationLoop:
         keep: bool,
         step_logs: bool,
     ) -> tuple[list[list[Any]], list[int]]:
-        """The stage's batches for a ``*_step(self, dataloader_iter)`` (see :mod:`tandem.trainer.dataloader_iter`):
+        """The stage's batches for a ``*_step(self, dataloader_iter)`` (see ``tandem.trainer.dataloader_iter``):
         the step runs again while the loaders' batches last, and may take them across a loader's end. The batch
         hooks get the last batch taken and its indices (before the step: the one the previous step took last; the
         step's values are logged under that loader's name, as Lightning's). Returns the outputs kept, per loader
@@ -274,7 +274,7 @@ class EvaluationLoop:
 
 
 class ModuleModes:
-    """The ``training`` flag of every submodule of ``model``, recorded now, to give back with :meth:`restore`:
+    """The ``training`` flag of every submodule of ``model``, recorded now, to give back with ``restore``:
     a submodule the user put in eval mode (a frozen BatchNorm, an EMA copy) stays there through the fit."""
 
     def __init__(self, model: torch.nn.Module) -> None:

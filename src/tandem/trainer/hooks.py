@@ -1,13 +1,13 @@
 """The hook dispatcher: which module and callback hooks a run calls, in what order, and what is running now.
 
-One :class:`HookDispatcher` per Trainer. It collects the table once per run (Lightning's order: each callback's
+One ``HookDispatcher`` per Trainer. It collects the table once per run (Lightning's order: each callback's
 override in the callbacks' order, then the module's; ``on_load_checkpoint`` the module's first, and
 ``on_train_epoch_end`` the monitoring callbacks' — ``EarlyStopping``, the checkpoint callbacks — after the module's;
 hooks nobody overrides are not called at all), calls a hook with
-:meth:`HookDispatcher.call`, and keeps the facts ``self.log`` needs: the hook now running (a context
-variable, read by :func:`current_hook`), the stage now running (``TrainerState.stage``, set for a block
-with :meth:`HookDispatcher.running`) and, for that block, the run's module (through which a callback's
-``self.log`` logs: :func:`~tandem.utilities.logged_values.running_module`). Whether a hook's ``self.log`` calls
+``HookDispatcher.call``, and keeps the facts ``self.log`` needs: the hook now running (a context
+variable, read by ``current_hook``), the stage now running (``TrainerState.stage``, set for a block
+with ``HookDispatcher.running``) and, for that block, the run's module (through which a callback's
+``self.log`` logs: ``running_module``). Whether a hook's ``self.log`` calls
 default to ``on_step=True`` is declared with the hook itself (``@logs_per_step`` on ``TrainingModule``).
 """
 
@@ -34,7 +34,7 @@ _HOOK_NAMES = tuple(sorted(n for n in dir(Callback) if n.startswith("on_")))
 
 
 #: mark a hook as running and take it back (``token = enter_hook(name)`` ... ``leave_hook(token)``): the
-#: context variable's own methods, for the per-step path, where :class:`running_hook` costs three times more
+#: context variable's own methods, for the per-step path, where ``running_hook`` costs three times more
 enter_hook = _CURRENT_HOOK.set
 leave_hook = _CURRENT_HOOK.reset
 
@@ -68,7 +68,7 @@ class HookDispatcher:
     """Calls the hooks of one Trainer's runs.
 
     Args:
-        state: the Trainer's state, whose ``stage`` :meth:`running` sets.
+        state: the Trainer's state, whose ``stage`` the ``running`` method sets.
 
     The table holds plain functions ``fn(trainer, *args)``; the Trainer is held weakly (it holds this
     dispatcher, and a reference back would be a cycle that only Python's garbage collector frees, keeping a
@@ -93,7 +93,7 @@ class HookDispatcher:
         ``callbacks``), then the module's; for ``on_load_checkpoint`` the module's first; for ``on_train_epoch_end``
         the monitoring callbacks (``EarlyStopping`` and the checkpoint callbacks) after the module. With a
         ``profiler``, each entry is timed (``[LightningModule]<Module>.<hook>``, ``[Callback]<state_key>.<hook>``):
-        the profiling variant of the table, chosen here once, so that :meth:`call` itself never asks."""
+        the profiling variant of the table, chosen here once, so that ``call`` itself never asks."""
         from tandem.callbacks.early_stopping import EarlyStopping
 
         self._trainer, self._module = weakref.ref(trainer), weakref.ref(module)
@@ -121,7 +121,7 @@ class HookDispatcher:
         return name in self.registered
 
     def call(self, name: str, *args: Any) -> Any:
-        """Run ``name`` on the callbacks and the module, in the table's order (see :meth:`collect`). Returns what the
+        """Run ``name`` on the callbacks and the module, in the table's order (see ``collect``). Returns what the
         module's override returned (``on_train_batch_start`` may return -1); callbacks' returns are ignored."""
         fns = self._table.get(name)
         if not fns:
@@ -142,7 +142,7 @@ class HookDispatcher:
     def running(self, stage: str) -> Iterator[None]:
         """``trainer.state.stage`` is ``stage`` inside the block ("train", "sanity_check", "validate", "test",
         "predict"), and what it was before after it: the one writer of the stage. The run's module is
-        :func:`~tandem.utilities.logged_values.running_module` there."""
+        ``running_module`` there."""
         state = self._state
         previous, state.stage = state.stage, stage
         try:

@@ -6,10 +6,10 @@ weighted sum and a count, reduced across processes as sums and counts, then divi
 
 Values logged with ``sync_dist=True`` are reduced across processes by name, never by the order they were
 logged in. Every rank packs the names it needs reduced, sorted, with their values (read as floats, one
-conversion per rank: :func:`pack`); when every rank packed alike (one small all-reduce of the layout's hash
+conversion per rank: ``pack``); when every rank packed alike (one small all-reduce of the layout's hash
 says so), the values are reduced as packed sums and maxima, whose size does not grow with the ranks. When the
 names differ (conditional logging), every rank gathers what each sent and reduces the union of names the same
-way, in rank order (:func:`combine_by_name`); a rank without a value counts as absent. Epoch values are reduced
+way, in rank order (``combine_by_name``); a rank without a value counts as absent. Epoch values are reduced
 once per epoch end; step values at the steps whose values are published (every ``log_every_n_steps`` steps and
 at the epoch's end), never on the steps in between.
 """
@@ -51,7 +51,7 @@ _FLOAT32_EXACT = _HALF_DTYPES | {torch.float32}  # read exactly through float32
 
 
 def reduce_fx_name(name: str, reduce_fx: Any) -> str:
-    """``self.log(name, reduce_fx=...)`` as one of :data:`REDUCE_FX`, as Lightning reads it: a name in any case
+    """``self.log(name, reduce_fx=...)`` as one of ``REDUCE_FX``, as Lightning reads it: a name in any case
     (``"avg"`` is ``"mean"``), or ``torch.mean``, ``torch.sum``, ``torch.max``, ``torch.min`` and the builtins
     ``sum``, ``max``, ``min``. Anything else is refused (a custom reduction is a torchmetrics Metric's job)."""
     if isinstance(reduce_fx, str):
@@ -128,7 +128,7 @@ class MetricCollector:
     """Collects ``self.log`` values for one stage at a time and publishes them.
 
     The stage is the Trainer's (``state.stage``: the sanity check's values are validation values), the hook
-    the dispatcher's (:func:`~tandem.trainer.hooks.current_hook`); the collector keeps neither.
+    the dispatcher's (``current_hook``); the collector keeps neither.
 
     Attributes:
         callback_metrics: every latest value (step and epoch), what callbacks monitor.
@@ -392,7 +392,7 @@ class MetricCollector:
 
     def step_values(self) -> dict[str, torch.Tensor]:
         """A publishing step's row for the loggers, read after its ``on_train_batch_end`` hooks (Lightning's order):
-        the values :meth:`publish_step` reduced, and what the hooks logged since. Under several processes a
+        the values ``publish_step`` reduced, and what the hooks logged since. Under several processes a
         ``sync_dist`` value the hooks logged is not reduced yet: it waits for the next publishing step."""
         entries = self._stores.get(self.stage, {})
         return self._updated_step_values(entries, True, skip_unsynced=self._distributed)
@@ -486,8 +486,8 @@ class MetricCollector:
 
     @staticmethod
     def _epoch_value(entry: _Entry) -> torch.Tensor | None:
-        """This process's aggregate (synced entries are aggregated by :meth:`_sync` before this runs). A torchmetrics
-        object keeps its state until :meth:`reset_metric_objects` (its ``compute()`` stays readable meanwhile)."""
+        """This process's aggregate (synced entries are aggregated by ``_sync`` before this runs). A torchmetrics
+        object keeps its state until ``reset_metric_objects`` (its ``compute()`` stays readable meanwhile)."""
         if entry.metric is not None:
             value = entry.metric.compute()
             return value.detach() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
@@ -505,9 +505,9 @@ class MetricCollector:
         loss's verdict and an empty-batch note, at publishing steps) travels with the names.
 
         When every rank wants the same names with the same options and its note is unremarkable (see
-        :func:`pack`), the values travel as packed sums and maxima (``Strategy.reduce_if_agreed``: sizes that do
+        ``pack``), the values travel as packed sums and maxima (``Strategy.reduce_if_agreed``: sizes that do
         not grow with the ranks), and one note comes back for all. Otherwise every rank gathers what each sent
-        and reduces the union of names in rank order (:func:`combine_by_name`); every process's note comes back,
+        and reduces the union of names in rank order (``combine_by_name``); every process's note comes back,
         in rank order.
         """
         mine: dict[str, tuple[str, bool, tuple[bool, bool, bool, bool]]] = {}
@@ -568,7 +568,7 @@ class MetricCollector:
                 entry.metric.reset()
 
     def reset(self, state: dict[str, Any] | None = None) -> None:
-        """Start an epoch of the current stage: forget its entries, or reinstate those saved by :meth:`state_dict`."""
+        """Start an epoch of the current stage: forget its entries, or reinstate those saved by ``state_dict``."""
         self._stores[self.stage] = {name: _Entry(**fields) for name, fields in (state or {}).items()}
         self._repeats = {}
 
@@ -579,7 +579,7 @@ class MetricCollector:
             entry.updated = False
 
     def log_deferred(self) -> None:
-        """Log the calls a compiled training step deferred (:class:`CompiledStepLog`), in their order; called right
+        """Log the calls a compiled training step deferred (``CompiledStepLog``), in their order; called right
         after the step returns, while it is still the hook running."""
         deferred = self.deferred
         if deferred:
@@ -625,10 +625,10 @@ class BarebonesLog:
 class CompiledStepLog:
     """What ``self.log`` writes into while the steps run compiled (``trainer.fit(torch.compile(model))``).
 
-    Inside a compiled ``training_step`` a call is kept (name, value, arguments) in :attr:`MetricCollector.deferred`:
+    Inside a compiled ``training_step`` a call is kept (name, value, arguments) in ``MetricCollector.deferred``:
     dynamo records that list's appends with the graph and makes them after it, so ``self.log`` breaks no graph,
     and the optimization logs the calls right after the step returns, still inside it
-    (:meth:`MetricCollector.log_deferred`). Elsewhere (evaluation steps, hooks, eager code) the collector is called
+    (``MetricCollector.log_deferred``). Elsewhere (evaluation steps, hooks, eager code) the collector is called
     outside dynamo's graphs: logging is Python bookkeeping, which traced would break the graph inside the collector
     anyway and recompile at each new name, hook or stage until dynamo's recompile limit gives up on it."""
 
@@ -826,8 +826,9 @@ class LogSink:
         self._collector, self._strategy, self._loop = collector, strategy, loop
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None, epoch: bool = True) -> None:
-        """See :meth:`tandem.Trainer.log_metrics`. ``epoch``: a row at the default step names its epoch (the rows of
-        ``self.log`` values, as Lightning writes them; the callbacks' rows, through the Trainer, do not)."""
+        """See [`tandem.Trainer.log_metrics`][tandem.Trainer.log_metrics]. ``epoch``: a row at the default step names
+        its epoch (the rows of ``self.log`` values, as Lightning writes them; the callbacks' rows, through the Trainer,
+        do not)."""
         if not metrics:
             return
         self._collector.logged_metrics.update(as_logged(metrics))
@@ -936,7 +937,7 @@ def pack(
     Each ``"mean"`` or ``"sum"`` name takes three sums (value, weight, present: 0 for a rank without the value); each
     ``"max"`` or ``"min"`` name three maxima (the value, negated for ``"min"``, -inf for NaN or none; NaN; present);
     each loss since the last check (``note``'s window, under on_nonfinite="rollback") two sums (the loss where
-    finite; 1 where it was). The sums are rank-order free: on two ranks they equal :func:`combine_by_name`'s bit for
+    finite; 1 where it was). The sums are rank-order free: on two ranks they equal ``combine_by_name``'s bit for
     bit; on more, the backend's order of summing, as Lightning's ``sync_dist`` reduction.
     """
     wanted = _agree([mine])
@@ -971,7 +972,7 @@ def pack(
 def unpack(
     wanted: Mapping[str, tuple[str, Any]], sums: list[float], maxes: list[float], window: Any = None
 ) -> tuple[dict[str, float | None], Any]:
-    """The reduced numbers of :func:`pack`'s layout: each wanted name's result (as :func:`combine_by_name`), and the
+    """The reduced numbers of ``pack``'s layout: each wanted name's result (as ``combine_by_name``), and the
     window of the ranks' mean losses (batch index, mean; None where no rank's loss was finite), or None."""
     out: dict[str, float | None] = {}
     i = j = 0
@@ -1000,7 +1001,7 @@ def _packed_reduction(
     strategy: Strategy, mine: Mapping[str, tuple[str, bool, Any]], floats: Mapping[str, Any], note: Any
 ) -> tuple[dict[str, tuple[str, Any]], dict[str, float | None], list[Any]] | None:
     """The names wanted, their results and the one note for all ranks, when every rank packed alike and no note
-    asks for the gathering (:func:`pack`); None otherwise, on every rank."""
+    asks for the gathering (``pack``); None otherwise, on every rank."""
     layout, wanted, flags, sums, maxes = pack(mine, floats, note)
     reduced = strategy.reduce_if_agreed(layout, flags, sums, maxes)
     if reduced is None:

@@ -1,9 +1,9 @@
 """The fit loop: epochs -> one epoch -> one batch. The optimization of a batch is the
-:class:`~tandem.trainer.optimization.Optimization` object's; evaluation is the
-:class:`~tandem.trainer.evaluation.EvaluationLoop`'s.
+``Optimization`` object's; evaluation is the
+``EvaluationLoop``'s.
 
-The loops own their state and receive a :class:`LoopContext`, never the Trainer: :class:`FitLoop` owns the
-:class:`~tandem.trainer.state.LoopState` (what checkpoints save as ``"loops"``), the training data record and
+The loops own their state and receive a ``LoopContext``, never the Trainer: ``FitLoop`` owns the
+``LoopState`` (what checkpoints save as ``"loops"``), the training data record and
 the optimization object. None knows which strategy runs.
 """
 
@@ -236,7 +236,7 @@ class FitLoop:
 
     # ------------------------------------------------------------------ the fit
     def run(self, announce: bool = True) -> None:
-        """The fit from where :attr:`state` is; ``announce``: say why it stopped (a search's trials do not)."""
+        """The fit from where ``state`` is; ``announce``: say why it stopped (a search's trials do not)."""
         state, loop = self.context.state, self.state  # where the fit is, for a hang's report (read once a second)
         with placed(lambda: (state.stage, loop.epoch, loop.batches_done, loop.global_step)):
             self._run(announce)
@@ -285,7 +285,7 @@ class FitLoop:
             rank_zero_info(f"`Trainer.fit` stopped: {self._stop_reason()}")
 
     def _stop_reason(self) -> str:
-        """Why :meth:`_done` ended the fit, in Lightning's words and order."""
+        """Why ``_done`` ended the fit, in Lightning's words and order."""
         config, loop = self.context.config, self.state
         if 0 <= config.max_steps <= loop.global_step:
             return f"`max_steps={config.max_steps}` reached."
@@ -323,7 +323,7 @@ class FitLoop:
 
     def _steps_take_batches(self) -> bool:
         """Whether the module's ``training_step`` takes a ``dataloader_iter`` (see
-        :mod:`tandem.trainer.dataloader_iter`); then ``self.log`` in training needs ``batch_size`` (Lightning's
+        ``tandem.trainer.dataloader_iter``); then ``self.log`` in training needs ``batch_size`` (Lightning's
         rule: the Trainer does not see the batches), and rolling back past a bad batch is refused."""
         context = self.context
         takes = takes_dataloader_iter(context.strategy.module.training_step)
@@ -502,7 +502,7 @@ class FitLoop:
 
     def _run_iter_steps(self, batches: Iterator[Any], offset: int, val_every: int) -> tuple[int, int, bool]:
         """The epoch of a ``training_step(self, dataloader_iter)``: steps while the epoch's batches last. The loop
-        state's ``batches_done`` counts the batches the steps took (where a resume continues), :attr:`steps_done`
+        state's ``batches_done`` counts the batches the steps took (where a resume continues), ``steps_done``
         the steps (what ``val_check_interval`` and the accumulation windows count, as Lightning's). Returns the
         steps done when the epoch last validated (-1: not), the steps whose plateau schedulers wait for the
         epoch-end validation (0: none), and whether the epoch's data ended (not a stop or ``max_steps``)."""
@@ -544,7 +544,7 @@ class FitLoop:
         return validated, plateau_after_epoch_validation, ended
 
     def _run_iter_step(self, taken: DataLoaderIter, start: int) -> bool | None:
-        """One step of a ``training_step(self, dataloader_iter)``: :meth:`_run_batch`'s order, the batch hooks
+        """One step of a ``training_step(self, dataloader_iter)``: ``_run_batch``'s order, the batch hooks
         getting the last batch taken (before the step: the previous step's last, None at first) and its index.
         False: ``on_train_batch_start`` returned -1 (the epoch ends); None: ``StopIteration`` came out of the step
         (the epoch ends there, as Lightning's)."""
@@ -582,7 +582,7 @@ class FitLoop:
     # ------------------------------------------------------------------ one batch
     def _run_batch(self, batch: Any, batch_idx: int) -> bool:
         """The batch runner: the batch on its device, the plan, the batch hooks and publishing around the
-        optimization's :meth:`~tandem.trainer.optimization.Optimization.run`. False: the module's
+        optimization's ``run``. False: the module's
         ``on_train_batch_start`` returned -1, which skips the rest of the epoch (every rank must return it)."""
         context, loop, optimization, plan = self.context, self.state, self.optimization, self.plan
         hooks, config = context.hooks, context.config
@@ -662,7 +662,7 @@ class FitLoop:
     def _read_batches(self, batches: Iterator[Any], loader: Any) -> Iterator[Any]:
         """The epoch's batches as the loop reads them: timed when profiling, and, for a loader of unknown length
         whose steps are collectives or accumulate, or whose epoch has no limit, agreed batch by batch, and read one
-        batch ahead where the epoch's length is unknown (:meth:`_agreed_batches`). That is Lightning's order: it
+        batch ahead where the epoch's length is unknown (``_agreed_batches``). That is Lightning's order: it
         reads batch ``i + 1`` before ``training_step`` runs on batch ``i`` when the length is unknown, and never
         reads ahead when it is known (a sized loader, or a ``limit_train_batches`` count), so a dataset whose items
         depend on the training state (episodes played with the current policy) yields the same sequence."""
@@ -810,7 +810,7 @@ def _ends_epoch(returned: Any) -> bool:
 def validates_only_at_epoch_ends(
     check_val_every_n_epoch: int | None, val_check_interval: int | float, val_batches: int | float
 ) -> bool:
-    """See :attr:`FitLoop.validates_only_at_epoch_ends` (Lightning's ``ModelCheckpoint`` rule)."""
+    """See ``FitLoop.validates_only_at_epoch_ends`` (Lightning's ``ModelCheckpoint`` rule)."""
     if check_val_every_n_epoch != 1:
         return False
     return val_batches == 0 or val_check_interval == 1.0

@@ -16,12 +16,12 @@ Gradients are never checked: under "16-mixed" the GradScaler skips a step whose 
 lowers its scale, the weights stay finite, and an occasional non-finite loss is part of how it works. There a
 non-finite loss counts only when it persists: at two publishing steps in a row.
 
-``"raise"`` (the default) stops every rank with a :class:`~tandem.utilities.exceptions.NonFiniteError` naming
+``"raise"`` (the default) stops every rank with a [`NonFiniteError`][tandem.utilities.exceptions.NonFiniteError] naming
 the step, what was found (on which ranks) and what to try. ``"warn"`` warns once and trains on, but never
 writes a checkpoint whose parameters are not finite: such a save is skipped with a warning
 (``trainer.save_checkpoint`` returns False), so the last good checkpoint stays. ``"rollback"`` (or a
-:class:`~tandem.trainer.rollback.Rollback`) checks every batch's loss at the same places and rolls every rank back
-past the batch that produced a bad one (see :mod:`tandem.trainer.rollback`); a save that meets non-finite
+[`Rollback`][tandem.trainer.Rollback]) checks every batch's loss at the same places and rolls every rank back
+past the batch that produced a bad one (see ``tandem.trainer.rollback``); a save that meets non-finite
 parameters before the check that rolls back is skipped as under ``"warn"``, and non-finite parameters found
 with every loss clean raise as under ``"raise"``.
 """
@@ -94,7 +94,7 @@ class NonFiniteGuard:
     """What one Trainer found during the current fit, and how it reacts (see the module docstring).
 
     Args:
-        reaction: ``"raise"``, ``"warn"``, ``"rollback"`` or a :class:`~tandem.trainer.rollback.Rollback`
+        reaction: ``"raise"``, ``"warn"``, ``"rollback"`` or a [`Rollback`][tandem.trainer.Rollback]
             (``Trainer(on_nonfinite=...)``).
         strategy: the Trainer's (its process count and precision shape the messages and the float16 rule).
         config: the Trainer's loop settings (``log_every_n_steps`` is named in messages).
@@ -135,7 +135,7 @@ class NonFiniteGuard:
 
     # ------------------------------------------------------------------ the loss, at publishing steps
     def check_loss(self, finite: list[bool], logged: Callable[[], Mapping[str, Any]], step: int) -> None:
-        """Act on the losses read at publishing step ``step`` (:func:`loss_is_finite` of every process, in rank
+        """Act on the losses read at publishing step ``step`` (``loss_is_finite`` of every process, in rank
         order: the same list on every rank, so every rank decides alike). ``logged``: the step's values, read only to
         name those that are not finite."""
         several = self._strategy.world_size > 1

@@ -1,10 +1,10 @@
-"""How a training batch is optimized: :class:`AutomaticOptimization` (the Trainer calls backward and steps)
-or :class:`ManualOptimization` (``training_step`` does, through ``self.optimizers()``).
+"""How a training batch is optimized: ``AutomaticOptimization`` (the Trainer calls backward and steps)
+or ``ManualOptimization`` (``training_step`` does, through ``self.optimizers()``).
 
-Each owns the fit's optimizers and schedulers and has one :meth:`~Optimization.run` for the body of a batch;
+Each owns the fit's optimizers and schedulers and has one ``run`` for the body of a batch;
 the fit loop's batch runner owns what comes before and after it (the batch on its device, the batch hooks,
 publishing the logged values). The optimizers ``self.optimizers()`` returns step through
-:meth:`~Optimization.step` of the object that wrapped them, then the strategy: never back through the loop.
+``step`` of the object that wrapped them, then the strategy: never back through the loop.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class Optimization:
     """
 
     automatic = True
-    #: the stages that are on for the fit (set with :meth:`follow_plan` when a fit starts; every stage outside one)
+    #: the stages that are on for the fit (set with ``follow_plan`` when a fit starts; every stage outside one)
     plan: BatchPlan = BatchPlan.FULL
     _prepares = True  # something runs between backward and the step (unscaling, a hook, clipping)
 
@@ -109,7 +109,7 @@ class Optimization:
         return {}
 
     def has_schedulers(self, interval: str, plateau: bool) -> bool:
-        """Whether :meth:`step_schedulers` would find any of ``interval`` and kind (decided once per epoch)."""
+        """Whether ``step_schedulers`` would find any of ``interval`` and kind (decided once per epoch)."""
         return False
 
     def check_epoch_steps(self, epoch: int, batches: int, steps: int) -> None:
@@ -147,7 +147,7 @@ class AutomaticOptimization(Optimization):
     ``LoopState.plan_batch``), through the module's ``optimizer_step`` override when there is one (the forward
     and backward then run inside the closure it passes to ``optimizer.step``, as in Lightning).
 
-    Args (beside :class:`Optimization`'s):
+    Args (beside ``Optimization``'s):
         optimizer_step: the module's ``optimizer_step`` override, or None.
         zero_grad: the module's ``optimizer_zero_grad`` override, or None.
         clip: clipping before each step, or None.
@@ -233,7 +233,7 @@ class AutomaticOptimization(Optimization):
 
     def step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any) -> None:
         """``optimizer.step(closure)`` inside the module's ``optimizer_step`` override (the step is counted when
-        the override returns); anywhere else, a step ``training_step`` takes itself (:meth:`_hand_step`)."""
+        the override returns); anywhere else, a step ``training_step`` takes itself (``_hand_step``)."""
         hook = current_hook()
         if hook != "optimizer_step":
             if hook != _TRAINING_STEP:
@@ -257,7 +257,7 @@ class AutomaticOptimization(Optimization):
         """``self.optimizers().step()`` called by ``training_step`` itself under automatic optimization (after its own
         ``loss.backward()``). Taken through the strategy and counted toward ``global_step``, as under manual
         optimization (Lightning takes it but does not count it, so its ``global_step`` stays at 0); the batch must
-        then return None, or the Trainer would step a second time (see :meth:`_backward`)."""
+        then return None, or the Trainer would step a second time (see ``_backward``)."""
         strategy = self.context.strategy
         if not strategy.supports_manual_optimization:
             raise TandemUserCodeError(
@@ -414,7 +414,7 @@ class ManualOptimization(Optimization):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        #: optimizers stepped whose gradients no zero_grad has cleared since (see :class:`_Stepped`); emptied for
+        #: optimizers stepped whose gradients no zero_grad has cleared since (see ``_Stepped``); emptied for
         #: good once the mistake was reported (once per fit)
         self._stepped: dict[Optimizer, _Stepped] = {}
         self._unzeroed_warned = False
@@ -451,7 +451,7 @@ class ManualOptimization(Optimization):
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         """``self.manual_backward(loss)``: the strategy's backward. Stepped optimizers whose gradients a zero_grad
         cleared since their step are forgotten first, and the others note what this backward added, so that
-        their next step can tell a missing zero_grad (:meth:`_check_zeroed`) from a zeroing in place."""
+        their next step can tell a missing zero_grad (``_check_zeroed``) from a zeroing in place."""
         stepped = self._stepped
         if stepped:
             for optimizer in [o for o, s in stepped.items() if not s.unchanged()]:
@@ -572,7 +572,7 @@ class _Stepped:
         return None
 
     def unchanged(self) -> bool:
-        """The gradient is the stepped one, changed by nothing but what :meth:`added` recorded."""
+        """The gradient is the stepped one, changed by nothing but what ``added`` recorded."""
         grad = self.param.grad
         return grad is not None and grad is self.grad() and grad._version == self.version
 

@@ -1,11 +1,12 @@
 """Stopping a fit for a pre-emption signal (SIGTERM, SIGUSR1): where, what is saved, and how the job ends.
 
 The fit loop looks at each stop point (after a training batch with no gradients pending, and after each
-epoch's end) only when :data:`~tandem.utilities.preemption.PREEMPTION` holds a signal. The ranks agree on
+epoch's end) only when ``PREEMPTION`` holds a signal. The ranks agree on
 the position through the side channel's pre-emption vote
-(:func:`~tandem.strategies.side_channel.preemption_vote`), then :func:`stop` writes an exact ``last.ckpt``,
-asks SLURM to requeue the job (rank 0, on SIGUSR1; see :class:`~tandem.strategies.environments.SLURMEnvironment`
-for turning that off) and raises :class:`~tandem.utilities.exceptions.Preempted`.
+(``preemption_vote``), then ``stop`` writes an exact ``last.ckpt``,
+asks SLURM to requeue the job (rank 0, on SIGUSR1; see
+[`SLURMEnvironment`][tandem.strategies.environments.SLURMEnvironment] for turning that off) and raises
+[`Preempted`][tandem.utilities.exceptions.Preempted].
 """
 
 from __future__ import annotations

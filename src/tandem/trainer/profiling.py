@@ -33,8 +33,8 @@ TRAIN_NEXT_BATCH = "[_TrainingEpochLoop].train_dataloader_next"
 
 
 def resolve_profiler(profiler: Profiler | str | None) -> Profiler:
-    """``Trainer(profiler=...)``: None (a :class:`PassThroughProfiler`), a name of :data:`PROFILERS`, or a
-    :class:`Profiler` instance."""
+    """``Trainer(profiler=...)``: None (a [`PassThroughProfiler`][tandem.profilers.PassThroughProfiler]), a name of
+    ``PROFILERS``, or a [`Profiler`][tandem.profilers.Profiler] instance."""
     if profiler is None:
         return PassThroughProfiler()
     if isinstance(profiler, Profiler):
@@ -51,8 +51,8 @@ def resolve_profiler(profiler: Profiler | str | None) -> Profiler:
 
 
 def active(profiler: Profiler) -> Profiler | None:
-    """The profiler the loops time with, or None when it records nothing (a :class:`PassThroughProfiler`):
-    the loops then take their plain path."""
+    """The profiler the loops time with, or None when it records nothing (a
+    [`PassThroughProfiler`][tandem.profilers.PassThroughProfiler]): the loops then take their plain path."""
     return None if isinstance(profiler, PassThroughProfiler) else profiler
 
 

@@ -3,7 +3,7 @@ parameters and buffers and train on its own share of the data. Neither is checke
 fails the run finishes without a word: rank 0's weights are saved, or every sample is trained on once per rank.
 
 Where tandem looks, only for a strategy whose processes hold identical replicas
-(:attr:`~tandem.strategies.strategy.Strategy.identical_replicas`: DDP, not FSDP's shards) and only with several
+(``identical_replicas``: DDP, not FSDP's shards) and only with several
 processes; one process does no work at all:
 
 - **Parameters and buffers, at each training epoch's end and before each checkpoint is built.** One checksum a
@@ -11,9 +11,9 @@ processes; one process does no work at all:
   order of the reduction, so no tolerance is needed and none can hide a divergence; as fast as a float sum), one
   all-reduce of the smallest and largest value of each checksum across the ranks (16 bytes a tensor, whatever the
   number of ranks: a gather's result would grow with it), one read. A difference (smallest != largest) is a
-  :class:`ReplicasDivergedError` on every rank (every rank sees the same reduced numbers and takes the same
-  decision); only then are the checksums gathered, to name the first tensor that differs and the ranks whose copy
-  differs. DDP averages the gradients in backward, so the ranks' parameters stay
+  [`ReplicasDivergedError`][tandem.utilities.exceptions.ReplicasDivergedError] on every rank (every rank sees the same
+  reduced numbers and takes the same decision); only then are the checksums gathered, to name the first tensor that
+  differs and the ranks whose copy differs. DDP averages the gradients in backward, so the ranks' parameters stay
   bitwise equal; the usual causes of a difference are named in the error.
 - **The first training batch of each epoch,** when no DistributedSampler splits the training data (an
   ``IterableDataset``, or ``use_distributed_sampler=False`` with a sampler of the user's): a checksum of every
@@ -112,7 +112,7 @@ def replicated_tensors(module: nn.Module) -> list[tuple[str, str, torch.Tensor]]
 
 
 def module_checksums(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """One checksum per tensor (:func:`tensor_checksum`), in one int64 vector on the first tensor's device (no
+    """One checksum per tensor (``tensor_checksum``), in one int64 vector on the first tensor's device (no
     tensors: an empty CPU vector)."""
     if not tensors:
         return torch.zeros(0, dtype=torch.int64)
@@ -154,7 +154,7 @@ def first_divergence(
 def diverged_error(
     names: Sequence[tuple[str, str]], divergence: tuple[int, list[int], int], when: str, manual: bool, world: int
 ) -> ReplicasDivergedError:
-    """The error for ``divergence`` (see :func:`first_divergence`) found ``when`` (e.g. "at the end of epoch 0")."""
+    """The error for ``divergence`` (see ``first_divergence``) found ``when`` (e.g. "at the end of epoch 0")."""
     first, ranks, count = divergence
     kind, name = names[first]
     ranks_text = f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
@@ -209,9 +209,10 @@ def same_data_warning(epoch: int, world: int) -> str:
 
 # ---------------------------------------------------------------------- the checks
 def check_replicas(strategy: Strategy, when: str, reaction: str = "raise") -> None:
-    """Raise a :class:`ReplicasDivergedError` on every rank if the ranks' parameters or buffers differ (warn on rank
-    0 instead with ``reaction="warn"``). Every rank calls this; one all-reduce of two numbers a tensor when
-    ``strategy`` holds identical replicas in several processes (and a gather when they differ), nothing otherwise.
+    """Raise a [`ReplicasDivergedError`][tandem.utilities.exceptions.ReplicasDivergedError] on every rank if the ranks'
+    parameters or buffers differ (warn on rank 0 instead with ``reaction="warn"``). Every rank calls this; one
+    all-reduce of two numbers a tensor when ``strategy`` holds identical replicas in several processes (and a gather
+    when they differ), nothing otherwise.
 
     Args:
         strategy: the Trainer's.
@@ -276,9 +277,10 @@ class ReplicaCheck:
         return itertools.chain((first,), batches)
 
     def check_epoch_end(self, strategy: Strategy, epoch: int, reaction: str = "raise") -> None:
-        """Compare every rank's replica (raising :class:`ReplicasDivergedError` on every rank if they differ) and
-        first batch (warning once if all are equal). Every rank calls this; one all-reduce of two numbers a tensor
-        under several processes holding identical replicas (and a gather when they differ), nothing otherwise."""
+        """Compare every rank's replica (raising
+        [`ReplicasDivergedError`][tandem.utilities.exceptions.ReplicasDivergedError] on every rank if they differ) and
+        first batch (warning once if all are equal). Every rank calls this; one all-reduce of two numbers a tensor under
+        several processes holding identical replicas (and a gather when they differ), nothing otherwise."""
         module = strategy.module
         if module is None or not checks_replicas(strategy):
             return

@@ -20,7 +20,7 @@ over the ranks) lies more than ``spike_zscore`` standard deviations above the me
 clean losses before it (Lightning's ``SpikeDetection`` callback stops the run instead). Only the first bad batch
 of the window is skipped: the bad losses after it come from the parameters it spoiled, which the rollback takes
 back. A replay that finds a bad batch again skips that one too; ``max_in_a_row`` rollbacks without a clean check
-between them end the run with a :class:`~tandem.utilities.exceptions.NonFiniteError` listing them.
+between them end the run with a [`NonFiniteError`][tandem.utilities.exceptions.NonFiniteError] listing them.
 
 A rollback goes back at most to the start of the current epoch (a copy is taken there too): the epoch's end
 (validation, callbacks, checkpoints) is never undone. Callbacks' own state is not rolled back either, and the
@@ -69,9 +69,10 @@ class Rollback:
         max_in_a_row: this many rollbacks without a clean check between them end the run with a
             ``NonFiniteError`` listing them.
 
-    Example::
-
+    Example:
+        ```python
         trainer = Trainer(on_nonfinite=Rollback(spike_zscore=6.0, spike_window=50), log_every_n_steps=10)
+        ```
     """
 
     spike_zscore: float | None = None
@@ -124,7 +125,7 @@ class RollbackRecord:
 
 @dataclass
 class _Snapshot:
-    """The training state at a clean check (tensors copied; taken and restored by :class:`RollbackGuard`)."""
+    """The training state at a clean check (tensors copied; taken and restored by ``RollbackGuard``)."""
 
     loop: dict[str, Any]
     rng: dict[str, Any]
@@ -142,7 +143,7 @@ class RollbackGuard:
     the snapshot and rolls back to it. The fit loop calls it; see the module docstring.
 
     Args:
-        settings: the user's :class:`Rollback`.
+        settings: the user's [`Rollback`][tandem.trainer.Rollback].
         strategy: the Trainer's (under a float16 GradScaler, which skips the steps whose gradients hold inf or NaN
             itself, a non-finite loss is the scaler's business and not rolled back).
     """

@@ -23,7 +23,7 @@ _SAVED = (
 
 @dataclass
 class LoopState:
-    """Where training is. The loops read and advance it; ``checkpoint["loops"]`` is :meth:`state_dict`.
+    """Where training is. The loops read and advance it; ``checkpoint["loops"]`` is ``state_dict``.
 
     ``epoch`` counts from 0; after fit it equals the number of finished epochs.
     """
@@ -116,9 +116,9 @@ class BatchPlan:
     """What is on for one fit's training batches, composed once when the fit starts (``FitLoop`` builds it from the
     hook table, the strategy, the precision and the module's overrides): the batch runner and the optimization run
     the stages that are on and never ask about the others. It holds no rule of its own: whether a batch steps or
-    publishes is :meth:`LoopState.plan_batch`'s, the hooks' order the dispatcher's. Every stage a plan leaves out is
+    publishes is ``LoopState.plan_batch``'s, the hooks' order the dispatcher's. Every stage a plan leaves out is
     a no-op for that fit (a hook nobody overrides, unscaling without a scaler, a transfer that returns the batch),
-    so the full plan (:attr:`FULL`, every stage on) trains alike, bit for bit.
+    so the full plan (``FULL``, every stage on) trains alike, bit for bit.
     """
 
     #: the optimization's ``run`` (timed when profiling; its losses recorded under on_nonfinite="rollback")
@@ -193,11 +193,12 @@ _STATE_ENUMS = {"fn": TrainerFn, "stage": RunningStage, "status": TrainerStatus}
 
 @dataclass
 class TrainerState:
-    """``fn``: the entry point running (a :class:`TrainerFn`: "fit", "validate", "test", "predict"); ``stage``: a
-    :class:`RunningStage` ("train", "sanity_check", "validate", "test" or "predict"); ``status``: a
-    :class:`TrainerStatus` ("initializing", "running", "finished" or "interrupted": the last run ended with an
-    exception, Ctrl-C included). Each is Lightning's string enum, equal to its plain string, and may be set as one.
-    ``stage`` has one writer, the hook dispatcher's ``running(stage)``."""
+    """``fn``: the entry point running (a [`TrainerFn`][tandem.trainer.state.TrainerFn]: "fit", "validate", "test",
+    "predict"); ``stage``: a [`RunningStage`][tandem.trainer.state.RunningStage] ("train", "sanity_check", "validate",
+    "test" or "predict"); ``status``: a [`TrainerStatus`][tandem.trainer.state.TrainerStatus] ("initializing",
+    "running", "finished" or "interrupted": the last run ended with an exception, Ctrl-C included). Each is Lightning's
+    string enum, equal to its plain string, and may be set as one. ``stage`` has one writer, the hook dispatcher's
+    ``running(stage)``."""
 
     fn: TrainerFn | None = None
     stage: RunningStage | None = None

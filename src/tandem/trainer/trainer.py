@@ -64,21 +64,21 @@ class Trainer:
         accelerator: ``"auto"`` (CUDA if available), ``"cpu"``, ``"cuda"`` or ``"gpu"``.
         devices: ``"auto"``, a count (``-1`` for all), or a list of CUDA indices.
         strategy: ``"auto"``, a registered name (``"single_device"``, ``"ddp"``, ``"ddp_spawn"``, ``"ddp_notebook"``, ``"fsdp"``,
-            ``"dp"``, ...) or a :class:`~tandem.strategies.Strategy` instance.
+            ``"dp"``, ...) or a [`Strategy`][tandem.strategies.Strategy] instance.
         num_nodes: machines in a multi-node DDP job.
         precision: ``"32-true"``, ``"64-true"``, ``"bf16-mixed"`` or ``"16-mixed"`` (autocast), or ``"bf16-true"``
             or ``"16-true"`` (parameters and inputs in 16 bits; build the module with ``trainer.init_module()``
             to create it in that dtype).
-        plugins: one plugin or a list, at most one of each kind: a :class:`~tandem.strategies.Precision` (instead of
-            ``precision=``), a cluster environment from :mod:`tandem.strategies.environments` (e.g.
+        plugins: one plugin or a list, at most one of each kind: a [`Precision`][tandem.strategies.Precision] (instead
+            of ``precision=``), a cluster environment from ``tandem.strategies.environments`` (e.g.
             ``SLURMEnvironment(auto_requeue=False)``: no ``scontrol requeue`` after a SIGUSR1 stop), or
-            :class:`~tandem.strategies.layer_sync.TorchSyncBatchNorm` (``sync_batchnorm=True``).
+            [`TorchSyncBatchNorm`][tandem.strategies.TorchSyncBatchNorm] (``sync_batchnorm=True``).
         max_epochs: stop after this many epochs (default 1000 when neither ``max_steps`` nor ``max_time`` is
             set; -1: no limit).
         min_epochs: train at least this many epochs, even when ``should_stop`` is set (e.g. early stopping).
         max_steps: stop after this many optimizer steps (-1: no limit).
         max_time: stop after this much training time: ``"DD:HH:MM:SS"``, a ``datetime.timedelta`` or a dict such
-            as ``{"hours": 12}`` (a :class:`~tandem.callbacks.Timer` checked after every batch). With several
+            as ``{"hours": 12}`` (a [`Timer`][tandem.callbacks.Timer] checked after every batch). With several
             processes every rank stops at the same step: the next publishing step (``log_every_n_steps``).
         min_steps: take at least this many optimizer steps before ``should_stop`` may end the fit.
         limit_train_batches / limit_val_batches / limit_test_batches / limit_predict_batches: an int
@@ -141,7 +141,7 @@ class Trainer:
         profiler: time every hook, step and loop phase and report at the end of each run (on rank 0, or
             per rank into ``<dirpath>/<stage>-<filename>[-<rank>].txt`` when the profiler has a ``filename``):
             ``"simple"`` (durations), ``"advanced"`` (cProfile per action), ``"pytorch"`` (``torch.profiler``
-            operator tables and TensorBoard traces) or a :class:`~tandem.profilers.Profiler` instance. None: no
+            operator tables and TensorBoard traces) or a [`Profiler`][tandem.profilers.Profiler] instance. None: no
             profiling (a ``PassThroughProfiler``), at no cost to the loops.
         barebones: measure tandem's own overhead: no logger, checkpoints, progress bar, model summary, sanity
             check or step logging (``self.log`` warns and does nothing); asking for one of them as well is an
@@ -150,11 +150,12 @@ class Trainer:
     Lightning 1.x arguments (``gpus=``, ``resume_from_checkpoint=``, ...) raise an error naming the
     argument to use instead.
 
-    Example::
-
+    Example:
+        ```python
         trainer = Trainer(max_epochs=5, strategy="ddp", devices=2)
         trainer.fit(model, train_loader, val_loader)
         trainer.test(model, test_loader)
+        ```
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Trainer:
@@ -399,7 +400,8 @@ class Trainer:
         datamodule: DataModule | None = None,
         weights_only: bool | None = None,
     ) -> list[dict[str, float]]:
-        """One pass over the test data; returns ``[{metric: value}]``, one dict per loader (see :meth:`validate`)."""
+        """One pass over the test data; returns ``[{metric: value}]``, one dict per loader (see
+        [`validate`][tandem.Trainer.validate])."""
         return self._evaluate("test", model, dataloaders, ckpt_path, verbose, datamodule, weights_only)
 
     def predict(
@@ -582,11 +584,12 @@ class Trainer:
             empty_init: True to skip allocating (and initialising) the parameters now; FSDP then calls each
                 submodule's ``reset_parameters()`` on this rank's shard. Other strategies build as for None.
 
-        Example::
-
+        Example:
+            ```python
             trainer = Trainer(strategy="fsdp", devices=4)
             with trainer.init_module(empty_init=True):
                 model = LargeModel()
+            ```
         """
         return self.strategy.tensor_init_context(empty_init)
 
@@ -618,12 +621,13 @@ class Trainer:
         ``setup_data`` after its ``isolate_rng``), so a search and the fit after it draw the numbers they draw on
         Lightning.
 
-        Example::
-
+        Example:
+            ```python
             class Search(Callback):
                 def on_fit_start(self, trainer, module):
                     with trainer.trial([recorder], max_steps=20) as trial:
                         trial.run()
+            ```
         """
         load_data, from_hooks = None, False
         if self.state.fn == "fit" and self._fit_sources is not None and self._module is not None:
@@ -792,12 +796,13 @@ class Trainer:
                 weights are whole even under ``strategy="fsdp"`` (gathered from the shards, whatever its
                 ``state_dict_type``): after an FSDP fit, this is how they leave the sharded module.
 
-        Example::
-
+        Example:
+            ```python
             trainer.fit(model, loader)
             trainer.save_checkpoint("model.ckpt", weights_only=True)  # every rank; rank 0 writes
             plain = MyModule()
             plain.load_state_dict(torch.load("model.ckpt")["state_dict"])
+            ```
 
         Returns:
             True when the checkpoint was written.
@@ -1234,7 +1239,8 @@ def _build_loggers(logger: Any, root: str) -> list[Any]:
 
 
 def _add_timer(callbacks: list[Callback], max_time: Any) -> None:
-    """``max_time`` is a :class:`Timer` checked every batch, unless the user gave a Timer (as Lightning)."""
+    """``max_time`` is a [`Timer`][tandem.callbacks.Timer] checked every batch, unless the user gave a Timer (as
+    Lightning)."""
     if max_time is None:
         return
     from tandem.callbacks.timer import Timer

@@ -54,7 +54,7 @@ class Trial:
     @property
     def reloadable(self) -> bool:
         """The training loaders come from ``train_dataloader()`` of the module or DataModule, so
-        :meth:`reload_data` builds them with changed hyperparameters (loaders passed to ``fit`` stay as given)."""
+        ``reload_data`` builds them with changed hyperparameters (loaders passed to ``fit`` stay as given)."""
         return self._parts.data_from_hooks
 
     def run(self) -> None:
@@ -82,7 +82,7 @@ def open_trial(
     max_epochs: int | None = None,
     restart_data: bool = False,
 ) -> Iterator[Trial]:
-    """See :meth:`Trainer.trial <tandem.trainer.trainer.Trainer.trial>`."""
+    """See [`Trainer.trial`][tandem.Trainer.trial]."""
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
         raise out_of_range("trial max_steps", max_steps, "an int >= 1")
     if max_epochs is not None and (isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < -1):

@@ -28,13 +28,14 @@ class Tuner:
     Args:
         trainer: the Trainer to search with (its strategy, precision and limits).
 
-    Example::
-
+    Example:
+        ```python
         trainer = Trainer(max_epochs=10)
         tuner = Tuner(trainer)
         lr_finder = tuner.lr_find(model)  # sets model.lr to lr_finder.suggestion()
         tuner.scale_batch_size(model, mode="binsearch")  # sets model.batch_size
         trainer.fit(model)
+        ```
     """
 
     def __init__(self, trainer: Trainer) -> None:
@@ -57,7 +58,7 @@ class Tuner:
         attr_name: str = "",
     ) -> LRFinder | None:
         """The learning-rate range test: ``num_training`` steps with the rate rising from ``min_lr`` to ``max_lr``
-        (see :class:`~tandem.callbacks.LearningRateFinder`). Returns the results (``.results``,
+        (see [`LearningRateFinder`][tandem.callbacks.LearningRateFinder]). Returns the results (``.results``,
         ``.suggestion()``, ``.plot()``), or None under ``fast_dev_run``.
 
         Args:
@@ -109,9 +110,9 @@ class Tuner:
         batch_arg_name: str = "batch_size",
     ) -> int | None:
         """The largest batch size that trains without running out of memory (see
-        :class:`~tandem.callbacks.BatchSizeFinder`); it is set on the module (or its hparams, or the DataModule),
-        and returned (None under ``fast_dev_run``). The training loader must come from ``train_dataloader()`` of
-        the module or DataModule. One process only.
+        [`BatchSizeFinder`][tandem.callbacks.BatchSizeFinder]); it is set on the module (or its hparams, or the
+        DataModule), and returned (None under ``fast_dev_run``). The training loader must come from
+        ``train_dataloader()`` of the module or DataModule. One process only.
 
         Args:
             model: the module to search for.

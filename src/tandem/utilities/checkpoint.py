@@ -7,12 +7,12 @@ killed while writing leaves the previous file intact. The temporary is named
 removes the temporaries that a killed writer left behind (the writer's process is gone and nobody holds
 the lock), and never one that a live writer is still writing. A later write into the same folder removes
 them, whatever file they were for (a new run saves ``last-v1.ckpt``, never ``last.ckpt`` again). A sharded
-checkpoint's temporary directory (:func:`temporary_directory`) is named and locked the same way, and a
-resumed run clears its checkpoint's folder of them (:func:`remove_stale_temporaries_in`): the run that died
+checkpoint's temporary directory (``temporary_directory``) is named and locked the same way, and a
+resumed run clears its checkpoint's folder of them (``remove_stale_temporaries_in``): the run that died
 may never write there again. The sweep considers only regular files and folders owned by this user, checked
 without following symbolic links, and opens nothing that could block (a FIFO named like a temporary stays).
 
-A finished directory replaces the previous one in three steps (:func:`replace_directory`): the previous one
+A finished directory replaces the previous one in three steps (``replace_directory``): the previous one
 is renamed aside to ``.<target>.<host>-<pid>-<random>.old``, the new one renamed onto the target, then the
 previous one removed. A process killed between two steps leaves a state that the same sweep settles once the
 writer is gone: an ``.old`` directory beside its target is removed; one whose target is missing (killed
@@ -22,7 +22,7 @@ A tandem checkpoint (a dict with the ``tandem_version`` key) also stores ``tande
 of its entries (every tensor's bytes, dtype and shape, and the plain values and keys around them), checked
 when the file is loaded: a changed byte is reported as a damaged file instead of training on wrong weights.
 
-A checkpoint holds plain data only (:func:`to_plain`, :mod:`tandem.utilities.plain_data`), so plain
+A checkpoint holds plain data only (``to_plain``, ``tandem.utilities.plain_data``), so plain
 ``torch.load(path)`` (``weights_only=True``, torch's default) reads every tandem checkpoint, and tandem reads every
 checkpoint that way: nothing in a file is unpickled (no code in it runs) unless the caller says the file is trusted
 (``weights_only=False``). The checksum is for integrity (a damaged file), not authenticity: whoever can write a file
@@ -83,8 +83,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None], wh
 
     A process killed while writing leaves the previous file at ``path`` intact; the next write into that
     folder removes the temporary it left. The new file gets the mode ``open()`` would give it (``0o666`` less the
-    umask). An operating-system error (disk full, no permission) becomes a :class:`FileWriteError` that
-    names ``path`` and the cause.
+    umask). An operating-system error (disk full, no permission) becomes a
+    [`FileWriteError`][tandem.utilities.exceptions.FileWriteError] that names ``path`` and the cause.
 
     Args:
         path: the file to write.
@@ -185,11 +185,11 @@ def atomic_link(
     before_copy: Callable[[], None] | None = None,
 ) -> None:
     """Make ``path`` a symbolic link to ``target`` (relative to ``path``'s folder, so the folder can move), put in
-    place as :func:`atomic_write` puts a file: made under a temporary name, then ``os.replace``'d onto ``path``, so
+    place as ``atomic_write`` puts a file: made under a temporary name, then ``os.replace``'d onto ``path``, so
     a reader finds the previous file or the new link, never neither. Where links cannot be made (Windows without
     the privilege, some network filesystems), ``path`` becomes a copy of ``target`` instead, written atomically
     too; ``before_copy`` is called first (e.g. to wait for a background write of ``target``). A directory at
-    ``path`` (a sharded checkpoint) is replaced as :func:`replace_directory` does. Local paths only. A process
+    ``path`` (a sharded checkpoint) is replaced as ``replace_directory`` does. Local paths only. A process
     killed between making the link and the rename leaves a hidden link named like a temporary, which the sweep
     leaves alone as it leaves every symbolic link (it points to a checkpoint, and holds no data).
 
@@ -259,7 +259,7 @@ def modified_time(path: str) -> float:
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` through :func:`atomic_write`; a tandem checkpoint gets its checksum first."""
+    """``torch.save`` through ``atomic_write``; a tandem checkpoint gets its checksum first."""
     if isinstance(obj, dict) and CHECKPOINT_MARKER in obj:
         obj = {**{k: v for k, v in obj.items() if k != CHECKSUM_KEY}, CHECKSUM_KEY: checksum(obj)}
     atomic_write(path, lambda f: torch.save(obj, f), what="checkpoint")
@@ -268,8 +268,8 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
 def host_copy(obj: Any) -> Any:
     """A copy of ``obj`` that later changes to the training state cannot reach: every tensor copied to host
     memory (a CPU tensor cloned, a GPU tensor copied over), and the dicts, lists, tuples and sets around them
-    built again. What a background write saves (:class:`~tandem.strategies.AsyncCheckpointIO`) while the next
-    steps change the parameters and optimizer states in place. A tensor that appears twice is copied once."""
+    built again. What a background write saves ([`AsyncCheckpointIO`][tandem.strategies.AsyncCheckpointIO]) while the
+    next steps change the parameters and optimizer states in place. A tensor that appears twice is copied once."""
     copies: dict[int, torch.Tensor] = {}
 
     def copy(value: Any) -> Any:
@@ -293,7 +293,8 @@ def host_copy(obj: Any) -> Any:
 
 
 def check_writable_folder(folder: str | os.PathLike, what: str = "") -> None:
-    """Raise :class:`FileWriteError` now if files cannot be created in ``folder`` (or where it would be made).
+    """Raise [`FileWriteError`][tandem.utilities.exceptions.FileWriteError] now if files cannot be created in ``folder``
+    (or where it would be made).
 
     Probes the folder, or its nearest existing parent, by creating and removing an empty file: this sees
     permissions, ACLs and read-only mounts alike, and leaves nothing behind. An fsspec URL is not probed
@@ -328,24 +329,24 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[str]:
 
 
 def remove_stale_temporaries_in(folder: str | os.PathLike) -> list[str]:
-    """:func:`remove_stale_temporaries` for every target in ``folder``: what killed saves of any file there
+    """``remove_stale_temporaries`` for every target in ``folder``: what killed saves of any file there
     left (every write calls it on its folder, and a resumed run on its checkpoint's folder, which it may never
-    write to again), and what a killed :func:`replace_directory` left (a previous checkpoint moved aside: removed
+    write to again), and what a killed ``replace_directory`` left (a previous checkpoint moved aside: removed
     beside its replacement, renamed back where the replacement never arrived). Files and directories that are not
     tandem's temporaries are never touched."""
     return _remove_stale(Path(folder), None)
 
 
 def replace_directory(source: str | os.PathLike, target: str | os.PathLike) -> None:
-    """Put the finished directory ``source`` (a sharded checkpoint's :func:`temporary_directory`) at ``target``;
+    """Put the finished directory ``source`` (a sharded checkpoint's ``temporary_directory``) at ``target``;
     a checkpoint already there is renamed aside first and removed only after. A kill between any two steps
-    leaves a state :func:`remove_stale_temporaries_in` settles (see :func:`_swap_steps`)."""
+    leaves a state ``remove_stale_temporaries_in`` settles (see ``_swap_steps``)."""
     for _ in _swap_steps(Path(source), Path(target)):
         pass
 
 
 def _swap_steps(source: Path, target: Path) -> Iterator[str]:
-    """:func:`replace_directory` one step at a time; after each it yields the state a kill there leaves:
+    """``replace_directory`` one step at a time; after each it yields the state a kill there leaves:
 
     - "moved aside": ``target`` is missing; the previous checkpoint is ``.<target>.<writer>.old`` and the new one
       the temporary ``source``. The sweep renames the ``.old`` back onto ``target`` and removes the temporary.
@@ -368,7 +369,7 @@ def _swap_steps(source: Path, target: Path) -> Iterator[str]:
 
 @contextlib.contextmanager
 def temporary_directory(path: str | os.PathLike) -> Iterator[Path]:
-    """A new directory next to ``path``, named and locked like :func:`atomic_write`'s temporaries, for a
+    """A new directory next to ``path``, named and locked like ``atomic_write``'s temporaries, for a
     sharded checkpoint that is renamed onto ``path`` when complete; the folder's stale ones are removed first.
     The lock is held until the block ends, so no other process takes the directory for a killed writer's."""
     path = Path(path)
@@ -413,7 +414,7 @@ def _remove_stale(folder: Path, target: str | None) -> list[str]:
 
 
 def _settle_if_stale(old: str, target: Path, host: str | None, pid: int | None) -> bool:
-    """A previous checkpoint that :func:`replace_directory` moved aside, once its writer is gone: removed when its
+    """A previous checkpoint that ``replace_directory`` moved aside, once its writer is gone: removed when its
     replacement is at ``target``, renamed back onto ``target`` when the writer was killed before the replacement
     got there. A writer on another host (or one an earlier tandem did not name) cannot be asked: it is gone when
     the rename is two minutes old."""
@@ -582,12 +583,12 @@ _HPARAMS_ENTRIES = ("hparams", "datamodule_hparams")
 
 
 def to_plain(checkpoint: dict[str, Any], warned: set[tuple[str, str]] | None = None) -> dict[str, Any]:
-    """``checkpoint`` as plain data (:func:`~tandem.utilities.plain_data.encode`), for a file that
+    """``checkpoint`` as plain data (``encode``), for a file that
     ``torch.load(weights_only=True)`` reads. A hyperparameter that cannot be (an ``nn.Module``, a function, an
     arbitrary object) is left out of the file, with a warning naming it and ``save_hyperparameters(ignore=[...])``
     (once per name while the same ``warned`` set is passed: the Trainer keeps one); such a value anywhere else (a
-    callback's state, an entry added in ``on_save_checkpoint``) is a :class:`CheckpointError` naming it, before
-    anything is written."""
+    callback's state, an entry added in ``on_save_checkpoint``) is a
+    [`CheckpointError`][tandem.utilities.exceptions.CheckpointError] naming it, before anything is written."""
     warned = set() if warned is None else warned
     plain = {}
     for entry, value in checkpoint.items():
@@ -626,7 +627,7 @@ def _warn_left_out(entry: str, name: str, err: NotPlainData) -> None:
 
 
 def from_plain(checkpoint: dict[str, Any], path: str | os.PathLike, trusted: bool) -> dict[str, Any]:
-    """Undo :func:`to_plain` for the checkpoint loaded from ``path``. Values that an earlier tandem version stored
+    """Undo ``to_plain`` for the checkpoint loaded from ``path``. Values that an earlier tandem version stored
     pickled are unpickled only when ``trusted`` (``weights_only=False``); otherwise the error names them and
     that argument."""
     try:
@@ -660,7 +661,7 @@ def checksum(obj: dict[str, Any]) -> dict[str, Any]:
     tensor's dtype, shape and bytes (read in place, without a copy, for contiguous CPU tensors), numpy
     arrays, and the keys, plain values (None, bool, int, float, complex, str, bytes, dtypes, devices) and
     nesting of dicts, lists, tuples and sets; other objects count by their type name only (tandem's
-    checkpoints hold none: :func:`to_plain` writes plain data). The ``tandem_checksum`` entry
+    checkpoints hold none: ``to_plain`` writes plain data). The ``tandem_checksum`` entry
     itself is left out. The values do not depend on the process (no ``id``, ``hash`` or set order).
     """
     hasher = _Hasher()
@@ -802,8 +803,8 @@ class _Hasher:
 
 
 def verify_checksum(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
-    """Raise :class:`CheckpointError` if an entry of ``checkpoint`` (loaded from ``path``) does not match the
-    checksum stored when it was written.
+    """Raise [`CheckpointError`][tandem.utilities.exceptions.CheckpointError] if an entry of ``checkpoint`` (loaded from
+    ``path``) does not match the checksum stored when it was written.
 
     Checkpoints written before tandem stored checksums have none and pass. Entries removed since are not
     missed (the file was edited on purpose); an entry that changed, or that replaced one (a damaged name),
@@ -830,8 +831,9 @@ def verify_checksum(checkpoint: dict[str, Any], path: str | os.PathLike) -> None
 
 
 def load_checkpoint_file(path: str | os.PathLike, weights_only: bool | None = None) -> dict[str, Any]:
-    """Read a tandem checkpoint onto the CPU and check its checksum, or raise :class:`CheckpointError`
-    naming the file (missing, a folder, unreadable, damaged, not a tandem checkpoint, or holding code).
+    """Read a tandem checkpoint onto the CPU and check its checksum, or raise
+    [`CheckpointError`][tandem.utilities.exceptions.CheckpointError] naming the file (missing, a folder, unreadable,
+    damaged, not a tandem checkpoint, or holding code).
 
     The file is read with ``torch.load(weights_only=True)``: tensors and plain data only, so nothing in it runs.
     ``weights_only=False`` (Lightning's spelling) says the file is trusted: it is unpickled in full (an object
@@ -868,8 +870,8 @@ def load_checkpoint_file(path: str | os.PathLike, weights_only: bool | None = No
 
 def _torch_load(source: Any, name: str, trusted: bool, head: Callable[[], bytes], advice: str) -> Any:
     """``torch.load`` of ``source`` (a path or an open file) onto the CPU, weights-only unless ``trusted``; a file it
-    refuses or cannot read is a :class:`CheckpointError` naming ``name`` (``head()``: the file's first bytes, read
-    only then)."""
+    refuses or cannot read is a [`CheckpointError`][tandem.utilities.exceptions.CheckpointError] naming ``name``
+    (``head()``: the file's first bytes, read only then)."""
     try:
         return torch.load(source, map_location="cpu", weights_only=not trusted)
     except Exception as err:  # torch raises many types for a damaged file

@@ -62,7 +62,7 @@ def tree_flatten(tree: Any) -> tuple[list[Any], _Spec]:
 
 
 def tree_unflatten(leaves: Iterable[Any], spec: _Spec) -> Any:
-    """``leaves`` in the shape ``spec`` (from :func:`tree_flatten`)."""
+    """``leaves`` in the shape ``spec`` (from ``tree_flatten``)."""
     return _build(iter(leaves), spec)
 
 
@@ -242,13 +242,14 @@ class CombinedLoader(Iterable[Any]):
 
     Iterating yields ``(batch, batch_idx, dataloader_idx)``; ``len()`` (after ``iter()``) is the number of batches.
 
-    Example::
-
+    Example:
+        ```python
         loaders = {"a": DataLoader(range(6), batch_size=4), "b": DataLoader(range(15), batch_size=5)}
         combined = CombinedLoader(loaders, "max_size_cycle")
         for batch, batch_idx, dataloader_idx in combined:
             ...  # batch == {"a": tensor([...]), "b": tensor([...])}
         trainer.fit(model, train_dataloaders=combined)
+        ```
     """
 
     def __init__(self, iterables: Any, mode: Mode = "min_size") -> None:
@@ -328,7 +329,7 @@ class CombinedLoader(Iterable[Any]):
         return len(self._iterator)
 
     def _length(self) -> int | float:
-        """:meth:`__len__` without beginning a pass (which would create the iterables' iterators)."""
+        """``__len__`` without beginning a pass (which would create the iterables' iterators)."""
         return len(_SUPPORTED_MODES[self._mode](self._flattened, self._limits))
 
     def _begin_at(

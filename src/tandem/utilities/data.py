@@ -61,7 +61,7 @@ def end_workers_with_process(loader: Any) -> None:
 
 def seed_workers(loader: Any, rank: int) -> None:
     """After ``seed_everything(workers=True)``: give ``loader`` (a DataLoader without a ``worker_init_fn`` of its
-    own) Lightning's :func:`~tandem.utilities.seed.pl_worker_init_function` for this ``rank``, as Lightning does to
+    own) Lightning's ``pl_worker_init_function`` for this ``rank``, as Lightning does to
     every loader its Trainer runs."""
     if not isinstance(loader, DataLoader) or not seed_workers_requested():
         return
@@ -121,7 +121,7 @@ class InOrderSampler(SequentialSampler):
 
 def in_order(loader: Any, name: str) -> Any:
     """``loader`` drawing its samples in order (``overfit_batches``: the same batches every epoch): a shuffling
-    DataLoader is rebuilt with an :class:`InOrderSampler` and a warning (Lightning's), an ordered one without;
+    DataLoader is rebuilt with an ``InOrderSampler`` and a warning (Lightning's), an ordered one without;
     anything else is returned as is."""
     if not isinstance(loader, DataLoader) or type(loader.sampler) not in (RandomSampler, SequentialSampler):
         return loader
@@ -137,7 +137,7 @@ class SkippableSampler(Sampler):
     """Wraps a (batch) sampler so an epoch can start after its first ``skip`` items.
 
     Iteration is as lazy as the wrapped sampler's (a plain loop and tandem draw the same shuffled order
-    from the same seed). For a resume, :meth:`start` begins the newest iteration without fetching any
+    from the same seed). For a resume, ``start`` begins the newest iteration without fetching any
     data: a random sampler draws its seed from the global RNG at that moment, so the trainer can
     replay the epoch's recorded RNG state, start, skip the done batches' indices, and then restore the
     checkpoint's RNG state before the first batch is loaded.
@@ -190,12 +190,12 @@ class _SkippingIterator:
 
 
 def unwrapped(sampler: Any) -> Any:
-    """``sampler`` without tandem's :class:`SkippableSampler` around it."""
+    """``sampler`` without tandem's ``SkippableSampler`` around it."""
     return sampler.inner if isinstance(sampler, SkippableSampler) else sampler
 
 
 def make_skippable(loader: DataLoader) -> tuple[DataLoader, SkippableSampler | None]:
-    """Rebuild ``loader`` around a :class:`SkippableSampler`; iterable-style loaders are returned as is."""
+    """Rebuild ``loader`` around a ``SkippableSampler``; iterable-style loaders are returned as is."""
     if not isinstance(loader, DataLoader) or is_iterable_style(loader):
         return loader, None
     if loader.batch_sampler is not None:
@@ -253,7 +253,7 @@ def extract_batch_size(batch: Any) -> int:
 
 def is_empty_batch(batch: Any) -> bool:
     """The batch holds no samples: its first tensor (the batch itself, or the first item of a tuple, list or dict)
-    has 0 rows, and so has every other tensor :func:`extract_batch_size` looks at. Reads host-side shapes only
+    has 0 rows, and so has every other tensor ``extract_batch_size`` looks at. Reads host-side shapes only
     (no device sync); batches of other shapes are taken as not empty. Called on every training batch, so the
     common case is a few C-level calls (``torch.Tensor``'s own ``isinstance`` check runs Python code: the C base
     class is tested instead)."""

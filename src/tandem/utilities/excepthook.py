@@ -10,11 +10,12 @@ is installed, once, the first time a listener is registered. It calls every list
 listener that returns True has reported the exception elsewhere (a rank started by tandem's launcher hands
 its traceback to rank 0, which prints it once for the job): the previous hook is then not called.
 
-Example::
-
+Example:
+    ```python
     on_uncaught_exception("my part", lambda kind, value, tb: print("ending with", kind.__name__))
     ...
     remove_listener("my part")
+    ```
 """
 
 from __future__ import annotations

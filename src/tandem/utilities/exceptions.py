@@ -11,7 +11,8 @@ from typing import Any
 
 class MisconfigurationException(Exception):  # noqa: N818 (Lightning's name)
     """Lightning's type for a misconfigured Trainer, callback or checkpoint: ``except MisconfigurationException``
-    in a ported program catches tandem's :class:`TandemConfigError`, which is one."""
+    in a ported program catches tandem's [`TandemConfigError`][tandem.utilities.exceptions.TandemConfigError], which is
+    one."""
 
 
 class TandemConfigError(ValueError, MisconfigurationException):
@@ -53,7 +54,7 @@ class RankFailedError(RuntimeError):
 
 class CollectiveMismatchError(RuntimeError):
     """The ranks entered different collectives, or one rank will never enter the one the others wait in
-    (raised by the side channel's collective check, :mod:`tandem.strategies.side_channel`)."""
+    (raised by the side channel's collective check, ``tandem.strategies.side_channel``)."""
 
 
 class HangError(RuntimeError):
@@ -83,7 +84,7 @@ class Preempted(SystemExit):  # noqa: N818 (Lightning's SIGTERMException is a Sy
 
 class ReplicasDivergedError(RuntimeError):
     """The DDP ranks hold different parameters or buffers, which must be identical on every rank (raised on every
-    rank, naming the first tensor that differs; see :mod:`tandem.trainer.replicas`)."""
+    rank, naming the first tensor that differs; see ``tandem.trainer.replicas``)."""
 
 
 class NonFiniteError(FloatingPointError):

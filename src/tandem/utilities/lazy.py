@@ -23,9 +23,10 @@ def lazy_attributes(
         namespace: the package's ``globals()``.
         missing: builds the error for any other name (default: the usual AttributeError).
 
-    Example::
-
+    Example:
+        ```python
         __getattr__, __dir__ = lazy_attributes(__name__, {"DDPStrategy": "tandem.strategies.ddp"}, globals())
+        ```
     """
 
     def __getattr__(name: str) -> Any:

@@ -24,13 +24,13 @@ _REPLICA_LOGS: contextvars.ContextVar[list[tuple[str, Any, dict[str, Any]]] | No
 # self.log (Callback.log) logs through.
 _RUNNING_MODULE: contextvars.ContextVar[Any] = contextvars.ContextVar("tandem_running_module", default=None)
 
-#: the module whose run is in a stage now, or None (see :func:`logging_module`)
+#: the module whose run is in a stage now, or None (see ``logging_module``)
 running_module = _RUNNING_MODULE.get
 
 
 @contextlib.contextmanager
 def logging_module(module: Any) -> Iterator[None]:
-    """``module`` is :func:`running_module` inside the block (the hook dispatcher opens one per running stage)."""
+    """``module`` is ``running_module`` inside the block (the hook dispatcher opens one per running stage)."""
     token = _RUNNING_MODULE.set(module)
     try:
         yield
@@ -60,7 +60,7 @@ def is_metric(value: Any) -> bool:
     return torchmetrics is not None and isinstance(value, torchmetrics.Metric)
 
 
-#: the buffer of the :func:`replica_log_buffer` open in this thread, or None outside one (the context
+#: the buffer of the ``replica_log_buffer`` open in this thread, or None outside one (the context
 #: variable's own ``get``: ``self.log`` asks it on every call)
 replica_logs = _REPLICA_LOGS.get
 

@@ -1,11 +1,13 @@
 """ModelSummary: a module's layers with their parameter counts, modes, FLOPs and (given an example input) the
 input and output sizes, as Lightning's ``lightning.pytorch.utilities.model_summary`` prints them.
 
-The ``ModelSummary`` callback prints one when ``fit`` starts; this is the utility itself, usable on any module::
+The ``ModelSummary`` callback prints one when ``fit`` starts; this is the utility itself, usable on any module:
 
-    from tandem.utilities.model_summary import ModelSummary
+```python
+from tandem.utilities.model_summary import ModelSummary
 
-    print(ModelSummary(model, max_depth=2))
+print(ModelSummary(model, max_depth=2))
+```
 """
 
 from __future__ import annotations
@@ -56,8 +58,7 @@ class LayerSummary:
     """One submodule of a summary: its type, parameter count, mode, and the sizes of its first forward pass's
     input and output (``"?"`` until the module has run, or for a scripted module, which takes no hooks).
 
-    Example::
-
+    Examples:
         >>> conv = torch.nn.Conv2d(3, 8, 3)
         >>> layer = LayerSummary(conv)
         >>> layer.num_parameters, layer.layer_type
@@ -127,8 +128,7 @@ class ModelSummary:
     gradients; the modes are restored afterwards), through the module's batch transfer hooks, to record the sizes
     and count the FLOPs. Parameters that belong to no listed layer appear in a row named ``other params``.
 
-    Example::
-
+    Examples:
         >>> import tandem
         >>> class Net(tandem.TrainingModule):
         ...     def __init__(self):
@@ -270,8 +270,9 @@ class ModelSummary:
 
     @property
     def summary_data(self) -> list[tuple[str, list[str]]]:
-        """The table's columns as (header, cells), every cell a string; what :meth:`ModelSummary.summarize` of
-        the callback receives. A last row, ``other params``, holds parameters that no listed layer holds."""
+        """The table's columns as (header, cells), every cell a string; what
+        [`ModelSummary.summarize`][tandem.callbacks.ModelSummary.summarize] of the callback receives. A last row,
+        ``other params``, holds parameters that no listed layer holds."""
         columns = [
             (" ", [str(i) for i in range(len(self._layer_summary))]),
             ("Name", self.layer_names),
@@ -305,7 +306,7 @@ class ModelSummary:
 
 
 def summarize(model: nn.Module, max_depth: int = 1) -> ModelSummary:
-    """The :class:`ModelSummary` of ``model`` (Lightning's function).
+    """The [`ModelSummary`][tandem.utilities.model_summary.ModelSummary] of ``model`` (Lightning's function).
 
     Args:
         model: the module to summarize.
@@ -350,8 +351,7 @@ def get_formatted_model_size(total_model_size: float) -> str:
 def get_human_readable_count(number: int) -> str:
     """A count abbreviated with K, M, B and T, as the summary shows it.
 
-    Example::
-
+    Examples:
         >>> get_human_readable_count(123), get_human_readable_count(1234), get_human_readable_count(2e6)
         ('123  ', '1.2 K', '2.0 M')
         >>> get_human_readable_count(4e14), get_human_readable_count(5e15)

@@ -1,9 +1,9 @@
 """A checkpoint's values as plain data: what ``torch.load(weights_only=True)`` reads, and nothing that runs code.
 
-:func:`encode` writes every value of a checkpoint in a form torch's weights-only unpickler accepts: tensors,
+``encode`` writes every value of a checkpoint in a form torch's weights-only unpickler accepts: tensors,
 numbers, strings, bytes, None, dtypes, devices, sizes and dicts / lists / tuples / sets of them stay as they are.
 A few kinds of value that hyperparameters and callbacks commonly hold are written as tagged plain dicts
-(``{"__tandem_value__": kind, ...}``) that :func:`decode` turns back into the same value:
+(``{"__tandem_value__": kind, ...}``) that ``decode`` turns back into the same value:
 
 - a ``pathlib`` path (its class and text);
 - an enum member (its class's ``module:qualname`` and the member's name);
@@ -15,9 +15,9 @@ A few kinds of value that hyperparameters and callbacks commonly hold are writte
 Decoding builds only these types, from their fixed constructors: no class is imported and no callable named by
 the file is called. An enum is looked up among the modules already imported (loading a checkpoint never imports a
 module the file names); when its module is not imported, the error says which to import. Anything else (an
-``nn.Module``, a function, an arbitrary object) is :class:`NotPlainData` at save: the caller drops it with a
+``nn.Module``, a function, an arbitrary object) is ``NotPlainData`` at save: the caller drops it with a
 warning (hyperparameters) or refuses the save, naming it. Earlier tandem versions stored such values as pickled
-bytes (``{"__tandem_pickled__": uint8 tensor}``); :func:`decode` unpickles those only when told the file is
+bytes (``{"__tandem_pickled__": uint8 tensor}``); ``decode`` unpickles those only when told the file is
 trusted.
 """
 
@@ -48,7 +48,7 @@ _TIMES["time"] = datetime.time
 
 
 class NotPlainData(TypeError):
-    """A value :func:`encode` cannot write as plain data; ``where`` names it inside the checkpoint."""
+    """A value ``encode`` cannot write as plain data; ``where`` names it inside the checkpoint."""
 
     def __init__(self, where: str, value: Any) -> None:
         self.where, self.kind = where, f"{type(value).__module__}.{type(value).__qualname__}"
@@ -56,7 +56,7 @@ class NotPlainData(TypeError):
 
 
 def encode(obj: Any, where: str = "checkpoint") -> Any:
-    """``obj`` as plain data (see the module's docstring); raises :class:`NotPlainData` naming the first value
+    """``obj`` as plain data (see the module's docstring); raises ``NotPlainData`` naming the first value
     that cannot be, at ``where``-relative position (e.g. ``hparams['encoder']``)."""
     kind = type(obj)
     if kind in _LEAVES or isinstance(obj, torch.Tensor):
@@ -97,8 +97,8 @@ def encode(obj: Any, where: str = "checkpoint") -> Any:
 
 
 def decode(obj: Any, trusted: bool = False, where: str = "checkpoint") -> Any:
-    """Undo :func:`encode`. A value pickled by an earlier tandem version is unpickled only when ``trusted``;
-    otherwise :class:`LegacyPickledValue` names where it is."""
+    """Undo ``encode``. A value pickled by an earlier tandem version is unpickled only when ``trusted``;
+    otherwise ``LegacyPickledValue`` names where it is."""
     kind = type(obj)
     if kind is dict or kind is OrderedDict:
         if len(obj) == 1 and isinstance(obj.get(LEGACY_PICKLED_KEY), torch.Tensor):

@@ -2,17 +2,17 @@
 
 A cluster pre-empts a job with SIGTERM (SLURM sends SIGUSR1 ahead of it with ``--signal=USR1@90``). While
 ``trainer.fit`` runs, tandem's handler only records the signal here (and forwards it to the ranks this
-process started). The training loop reads :attr:`Preemption.signum` after each batch (a local attribute,
+process started). The training loop reads ``Preemption.signum`` after each batch (a local attribute,
 no collective); the ranks agree on the step to stop at through the side channel's pre-emption vote
-(:mod:`tandem.strategies.side_channel`), save ``last.ckpt`` there and raise :class:`Preempted`.
+(``tandem.strategies.side_channel``), save ``last.ckpt`` there and raise ``Preempted``.
 
-:data:`PREEMPTION` is one record per process, not per Trainer or process group: signal handlers belong to the
+``PREEMPTION`` is one record per process, not per Trainer or process group: signal handlers belong to the
 process, and the process that started the ranks (which has no loop and no process group) forwards the
 signals it receives to them through the same record.
 
 A SIGTERM is also how a job is torn down: torchrun stops the other workers with it after one failed, and
 tandem's launcher its ranks. That is no pre-emption (nothing will resume; waiting for a vote only delays the
-end): when the side channel says the job is being torn down (:attr:`Preemption.teardown`), the handler ends the
+end): when the side channel says the job is being torn down (``Preemption.teardown``), the handler ends the
 process at once, as SIGTERM does without a handler.
 """
 
@@ -71,7 +71,7 @@ class Preemption:
             signal.signal(signum, self._handle)
 
     def uninstall(self) -> None:
-        """Put back the handlers that were there before :meth:`install`."""
+        """Put back the handlers that were there before ``install``."""
         for signum, previous in self._previous.items():
             with contextlib.suppress(ValueError, TypeError):
                 signal.signal(signum, previous if previous is not None else signal.SIG_DFL)

@@ -13,7 +13,7 @@ _PR_SET_PDEATHSIG = 1
 
 
 def load_libc() -> Any:
-    """The C library, for :func:`end_with_parent` (load it before a fork: ``preexec_fn`` must not), or None
+    """The C library, for ``end_with_parent`` (load it before a fork: ``preexec_fn`` must not), or None
     where ``prctl`` does not exist."""
     return ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 

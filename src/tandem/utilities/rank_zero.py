@@ -106,13 +106,15 @@ __all__ = [
 def rank_zero_warn(
     message: str | Warning, stacklevel: int = 4, category: type[Warning] = TandemWarning, **kwargs: Any
 ) -> None:
-    """``warnings.warn`` on global rank 0 only, as a :class:`TandemWarning` unless ``category`` says otherwise.
-    ``stacklevel`` counts as lightning-utilities' ``rank_zero_warn`` does (4: the caller of this function)."""
+    """``warnings.warn`` on global rank 0 only, as a [`TandemWarning`][tandem.utilities.TandemWarning] unless
+    ``category`` says otherwise. ``stacklevel`` counts as lightning-utilities' ``rank_zero_warn`` does (4: the caller of
+    this function)."""
     warnings.warn(message, category=category, stacklevel=stacklevel - 1, **kwargs)
 
 
 class WarningCache(_WarningCache):
-    """lightning-utilities' de-duplicating cache, warning through tandem's :func:`rank_zero_warn`."""
+    """lightning-utilities' de-duplicating cache, warning through tandem's
+    [`rank_zero_warn`][tandem.utilities.rank_zero_warn]."""
 
     def warn(self, message: str, stacklevel: int = 5, **kwargs: Any) -> None:
         if message not in self:

@@ -36,16 +36,17 @@ def seed_everything(seed: int | None = None, workers: bool = False) -> int:
         seed: the seed; ``None`` reads ``TANDEM_GLOBAL_SEED`` (else ``PL_GLOBAL_SEED``) from the environment, else
             uses 0.
         workers: give every dataloader the Trainer runs (whose ``worker_init_fn`` is None) Lightning's
-            :func:`pl_worker_init_function`, which seeds torch, ``random`` and numpy in each worker from the
+            ``pl_worker_init_function``, which seeds torch, ``random`` and numpy in each worker from the
             worker's base seed, its id and the process's rank.
 
     Returns:
         The seed used.
 
-    Example::
-
+    Example:
+        ```python
         seed_everything(42)
         model = MyModule()  # same initial weights on every run and every rank
+        ```
     """
     if seed is None:
         seed = global_seed()
@@ -136,7 +137,7 @@ def capture_rng_state() -> dict[str, Any]:
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
-    """Undo :func:`capture_rng_state`; sources missing from ``state`` are left as they are.
+    """Undo ``capture_rng_state``; sources missing from ``state`` are left as they are.
 
     Also reads states captured by tandem 0.1 checkpoints (numpy's state as its own tuple).
     """
@@ -163,10 +164,11 @@ def isolate_rng() -> Iterator[None]:
     entry and restored on exit (Lightning's ``isolate_rng``). The sanity check runs inside one, so adding a
     validation loader does not change the training order.
 
-    Example::
-
+    Example:
+        ```python
         with isolate_rng():
             torch.rand(1)  # drawn, then forgotten: the next draw outside is as if this never ran
+        ```
     """
     state = capture_rng_state()
     try:
@@ -177,7 +179,7 @@ def isolate_rng() -> Iterator[None]:
 
 def order_seed() -> int:
     """The seed of one process's training order: ``seed_everything``'s, else torch's initial seed (a new order
-    each unseeded run, as a RandomSampler gives). Several processes use :func:`global_seed` (0 unseeded, as
+    each unseeded run, as a RandomSampler gives). Several processes use ``global_seed`` (0 unseeded, as
     Lightning), agreed from rank 0; a resume takes the checkpoint's."""
     value = _seed_from_environment()
     return int(value) if value.isdigit() else torch.initial_seed() % 2**62
