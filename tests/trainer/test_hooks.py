@@ -277,3 +277,40 @@ def test_trainer_state_finished_and_enable_validation_are_lightnings():
     with pytest.raises(RuntimeError, match="boom"):
         trainer.fit(Fails(), loader())
     assert trainer.state.stopped and not trainer.state.finished
+
+
+def test_a_run_failing_before_the_module_is_set_up_tears_down_its_own_module():
+    """The teardown hooks get the run's module even when the run fails before the strategy took it (in ``setup``):
+    not None on a first run, not the previous run's module on a later one."""
+
+    class Record(Callback):
+        def __init__(self) -> None:
+            self.torn_down: list[object] = []
+
+        def teardown(self, trainer, pl_module, stage):
+            self.torn_down.append(pl_module)
+
+    class FailsInSetup(TinyModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.teardowns: list[str] = []
+
+        def setup(self, stage):
+            raise ValueError("no data today")
+
+        def teardown(self, stage):
+            self.teardowns.append(stage)
+
+    record = Record()
+    trainer = quiet_trainer(max_steps=1, callbacks=[record])
+    first = FailsInSetup()
+    with pytest.raises(ValueError, match="no data today"):
+        trainer.fit(first, loader())
+    assert record.torn_down == [first] and first.teardowns == ["fit"]
+
+    trained = TinyModule()
+    trainer.fit(trained, loader())  # the strategy now holds this one
+    failing = FailsInSetup()
+    with pytest.raises(ValueError, match="no data today"):
+        trainer.fit(failing, loader())
+    assert record.torn_down == [first, trained, failing] and failing.teardowns == ["fit"]

@@ -541,7 +541,7 @@ class Trainer:
                 self._wait_for_checkpoint_write()  # a failed background write fails the run
             except TunerExit:  # a Tuner's search is done (it put the state back): the fit ends there, finished
                 self.state.status = "finished"
-                self._finish(fn, "success")
+                self._finish(fn, "success", model)
                 return None
             except BaseException as exception:
                 note_unpacked_mapping(exception, self._metrics.batch)  # x, y = batch on a dict batch
@@ -549,11 +549,11 @@ class Trainer:
                 self.state.status = "interrupted"
                 self._hooks.call("on_exception", exception)
                 stopped = isinstance(exception, (KeyboardInterrupt, Preempted))
-                self._finish(fn, "interrupted" if stopped else "failed")
+                self._finish(fn, "interrupted" if stopped else "failed", model)
                 self._finish_profiling(fn, report=stopped)  # a stopped run's profile is worth reading
                 raise
             self.state.status = "finished"
-            self._finish(fn, "success")
+            self._finish(fn, "success", model)
             self._finish_profiling(fn, report=True)
         return result
 
@@ -748,16 +748,16 @@ class Trainer:
         else:
             profiler.teardown(stage=fn)
 
-    def _finish(self, fn: str, status: str) -> None:
+    def _finish(self, fn: str, status: str, module: TrainingModule) -> None:
+        """The run of ``module`` is over: the teardown hooks (also after a failure before the strategy took the
+        module: they get this run's module, never None or an earlier run's), the loggers, the strategy."""
         self.fit_loop.detach()
         self._evaluation.attach(None, None)
-        module = self.strategy.module
         if self.datamodule is not None:
             self.datamodule.teardown(stage=fn)
         for callback in self.callbacks:
             callback.teardown(self, module, stage=fn)
-        if module is not None:
-            module.teardown(stage=fn)
+        module.teardown(stage=fn)
         for logger in self.loggers:
             logger.finalize(status)
         self.strategy.teardown()
