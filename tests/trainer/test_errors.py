@@ -352,3 +352,33 @@ def test_a_str_error_with_a_batch_that_is_no_dict_gets_no_note():
     with pytest.raises(TypeError, match="not str") as caught:
         quiet_trainer(max_steps=1, limit_val_batches=0).fit(Bad(), loader())
     assert not getattr(caught.value, "__notes__", None)
+
+
+def test_a_failed_background_write_is_noted_on_the_run_error_also_without_add_note(tmp_path, monkeypatch):
+    """Python 3.10's exceptions have no ``add_note``: the failed background checkpoint write is then appended to the
+    run's error message, and the run's own error is what the fit raises (not an AttributeError)."""
+    from tandem.callbacks import ModelCheckpoint
+    from tandem.strategies import AsyncCheckpointIO
+    from tandem.strategies import checkpoint_io as checkpoint_io_module
+
+    class NoNotes(RuntimeError):  # as on Python 3.10
+        def __getattribute__(self, name):
+            if name == "add_note":
+                raise AttributeError(name)
+            return super().__getattribute__(name)
+
+    class FailsAtStep2(TinyModule):
+        def training_step(self, batch, batch_idx):
+            if batch_idx == 1:
+                raise NoNotes("the step failed")
+            return super().training_step(batch, batch_idx)
+
+    def failing(obj, path):
+        raise OSError("no space left")
+
+    monkeypatch.setattr(checkpoint_io_module, "atomic_save", failing)
+    checkpoints = ModelCheckpoint(tmp_path, every_n_train_steps=1)
+    trainer = quiet_trainer(max_steps=3, plugins=[AsyncCheckpointIO()], callbacks=[checkpoints])
+    with pytest.raises(NoNotes, match="the step failed") as caught:
+        trainer.fit(FailsAtStep2(), loader())
+    assert "The background checkpoint write also failed: OSError: no space left" in str(caught.value)

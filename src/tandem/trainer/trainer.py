@@ -49,6 +49,7 @@ from tandem.utilities.exceptions import (
     TandemConfigError,
     TandemUserCodeError,
     TunerExit,
+    add_note,
     incompatible,
     note_unpacked_mapping,
 )
@@ -569,7 +570,9 @@ class Trainer:
         try:
             writer.wait()
         except Exception as error:
-            exception.add_note(f"[tandem] The background checkpoint write also failed: {type(error).__name__}: {error}")
+            add_note(
+                exception, f"[tandem] The background checkpoint write also failed: {type(error).__name__}: {error}"
+            )
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` once, on global rank 0 (as ``self.print`` in a module)."""
