@@ -29,7 +29,7 @@ def checkpoint_state(trainer: Trainer, weights_only: bool = False) -> dict[str, 
     ``weights_only`` weights are always whole (gathered under FSDP, whatever its ``state_dict_type``): a file
     to load into a plain module. DDP's ranks are first checked to hold the same weights (rank 0's are saved)."""
     check_replicas(trainer.strategy, "before saving a checkpoint", trainer.on_replica_divergence)
-    module, strategy = trainer.strategy.module, trainer.strategy
+    module, strategy = trainer.fit_loop.context.module, trainer.strategy
     checkpoint: dict[str, Any] = {
         CHECKPOINT_MARKER: __version__,
         "epoch": trainer.current_epoch,

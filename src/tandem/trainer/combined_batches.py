@@ -159,7 +159,7 @@ class TrainingBatches:
         """``set_epoch`` on each loader's sampler that has one (a DistributedSampler: each loader its own)."""
         for loader in self.loaders:
             sampler = find_sampler(loader) if isinstance(loader, DataLoader) else None
-            if hasattr(sampler, "set_epoch"):
+            if sampler is not None and hasattr(sampler, "set_epoch"):
                 sampler.set_epoch(epoch)
 
 

@@ -55,24 +55,26 @@ def time_interval_seconds(value: str | timedelta | Mapping[str, Any]) -> float:
                 "'00:00:30:00' validates every 30 minutes."
             )
         try:
-            days, hours, minutes, seconds = (int(part) for part in parts)
+            days, hours, minutes, secs = (int(part) for part in parts)
         except ValueError:
             raise TandemConfigError(
                 f"Non-integer component in `val_check_interval` string: {value!r}. Use 'DD:HH:MM:SS'. Each part is "
                 "an integer: days, hours, minutes, seconds (e.g. '00:00:30:00')."
             ) from None
-        value = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+        duration = timedelta(days=days, hours=hours, minutes=minutes, seconds=secs)
     elif isinstance(value, Mapping):
         try:
-            value = timedelta(**value)
+            duration = timedelta(**value)
         except TypeError as err:
             raise TandemConfigError(
                 f"val_check_interval={dict(value)!r} is not a duration ({err}); a dict holds datetime.timedelta's "
                 "arguments, e.g. {'minutes': 30}."
             ) from None
-    seconds = value.total_seconds()
+    else:
+        duration = value
+    seconds = duration.total_seconds()
     if seconds <= 0:
-        raise out_of_range("val_check_interval", value, "a duration longer than 0 seconds")
+        raise out_of_range("val_check_interval", duration, "a duration longer than 0 seconds")
     return seconds
 
 
@@ -189,7 +191,8 @@ class TrainerConfig:
             self.max_epochs = 1000 if self.max_steps == -1 and self.max_time is None else -1
 
     @property
-    def epoch_limit(self) -> float:
+    def epoch_limit(self) -> int | float:
+        assert self.max_epochs is not None  # __post_init__ resolved None
         return math.inf if self.max_epochs == -1 else self.max_epochs
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.data import DataLoader
@@ -17,7 +17,7 @@ from tandem.trainer.combined_batches import TrainingBatches
 from tandem.trainer.config import TrainerConfig, limit_batches
 from tandem.trainer.hooks import callback_overrides
 from tandem.trainer.state import EVAL_STAGES, TRAIN, StageData, StageNames
-from tandem.utilities.combined_loader import CombinedLoader
+from tandem.utilities.combined_loader import CombinedLoader, Mode
 from tandem.utilities.data import has_len, in_order, make_skippable
 from tandem.utilities.exceptions import (
     STAGE_TYPOS,
@@ -56,7 +56,9 @@ def check_stage_hooks(fn: str, module: TrainingModule, datamodule: DataModule | 
     """``setup`` and ``teardown`` of the module, the DataModule and the callbacks take the stage (Lightning's
     signatures), checked before any of them runs: a ``def setup(self)`` would fail with Python's "takes 1
     positional argument but 2 were given"."""
-    calls = [(owner, ("stage",), is_overridden) for owner in (module, datamodule) if owner is not None]
+    calls: list[tuple[Any, tuple[str, ...], Callable[[Any, str], bool]]] = [
+        (owner, ("stage",), is_overridden) for owner in (module, datamodule) if owner is not None
+    ]
     calls += [(callback, ("trainer", "pl_module", "stage"), callback_overrides) for callback in callbacks]
     for owner, names, overrides in calls:
         for hook in ("setup", "teardown"):
@@ -162,7 +164,9 @@ def training_record(
     given = combined(given)
     if config.overfit_batches > 0:  # each loader of a list or dict too
         given = _map_loaders(given, lambda loader: in_order(loader, "training batches"))
-    train_data = training_data(given, strategy, config.limit_train_batches)
+    limit = config.limit_train_batches
+    assert limit is not None  # TrainerConfig resolved None (1.0)
+    train_data = training_data(given, strategy, limit)
     if train_data.num_batches[0] == 0:
         rank_zero_warn("No training batches (limit_train_batches or an empty dataloader): fit trains nothing.")
     elif validates:
@@ -338,11 +342,12 @@ def _combined_training_data(given: CombinedLoader, strategy: Strategy, limit: in
         loader, skippable = make_skippable(loader)
         loaders.append(loader)
         skippables.append(skippable)
-    processed = CombinedLoader(given.iterables, given.mode)
+    processed = CombinedLoader(given.iterables, cast("Mode", given.mode))  # a mode CombinedLoader checked
     processed.flattened = loaders
     processed.limits = [limit_batches(TRAIN.limit, limit, len(d) if has_len(d) else math.inf) for d in loaders]
-    can_skip = all(skippable is not None for skippable in skippables)  # else a resume reads and drops batches
-    batches = TrainingBatches(processed, skippables if can_skip else None)
+    ready = [skippable for skippable in skippables if skippable is not None]
+    can_skip = len(ready) == len(skippables)  # else a resume reads and drops batches
+    batches = TrainingBatches(processed, ready if can_skip else None)
     count = len(batches) if has_len(batches) else math.inf
     return StageData(TRAIN, [batches], [count], processed.iterables, batches if can_skip else None)
 
@@ -376,7 +381,7 @@ def _map_loaders(given: Any, fn: Callable[[Any], Any]) -> Any:
     """``fn`` applied to each loader of one, a list / tuple or a dict of them, or a CombinedLoader (a new one; the
     user's keeps its loaders), in the same shape."""
     if isinstance(given, CombinedLoader):
-        mapped = CombinedLoader(given.iterables, given.mode)
+        mapped = CombinedLoader(given.iterables, cast("Mode", given.mode))  # a mode CombinedLoader checked
         mapped.flattened = [fn(loader) for loader in given.flattened]
         return mapped
     if isinstance(given, Mapping):

@@ -77,7 +77,7 @@ class EvaluationLoop:
             return
         every, loaded_at = self.context.config.reload_dataloaders_every_n_epochs, self._loaded_at
         fitting = epoch is not None
-        if loaded_at is not None and not (fitting and every and epoch - loaded_at >= every):
+        if loaded_at is not None and not (epoch is not None and every and epoch - loaded_at >= every):
             return
         self.records[stage] = self._source[1]()
         self._loaded_at = epoch if fitting and (counts or not sanity) else -math.inf
@@ -125,12 +125,12 @@ class EvaluationLoop:
         strategy, metrics, hooks = context.strategy, context.metrics, context.hooks
         names = data.names
         counts = [min(context.config.sanity_steps, n) for n in data.num_batches] if sanity else data.num_batches
-        takes_iter = takes_dataloader_iter(getattr(strategy.module, names.step))  # the step takes its batches
+        module = context.module
+        takes_iter = takes_dataloader_iter(getattr(module, names.step))  # the step takes its batches
         if takes_iter:
             warn_experimental(names.step)
-        several = check_dataloader_idx(strategy.module, names, data.several, step=not takes_iter)
+        several = check_dataloader_idx(module, names, data.several, step=not takes_iter)
         keep = stage == "predict" and self.return_predictions
-        module = strategy.module
         model = strategy.model if strategy.model is not None else module
         modes = ModuleModes(model)  # every submodule's own mode, given back after the stage (Lightning's)
         # as Lightning: the first loader's iterator exists before the mode hook and on_<stage>_start, so that what
@@ -149,7 +149,7 @@ class EvaluationLoop:
             else:
                 for index, (loader, count) in enumerate(zip(data.loaders, counts)):
                     metrics.dataloader_idx = index if several else None
-                    batches = first if index == 0 else strategy.evaluation_batches(loader, count)
+                    batches = first if index == 0 and first is not None else strategy.evaluation_batches(loader, count)
                     outputs = self._run_loader(names, batches, (index,) if several else (), keep, step_logs)
                     if keep:  # every rank's predictions, in dataset order (a collective: all ranks run it)
                         predictions.append(strategy.gather_predictions(outputs, loader))

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from tandem.callbacks.callback import Callback, Checkpoint
 from tandem.module import TrainingModule, calls_hook
 from tandem.trainer.profiling import callback_action, module_action, timed
+from tandem.trainer.state import RunningStage
 from tandem.utilities.logged_values import logging_module
 
 if TYPE_CHECKING:
@@ -144,7 +145,7 @@ class HookDispatcher:
         "predict"), and what it was before after it: the one writer of the stage. The run's module is
         ``running_module`` there."""
         state = self._state
-        previous, state.stage = state.stage, stage
+        previous, state.stage = state.stage, RunningStage(stage)
         try:
             with logging_module(self._module()):
                 yield

@@ -19,9 +19,9 @@ from __future__ import annotations
 import hashlib
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, SupportsFloat, cast
 
 import torch
 
@@ -31,6 +31,7 @@ from tandem.utilities.logged_values import is_metric, replica_logs, to_float
 from tandem.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
+    from tandem.loggers.logger import Logger
     from tandem.strategies.strategy import Strategy
     from tandem.trainer.state import LoopState, TrainerState
 
@@ -351,7 +352,8 @@ class MetricCollector:
             return value.float() if value.dtype in _HALF_DTYPES else value
         if isinstance(value, numbers.Number) and not isinstance(value, bool):  # float32 under a 16-bit default dtype
             default = torch.get_default_dtype()
-            return torch.tensor(float(value), dtype=torch.float32 if default in _HALF_DTYPES else default)
+            number = float(cast(SupportsFloat, value))  # a Number a user logs converts (numpy's, Fraction, Decimal)
+            return torch.tensor(number, dtype=torch.float32 if default in _HALF_DTYPES else default)
         raise LogValueError(
             f"`self.log({name}, {value})` was called, but `{type(value).__name__}` values cannot be logged: expected a "
             "number, a one-element tensor or a torchmetrics Metric. Log each number under its own name (self.log_dict "
@@ -491,9 +493,13 @@ class MetricCollector:
         if entry.metric is not None:
             value = entry.metric.compute()
             return value.detach() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
-        if entry.total is None:
+        total, count = entry.total, entry.count
+        if total is None:
             return None
-        return entry.total / entry.count if entry.reduce_fx == "mean" else entry.total
+        if entry.reduce_fx != "mean":
+            return total
+        assert count is not None  # a mean's weights accumulate with its total
+        return total / count
 
     def _sync(self, entries: dict[str, _Entry], epoch: bool, note: Any = None) -> list[Any]:
         """Reduce across processes, by name, every value some process needs reduced now.
@@ -512,18 +518,18 @@ class MetricCollector:
         """
         mine: dict[str, tuple[str, bool, tuple[bool, bool, bool, bool]]] = {}
         local: dict[str, tuple[torch.Tensor | None, torch.Tensor | None]] = {}  # the values and weights sent
-        for name, entry in entries.items():
-            flags = (entry.on_step, entry.on_epoch, entry.prog_bar, entry.logger)
-            if entry.step_unsynced:
-                mine[f"step/{name}"] = (entry.reduce_fx, True, flags)
-                local[f"step/{name}"] = (entry.step_value, None)
-            if not epoch or not entry.on_epoch:
+        for name, logged in entries.items():
+            flags = (logged.on_step, logged.on_epoch, logged.prog_bar, logged.logger)
+            if logged.step_unsynced:
+                mine[f"step/{name}"] = (logged.reduce_fx, True, flags)
+                local[f"step/{name}"] = (logged.step_value, None)
+            if not epoch or not logged.on_epoch:
                 continue
-            if entry.metric is not None:  # torchmetrics syncs inside compute(): every process must call it
-                mine[f"metric/{name}"] = ("metric", entry.dirty, flags)
-            elif entry.sync_dist and (entry.total is not None or entry.dirty):
-                mine[f"epoch/{name}"] = (entry.reduce_fx, entry.dirty, flags)
-                local[f"epoch/{name}"] = (entry.total, entry.count)
+            if logged.metric is not None:  # torchmetrics syncs inside compute(): every process must call it
+                mine[f"metric/{name}"] = ("metric", logged.dirty, flags)
+            elif logged.sync_dist and (logged.total is not None or logged.dirty):
+                mine[f"epoch/{name}"] = (logged.reduce_fx, logged.dirty, flags)
+                local[f"epoch/{name}"] = (logged.total, logged.count)
         floats = as_floats(local)
         agreed = _packed_reduction(self._strategy, mine, floats, note)
         if agreed is not None:
@@ -540,7 +546,8 @@ class MetricCollector:
             kind, name = key.split("/", 1)
             entry = entries.get(name)
             if entry is None:  # logged elsewhere only: take the other processes' options
-                entry = entries[name] = _Entry(*flags, sync_dist=True, reduce_fx=op)
+                on_step, on_epoch, prog_bar, logger = flags
+                entry = entries[name] = _Entry(on_step, on_epoch, prog_bar, logger, sync_dist=True, reduce_fx=op)
             if kind == "metric":
                 entry.epoch_value, entry.dirty = self._epoch_value(entry), False
                 continue
@@ -635,9 +642,9 @@ class CompiledStepLog:
     def __init__(self, collector: MetricCollector | BarebonesLog) -> None:
         self._eager = torch.compiler.disable(collector.log)
         self.state_dict = collector.state_dict
-        self._state = getattr(collector, "_state", None)  # None: barebones, nothing is collected
         self._deferred: list[tuple[str, Any, tuple[Any, ...]]] | None = None
-        if self._state is not None:
+        if isinstance(collector, MetricCollector):  # barebones: nothing is collected, nor deferred
+            self._state: TrainerState = collector._state
             self._deferred = collector.deferred = []
 
     def log(self, name: str, value: Any, *args: Any) -> None:
@@ -776,7 +783,7 @@ def check_log_call(
     if entry is not None and not add_dataloader_idx and loader is not None and entry.loader not in (None, loader):
         raise LogCallError(
             f"self.log({name!r}, ..., add_dataloader_idx=False) in {hook} for dataloader {loader}, but {name!r} was "
-            f"already logged from dataloader {entry.loader} in this {_STAGE_WORDS.get(stage, stage)} run: the loaders' "
+            f"already logged from dataloader {entry.loader} in this {_STAGE_WORDS.get(stage or '', stage)} run: the loaders' "
             "values would be averaged into one number, reported for each. Give each loader its own name (e.g. "
             f'f"{name}_{{dataloader_idx}}"), or drop add_dataloader_idx=False (tandem then names them '
             f"'{name}/dataloader_idx_N')."
@@ -821,7 +828,7 @@ class LogSink:
         loop: the training loop's state, whose ``logger_step`` is the default step and ``epoch`` the epoch.
     """
 
-    def __init__(self, loggers: list[Any], collector: MetricCollector, strategy: Strategy, loop: LoopState) -> None:
+    def __init__(self, loggers: list[Logger], collector: MetricCollector, strategy: Strategy, loop: LoopState) -> None:
         self.loggers = loggers
         self._collector, self._strategy, self._loop = collector, strategy, loop
 
@@ -856,7 +863,7 @@ def as_logged(metrics: Mapping[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------- reduction across processes, by name
 
 
-def _agree(everyone: list[dict[str, tuple[str, bool, Any]]]) -> dict[str, tuple[str, Any]]:
+def _agree(everyone: Sequence[Mapping[str, tuple[str, bool, Any]]]) -> dict[str, tuple[str, Any]]:
     """The keys some process wants reduced, sorted, with their operation and options; the same on every
     process. One name logged with different ``reduce_fx`` on different processes is an error on all."""
     wanted: dict[str, tuple[str, Any]] = {}

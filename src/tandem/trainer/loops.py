@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -41,6 +41,7 @@ from tandem.utilities.seed import capture_rng_state, isolate_rng, restore_rng_st
 from tandem.utilities.signature import takes_dataloader_iter
 
 if TYPE_CHECKING:
+    from tandem.module import TrainingModule
     from tandem.profilers import Profiler
     from tandem.strategies.strategy import Strategy
     from tandem.trainer.config import TrainerConfig
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
     from tandem.trainer.hooks import HookDispatcher
     from tandem.trainer.logging import LogSink, MetricCollector
     from tandem.trainer.nonfinite import NonFiniteGuard
-    from tandem.trainer.rollback import RollbackRecord
+    from tandem.trainer.rollback import RollbackGuard, RollbackRecord
     from tandem.trainer.state import TrainerState
 
 
@@ -64,6 +65,11 @@ class LoopContext:
     sink: LogSink  # where logged numbers go
     nonfinite: NonFiniteGuard
     profiler: Profiler | None = None  # the run's profiler; None: no profiling (the loops' plain path)
+
+    @property
+    def module(self) -> TrainingModule:
+        """The user's module the strategy runs (during a run; ``Strategy.module`` declares it an ``nn.Module``)."""
+        return cast("TrainingModule", self.strategy.module)
 
 
 class FitLoop:
@@ -228,10 +234,11 @@ class FitLoop:
         """Validation runs once at the end of every epoch and nowhere else, or there is none, so epoch-end work
         (a checkpoint, an early-stopping check) can run at the training epoch's end (Lightning's rule)."""
         config = self.context.config
-        if config.val_check_time is not None:  # a time-based interval validates whenever its time comes
-            return False
+        interval = config.val_check_interval
+        if config.val_check_time is not None or not isinstance(interval, (int, float)):  # a time-based interval
+            return False  # validates whenever its time comes
         return validates_only_at_epoch_ends(
-            config.check_val_every_n_epoch, config.val_check_interval, self.evaluation.records["validate"].total_batches
+            config.check_val_every_n_epoch, interval, self.evaluation.records["validate"].total_batches
         )
 
     # ------------------------------------------------------------------ the fit
@@ -326,7 +333,7 @@ class FitLoop:
         ``tandem.trainer.dataloader_iter``); then ``self.log`` in training needs ``batch_size`` (Lightning's
         rule: the Trainer does not see the batches), and rolling back past a bad batch is refused."""
         context = self.context
-        takes = takes_dataloader_iter(context.strategy.module.training_step)
+        takes = takes_dataloader_iter(context.module.training_step)
         context.metrics.batch_size_required = takes
         if not takes:
             return False
@@ -346,15 +353,15 @@ class FitLoop:
         """This fit's batch path: the stages that are on for its module, callbacks, strategy and precision."""
         context, every = self.context, self.compose_all
         strategy, on = context.strategy, context.hooks.registered
-        transfer = None
+        transfer: Callable[[Any], Any] | None = None
         if self.batch_transfer is not None:  # the module's or DataModule's transfer hooks
             transfer = partial(self.batch_transfer, dataloader_idx=0)
         elif every or moves_batches(strategy):  # on the CPU at full precision a batch stays as the loader made it
             transfer = strategy.batch_to_device
         # DDP follows changes of the trainable set at step boundaries; the others have nothing to follow
         follow = strategy.follow_module if every or strategy.follows_module else None
-        optimize = self.optimization.run
-        module = strategy.module  # its backward hook where it overrides it (Lightning's), in every backward of the fit
+        optimize: Callable[[Any, int], tuple[Any, Any]] = self.optimization.run
+        module = context.module  # its backward hook where it overrides it (Lightning's), in every backward of the fit
         strategy.precision.module_backward = module.backward if is_overridden(module, "backward") else None
         if context.profiler is not None:
             optimize = timed(optimize, context.profiler, "run_training_batch")
@@ -386,7 +393,7 @@ class FitLoop:
         self._store_ready = False
         loader = self.data.loaders[0]
         sampler = find_sampler(loader) if isinstance(loader, torch.utils.data.DataLoader) else None
-        if hasattr(sampler, "set_epoch"):
+        if sampler is not None and hasattr(sampler, "set_epoch"):
             sampler.set_epoch(loop.epoch)
         elif isinstance(loader, TrainingBatches):  # several loaders: each its own sampler
             loader.set_epoch(loop.epoch)
@@ -441,7 +448,7 @@ class FitLoop:
                 stop = context.state.should_stop and (not several or self._stop_agreed)
                 if 0 <= max_steps <= loop.global_step or stop and self._min_reached():
                     break  # several processes: should_stop is agreed at publishing steps and the epoch's end (below)
-            indexed = None if rollback is None else self._replay_after_bad_batch(loader)
+            indexed = None if rollback is None else self._replay_after_bad_batch(rollback, loader)
         loop.epoch_finished = True
         self.optimization.check_epoch_steps(loop.epoch, loop.batches_done - first_batch, loop.global_step - first_step)
         # Lightning's rule: the epoch's last batch validates when it is a val_check_interval batch (every batch count
@@ -472,7 +479,7 @@ class FitLoop:
         # would hang the others), and NaN / inf in any rank's parameters is acted on by every rank.
         nonfinite = nonfinite_parameters(module)
         flags = torch.tensor([int(context.state.should_stop), int(bool(nonfinite)), int(self.empty_batch is not None)])
-        stop, anywhere, empty = strategy.reduce(flags, "sum")
+        stop, anywhere, empty = cast(torch.Tensor, strategy.reduce(flags, "sum"))  # a tensor's reduction is one
         if empty > 0:  # an empty batch on some rank since the last publishing step: all ranks learn which, and raise
             raise empty_batch([note for note in strategy.all_gather_object(self.empty_batch) if note], several=True)
         context.state.should_stop = bool(stop > 0)
@@ -490,7 +497,7 @@ class FitLoop:
         """Validation within the fit. After an optimizer step (not inside an accumulation window) the module's
         ``on_validation_model_zero_grad`` releases the gradients first (Lightning's)."""
         if self.state.stepping:
-            call_module_hook(self.context.strategy.module, "on_validation_model_zero_grad")
+            call_module_hook(self.context.module, "on_validation_model_zero_grad")
         ran = self.evaluation.run("validate", epoch=self.state.epoch)
         if ran and self.clock is not None:
             self.clock.restart()
@@ -642,12 +649,12 @@ class FitLoop:
         context.nonfinite.check_loss(published.loss_finite, context.metrics.unwritten_step_values, step)
         return True
 
-    def _replay_after_bad_batch(self, loader: Any) -> Iterator[tuple[int, Any]] | None:
+    def _replay_after_bad_batch(self, rollback: RollbackGuard, loader: Any) -> Iterator[tuple[int, Any]] | None:
         """on_nonfinite="rollback", where the epoch's batches stopped: the losses not checked yet are checked (one
         gathering); after a bad batch, here or at a publishing step, every rank rolls back to the snapshot and gets
         the batches to replay (without the bad ones). None: all clean, the epoch goes on to its end."""
         context, loop = self.context, self.state
-        strategy, rollback = context.strategy, context.nonfinite.rollback
+        strategy = context.strategy
         bad, self._bad = self._bad, None
         if bad is None and rollback.unchecked:  # alike on every rank: each recorded every batch
             bad = rollback.decide(strategy.all_gather_object(rollback.read()), loop.global_step, loop.epoch)
@@ -693,7 +700,9 @@ class FitLoop:
         loop, loader = self.state, self.data.loaders[0]
         skip = loop.batches_done
         if loop.resume_start is not None and not replay:  # an elastic resume begins inside one of this run's batches
-            order_sampler(self.data).start, loop.resume_start, skip = loop.resume_start, None, 0
+            sampler = order_sampler(self.data)
+            assert sampler is not None  # elastic.continue_from starts inside a batch only through a global-order one
+            sampler.start, loop.resume_start, skip = loop.resume_start, None, 0
             replay = True  # the epoch's RNG replayed all the same
         early, self._early = self._early, None
         if not skip and not replay:
@@ -771,7 +780,7 @@ class FitLoop:
 
     def _val_check_batches(self) -> int:
         interval, n = self.context.config.val_check_interval, self.data.num_batches[0]
-        if self.clock is not None:  # a time-based interval: every batch asks the clock
+        if self.clock is not None or not isinstance(interval, (int, float)):  # time-based: every batch asks the clock
             return 1
         if isinstance(interval, int):
             return interval

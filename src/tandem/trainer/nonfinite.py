@@ -81,7 +81,7 @@ def nonfinite_parameters(module: nn.Module | None) -> list[str]:
     named = [(n, t) for n, t in named if (t.is_floating_point() or t.is_complex()) and not t.is_meta and t.numel()]
     if not named:
         return []
-    norms = torch._foreach_norm([t for _, t in named])
+    norms: tuple[torch.Tensor, ...] | list[torch.Tensor] = torch._foreach_norm([t for _, t in named])
     if len({n.device for n in norms}) > 1:  # parameters on several devices (rare): compare on the CPU
         norms = [n.cpu() for n in norms]
     if bool(torch.stack(norms).isfinite().all()):

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias, Union
 
 import torch
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, OneCycleLR, ReduceLROnPlateau
+from typing_extensions import NotRequired, Required, TypedDict
 
 from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError, incompatible
 from tandem.utilities.rank_zero import rank_zero_warn
@@ -40,6 +41,50 @@ class LRSchedulerConfig:
     strict: bool = True
     name: str | None = None
     reduce_on_plateau: bool = False
+
+
+# What ``configure_optimizers`` returns, as Lightning types it (``lightning.pytorch.utilities.types``). A scheduler
+# that is not torch's also runs (the module then overrides ``lr_scheduler_step``), as in Lightning, whose types
+# name torch's alone.
+LRSchedulerTypeUnion: TypeAlias = Union[LRScheduler, ReduceLROnPlateau]
+
+
+class LRSchedulerConfigType(TypedDict, total=False):
+    """``{"scheduler": ..., "interval": "epoch" | "step", "frequency": 1, "monitor": "val_loss", ...}``."""
+
+    scheduler: Required[LRSchedulerTypeUnion]
+    name: str | None
+    interval: str
+    frequency: int
+    reduce_on_plateau: bool
+    monitor: str | None
+    strict: bool
+
+
+class OptimizerConfig(TypedDict):
+    """``{"optimizer": opt}``."""
+
+    optimizer: Optimizer
+
+
+class OptimizerLRSchedulerConfig(TypedDict):
+    """``{"optimizer": opt, "lr_scheduler": scheduler or its config dict, "monitor": "val_loss"}``."""
+
+    optimizer: Optimizer
+    lr_scheduler: LRSchedulerTypeUnion | LRSchedulerConfigType
+    monitor: NotRequired[str]
+
+
+OptimizerLRScheduler: TypeAlias = Union[
+    Optimizer,
+    Sequence[Optimizer],
+    tuple[Sequence[Optimizer], Sequence[Union[LRSchedulerTypeUnion, LRSchedulerConfig]]],
+    OptimizerConfig,
+    OptimizerLRSchedulerConfig,
+    Sequence[OptimizerConfig],
+    Sequence[OptimizerLRSchedulerConfig],
+    None,
+]
 
 
 def check_manual_optimization(module: TrainingModule, strategy: Strategy, config: TrainerConfig) -> None:

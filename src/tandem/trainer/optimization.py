@@ -21,7 +21,7 @@ from tandem.module import calls_hook, is_overridden
 from tandem.trainer.hooks import current_hook, enter_hook, leave_hook, running_hook
 from tandem.trainer.optim import LRSchedulerConfig, TrainingOptimizer, parse_optimizers
 from tandem.trainer.profiling import StrategyCalls, module_action, timed
-from tandem.trainer.state import BatchPlan
+from tandem.trainer.state import BatchPlan, not_composed
 from tandem.utilities.exceptions import (
     PossibleUserWarning,
     TandemUserCodeError,
@@ -53,6 +53,11 @@ class Optimization:
     #: the stages that are on for the fit (set with ``follow_plan`` when a fit starts; every stage outside one)
     plan: BatchPlan = BatchPlan.FULL
     _prepares = True  # something runs between backward and the step (unscaling, a hook, clipping)
+    # Set for a fit. The empty object a fit loop holds before its first fit has none of them; it runs no batch.
+    context: LoopContext
+    loop: LoopState
+    #: the strategy's run_step / backward / optimizer_step, bound once per fit (timed when profiling)
+    calls: StrategyCalls
 
     def __init__(
         self,
@@ -62,12 +67,14 @@ class Optimization:
         lr_scheduler_configs: list[LRSchedulerConfig] | None = None,
         takes_batch_idx: bool = True,
     ) -> None:
-        self.context, self.loop = context, loop
+        if context is not None:
+            self.context = context
+            self.calls = StrategyCalls(context.strategy, context.profiler)
+        if loop is not None:
+            self.loop = loop
         self.optimizers: list[Optimizer] = list(optimizers or [])
         self.lr_scheduler_configs: list[LRSchedulerConfig] = list(lr_scheduler_configs or [])
         self.takes_batch_idx = takes_batch_idx
-        #: the strategy's run_step / backward / optimizer_step, bound once per fit (timed when profiling)
-        self.calls = StrategyCalls(context.strategy, context.profiler) if context is not None else None
         # Held weakly: this object holds them, and a reference back would be a cycle keeping a finished fit alive.
         step = weakref.WeakMethod(self.step)
         zeroed = None if self.automatic else weakref.WeakMethod(self.zeroed)
@@ -79,7 +86,7 @@ class Optimization:
 
     def follow_plan(self, plan: BatchPlan) -> None:
         """Run the stages ``plan`` has on (the fit loop's, composed when a fit starts)."""
-        self.plan = replace(plan, optimize=None)  # not this object's own run: no reference cycle to free
+        self.plan = replace(plan, optimize=not_composed)  # not this object's own run: no reference cycle to free
         self._prepares = plan.unscale or plan.before_optimizer_step or getattr(self, "_clip", None) is not None
 
     def run(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor | None]:
@@ -93,6 +100,17 @@ class Optimization:
     def hook_outputs(self, output: Any, loss: torch.Tensor | None) -> Any:
         """What ``on_train_batch_end`` gets as ``outputs``."""
         raise NotImplementedError
+
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """``self.manual_backward(loss)``: manual optimization's (the module refuses the call under automatic)."""
+        raise NotImplementedError
+
+    def zeroed(self, optimizer: Optimizer) -> None:
+        """``zero_grad()`` of an optimizer from ``self.optimizers()`` (manual optimization follows it)."""
+
+    def gradients_changed(self, optimizer: Optimizer) -> None:
+        """tandem changed ``optimizer``'s gradients in place (``self.clip_gradients``: unscaled, clipped), not a
+        zero_grad (manual optimization follows it)."""
 
     def step_schedulers(
         self, interval: str, plateau: bool, count: int, values: Mapping[str, Any] | None = None
@@ -183,7 +201,7 @@ class AutomaticOptimization(Optimization):
                 output = self._training_step(batch, batch_idx)
                 return output, self._backward(output)
         if self._optimizer_step is not None:
-            return self._run_in_closure(batch, batch_idx)
+            return self._run_in_closure(self._optimizer_step, batch, batch_idx)
         args = (batch, batch_idx) if self.takes_batch_idx else (batch,)
         token = enter_hook(_TRAINING_STEP)  # inline, not _training_step: one frame fewer to the user's step
         try:
@@ -204,7 +222,9 @@ class AutomaticOptimization(Optimization):
             self._step_without_loss(batch_idx)
         return output, loss
 
-    def _run_in_closure(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor | None]:
+    def _run_in_closure(
+        self, optimizer_step: Callable[..., Any], batch: Any, batch_idx: int
+    ) -> tuple[Any, torch.Tensor | None]:
         result: list[tuple[Any, torch.Tensor | None]] = []
 
         def closure() -> torch.Tensor | None:
@@ -215,7 +235,7 @@ class AutomaticOptimization(Optimization):
         optimizer = self.training_optimizers[0]
         self._last_step_taken = False
         with running_hook("optimizer_step"):
-            self._optimizer_step(self.loop.epoch, batch_idx, optimizer, closure)
+            optimizer_step(self.loop.epoch, batch_idx, optimizer, closure)
         if not result:
             raise TandemUserCodeError(
                 f"{type(self.context.strategy.module).__name__}.optimizer_step did not run the closure, so "
@@ -365,23 +385,25 @@ class AutomaticOptimization(Optimization):
                 continue
             metric = None
             if config.reduce_on_plateau:
-                value = metrics.get(config.monitor)
+                monitor = config.monitor
+                assert monitor is not None  # parse_optimizers refuses a plateau scheduler without one (automatic)
+                value = metrics.get(monitor)
                 if value is None:
                     if config.strict:
                         lead = (
-                            f"ReduceLROnPlateau conditioned on metric {config.monitor} which is not available. "
+                            f"ReduceLROnPlateau conditioned on metric {monitor} which is not available. "
                             f"Available metrics are: {sorted(metrics)}."
                         )
-                        raise missing_metric("The lr_scheduler config", config.monitor, metrics, lead)
+                        raise missing_metric("The lr_scheduler config", monitor, metrics, lead)
                     rank_zero_warn(
-                        f"ReduceLROnPlateau conditioned on metric {config.monitor} which is not available but strict "
+                        f"ReduceLROnPlateau conditioned on metric {monitor} which is not available but strict "
                         "is set to `False`. Skipping learning rate update: log it with self.log("
-                        f"{config.monitor!r}, value), or set the lr_scheduler dict's monitor to a logged key.",
+                        f"{monitor!r}, value), or set the lr_scheduler dict's monitor to a logged key.",
                         category=RuntimeWarning,
                     )
                     continue
                 metric = strategy.broadcast(float(value))  # rank 0's value: equal LRs
-            strategy.module.lr_scheduler_step(config.scheduler, metric)
+            self.context.module.lr_scheduler_step(config.scheduler, metric)
 
     def has_schedulers(self, interval: str, plateau: bool) -> bool:
         return any(c.interval == interval and c.reduce_on_plateau == plateau for c in self.lr_scheduler_configs)
@@ -389,9 +411,12 @@ class AutomaticOptimization(Optimization):
     def monitored_values(self) -> dict[str, float]:
         metrics = self.context.metrics.callback_metrics
         return {
-            config.monitor: float(metrics[config.monitor])
+            monitor: float(metrics[monitor])
             for config in self.lr_scheduler_configs
-            if config.reduce_on_plateau and config.interval == "epoch" and config.monitor in metrics
+            if config.reduce_on_plateau
+            and config.interval == "epoch"
+            and (monitor := config.monitor) is not None
+            and monitor in metrics
         }
 
     def hook_outputs(self, output: Any, loss: torch.Tensor | None) -> Any:
@@ -559,16 +584,17 @@ class _Stepped:
 
     __slots__ = ("grad", "param", "version")
 
-    def __init__(self, param: torch.Tensor) -> None:
-        self.param, self.grad, self.version = param, weakref.ref(param.grad), param.grad._version
+    def __init__(self, param: torch.Tensor, grad: torch.Tensor) -> None:
+        self.param, self.grad, self.version = param, weakref.ref(grad), grad._version
 
     @classmethod
     def on(cls, optimizer: Optimizer) -> _Stepped | None:
         """The first of ``optimizer``'s parameters that has a gradient (nearly always its first), or None."""
         for group in optimizer.param_groups:
             for param in group["params"]:
-                if param.grad is not None:
-                    return cls(param)
+                grad = param.grad
+                if grad is not None:
+                    return cls(param, grad)
         return None
 
     def unchanged(self) -> bool:

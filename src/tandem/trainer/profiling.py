@@ -120,7 +120,8 @@ class StrategyCalls:
             if kind.optimizer_step is Strategy.optimizer_step:
                 self.optimizer_step = precision.optimizer_step
             return
-        run_step, actions = strategy.run_step, {}
+        run_step = strategy.run_step
+        actions: dict[str, str] = {}
 
         def timed_step(method: str, *args: Any) -> Any:
             action = actions.get(method) or actions.setdefault(method, strategy_action(strategy, method))

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
@@ -97,7 +97,7 @@ def replicated_tensors(module: nn.Module) -> list[tuple[str, str, torch.Tensor]]
     """``(kind, name, tensor)`` of every parameter and buffer that must be identical on every rank, kind being
     "parameter" or "buffer", in the module's order (the same on every rank). Leaves out the statistics that each
     rank updates from its own batches in every training forward (see the module docstring)."""
-    local = set()
+    local: set[str] = set()
     for prefix, layer in module.named_modules():
         if isinstance(layer, nn.modules.batchnorm._NormBase) and not isinstance(layer, nn.SyncBatchNorm):
             owned: Sequence[str] = _RUNNING_STATS
@@ -106,7 +106,7 @@ def replicated_tensors(module: nn.Module) -> list[tuple[str, str, torch.Tensor]]
         else:
             continue
         local.update(f"{prefix}.{name}" if prefix else name for name in owned)
-    found = [("parameter", name, p) for name, p in module.named_parameters()]
+    found: list[tuple[str, str, torch.Tensor]] = [("parameter", name, p) for name, p in module.named_parameters()]
     found += [("buffer", name, b) for name, b in module.named_buffers() if name not in local]
     return [(kind, name, t) for kind, name, t in found if not t.is_meta]
 
@@ -233,7 +233,7 @@ def smallest_and_largest(strategy: Strategy, local: torch.Tensor) -> tuple[torch
     """Each element's smallest and largest value over the ranks, for an int64 ``local``: one all-reduce (max) of
     ``local`` and its bitwise complement (``~x`` orders the values backwards, and never overflows as ``-x`` does),
     its size independent of the number of ranks. Every rank calls this."""
-    both = strategy.reduce(torch.cat([local, torch.bitwise_not(local)]), "max")
+    both = cast(torch.Tensor, strategy.reduce(torch.cat([local, torch.bitwise_not(local)]), "max"))  # a tensor's
     return torch.bitwise_not(both[local.numel() :]), both[: local.numel()]
 
 

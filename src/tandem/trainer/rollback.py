@@ -33,7 +33,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -201,10 +201,10 @@ class RollbackGuard:
         scaled = self._strategy.precision.scaler is not None
         for position, (batch_idx, _) in enumerate(windows[0]):
             values = [window[position][1] for window in windows]
-            bad_ranks = [rank for rank, v in enumerate(values) if v is not None and not math.isfinite(v)]
-            if bad_ranks and not scaled:
-                where = f" on rank(s) {bad_ranks}" if len(windows) > 1 else ""
-                loss = values[bad_ranks[0]]
+            bad = [(rank, v) for rank, v in enumerate(values) if v is not None and not math.isfinite(v)]
+            if bad and not scaled:
+                where = f" on rank(s) {[rank for rank, _ in bad]}" if len(windows) > 1 else ""
+                loss = bad[0][1]
                 reason = f"the loss of batch {batch_idx} was {loss}{where}"
                 return RollbackRecord(step, epoch, batch_idx, loss, False, reason)
             given = [v for v in values if v is not None and math.isfinite(v)]
@@ -328,6 +328,6 @@ def _fresh(leaf: Any) -> Any:
     return leaf.clone() if isinstance(leaf, torch.Tensor) else copy.deepcopy(leaf)
 
 
-def skipping(batches: Iterable[Any], start: int, skipped: set[int]) -> Iterable[tuple[int, Any]]:
+def skipping(batches: Iterable[Any], start: int, skipped: set[int]) -> Iterator[tuple[int, Any]]:
     """``enumerate(batches, start)`` without the batches at the indices ``skipped``."""
     return ((i, batch) for i, batch in enumerate(batches, start=start) if i not in skipped)

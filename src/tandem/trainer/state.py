@@ -62,7 +62,9 @@ class LoopState:
     # An elastic resume whose place falls inside one of this run's batches: the global order's item the resumed
     # epoch begins at (tandem.trainer.elastic; not saved)
     resume_start: int | None = None
-    order: dict[str, Any] | None = None  # the checkpoint's training order, for loaders built again (not saved)
+    # the checkpoint's training order (with several training loaders, one per loader), for loaders built again (not
+    # saved)
+    order: dict[str, Any] | list[dict[str, Any] | None] | None = None
 
     def state_dict(self) -> dict[str, Any]:
         state = {name: getattr(self, name) for name in _SAVED}
@@ -111,6 +113,12 @@ class LoopState:
         ) = (self.epoch + 1, self.batches_in_earlier_epochs + self.batches_done, 0, False, None, None)
 
 
+def not_composed(batch: Any, batch_idx: int) -> tuple[Any, Any]:
+    """The ``optimize`` stage of a plan no fit composed (:attr:`BatchPlan.FULL`, an optimization's copy): it never
+    runs a batch."""
+    raise RuntimeError("This batch plan was not composed for a fit, so it has no optimization to run a batch with.")
+
+
 @dataclass(frozen=True)
 class BatchPlan:
     """What is on for one fit's training batches, composed once when the fit starts (``FitLoop`` builds it from the
@@ -121,8 +129,9 @@ class BatchPlan:
     so the full plan (``FULL``, every stage on) trains alike, bit for bit.
     """
 
-    #: the optimization's ``run`` (timed when profiling; its losses recorded under on_nonfinite="rollback")
-    optimize: Callable[[Any, int], Any] | None = None
+    #: the optimization's ``run`` (timed when profiling; its losses recorded under on_nonfinite="rollback"); a plan
+    #: no fit composed has :func:`not_composed`
+    optimize: Callable[[Any, int], tuple[Any, Any]] = not_composed
     transfer: Callable[[Any], Any] | None = None  # the batch onto its device; None: it stays as the loader made it
     follow: Callable[..., None] | None = None  # the strategy's follow_module, where it follows the module
     batch_start: bool = True  # on_train_batch_start hooks
@@ -146,8 +155,11 @@ class _StrEnum(str, Enum):
     """An enum whose members are their strings: equal to them, hashed and printed as them (``TrainerFn.FITTING ==
     "fit"``, ``f"{stage}"`` is ``"validate"``), as Lightning's state enums."""
 
-    __str__ = str.__str__
-    __format__ = str.__format__
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, format_spec: str) -> str:
+        return str.__format__(self, format_spec)
 
 
 class TrainerFn(_StrEnum):

@@ -9,9 +9,9 @@ import math
 import os
 import sys
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import torch
 
@@ -39,7 +39,7 @@ from tandem.trainer.optim import LRSchedulerConfig
 from tandem.trainer.optimization import configure_optimization
 from tandem.trainer.profiling import active, resolve_profiler, timed_transfer
 from tandem.trainer.rollback import Rollback, RollbackRecord
-from tandem.trainer.state import LoopState, TrainerState
+from tandem.trainer.state import LoopState, TrainerFn, TrainerState, TrainerStatus
 from tandem.trainer.trial import Trial, TrialParts, open_trial
 from tandem.utilities.checkpoint import to_plain
 from tandem.utilities.compile import Compiler, unwrap_compiled
@@ -56,6 +56,12 @@ from tandem.utilities.exceptions import (
 from tandem.utilities.logged_values import to_float
 from tandem.utilities.memory import free_cuda_memory
 from tandem.utilities.rank_zero import rank_zero_info, rank_zero_print, rank_zero_warn
+
+if TYPE_CHECKING:
+    from tandem.callbacks.early_stopping import EarlyStopping
+    from tandem.callbacks.model_checkpoint import ModelCheckpoint
+    from tandem.callbacks.progress_bar import ProgressBar
+    from tandem.loggers.logger import Logger
 
 
 class Trainer:
@@ -159,18 +165,24 @@ class Trainer:
         ```
     """
 
+    #: ``inspect.signature(Trainer)``: ``__init__``'s, not ``__new__``'s (set below, and for each subclass)
+    __signature__: ClassVar[inspect.Signature]
+
     def __new__(cls, *args: Any, **kwargs: Any) -> Trainer:
         # Names __init__ does not take (a Lightning 1.x argument, a typo) get an error naming the fix
         # instead of Python's TypeError; __init__ keeps its exact signature (tools read it).
-        known = _init_arguments(cls)
-        unknown = {k: v for k, v in kwargs.items() if known is not None and k not in known}
-        if unknown:
-            check_unknown_arguments(unknown, sorted(known))
+        kind: type = cls
+        known = _init_arguments(kind)
+        if known is not None:
+            unknown = {k: v for k, v in kwargs.items() if k not in known}
+            if unknown:
+                check_unknown_arguments(unknown, sorted(known))
         return super().__new__(cls)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.__signature__ = _init_signature(cls)  # inspect.signature(cls) is __init__'s, not __new__'s
+        kind: type = cls
+        cls.__signature__ = _init_signature(kind)  # inspect.signature(cls) is __init__'s, not __new__'s
 
     def __init__(
         self,
@@ -197,7 +209,7 @@ class Trainer:
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
         callbacks: Callback | Iterable[Callback] | None = None,
-        logger: Any = None,
+        logger: Logger | Sequence[Logger] | bool | None = None,
         default_root_dir: str | os.PathLike | None = None,
         enable_checkpointing: bool | None = None,
         enable_progress_bar: bool | None = None,
@@ -219,7 +231,7 @@ class Trainer:
         barebones: bool = False,
     ) -> None:
         # Lightning's opt-outs: None is the default (on), which barebones turns off; asked for with it, an error
-        chosen = dict(
+        chosen: dict[str, Any] = dict(
             logger=logger,
             enable_checkpointing=enable_checkpointing,
             enable_progress_bar=enable_progress_bar,
@@ -432,9 +444,10 @@ class Trainer:
     ) -> Any:
         if data.is_datamodule(dataloaders):
             datamodule, dataloaders = dataloaders, None
-        if model is None:
-            model = self._module
-            if model is None:
+        given: TrainingModule | torch.nn.Module | None = model  # or the previous run's, maybe torch.compile'd
+        if given is None:
+            given = self._module
+            if given is None:
                 raise TandemConfigError(
                     f"Trainer.{fn}() got no model and no earlier run has one; pass it: trainer.{fn}(model, ...)."
                 )
@@ -446,7 +459,7 @@ class Trainer:
                 )
         result = self._launch(
             fn,
-            model,
+            given,
             eval_dataloaders=dataloaders,
             datamodule=datamodule,
             ckpt_path=ckpt_path,
@@ -461,7 +474,7 @@ class Trainer:
     def _launch(
         self,
         fn: str,
-        model: TrainingModule,
+        model: TrainingModule | torch.nn.Module,
         *,
         train_dataloaders: Any = None,
         eval_dataloaders: Any = None,
@@ -516,7 +529,7 @@ class Trainer:
         """Runs in every process: set up, restore, loop, tear down. The side channel's collective check names
         ``fn`` as the entry point of every collective inside. ``compiler``: the settings of the
         ``torch.compile`` call ``model`` came in (the strategy compiles its wrapper with them)."""
-        self.state.fn, self.state.status, self.state.should_stop = fn, "running", False
+        self.state.fn, self.state.status, self.state.should_stop = TrainerFn(fn), TrainerStatus.RUNNING, False
         self._metrics.set_batch(None)  # no batch of an earlier run
         with entry_point(fn):
             try:
@@ -541,19 +554,19 @@ class Trainer:
                     result = self._evaluation.run(fn)
                 self._wait_for_checkpoint_write()  # a failed background write fails the run
             except TunerExit:  # a Tuner's search is done (it put the state back): the fit ends there, finished
-                self.state.status = "finished"
+                self.state.status = TrainerStatus.FINISHED
                 self._finish(fn, "success", model)
                 return None
             except BaseException as exception:
                 note_unpacked_mapping(exception, self._metrics.batch)  # x, y = batch on a dict batch
                 self._wait_for_checkpoint_write(exception)
-                self.state.status = "interrupted"
+                self.state.status = TrainerStatus.INTERRUPTED
                 self._hooks.call("on_exception", exception)
                 stopped = isinstance(exception, (KeyboardInterrupt, Preempted))
                 self._finish(fn, "interrupted" if stopped else "failed", model)
                 self._finish_profiling(fn, report=stopped)  # a stopped run's profile is worth reading
                 raise
-            self.state.status = "finished"
+            self.state.status = TrainerStatus.FINISHED
             self._finish(fn, "success", model)
             self._finish_profiling(fn, report=True)
         return result
@@ -815,7 +828,8 @@ class Trainer:
             if self.strategy.reduce_boolean_decision(bool(nonfinite), all=False):  # any rank's shard: all alike
                 self._nonfinite.refuse_save(nonfinite, filepath, self.global_step)
                 return False
-            self.strategy.save_checkpoint(to_plain(self._checkpoint_state(weights_only), self._left_out), filepath)
+            state = to_plain(self._checkpoint_state(weights_only), self._left_out)
+            self.strategy.save_checkpoint(state, os.fspath(filepath))
             if self.state.status != "running":  # outside a run nothing overlaps the write, and nothing reports it
                 self._wait_for_checkpoint_write()
             return True
@@ -880,8 +894,8 @@ class Trainer:
 
     @property
     def training_module(self) -> TrainingModule | None:
-        """The user's module (Lightning: ``lightning_module``)."""
-        return self.strategy.module
+        """The user's module (Lightning: ``lightning_module``); None before a run."""
+        return cast("TrainingModule | None", self.strategy.module)  # the strategy declares an nn.Module
 
     lightning_module = training_module
 
@@ -948,15 +962,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ loggers and callbacks
     @property
-    def loggers(self) -> list[Any]:
+    def loggers(self) -> list[Logger]:
         return self._sink.loggers
 
     @loggers.setter
-    def loggers(self, loggers: list[Any]) -> None:
+    def loggers(self, loggers: Iterable[Logger]) -> None:
         self._sink.loggers = list(loggers)
 
     @property
-    def logger(self) -> Any:
+    def logger(self) -> Logger | None:
         return self.loggers[0] if self.loggers else None
 
     @property
@@ -965,31 +979,31 @@ class Trainer:
         return log_dir if log_dir is not None else self.default_root_dir
 
     @property
-    def checkpoint_callbacks(self) -> list[Any]:
+    def checkpoint_callbacks(self) -> list[ModelCheckpoint]:
         from tandem.callbacks.model_checkpoint import ModelCheckpoint
 
         return [c for c in self.callbacks if isinstance(c, ModelCheckpoint)]
 
     @property
-    def checkpoint_callback(self) -> Any:
+    def checkpoint_callback(self) -> ModelCheckpoint | None:
         callbacks = self.checkpoint_callbacks
         return callbacks[0] if callbacks else None
 
     @property
-    def progress_bar_callback(self) -> Any:
+    def progress_bar_callback(self) -> ProgressBar | None:
         """The progress bar callback in use (the first ``ProgressBar`` among the callbacks), or None without one."""
         from tandem.callbacks.progress_bar import ProgressBar
 
         return next((c for c in self.callbacks if isinstance(c, ProgressBar)), None)
 
     @property
-    def early_stopping_callbacks(self) -> list[Any]:
+    def early_stopping_callbacks(self) -> list[EarlyStopping]:
         from tandem.callbacks.early_stopping import EarlyStopping
 
         return [c for c in self.callbacks if isinstance(c, EarlyStopping)]
 
     @property
-    def early_stopping_callback(self) -> Any:
+    def early_stopping_callback(self) -> EarlyStopping | None:
         callbacks = self.early_stopping_callbacks
         return callbacks[0] if callbacks else None
 
@@ -1025,7 +1039,9 @@ class Trainer:
     # ------------------------------------------------------------------ settings
     @property
     def max_epochs(self) -> int:
-        return self._config.max_epochs
+        max_epochs = self._config.max_epochs
+        assert max_epochs is not None  # TrainerConfig resolved None (Lightning's default)
+        return max_epochs
 
     @property
     def min_epochs(self) -> int | None:
@@ -1066,23 +1082,33 @@ class Trainer:
 
     @property
     def limit_train_batches(self) -> int | float:
-        return self._config.limit_train_batches
+        limit = self._config.limit_train_batches
+        assert limit is not None  # TrainerConfig resolved None (1.0)
+        return limit
 
     @property
     def limit_val_batches(self) -> int | float:
-        return self._config.limit_val_batches
+        limit = self._config.limit_val_batches
+        assert limit is not None  # TrainerConfig resolved None (1.0)
+        return limit
 
     @property
     def limit_test_batches(self) -> int | float:
-        return self._config.limit_test_batches
+        limit = self._config.limit_test_batches
+        assert limit is not None  # TrainerConfig resolved None (1.0)
+        return limit
 
     @property
     def limit_predict_batches(self) -> int | float:
-        return self._config.limit_predict_batches
+        limit = self._config.limit_predict_batches
+        assert limit is not None  # TrainerConfig resolved None (1.0)
+        return limit
 
     @property
-    def val_check_interval(self) -> int | float | str | timedelta | dict[str, int]:
-        return self._config.val_check_interval
+    def val_check_interval(self) -> int | float | str | timedelta | dict[str, Any]:
+        interval = self._config.val_check_interval
+        assert interval is not None  # TrainerConfig resolved None (1.0)
+        return interval
 
     @property
     def enable_validation(self) -> bool:
@@ -1167,16 +1193,18 @@ class Trainer:
         return min(total, self.max_steps) if self.max_steps != -1 else total
 
 
+# (called with a variable typed ``type``: mypy does not see ``type[Trainer]`` as the Hashable that the cache takes)
 @functools.cache
-def _init_signature(cls: type) -> inspect.Signature:
+def _init_signature(cls: type[Any]) -> inspect.Signature:
     signature = inspect.signature(cls.__init__)
     return signature.replace(parameters=list(signature.parameters.values())[1:])
 
 
 @functools.cache
-def _init_arguments(cls: type) -> frozenset[str] | None:
+def _init_arguments(cls: type[Any]) -> frozenset[str] | None:
     """The names ``cls.__init__`` takes; None when it takes any (``**kwargs``)."""
-    parameters = _init_signature(cls).parameters.values()
+    kind: type = cls
+    parameters = _init_signature(kind).parameters.values()
     if any(p.kind is p.VAR_KEYWORD for p in parameters):
         return None
     return frozenset(p.name for p in parameters)
@@ -1195,7 +1223,7 @@ def _hyperparameters_to_log(model: TrainingModule, datamodule: DataModule | None
     ]
     if not sources:
         return None
-    if len(sources) == 2:
+    if datamodule is not None and len(sources) == 2:
         ours, theirs = dict(model.hparams), dict(datamodule.hparams)
         clashing = sorted(k for k in ours.keys() & theirs.keys() if not _same_value(ours[k], theirs[k]))
         if clashing:
@@ -1222,7 +1250,7 @@ def _same_value(a: Any, b: Any) -> bool:
         return a is b
 
 
-def _build_loggers(logger: Any, root: str) -> list[Any]:
+def _build_loggers(logger: Any, root: str) -> list[Logger]:
     from tandem.loggers.logger import Logger
 
     if logger is True:
@@ -1338,12 +1366,14 @@ def _with_module_callbacks(callbacks: list[Callback], module: TrainingModule) ->
     return _lightning_order([c for c in callbacks if type(c) not in replaced and c not in extra] + extra)
 
 
-def _preemption_stop(trainer: Trainer) -> Any:
+def _preemption_stop(trainer: Trainer) -> Callable[[], None]:
     """What the fit loop calls at the agreed pre-emption stop: save ``last.ckpt`` and end the job. Holds the
     Trainer weakly (the Trainer holds the loop that holds this)."""
     trainer_ref = weakref.ref(trainer)
 
     def stop() -> None:
-        preemption.stop(trainer_ref())
+        running = trainer_ref()
+        assert running is not None  # called by the fit loop of this Trainer's own running fit
+        preemption.stop(running)
 
     return stop

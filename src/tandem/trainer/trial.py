@@ -69,7 +69,9 @@ class Trial:
     def reload_data(self) -> None:
         """Build the fit's loaders again from the module's or DataModule's hooks (after a hyperparameter they
         read, such as ``batch_size``, changed). Trials still validate nothing."""
-        self._parts.load_data()
+        load_data = self._parts.load_data
+        assert load_data is not None  # open_trial opens no trial without one
+        load_data()
         self.reloaded = True
 
 
@@ -150,5 +152,7 @@ def open_trial(
 
 def _drop_gradients(trainer: Trainer) -> None:
     """No gradients left by an interrupted trial (an out-of-memory error between backward and the step)."""
-    trainer.training_module.zero_grad(set_to_none=True)
+    module = trainer.training_module
+    assert module is not None  # open_trial opens no trial without one
+    module.zero_grad(set_to_none=True)
     trainer.fit_loop.optimization.has_gradients = False
