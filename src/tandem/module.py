@@ -11,7 +11,7 @@ import os
 import sys
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
@@ -29,13 +29,24 @@ from tandem.utilities.exceptions import (
 from tandem.utilities.rank_zero import rank_zero_print, rank_zero_warn
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from torch.optim import Optimizer
+    from torchmetrics import Metric
     from typing_extensions import Self
 
-    from tandem.trainer.optim import TrainingOptimizer
+    from tandem.callbacks.callback import Callback
+    from tandem.loggers.logger import Logger
+    from tandem.trainer.optim import LRSchedulerTypeUnion, OptimizerLRScheduler, TrainingOptimizer
     from tandem.trainer.trainer import Trainer
 
+_T = TypeVar("_T")
 
-class class_only:  # noqa: N801 - a decorator, like classmethod
+#: what a step returns (Lightning's ``STEP_OUTPUT``): the loss (a scalar tensor), a dict with ``"loss"``, or None
+STEP_OUTPUT: TypeAlias = torch.Tensor | Mapping[str, Any] | None
+
+
+class _ClassOnly:
     """A classmethod that refuses to be called on an instance (Lightning's ``_restricted_classmethod``).
 
     ``model.load_from_checkpoint(path)`` builds and returns a *new* module and leaves ``model`` as it was; the
@@ -43,9 +54,10 @@ class class_only:  # noqa: N801 - a decorator, like classmethod
     naming the fix. Reading the attribute (``inspect.signature(model.load_from_checkpoint)``) still works.
     """
 
-    def __init__(self, func: Any) -> None:
+    def __init__(self, func: Callable[..., Any]) -> None:
         self.__func__ = func
-        functools.update_wrapper(self, func)
+        # the descriptor takes the function's name, docstring and __wrapped__ (it is not itself called)
+        functools.update_wrapper(cast("Callable[..., Any]", self), func)
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         owner = type(instance) if owner is None else owner
@@ -58,6 +70,12 @@ class class_only:  # noqa: N801 - a decorator, like classmethod
             raise TypeError(_instance_call_message(owner, self.__func__.__name__))
 
         return refuse
+
+
+if TYPE_CHECKING:  # type checkers read it as what it is on the class, a classmethod (``Model.load_from_checkpoint``)
+    class_only = classmethod
+else:
+    class_only = _ClassOnly
 
 
 def _instance_call_message(cls: type, method: str) -> str:
@@ -109,8 +127,7 @@ class HyperparametersMixin:
             self._hparams = AttributeDict(vars(given) if not isinstance(given, Mapping) else given)
             self._hparams_initial = copy.deepcopy(self._hparams)
             return
-        frame = inspect.currentframe().f_back
-        init_args = _collect_init_args(frame, type(self))
+        init_args = _collect_init_args(sys._getframe(1), type(self))  # the caller's frame (not this one's: a cycle)
         ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
         if names:
             init_args = {k: v for k, v in init_args.items() if k in names}
@@ -262,25 +279,33 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
 
     # ------------------------------------------------------------------ the user's steps
     @logs_per_step
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor | Mapping[str, Any] | None:
-        """Return the loss (a scalar tensor), a dict with ``"loss"``, or None to skip this batch.
+    def training_step(self, *args: Any, **kwargs: Any) -> STEP_OUTPUT:
+        """``training_step(self, batch, batch_idx)``: return the loss (a scalar tensor), a dict with ``"loss"``, or
+        None to skip this batch. ``batch_idx`` may be left out (``training_step(self, batch)``).
 
-        With manual optimization, do the backward and the steps here; the return value is optional.
+        With manual optimization, do the backward and the steps here; the return value is optional. (Declared with
+        ``*args`` as Lightning declares it, so that an override with any of these signatures type-checks.)
         """
         raise NotImplementedError(
             f"{type(self).__name__} has no training_step. Define training_step(self, batch, batch_idx) "
             "returning the loss to use Trainer.fit."
         )
 
-    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
-        """Compute and ``self.log`` validation metrics for one batch. ``dataloader_idx`` is passed only when
-        there are several validation loaders (declare it as ``dataloader_idx=0``)."""
+    def validation_step(self, *args: Any, **kwargs: Any) -> STEP_OUTPUT:
+        """``validation_step(self, batch, batch_idx)``: compute and ``self.log`` validation metrics for one batch.
+        ``dataloader_idx`` is passed only when there are several validation loaders (declare it as
+        ``dataloader_idx=0``)."""
+        return None
 
-    def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
-        """Compute and ``self.log`` test metrics for one batch (``dataloader_idx`` as in ``validation_step``)."""
+    def test_step(self, *args: Any, **kwargs: Any) -> STEP_OUTPUT:
+        """``test_step(self, batch, batch_idx)``: compute and ``self.log`` test metrics for one batch
+        (``dataloader_idx`` as in ``validation_step``)."""
+        return None
 
-    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
-        """Return the prediction for one batch; the default calls ``self(batch)`` on the inputs."""
+    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        """``predict_step(self, batch, batch_idx, dataloader_idx=0)``: return the prediction for one batch; the
+        default calls ``self(batch)`` on the inputs."""
+        batch = args[0] if args else kwargs["batch"]
         if isinstance(batch, (list, tuple)) and len(batch) > 0:
             batch = batch[0]
         return self(batch)
@@ -290,7 +315,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         sharding strategy may call ``fully_shard`` on them here). Runs once per stage: make it idempotent
         (``if self.layers is not None: return``)."""
 
-    def configure_optimizers(self) -> Any:
+    def configure_optimizers(self) -> OptimizerLRScheduler:
         """Return an optimizer, ``{"optimizer": opt, "lr_scheduler": scheduler or {"scheduler": ...,
         "interval": "epoch" | "step", "frequency": 1, "monitor": "val_loss"}, "monitor": ...}``, a list of
         optimizers, ``([optimizers], [schedulers])`` or a list of such dicts. Several optimizers need manual
@@ -300,7 +325,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
             "torch.optim.Adam(self.parameters(), lr=1e-3)."
         )
 
-    def configure_callbacks(self) -> Any:
+    def configure_callbacks(self) -> Sequence[Callback] | Callback:
         """Callbacks this module needs (a callback or a list), added to the Trainer's at every run; one whose
         class is (a subclass of) a Trainer callback's replaces it, as in Lightning."""
         return []
@@ -315,17 +340,36 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
     def automatic_optimization(self, value: bool) -> None:
         self.__dict__["_automatic_optimization"] = bool(value)
 
-    def optimizers(self, use_pl_optimizer: bool = True) -> TrainingOptimizer | list[TrainingOptimizer]:
+    @overload
+    def optimizers(self, use_pl_optimizer: Literal[True] = True) -> TrainingOptimizer | list[TrainingOptimizer]: ...
+    @overload
+    def optimizers(self, use_pl_optimizer: Literal[False]) -> Optimizer | list[Optimizer]: ...
+    @overload
+    def optimizers(
+        self, use_pl_optimizer: bool
+    ) -> TrainingOptimizer | list[TrainingOptimizer] | Optimizer | list[Optimizer]: ...
+    def optimizers(
+        self, use_pl_optimizer: bool = True
+    ) -> TrainingOptimizer | list[TrainingOptimizer] | Optimizer | list[Optimizer]:
         """The optimizers from ``configure_optimizers``: one, or a list when there are several.
 
         Each is wrapped so that ``step()`` goes through the strategy's precision (the float16 scaler) and
         counts toward ``trainer.global_step``; ``use_pl_optimizer=False`` gives the torch optimizers.
+
+        Example:
+            ```python
+            opt = self.optimizers()  # manual optimization, one optimizer
+            assert not isinstance(opt, list)  # a type checker then knows it is one optimizer
+            ```
         """
         optimization = self.trainer.fit_loop.optimization
-        found = optimization.training_optimizers if use_pl_optimizer else optimization.optimizers
+        if use_pl_optimizer:
+            wrapped = optimization.training_optimizers
+            return wrapped[0] if len(wrapped) == 1 else list(wrapped)
+        found = optimization.optimizers
         return found[0] if len(found) == 1 else list(found)
 
-    def lr_schedulers(self) -> Any:
+    def lr_schedulers(self) -> LRSchedulerTypeUnion | list[LRSchedulerTypeUnion] | None:
         """The schedulers from ``configure_optimizers``: None, one, or a list. Step them yourself under manual
         optimization."""
         schedulers = [config.scheduler for config in self.trainer.lr_scheduler_configs]
@@ -346,7 +390,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         trainer.fit_loop.optimization.backward(loss, *args, **kwargs)  # the strategy's (timed when profiling)
         trainer.call_hook("on_after_backward")
 
-    def toggle_optimizer(self, optimizer: Any) -> None:
+    def toggle_optimizer(self, optimizer: Optimizer | TrainingOptimizer) -> None:
         """Let only ``optimizer``'s parameters take gradients (the others' ``requires_grad`` is set False until
         [`untoggle_optimizer`][tandem.TrainingModule.untoggle_optimizer]), so each loss of a GAN reaches only the
         network it trains."""
@@ -362,7 +406,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
                 param.requires_grad = state[param]
         self._param_requires_grad_state = state
 
-    def untoggle_optimizer(self, optimizer: Any) -> None:
+    def untoggle_optimizer(self, optimizer: Optimizer | TrainingOptimizer) -> None:
         """Restore the ``requires_grad`` flags that [`toggle_optimizer`][tandem.TrainingModule.toggle_optimizer]
         changed."""
         inner = getattr(optimizer, "optimizer", optimizer)
@@ -376,7 +420,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         self._param_requires_grad_state = {}
 
     @contextlib.contextmanager
-    def toggled_optimizer(self, optimizer: Any) -> Iterator[None]:
+    def toggled_optimizer(self, optimizer: Optimizer | TrainingOptimizer) -> Iterator[None]:
         """[`toggle_optimizer`][tandem.TrainingModule.toggle_optimizer] for the block,
         [`untoggle_optimizer`][tandem.TrainingModule.untoggle_optimizer] after it (even on error)."""
         self.toggle_optimizer(optimizer)
@@ -387,7 +431,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
 
     def clip_gradients(
         self,
-        optimizer: Any,
+        optimizer: Optimizer | TrainingOptimizer,
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
@@ -402,7 +446,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         )
         if not value:
             return
-        inner = getattr(optimizer, "optimizer", optimizer)
+        inner = cast("Optimizer", getattr(optimizer, "optimizer", optimizer))  # a TrainingOptimizer's torch optimizer
         trainer.strategy.precision.unscale_gradients(inner)
         trainer.strategy.clip_gradients(inner, value, algorithm)
         optimization = trainer.fit_loop.optimization
@@ -411,26 +455,33 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
 
     @logs_per_step
     def configure_gradient_clipping(
-        self, optimizer: Any, gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None
+        self, optimizer: Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None
     ) -> None:
         """Called before each optimizer step (automatic optimization) with the Trainer's clipping settings.
         Override to clip your own way; the default calls [`clip_gradients`][tandem.TrainingModule.clip_gradients]."""
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     @logs_per_step
-    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+    def optimizer_step(
+        self,
+        epoch: int,
+        batch_idx: int,
+        optimizer: Optimizer | TrainingOptimizer,
+        optimizer_closure: Callable[[], Any] | None = None,
+    ) -> None:
         """Step ``optimizer`` (automatic optimization). ``optimizer_closure`` runs ``training_step`` and
         backward: call ``optimizer.step(closure=optimizer_closure)``. Override to add warm-up or a schedule
         of your own (tandem calls the override only when there is one)."""
         optimizer.step(closure=optimizer_closure)
 
     @logs_per_step
-    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Optimizer) -> None:
         """Clear the gradients after each optimizer step (automatic optimization)."""
         optimizer.zero_grad()
 
-    def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
-        """Step one scheduler: ``scheduler.step()``, or ``scheduler.step(metric)`` for a monitored one."""
+    def lr_scheduler_step(self, scheduler: Any, metric: Any | None) -> None:
+        """Step one scheduler: ``scheduler.step()``, or ``scheduler.step(metric)`` for a monitored one. (``scheduler``
+        is typed ``Any``: an override steps a scheduler that is not torch's, e.g. timm's, in its own way.)"""
         if metric is None:
             scheduler.step()
         else:
@@ -440,7 +491,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
     def log(
         self,
         name: str,
-        value: Any,
+        value: torch.Tensor | float | Metric,
         *,
         on_step: bool | None = None,
         on_epoch: bool | None = None,
@@ -496,10 +547,37 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
             metric_attribute,
         )  # positional: this runs every step
 
-    def log_dict(self, values: Mapping[str, Any], **kwargs: Any) -> None:
+    def log_dict(
+        self,
+        values: Mapping[str, torch.Tensor | float | Metric],
+        *,
+        on_step: bool | None = None,
+        on_epoch: bool | None = None,
+        prog_bar: bool = False,
+        logger: bool = True,
+        sync_dist: bool = False,
+        reduce_fx: str | Callable[..., Any] = "mean",
+        batch_size: int | None = None,
+        rank_zero_only: bool = False,
+        add_dataloader_idx: bool = True,
+        metric_attribute: str | None = None,
+    ) -> None:
         """``self.log`` for each item, with the same options."""
         for name, value in values.items():
-            self.log(name, value, **kwargs)
+            self.log(
+                name,
+                value,
+                on_step=on_step,
+                on_epoch=on_epoch,
+                prog_bar=prog_bar,
+                logger=logger,
+                sync_dist=sync_dist,
+                reduce_fx=reduce_fx,
+                batch_size=batch_size,
+                rank_zero_only=rank_zero_only,
+                add_dataloader_idx=add_dataloader_idx,
+                metric_attribute=metric_attribute,
+            )
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` once, on global rank 0."""
@@ -651,7 +729,9 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         """The Trainer running this module, or the one of its latest run while that Trainer exists (the module
         refers to it weakly, so that a finished fit's memory is freed as soon as both go out of scope)."""
         trainer = self._trainer
-        if trainer is None and not self.__dict__.get("_jit_is_scripting", False):  # scripting reads every property
+        if trainer is None:
+            if self.__dict__.get("_jit_is_scripting", False):  # scripting reads every property: it gets None
+                return None  # type: ignore[return-value]  # only TorchScript's compiler, never a user, reads this None
             raise RuntimeError(
                 f"{type(self).__name__} is not attached to a Trainer: call trainer.fit(model) first, and keep the "
                 "Trainer while you use model.trainer (the module does not keep it alive)."
@@ -669,13 +749,13 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
 
     @property
     def device(self) -> torch.device:
-        for tensor in self.parameters():
-            return tensor.device
+        for parameter in self.parameters():
+            return parameter.device
         for module in self.modules():  # a DataParallel replica keeps its parameters here
-            for tensor in getattr(module, "_former_parameters", {}).values():
-                return tensor.device
-        for tensor in self.buffers():
-            return tensor.device
+            for former in getattr(module, "_former_parameters", {}).values():
+                return former.device
+        for buffer in self.buffers():
+            return buffer.device
         return torch.device("cpu")
 
     @property
@@ -692,12 +772,12 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         return self.device.type == "cuda"
 
     @property
-    def logger(self) -> Any:
+    def logger(self) -> Logger | None:
         """The Trainer's first logger (None without a Trainer or logger)."""
         return self._trainer.logger if self._trainer is not None else None
 
     @property
-    def loggers(self) -> list[Any]:
+    def loggers(self) -> list[Logger]:
         return self._trainer.loggers if self._trainer is not None else []
 
     @property
@@ -724,21 +804,26 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
     def on_train_epoch_start(self) -> None: ...
     def on_train_epoch_end(self) -> None: ...
     @logs_per_step
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None: ...
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
+        """Return -1 to skip the rest of this epoch (Lightning's)."""
+        return None
+
     @logs_per_step
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None: ...
+    def on_train_batch_end(self, outputs: STEP_OUTPUT, batch: Any, batch_idx: int) -> None: ...
     def on_validation_start(self) -> None: ...
     def on_validation_end(self) -> None: ...
     def on_validation_epoch_start(self) -> None: ...
     def on_validation_epoch_end(self) -> None: ...
     def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
-    def on_validation_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_validation_batch_end(
+        self, outputs: STEP_OUTPUT, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None: ...
     def on_test_start(self) -> None: ...
     def on_test_end(self) -> None: ...
     def on_test_epoch_start(self) -> None: ...
     def on_test_epoch_end(self) -> None: ...
     def on_test_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
-    def on_test_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_test_batch_end(self, outputs: STEP_OUTPUT, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
     def on_predict_start(self) -> None: ...
     def on_predict_end(self) -> None: ...
     def on_predict_epoch_start(self) -> None: ...
@@ -913,7 +998,7 @@ def _read_checkpoint(path: str | os.PathLike, weights_only: bool | None) -> dict
     return load_checkpoint_file(path, weights_only)
 
 
-def _instantiate(cls: type, saved: Mapping[str, Any], passed: Mapping[str, Any], path: str | os.PathLike) -> Any:
+def _instantiate(cls: type[_T], saved: Mapping[str, Any], passed: Mapping[str, Any], path: str | os.PathLike) -> _T:
     """``cls(**saved, **passed)``, keeping only the arguments ``__init__`` takes (all of them if it takes
     ``**kwargs``). Refused, naming the fix, when a required argument is neither saved nor passed, or when a saved
     name ``__init__`` does not take (a renamed argument) would be dropped while an argument falls back to its default
@@ -995,7 +1080,7 @@ class DataModule(HyperparametersMixin, DataHooks):
         batch_size: int = 1,
         num_workers: int = 0,
         **datamodule_kwargs: Any,
-    ) -> DataModule:
+    ) -> Self:
         """A DataModule whose loaders read the given datasets (the training one shuffled). Evaluation
         datasets may be a list or dict: one loader each.
 
