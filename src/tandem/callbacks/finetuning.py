@@ -326,7 +326,9 @@ class BackboneFinetuning(BaseFinetuning):
                 initial_denom_lr=self.initial_denom_lr,
             )
         else:
-            backbone_lr = self.lambda_func(epoch + 1) * self.previous_backbone_lr
+            previous = self.previous_backbone_lr
+            assert previous is not None  # set at the unfreezing epoch (and restored with the epochs after it)
+            backbone_lr = self.lambda_func(epoch + 1) * previous
             if self.should_align and backbone_lr > current_lr:
                 backbone_lr = current_lr
             optimizer.param_groups[-1]["lr"] = backbone_lr

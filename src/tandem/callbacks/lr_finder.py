@@ -109,8 +109,8 @@ class LRFinder:
             ax.set_xscale("log")
         ax.set_xlabel("Learning rate")
         ax.set_ylabel("Loss")
-        if suggest and self.suggestion() is not None:
-            index = self._optimal_idx
+        index = self._optimal_idx if suggest and self.suggestion() is not None else None  # suggestion() sets it
+        if index is not None:
             ax.plot(lrs[index], losses[index], markersize=10, marker="o", color="red")
         if show:
             plt.show()

@@ -6,7 +6,7 @@ import re
 import time
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -313,9 +313,10 @@ class ModelCheckpoint(Checkpoint):
         """Checkpoints of another run in ``dirpath`` mix with this run's (Lightning warns the same). Not when
         this fit resumed from a checkpoint in that folder: continuing there is the point. Runs after the restore,
         so the files the restored state names (this run's own) do not count."""
-        if (self.save_top_k == 0 and not self.save_last) or not os.path.isdir(self.dirpath):
+        dirpath = self.dirpath  # resolved in setup
+        if (self.save_top_k == 0 and not self.save_last) or dirpath is None or not os.path.isdir(dirpath):
             return
-        folder = os.path.abspath(self.dirpath)
+        folder = os.path.abspath(dirpath)
         resumed = trainer.ckpt_path
         if resumed is not None and os.path.dirname(os.path.abspath(resumed)) == folder:
             return
@@ -423,24 +424,24 @@ class ModelCheckpoint(Checkpoint):
         metrics["step"] = trainer.global_step
         return trainer.strategy.broadcast(metrics)
 
-    def _current(self, trainer: "Trainer", metrics: Mapping[str, Any]) -> torch.Tensor | None:
+    def _current(self, trainer: "Trainer", metrics: Mapping[str, Any], monitor: str) -> torch.Tensor | None:
         """This rank's value of the monitored metric, as a tensor (Lightning's ``current_score``); NaN ranks last;
         None when the metric was not logged before the first validation (a warning, as in Lightning). Whether it
         was logged is rank 0's view (``metrics``), so every rank takes the same path."""
-        if self.monitor not in metrics:
+        if monitor not in metrics:
             available = [k for k in metrics if k not in ("epoch", "step")]
             if self._validated:
-                raise missing_metric("ModelCheckpoint", self.monitor, available)
+                raise missing_metric("ModelCheckpoint", monitor, available)
             if not self._warned_missing:
                 self._warned_missing = True
                 rank_zero_warn(
-                    f"ModelCheckpoint(monitor={self.monitor!r}) found no such metric at step {trainer.global_step} "
+                    f"ModelCheckpoint(monitor={monitor!r}) found no such metric at step {trainer.global_step} "
                     f"(logged: {sorted(available)}); no top-k checkpoint is saved until it is logged. If it is a "
                     "validation metric, this is expected before the first validation."
                 )
             return None
         # each rank's own value, as Lightning's: a metric logged without sync_dist differs between ranks
-        value = trainer.callback_metrics.get(self.monitor, metrics[self.monitor])
+        value = trainer.callback_metrics.get(monitor, metrics[monitor])
         current = value.detach().clone() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
         if torch.isnan(current):
             current = torch.tensor(math.inf if self.mode == "min" else -math.inf, device=current.device)
@@ -462,7 +463,7 @@ class ModelCheckpoint(Checkpoint):
         if self.monitor is None:
             self._save_latest(trainer, metrics)
             return
-        current = self._current(trainer, metrics)
+        current = self._current(trainer, metrics, self.monitor)
         if current is None:
             return
         where = f"Epoch {trainer.current_epoch}, global step {trainer.global_step}"
@@ -628,11 +629,15 @@ class ModelCheckpoint(Checkpoint):
                 )
             filepath = os.path.join(self.dirpath, "best_k_models.yaml")
         text = yaml.dump({path: score.item() for path, score in self.best_k_models.items()})
-        atomic_write(filepath, lambda f: f.write(text.encode()), "the best_k_models YAML file")
+
+        def write(file: IO[bytes]) -> None:
+            file.write(text.encode())
+
+        atomic_write(filepath, write, "the best_k_models YAML file")
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        state = {
+        state: dict[str, Any] = {
             "monitor": self.monitor,
             "best_model_score": self.best_model_score,
             "best_model_path": self.best_model_path,
@@ -662,7 +667,7 @@ class ModelCheckpoint(Checkpoint):
         self.best_model_path = state["best_model_path"]
         self.best_model_score = _tensor(state["best_model_score"])
         self.current_score = _tensor(state.get("current_score"))
-        best_k_models = {path: _tensor(score) for path, score in state["best_k_models"].items()}
+        best_k_models = {path: _score(score) for path, score in state["best_k_models"].items()}
         if self.monitor is None:  # no scores; tandem before Lightning's rule ranked these files by step
             self.best_k_models, self.best_model_score = {}, None
             by_step = sorted(best_k_models, key=best_k_models.__getitem__)
@@ -672,7 +677,7 @@ class ModelCheckpoint(Checkpoint):
             self.best_k_models = best_k_models
             self.kth_best_model_path = state["kth_best_model_path"]
             if state["kth_value"] is not None:  # None: written by tandem before 0-dim tensors, fewer than k kept
-                self.kth_value = _tensor(state["kth_value"])
+                self.kth_value = _score(state["kth_value"])
         self._last_global_step_saved = state.get("last_global_step_saved", -1)
         saved_in = state.get("dirpath", self.dirpath)  # as Lightning: a state without one is this folder's
         if saved_in == self.dirpath:
@@ -736,8 +741,13 @@ def _format_name(template: str | None, metrics: Mapping[str, Any], auto_insert_m
 
 
 def _tensor(score: Any) -> torch.Tensor | None:
-    """A score as Lightning keeps it (a 0-dim tensor); checkpoints of earlier tandem versions hold floats."""
-    return score if score is None or isinstance(score, torch.Tensor) else torch.tensor(float(score))
+    """A score as Lightning keeps it (a 0-dim tensor), or None; checkpoints of earlier tandem versions hold floats."""
+    return None if score is None else _score(score)
+
+
+def _score(score: Any) -> torch.Tensor:
+    """A score that is there, as Lightning keeps it (see :func:`_tensor`)."""
+    return score if isinstance(score, torch.Tensor) else torch.tensor(float(score))
 
 
 def _number(value: Any) -> int | float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 from torch import nn
@@ -55,7 +55,7 @@ class StochasticWeightAveraging(Callback):
         swa_lrs: float | list[float],
         swa_epoch_start: int | float = 0.8,
         annealing_epochs: int = 10,
-        annealing_strategy: str = "cos",
+        annealing_strategy: Literal["cos", "linear"] = "cos",
         avg_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
         device: torch.device | str | None = "cpu",
     ) -> None:
@@ -140,32 +140,34 @@ class StochasticWeightAveraging(Callback):
                 f"{self._swa_lrs})" + (f"; {', '.join(names)} no longer set it." if names else ".")
             )
         elif epoch > self._scheduled_epoch:
-            self._apply_lrs(optimizer)  # undo what another scheduler set at the epoch's end
+            self._apply_lrs(optimizer, self._scheduler)  # undo what another scheduler set at the epoch's end
             self._scheduler.step()
             self._scheduled_epoch = epoch
 
     def on_before_optimizer_step(self, trainer: Trainer, module: TrainingModule, optimizer: Any) -> None:
-        if self._scheduler is not None:
-            self._apply_lrs(optimizer)  # a scheduler stepping every step must not override SWA's rate
+        scheduler = self._scheduler
+        if scheduler is not None:
+            self._apply_lrs(optimizer, scheduler)  # a scheduler stepping every step must not override SWA's rate
 
     def on_train_end(self, trainer: Trainer, module: TrainingModule) -> None:
         finished = trainer.current_epoch - 1
         if finished >= self.swa_start and finished > self._latest_update_epoch:
             self._update(module, finished)
-        if self.n_averaged == 0:
+        averaged = self._averaged
+        if averaged is None or self.n_averaged == 0:
             rank_zero_warn(
                 f"StochasticWeightAveraging: training ended (epoch {finished}) before SWA started (epoch "
                 f"{self.swa_start}); the module keeps its trained weights."
             )
             return
-        copy_average_into(self._averaged, module, buffers=False)
+        copy_average_into(averaged, module, buffers=False)
         if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules()):
             self._update_batch_norm(trainer, module)
 
     # ------------------------------------------------------------------ work
     def _update(self, module: nn.Module, epoch: int) -> None:
         if self._averaged is None:
-            self._averaged = AveragedModel(module, device=self._device, avg_fn=self._avg_fn, use_buffers=False)
+            self._averaged = self._average_of(module)
         self._averaged.update_parameters(module)
         self._latest_update_epoch = epoch
 
@@ -178,18 +180,28 @@ class StochasticWeightAveraging(Callback):
                 "parameter groups; give one value, or one per group."
             )
         return SWALR(
-            optimizer, swa_lr=lrs, anneal_epochs=self._annealing_epochs, anneal_strategy=self._annealing_strategy
+            optimizer,
+            swa_lr=lrs,  # type: ignore[arg-type]  # one rate per parameter group: SWALR takes a list (its stubs say float)
+            anneal_epochs=self._annealing_epochs,
+            anneal_strategy=self._annealing_strategy,
         )
 
-    def _apply_lrs(self, optimizer: torch.optim.Optimizer) -> None:
-        for group, lr in zip(optimizer.param_groups, self._scheduler.get_last_lr()):
+    def _average_of(self, module: nn.Module) -> AveragedModel:
+        # torch calls avg_fn with the count as a tensor (its stubs also allow an int, which it never passes)
+        avg_fn = cast("Callable[[torch.Tensor, torch.Tensor, torch.Tensor | int], torch.Tensor] | None", self._avg_fn)
+        return AveragedModel(module, device=self._device, avg_fn=avg_fn, use_buffers=False)
+
+    def _apply_lrs(self, optimizer: torch.optim.Optimizer, scheduler: SWALR) -> None:
+        for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
             group["lr"] = lr
 
     def _update_batch_norm(self, trainer: Trainer, module: nn.Module) -> None:
         """One pass over the training data with the averaged weights, as ``update_bn``; statistics averaged
         across processes (each saw its own shard, the same number of batches)."""
         n = trainer.num_training_batches
-        batches = iter(trainer.train_dataloader) if math.isinf(n) else itertools.islice(trainer.train_dataloader, n)
+        batches = (
+            iter(trainer.train_dataloader) if math.isinf(n) else itertools.islice(trainer.train_dataloader, int(n))
+        )
 
         def inputs() -> Iterator[Any]:
             for batch in batches:
@@ -203,8 +215,8 @@ class StochasticWeightAveraging(Callback):
                 for m in module.modules()
                 if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.running_mean is not None
             ]
-            stats = [t for m in norms for t in (m.running_mean, m.running_var)]
-            reduced = trainer.strategy.reduce(torch.cat([t.flatten() for t in stats]), "mean")
+            stats = [t for m in norms for t in (m.running_mean, m.running_var) if t is not None]
+            reduced = cast(torch.Tensor, trainer.strategy.reduce(torch.cat([t.flatten() for t in stats]), "mean"))
             for tensor, flat in zip(stats, reduced.split([t.numel() for t in stats])):
                 tensor.copy_(flat.view_as(tensor))
 
@@ -225,7 +237,7 @@ class StochasticWeightAveraging(Callback):
         self._latest_update_epoch = state["latest_update_epoch"]
         self._scheduled_epoch = state.get("scheduled_epoch", -1)
         if state["average_model_state"] is not None:
-            self._averaged = AveragedModel(module, device=self._device, avg_fn=self._avg_fn, use_buffers=False)
+            self._averaged = self._average_of(module)
             self._averaged.module.load_state_dict(state["average_model_state"])
             self._averaged.n_averaged.fill_(state["n_averaged"])
         if state["scheduler_state"] is not None:

@@ -117,20 +117,20 @@ class Timer(Callback):
 
     def on_fit_start(self, trainer: Trainer, module: TrainingModule) -> None:
         if self._duration is not None:
-            self._check(trainer)  # after the restore: a resumed run may have no time left
+            self._check(trainer, self._duration)  # after the restore: a resumed run may have no time left
 
     def on_train_batch_end(
         self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self._interval == "step" and self._duration is not None:
-            self._check(trainer)
+            self._check(trainer, self._duration)
 
     def on_train_epoch_end(self, trainer: Trainer, module: TrainingModule) -> None:
         if self._interval == "epoch" and self._duration is not None:
-            self._check(trainer)
+            self._check(trainer, self._duration)
 
-    def _check(self, trainer: Trainer) -> None:
-        if trainer.should_stop or self.time_elapsed("train") < self._duration:
+    def _check(self, trainer: Trainer, duration: float) -> None:
+        if trainer.should_stop or self.time_elapsed("train") < duration:
             return
         trainer.should_stop = True
         if self._verbose:
@@ -162,10 +162,10 @@ def _seconds(duration: str | timedelta | Mapping[str, int] | None) -> float | No
                 "12 hours), a datetime.timedelta, or a dict such as {'hours': 12}."
             )
         days, hours, minutes, seconds = (int(g) for g in match.groups())
-        duration = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
-    elif isinstance(duration, Mapping):
+        return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds).total_seconds()
+    if isinstance(duration, Mapping):
         try:
-            duration = timedelta(**duration)
+            return timedelta(**duration).total_seconds()
         except TypeError as err:
             raise TandemConfigError(f"Timer: duration={dict(duration)!r} is not a duration ({err}).") from None
     if not isinstance(duration, timedelta):

@@ -131,18 +131,24 @@ class WeightAveraging(Callback):
     ) -> None:
         step = trainer.global_step  # optimizer steps so far: the step just taken has index step - 1
         if step > self._latest_update_step and self.should_update(step_idx=step - 1):
-            self._average_model.update_parameters(module)
+            self._fit_average().update_parameters(module)
             self._latest_update_step = step
 
     def on_train_epoch_end(self, trainer: Trainer, module: TrainingModule) -> None:
         epoch = trainer.current_epoch
         if epoch > self._latest_update_epoch and self.should_update(epoch_idx=epoch):
-            self._average_model.update_parameters(module)
+            self._fit_average().update_parameters(module)
             self._latest_update_epoch = epoch
 
     def on_train_end(self, trainer: Trainer, module: TrainingModule) -> None:
         rank_zero_info(f"{type(self).__name__}: the module now holds the averaged weights.")
-        copy_average_into(self._average_model, module, self._use_buffers)
+        copy_average_into(self._fit_average(), module, self._use_buffers)
+
+    def _fit_average(self) -> AveragedModel:
+        """The running fit's average (made in ``on_fit_start``)."""
+        average = self._average_model
+        assert average is not None  # the training hooks run after on_fit_start
+        return average
 
     def on_validation_epoch_start(self, trainer: Trainer, module: TrainingModule) -> None:
         if self._fitting and self._average_model is not None:
