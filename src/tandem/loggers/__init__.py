@@ -33,4 +33,5 @@ __all__ = [
     "WandbLogger",
 ]
 
-__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())
+if not TYPE_CHECKING:  # type checkers read the imports above, and flag a misspelt name as unknown
+    __getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())

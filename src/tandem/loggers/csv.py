@@ -61,6 +61,13 @@ class CSVLogger(Logger):
         self._last_flush_step = 0
 
     @property
+    def log_dir(self) -> str:
+        """``<save_dir>/<name>/version_<n>``, or ``<save_dir>/<name>/<version>`` for a str version."""
+        log_dir = super().log_dir
+        assert log_dir is not None  # its root_dir is always a folder
+        return log_dir
+
+    @property
     def metrics_file_path(self) -> str:
         """``<log_dir>/metrics.csv`` (a URL when ``save_dir`` is one)."""
         return os.path.join(self.log_dir, METRICS_FILE)

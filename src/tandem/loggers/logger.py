@@ -23,7 +23,7 @@ import tempfile
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from tandem.utilities.checkpoint import atomic_write, is_url, url_filesystem
 from tandem.utilities.exceptions import TandemConfigError, write_failed
@@ -78,13 +78,15 @@ class Logger(ABC):
         self._hparams: dict[str, Any] = {}
         self._staging: StagingFolder | None = None  # made at the first write when save_dir is a URL
 
+    # The folders and names are Optional, as Lightning types them: a logger of a tracking service (MLflow, W&B) or
+    # the DummyLogger may have none. This base's own are always there.
     @property
-    def name(self) -> str:
+    def name(self) -> str | None:
         """The experiment's folder name."""
         return self._name
 
     @property
-    def save_dir(self) -> str:
+    def save_dir(self) -> str | None:
         """The folder that holds every experiment."""
         return self._save_dir
 
@@ -94,27 +96,28 @@ class Logger(ABC):
         self._save_dir = os.fspath(save_dir)
 
     @property
-    def root_dir(self) -> str:
+    def root_dir(self) -> str | None:
         """``<save_dir>/<name>``: the folder that holds this experiment's versions."""
         return os.path.join(self._save_dir, self._name)
 
     @property
-    def version(self) -> int | str:
+    def version(self) -> int | str | None:
         """This run's version; when none was given, the next free ``version_<n>`` (resolved once)."""
         if self._version is None:
             self._version = self._next_version()
         return self._version
 
     @version.setter
-    def version(self, version: int | str) -> None:
+    def version(self, version: int | str | None) -> None:
         self._version = version
 
     @property
-    def log_dir(self) -> str:
-        """``<save_dir>/<name>/version_<n>``, or ``<save_dir>/<name>/<version>`` for a str version."""
-        version = self.version
+    def log_dir(self) -> str | None:
+        """``<save_dir>/<name>/version_<n>``, or ``<save_dir>/<name>/<version>`` for a str version (None where a
+        subclass has no ``root_dir``)."""
+        root, version = self.root_dir, self.version
         folder = version if isinstance(version, str) else f"version_{version}"
-        return os.path.join(self.root_dir, folder)
+        return None if root is None else os.path.join(root, folder)
 
     def _next_version(self) -> int:
         root = self.root_dir  # None: a subclass without a folder
@@ -126,18 +129,24 @@ class Logger(ABC):
     def _local_log_dir(self) -> str:
         """Where this logger's writers put its files: [`log_dir`][tandem.loggers.Logger.log_dir], or for a URL
         ``save_dir`` the same place in the local staging folder (uploaded by ``_upload``)."""
+        log_dir = self.log_dir
+        assert log_dir is not None  # a logger that writes files has its folder
         if not is_url(self._save_dir):
-            return self.log_dir
+            return log_dir
+        return self._staging_folder().local_path(log_dir)
+
+    def _staging_folder(self) -> StagingFolder:
+        """The local staging folder of a URL ``save_dir`` (made on first use)."""
         if self._staging is None or self._staging.url != self._save_dir:  # the Trainer may give rank 0's
             self._staging = StagingFolder(self._save_dir)
-        return self._staging.local_path(self.log_dir)
+        return self._staging
 
     def _fetch(self, name: str) -> None:
         """Copy ``<log_dir>/<name>`` from a URL ``save_dir`` into the staging folder, if it is there and not
         staged yet: a file the logger reads back before writing (a resumed run's ``metrics.csv``)."""
         if is_url(self._save_dir):
             local = os.path.join(self._local_log_dir, name)
-            self._staging.fetch(local)
+            self._staging_folder().fetch(local)
 
     def _upload(self) -> None:
         """Copy the staged files that changed since the last upload to a URL ``save_dir``; nothing for a local one."""
@@ -207,7 +216,7 @@ class DummyLogger(Logger):
         return self._experiment
 
     @property
-    def save_dir(self) -> None:  # type: ignore[override]
+    def save_dir(self) -> None:
         return None
 
     @save_dir.setter
@@ -215,7 +224,7 @@ class DummyLogger(Logger):
         pass
 
     @property
-    def root_dir(self) -> None:  # type: ignore[override]
+    def root_dir(self) -> None:
         return None
 
     @property
@@ -227,7 +236,7 @@ class DummyLogger(Logger):
         pass
 
     @property
-    def log_dir(self) -> None:  # type: ignore[override]
+    def log_dir(self) -> None:
         return None
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
@@ -351,7 +360,11 @@ def _yaml_safe(value: Any) -> Any:
 def atomic_write_text(path: str | os.PathLike, text: str, what: str = "") -> None:
     """Write ``text`` (UTF-8) through ``tandem.utilities.checkpoint.atomic_write``: a new file gets the
     umask's mode, a failed write names the file and the cause and leaves the previous file intact."""
-    atomic_write(path, lambda f: f.write(text.encode("utf-8")), what=what)
+
+    def write(file: IO[bytes]) -> None:
+        file.write(text.encode("utf-8"))
+
+    atomic_write(path, write, what=what)
 
 
 def save_hparams_yaml(path: str | os.PathLike, params: Mapping[str, Any] | argparse.Namespace) -> None:
@@ -366,7 +379,7 @@ def load_hparams_yaml(path: str | os.PathLike) -> dict[str, Any]:
     """Read a file written by ``save_hparams_yaml`` back into a plain dict."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_container(OmegaConf.load(path))
+    return cast("dict[str, Any]", OmegaConf.to_container(OmegaConf.load(os.fspath(path))))  # the file holds a mapping
 
 
 def require_url_filesystem(logger: str, save_dir: str | os.PathLike) -> None:

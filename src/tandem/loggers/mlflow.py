@@ -110,7 +110,7 @@ class MLFlowLogger(Logger):
     def experiment(self) -> Any:
         """The ``MlflowClient``, with the experiment and run made (or found) on first use; a no-op object on
         ranks other than 0."""
-        if rank_zero_only.rank != 0:
+        if rank_zero_only.rank != 0:  # type: ignore[attr-defined]  # set by tandem.utilities.rank_zero.set_rank
             return NoOpExperiment()
         if self._client is None:
             self._client = self._make_client()
@@ -181,7 +181,8 @@ class MLFlowLogger(Logger):
         return self.run_id
 
     @version.setter
-    def version(self, version: str | None) -> None:
+    def version(self, version: int | str | None) -> None:  # rank 0's run id, given to every rank by the Trainer
+        version = None if version is None else str(version)
         if version is not None and self._run_id is not None and version != self._run_id:
             raise TandemConfigError(
                 f"MLFlowLogger already logs to run {self._run_id!r}; it cannot switch to run {version!r}. "
@@ -195,7 +196,7 @@ class MLFlowLogger(Logger):
         return self._local_dir
 
     @save_dir.setter
-    def save_dir(self, save_dir: str | None) -> None:  # the Trainer gives every rank rank 0's
+    def save_dir(self, save_dir: str | os.PathLike | None) -> None:  # the Trainer gives every rank rank 0's
         self._local_dir = None if save_dir is None else os.fspath(save_dir)
 
     @property

@@ -12,7 +12,7 @@ import struct
 import time
 import warnings
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -22,6 +22,8 @@ from tandem.utilities.rank_zero import rank_zero_only, rank_zero_warn
 
 if TYPE_CHECKING:
     from torch import nn
+
+    from tandem.module import TrainingModule
 
 
 class TensorBoardLogger(Logger):
@@ -80,10 +82,17 @@ class TensorBoardLogger(Logger):
         self._session_started = False
 
     @property
+    def log_dir(self) -> str:
+        """``<save_dir>/<name>/version_<n>``, or ``<save_dir>/<name>/<version>`` for a str version."""
+        log_dir = super().log_dir
+        assert log_dir is not None  # its root_dir is always a folder
+        return log_dir
+
+    @property
     def experiment(self) -> Any:
         """The ``SummaryWriter`` (created on first use); a no-op object on other ranks. It writes into the run's one
         event file, the one the logger's own values go to (TensorBoard reads a run's files one after the other)."""
-        if rank_zero_only.rank != 0:
+        if rank_zero_only.rank != 0:  # type: ignore[attr-defined]  # set by tandem.utilities.rank_zero.set_rank
             return NoOpExperiment()
         if self._experiment is None:
             from torch.utils.tensorboard import SummaryWriter
@@ -177,7 +186,7 @@ class TensorBoardLogger(Logger):
     def _hparams_file_once(self) -> None:
         """Lightning's: once the run folder exists, it holds ``hparams.yaml``, written with what was logged (empty
         when no hyperparameters were), unless already there. A URL ``save_dir``'s file is written at each log."""
-        if is_url(self.save_dir):
+        if is_url(self._save_dir):
             return
         folder = self._local_log_dir
         if os.path.isdir(folder) and not os.path.isfile(os.path.join(folder, HPARAMS_FILE)):
@@ -221,8 +230,9 @@ def _on_device(model: nn.Module, batch: Any) -> Any:
     device = getattr(model, "device", None)
     if device is None or not hasattr(model, "transfer_batch_to_device"):  # a plain nn.Module
         return batch
-    batch = model.on_before_batch_transfer(batch, 0)
-    return model.on_after_batch_transfer(model.transfer_batch_to_device(batch, device, 0), 0)
+    hooks = cast("TrainingModule", model)  # it has the transfer hooks
+    batch = hooks.on_before_batch_transfer(batch, 0)
+    return hooks.on_after_batch_transfer(hooks.transfer_batch_to_device(batch, device, 0), 0)
 
 
 def _tb_value(value: Any) -> bool | int | float | str:

@@ -113,7 +113,7 @@ class WandbLogger(Logger):
     @property
     def experiment(self) -> Any:
         """The ``wandb`` run, started on first use; a no-op object on ranks other than 0."""
-        if rank_zero_only.rank != 0:
+        if rank_zero_only.rank != 0:  # type: ignore[attr-defined]  # set by tandem.utilities.rank_zero.set_rank
             return NoOpExperiment()
         if self._experiment is None:
             import wandb
@@ -141,15 +141,15 @@ class WandbLogger(Logger):
         they were given (the Trainer gives them rank 0's)."""
         if self._experiment is not None:
             return self._experiment.id
-        if self._id is None and rank_zero_only.rank == 0:
+        if self._id is None and rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # set by tandem.utilities.rank_zero.set_rank
             import wandb
 
             self._id = wandb.run.id if wandb.run is not None else "".join(secrets.choice(_ID_CHARS) for _ in range(8))
         return self._id
 
     @version.setter
-    def version(self, version: str | None) -> None:
-        self._id = version
+    def version(self, version: int | str | None) -> None:  # rank 0's id, given to every rank by the Trainer
+        self._id = None if version is None else str(version)
 
     @property
     def save_dir(self) -> str | None:
@@ -157,7 +157,7 @@ class WandbLogger(Logger):
         return self._folder
 
     @save_dir.setter
-    def save_dir(self, save_dir: str | None) -> None:  # the Trainer gives every rank rank 0's
+    def save_dir(self, save_dir: str | os.PathLike | None) -> None:  # the Trainer gives every rank rank 0's
         self._folder = None if save_dir is None else os.fspath(save_dir)
 
     @property
@@ -200,7 +200,8 @@ class WandbLogger(Logger):
         """Log a ``wandb.Table`` from ``columns`` and ``data`` (rows), or from a pandas ``dataframe``."""
         import wandb
 
-        self.log_metrics({key: wandb.Table(columns=columns, data=data, dataframe=dataframe)}, step)
+        names: list[str | int] | None = None if columns is None else list(columns)  # wandb's declared type
+        self.log_metrics({key: wandb.Table(columns=names, data=data, dataframe=dataframe)}, step)
 
     @rank_zero_only
     def log_text(
