@@ -208,7 +208,8 @@ def docstring_args(doc: str | None) -> dict[str, str]:
     if not doc:
         return {}
     out: dict[str, str] = {}
-    inside, indent, names = False, None, []
+    names: list[str] = []  # the names the current entry documents
+    inside, indent = False, None
     for line in inspect.cleandoc(doc).splitlines():
         stripped = line.strip()
         if _ARGS_HEADER.match(stripped):
@@ -267,8 +268,10 @@ def union_members(hint: Any) -> tuple[Any, ...]:
     return (hint,)
 
 
-_SCALAR_TYPES = (str, int, float, bool, bytes, complex, type(None), list, tuple, dict, set, frozenset, os.PathLike)
-_SCALAR_TYPES += (datetime.timedelta,)  # given in seconds
+_SCALAR_TYPES: tuple[type, ...] = (
+    *(str, int, float, bool, bytes, complex, type(None), list, tuple, dict, set, frozenset, os.PathLike),
+    datetime.timedelta,  # given in seconds
+)
 
 
 def is_class_hint(hint: Any) -> bool:
@@ -364,7 +367,7 @@ def known_classes(base: type) -> dict[str, list[type]]:
     """Short name -> classes: tandem's and torch.optim's, plus the imported subclasses of ``base``."""
     found: dict[str, list[type]] = {}
 
-    def add(cls: type) -> None:
+    def add(cls: Any) -> None:  # any attribute of a module: a class of base's is kept
         if isinstance(cls, type) and issubclass(cls, base) and cls not in found.setdefault(cls.__name__, []):
             found[cls.__name__].append(cls)
 
@@ -373,7 +376,7 @@ def known_classes(base: type) -> dict[str, list[type]]:
         for attr in getattr(module, "__all__", dir(module)):
             add(getattr(module, attr, None))
     if base is not object:
-        stack = list(base.__subclasses__())
+        stack: list[type] = list(base.__subclasses__())
         while stack:
             cls = stack.pop()
             add(cls)

@@ -12,7 +12,7 @@ import sys
 import textwrap
 import types
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from omegaconf import OmegaConf
@@ -250,7 +250,7 @@ class CLI:
     def _parse(self, argv: list[str] | dict[str, Any], run: bool) -> None:
         given: dict[str, Any] | None = None
         if isinstance(argv, dict):
-            argv, given = [], dict(argv)
+            given, argv = dict(argv), []
             if run:
                 subcommand = given.pop("subcommand", None) or next((k for k in SUBCOMMANDS if k in given), None)
                 if subcommand is None:
@@ -289,7 +289,7 @@ class CLI:
         base = self._parser_defaults()
         replaced: list[tuple[str, list[Any], str]] = []
         user = layer(request, base, self._default_of, default_files, given, replaced)
-        if rank_zero_only.rank == 0:
+        if rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # set by tandem.utilities.rank_zero.set_rank
             for key, old, raw in replaced:
                 print(f"{self._prog}: note: {list_replaced(key, old, raw)}", file=sys.stderr)
         self._refuse_given_link_targets(user, base)
@@ -304,7 +304,7 @@ class CLI:
         if request.print_config:
             self._print(self._config_text(config), end="")
             missing = sorted(_missing_keys(config))
-            if missing and rank_zero_only.rank == 0:
+            if missing and rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # see tandem.utilities.rank_zero
                 print(
                     f"{self._prog}: note: still to be given (printed ???): {', '.join(missing)}. Set them in the "
                     "file before running it.",
@@ -484,7 +484,8 @@ class CLI:
             raise CLIError(str(err)) from None
 
     def _trainer_arguments(self, trainer_config: dict[str, Any]) -> dict[str, Any]:
-        sig = signature(self.trainer_class)
+        trainer_class: type = self.trainer_class  # (a type[Trainer] is not Hashable to mypy: the cache takes it)
+        sig = signature(trainer_class)
         kwargs = {
             name: build_value(value, sig.parameters[name].hint if name in sig.parameters else Any, f"trainer.{name}")
             for name, value in trainer_config.items()
@@ -539,10 +540,11 @@ class CLI:
         optimizer = _instantiate_spec(optimizer_init, self.model.parameters())
         scheduler = _instantiate_spec(scheduler_init, optimizer) if scheduler_init is not None else None
         fn = functools.partial(self.configure_optimizers, optimizer=optimizer, lr_scheduler=scheduler)
-        self.model.configure_optimizers = types.MethodType(fn, self.model)
+        # the model's configure_optimizers becomes the one of the config's optimizer (Lightning's CLI does the same)
+        self.model.configure_optimizers = types.MethodType(fn, self.model)  # type: ignore[method-assign]
 
     def _plain_config(self) -> dict[str, Any]:
-        return OmegaConf.to_container(self.config)
+        return cast("dict[str, Any]", OmegaConf.to_container(self.config))  # the config is a mapping
 
     def _config_text(self, config: dict[str, Any]) -> str:
         """The YAML ``--print_config`` prints and ``config.yaml`` holds: link targets left out (they are computed)."""
@@ -587,7 +589,7 @@ class CLI:
 
     @staticmethod
     def _print(text: str, end: str = "\n") -> None:
-        if rank_zero_only.rank == 0:
+        if rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # set by tandem.utilities.rank_zero.set_rank
             print(text, end=end, flush=True)
 
     def _usage(self) -> str:
@@ -695,7 +697,7 @@ def _parser_options(parser_kwargs: dict[str, Any], subcommand: str | None) -> di
     return options
 
 
-def _default_config_files(patterns: list[str]) -> list[str]:
+def _default_config_files(patterns: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
     if isinstance(patterns, (str, os.PathLike)):
         patterns = [patterns]
     return [path for pattern in patterns for path in sorted(glob.glob(os.path.expanduser(str(pattern))))]
@@ -732,6 +734,7 @@ def _holds_missing(value: Any) -> bool:
 
 def _missing_keys(config: Any, prefix: str = "") -> list[str]:
     """The dotted keys still ``???``."""
+    items: Iterable[tuple[Any, Any]]
     if isinstance(config, dict):
         items = config.items()
     elif isinstance(config, list):

@@ -21,7 +21,7 @@ import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import PurePath
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from tandem.cli.arguments import (
     MISSING,
@@ -74,11 +74,13 @@ class Schema:
     sections: dict[str, Section]
     order: tuple[str, ...]
 
-    def section_class(self, key: str, value: Any) -> type | None:
+    def section_class(self, key: str, value: Any) -> type:
         """The class a section's (completed) value builds."""
         section = self.sections[key]
         if isinstance(value, dict) and "class_path" in value:
             return resolve_class(value["class_path"], section.base, f"{key}.class_path")
+        if section.default is None:  # _complete_section refused such a value already
+            raise missing_required(f"{key}.class_path", section.base)
         return section.default
 
 
@@ -142,7 +144,8 @@ def parse_value(raw: str) -> Any:
     from omegaconf import OmegaConf
 
     try:
-        return OmegaConf.to_container(OmegaConf.from_dotlist([f"value={raw}"]), resolve=False)["value"]
+        parsed = OmegaConf.to_container(OmegaConf.from_dotlist([f"value={raw}"]), resolve=False)
+        return cast("dict[str, Any]", parsed)["value"]  # a dotlist makes a mapping
     except Exception:
         return raw  # not YAML: the text itself
 
@@ -169,7 +172,7 @@ def load_config_file(path: str) -> dict[str, Any]:
         raise bad_config_file(
             path, f"holds a YAML {type(content).__name__}; expected a mapping of keys (trainer:, model:, ...)."
         )
-    return content
+    return cast("dict[str, Any]", content)  # its keys are the names of a config's sections
 
 
 # ---------------------------------------------------------------------------------------------- layering
@@ -197,22 +200,21 @@ def set_path(config: dict[str, Any], key: str, value: Any) -> None:
     of the mapping (``--model.optimizer SGD --model.optimizer.lr 0.1``)."""
     parts = _split_key(key)
     node: Any = config
-    for depth, part in enumerate(parts):
+    for depth, name in enumerate(parts):
         last = depth == len(parts) - 1
+        part: str | int = name
         if isinstance(node, list):
             where = ".".join(parts[:depth])
             if not node:
                 raise bad_command_line(f"{key}: {where} is an empty list; append an item first with --{where}+=VALUE.")
-            if not part.isdigit():  # the arguments of the item appended last
-                node, part = _as_spec(node, len(node) - 1), None
+            if not name.isdigit():  # the arguments of the item appended last: the name is a key of its mapping
+                node = _as_spec(node, len(node) - 1)
                 if node is None:
                     raise bad_command_line(f"{key}: the last item of {where} is not a class; index it with a number.")
-            elif int(part) >= len(node):
+            elif int(name) >= len(node):
                 raise bad_command_line(f"{key}: {where} is a list of {len(node)}; index it with 0..{len(node) - 1}.")
             else:
-                part = int(part)
-        if part is None:  # node is now the last item's mapping: carry on with this part
-            part = parts[depth]
+                part = int(name)
         current = node.get(part) if isinstance(node, dict) else node[part]
         if last:
             node[part] = merge(current, value) if isinstance(current, dict) and isinstance(value, dict) else value
@@ -322,7 +324,7 @@ def layer(
         else:
             value = parse_value(raw)
             current = get_path(config, key, None) if replaced is not None else None
-            if isinstance(current, list) and current and value != current:
+            if replaced is not None and isinstance(current, list) and current and value != current:
                 replaced.append((key, copy.deepcopy(current), raw))
             set_path(config, key, value)
     return config
@@ -475,9 +477,9 @@ def plain_default(value: Any, hint: Any) -> Any:
         items = [plain_default(v, Any) for v in value]
         return _OMIT if any(v is _OMIT for v in items) else items
     if isinstance(value, dict):
-        items = {k: plain_default(v, Any) for k, v in value.items()}
-        ok = all(isinstance(k, (str, int)) for k in items) and all(v is not _OMIT for v in items.values())
-        return items if ok else _OMIT
+        mapping = {k: plain_default(v, Any) for k, v in value.items()}
+        ok = all(isinstance(k, (str, int)) for k in mapping) and all(v is not _OMIT for v in mapping.values())
+        return mapping if ok else _OMIT
     if isinstance(value, ClassCallable):
         return {"class_path": class_path_of(value.cls), "init_args": dict(value.kwargs)}
     if isinstance(value, type):
@@ -496,7 +498,7 @@ def resolve(config: dict[str, Any]) -> dict[str, Any]:
     from omegaconf.errors import OmegaConfBaseException
 
     try:
-        return OmegaConf.to_container(OmegaConf.create(config), resolve=True)
+        return cast("dict[str, Any]", OmegaConf.to_container(OmegaConf.create(config), resolve=True))  # a mapping
     except OmegaConfBaseException as err:
         where = getattr(err, "full_key", None) or "the config"
         reason = str(err).strip().splitlines()[0]
@@ -672,7 +674,9 @@ def _check(value: Any, hint: Any, key: str, allow_missing: bool) -> Any:  # noqa
     if is_callable_hint(hint) or is_class_hint(hint):
         if not is_spec(value):
             raise _Mismatch
-        base, skip, _ = class_target(hint)
+        target = class_target(hint)
+        assert target is not None  # a class or callable hint has its class
+        base, skip, _ = target
         return _check_spec(value, base, skip, key, allow_missing)
     return value  # a typing construct tandem does not check (a TypeVar, a Protocol, ...)
 

@@ -242,7 +242,7 @@ class LightningArgumentParser:
         return key
 
 
-def _init_parameters(cls: type) -> list[str]:
+def _init_parameters(cls: type[Any]) -> list[str]:
     try:
         parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
     except (TypeError, ValueError):
