@@ -169,6 +169,7 @@ class AutomaticOptimization(Optimization):
         optimizer_step: the module's ``optimizer_step`` override, or None.
         zero_grad: the module's ``optimizer_zero_grad`` override, or None.
         clip: clipping before each step, or None.
+        lr_scheduler_step: the module's ``lr_scheduler_step`` (its own or the default), which steps each scheduler.
     """
 
     def __init__(
@@ -177,10 +178,12 @@ class AutomaticOptimization(Optimization):
         optimizer_step: Callable[..., Any] | None = None,
         zero_grad: Callable[..., Any] | None = None,
         clip: Callable[[Optimizer], None] | None = None,
+        lr_scheduler_step: Callable[[Any, Any], None],
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self._optimizer_step, self._zero_grad, self._clip = optimizer_step, zero_grad, clip
+        self._lr_scheduler_step = lr_scheduler_step
         self._last_step_taken = False  # the latest step() was not skipped by the float16 scaler
         self._hand_steps = 0  # steps training_step took itself in the current batch (see _hand_step)
 
@@ -403,7 +406,7 @@ class AutomaticOptimization(Optimization):
                     )
                     continue
                 metric = strategy.broadcast(float(value))  # rank 0's value: equal LRs
-            self.context.module.lr_scheduler_step(config.scheduler, metric)
+            self._lr_scheduler_step(config.scheduler, metric)
 
     def has_schedulers(self, interval: str, plateau: bool) -> bool:
         return any(c.interval == interval and c.reduce_on_plateau == plateau for c in self.lr_scheduler_configs)
@@ -572,6 +575,7 @@ def configure_optimization(
         optimizer_step=optimizer_step,
         zero_grad=zero_grad,
         clip=clip,
+        lr_scheduler_step=module.lr_scheduler_step,
     )
 
 
