@@ -1,7 +1,7 @@
 """A small user program with type annotations, as a user's editor and type checker see tandem.
 
 ``make test`` type-checks it (mypy, settings in pyproject.toml: ``tests/typing`` is among the checked files), and
-``tests/test_typing.py`` runs :func:`main` on its tiny generated data, so the program is both checked and real.
+``tests/test_typing.py`` runs ``main()`` on its tiny generated data, so the program is both checked and real.
 It uses what a first program meets: a module with training and validation steps, a DataModule, a callback with
 typed hooks, manual optimization through ``self.optimizers()``, ``trainer.callback_metrics`` and
 ``trainer.fit(..., datamodule=...)``.

@@ -746,7 +746,7 @@ def _tensor(score: Any) -> torch.Tensor | None:
 
 
 def _score(score: Any) -> torch.Tensor:
-    """A score that is there, as Lightning keeps it (see :func:`_tensor`)."""
+    """A score that is there, as Lightning keeps it (see ``_tensor``)."""
     return score if isinstance(score, torch.Tensor) else torch.tensor(float(score))
 
 

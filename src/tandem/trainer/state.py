@@ -114,7 +114,7 @@ class LoopState:
 
 
 def not_composed(batch: Any, batch_idx: int) -> tuple[Any, Any]:
-    """The ``optimize`` stage of a plan no fit composed (:attr:`BatchPlan.FULL`, an optimization's copy): it never
+    """The ``optimize`` stage of a plan no fit composed (``BatchPlan.FULL``, an optimization's copy): it never
     runs a batch."""
     raise RuntimeError("This batch plan was not composed for a fit, so it has no optimization to run a batch with.")
 
@@ -130,7 +130,7 @@ class BatchPlan:
     """
 
     #: the optimization's ``run`` (timed when profiling; its losses recorded under on_nonfinite="rollback"); a plan
-    #: no fit composed has :func:`not_composed`
+    #: no fit composed has ``not_composed``
     optimize: Callable[[Any, int], tuple[Any, Any]] = not_composed
     transfer: Callable[[Any], Any] | None = None  # the batch onto its device; None: it stays as the loader made it
     follow: Callable[..., None] | None = None  # the strategy's follow_module, where it follows the module
