@@ -6,9 +6,9 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from dataclasses import fields, is_dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
@@ -130,7 +130,8 @@ def in_order(loader: Any, name: str) -> Any:
             f"Trainer(overfit_batches=...) trains on the same batches every epoch, but the {name} shuffle; tandem "
             "turns their shuffling off for this run. Pass shuffle=False to silence this warning."
         )
-    return rebuild_dataloader(loader, sampler=InOrderSampler(loader.dataset))
+    dataset = cast(Sized, loader.dataset)  # its RandomSampler or SequentialSampler draws from len(dataset) indices
+    return rebuild_dataloader(loader, sampler=InOrderSampler(dataset))
 
 
 class SkippableSampler(Sampler):
@@ -143,13 +144,13 @@ class SkippableSampler(Sampler):
     checkpoint's RNG state before the first batch is loaded.
     """
 
-    def __init__(self, inner: Sampler | Sequence[Any]) -> None:
+    def __init__(self, inner: Iterable[Any]) -> None:
         self.inner = inner
         self.skip = 0  # consumed (and reset) by the next __iter__
         self._latest: _SkippingIterator | None = None
 
     def __len__(self) -> int:
-        return len(self.inner)  # type: ignore[arg-type]
+        return len(self.inner)  # type: ignore[arg-type]  # as a DataLoader, asked only of samplers with a length
 
     def __iter__(self) -> Iterator[Any]:
         skip, self.skip = self.skip, 0
@@ -171,22 +172,25 @@ class SkippableSampler(Sampler):
 
 
 class _SkippingIterator:
-    def __init__(self, inner: Any, skip: int) -> None:
-        self._inner, self._skip, self._it = inner, skip, None
+    def __init__(self, inner: Iterable[Any], skip: int) -> None:
+        self._inner, self._skip = inner, skip
+        self._it: Iterator[Any] | None = None
 
-    def start(self) -> None:
+    def start(self) -> Iterator[Any]:
         if self._it is None:
             self._it = iter(self._inner)
             for _ in zip(range(self._skip), self._it):
                 pass
+        return self._it
 
     def __iter__(self) -> _SkippingIterator:
         return self
 
     def __next__(self) -> Any:
-        if self._it is None:
-            self.start()
-        return next(self._it)
+        it = self._it
+        if it is None:
+            it = self.start()
+        return next(it)
 
 
 def unwrapped(sampler: Any) -> Any:
@@ -236,6 +240,7 @@ def extract_batch_size(batch: Any) -> int:
     """Size of dim 0 of the first tensor found in ``batch`` (tensors, mappings, sequences, dataclasses)."""
     if isinstance(batch, torch.Tensor):
         return batch.shape[0] if batch.ndim > 0 else 1
+    values: Iterable[Any]
     if isinstance(batch, Mapping):
         values = batch.values()
     elif is_dataclass(batch) and not isinstance(batch, type):
