@@ -147,16 +147,18 @@ class ParallelStrategy(Strategy):
 
     def _check_configuration(self) -> None:
         super()._check_configuration()
-        types = {d.type for d in self.parallel_devices}
-        cuda = [d for d in self.parallel_devices if d.type == "cuda"]
+        devices = self.parallel_devices
+        assert devices is not None  # _configure sets them before this check
+        types = {d.type for d in devices}
+        cuda = [d for d in devices if d.type == "cuda"]
         if len(types) > 1 or len(cuda) != len({(d.index or 0) for d in cuda}):
-            shown = ", ".join(str(d) for d in self.parallel_devices)
+            shown = ", ".join(str(d) for d in devices)
             raise TandemConfigError(
                 f"strategy={self.name!r} runs one process per device, but devices=[{shown}] lists a CUDA device "
                 "twice or mixes device types: several devices in one process is DataParallel's way. Give each "
                 "process its own device (e.g. devices=2 with accelerator='cuda'), or use strategy='dp'."
             )
-        device_type = self.parallel_devices[0].type
+        device_type = devices[0].type
         if self.process_group_backend is None:
             self.process_group_backend = "nccl" if device_type == "cuda" else "gloo"
         if self.process_group_backend == "nccl" and device_type != "cuda":

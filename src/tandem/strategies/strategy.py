@@ -314,9 +314,9 @@ class Strategy:
         not wrapped, its step methods one by one (``torch.compile`` of a module compiles its ``forward`` only;
         the steps are what run, and ``forward`` is compiled where they call it)."""
         if self._model is self._module:
-            return CompiledSteps(self._module, compiler)
+            return CompiledSteps(self.module, compiler)
         _start_graphs_at_the_steps()
-        return compiler(self._model)
+        return compiler(self.model)
 
     def setup_optimizers(self, optimizers: list[Optimizer]) -> list[Optimizer]:
         return optimizers
@@ -332,13 +332,14 @@ class Strategy:
 
     @property
     def module(self) -> nn.Module:
-        """The user's module, unwrapped."""
-        return self._module
+        """The user's module, unwrapped (None until :meth:`setup`)."""
+        return self._module  # type: ignore[return-value]  # None only before setup, which the Trainer's readers follow
 
     @property
     def model(self) -> nn.Module:
-        """The module as the steps see it (a DDP, FSDP or DataParallel wrapper, or the module itself)."""
-        return self._model
+        """The module as the steps see it (a DDP, FSDP or DataParallel wrapper, or the module itself; None until
+        :meth:`setup`)."""
+        return self._model  # type: ignore[return-value]  # None only before setup, which the Trainer's readers follow
 
     # ------------------------------------------------------------------ data
     def process_dataloader(self, dataloader: DataLoader, stage: str) -> DataLoader:
@@ -398,7 +399,7 @@ class Strategy:
         elif self._model is self._module:
             step = getattr(self._module, method)
         else:
-            step = partial(self._model, method)
+            step = partial(self._model, method)  # type: ignore[arg-type, misc]  # set up before any step runs
         if not self.precision.has_forward_context:
             return step(*args)
         with self.precision.forward_context():
@@ -545,7 +546,7 @@ class Strategy:
         """``optimizer``'s state for a checkpoint. Every rank calls this."""
         return optimizer.state_dict()
 
-    def load_optimizer_state(self, optimizer: Optimizer, state: Mapping[str, Any]) -> None:
+    def load_optimizer_state(self, optimizer: Optimizer, state: dict[str, Any]) -> None:
         """Load a checkpoint's state of one optimizer."""
         optimizer.load_state_dict(state)
 
