@@ -57,7 +57,7 @@ from tandem.strategies.side_channel import (
 )
 from tandem.strategies.strategy import ReduceOp, Strategy
 from tandem.utilities.compile import Compiler
-from tandem.utilities.data import has_len, is_iterable_style, rebuild_dataloader
+from tandem.utilities.data import find_sampler, has_len, is_iterable_style, rebuild_dataloader
 from tandem.utilities.exceptions import TandemConfigError, bad_choice, incompatible, out_of_range
 from tandem.utilities.rank_zero import rank_zero_warn, set_rank
 from tandem.utilities.seed import global_seed, reset_seed
@@ -533,4 +533,4 @@ def leave_process_group() -> None:
 
 def _shuffles(loader: DataLoader) -> bool:
     """The loader draws a RandomSampler's order (``shuffle=True``)."""
-    return type(loader.batch_sampler) is BatchSampler and type(loader.sampler) is RandomSampler
+    return type(loader.batch_sampler) is BatchSampler and type(find_sampler(loader)) is RandomSampler

@@ -40,7 +40,7 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from tandem.utilities.data import InOrderSampler, has_len, rebuild_dataloader, unwrapped
+from tandem.utilities.data import InOrderSampler, drops_last, find_sampler, has_len, rebuild_dataloader, unwrapped
 from tandem.utilities.exceptions import incompatible
 from tandem.utilities.rank_zero import rank_zero_warn
 
@@ -230,7 +230,7 @@ def shard_training(
     ``seed`` must be the same on every rank, or the ranks would shard different permutations.
     """
     custom = type(loader.batch_sampler) is not BatchSampler and loader.batch_sampler is not None
-    drawn = loader.batch_sampler if custom else loader.sampler
+    drawn = loader.batch_sampler if custom else find_sampler(loader)
     if not has_len(drawn):
         raise incompatible(
             f"The training DataLoader's {'batch_sampler' if custom else 'sampler'} {type(drawn).__name__}",
@@ -243,7 +243,7 @@ def shard_training(
     if custom:
         wrapper = DistributedSamplerWrapper(sized, num_replicas, rank, seed)
         return rebuild_dataloader(loader, batch_sampler=wrapper)
-    sampler = loader.sampler
+    sampler = find_sampler(loader)
     if isinstance(sampler, DistributedSampler):
         return loader
     if data_order == "sampler" and isinstance(sampler, (RandomSampler, SequentialSampler)):
@@ -252,7 +252,7 @@ def shard_training(
     elif type(sampler) in (SequentialSampler, InOrderSampler) or _is_plain_random(sampler):
         new = _global_order(loader, num_replicas, rank, seed)
     else:
-        new = DistributedSamplerWrapper(sized, num_replicas, rank, seed, loader.drop_last)
+        new = DistributedSamplerWrapper(sized, num_replicas, rank, seed, drops_last(loader))
     return rebuild_dataloader(loader, sampler=new)
 
 
@@ -263,7 +263,7 @@ def ordered_training(loader: DataLoader, seed: int, data_order: str = "sampler")
     order); ``"global"``: the order N processes would share, seeded with ``seed + epoch``. Other samplers stay."""
     if not isinstance(loader, DataLoader) or type(loader.batch_sampler) is not BatchSampler:
         return loader
-    sampler = loader.sampler
+    sampler = find_sampler(loader)
     if type(sampler) not in (SequentialSampler, InOrderSampler) and not _is_plain_random(sampler):
         return loader
     if data_order == "global":
@@ -276,9 +276,9 @@ def ordered_training(loader: DataLoader, seed: int, data_order: str = "sampler")
 
 
 def _global_order(loader: DataLoader, num_replicas: int, rank: int, seed: int) -> GlobalOrderSampler:
-    shuffle = type(loader.sampler) is RandomSampler
+    shuffle = type(find_sampler(loader)) is RandomSampler
     return GlobalOrderSampler(
-        loader.dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=loader.drop_last
+        loader.dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=drops_last(loader)
     )
 
 
@@ -286,8 +286,9 @@ def shard_evaluation(loader: DataLoader, num_replicas: int, rank: int, seed: int
     """Interleave samples across ranks, each exactly once: in dataset order, or for a shuffling loader (a
     RandomSampler) in Lightning's evaluation order, a permutation seeded with ``seed`` plus the epoch that every
     rank draws alike (its DistributedSampler's, ``shuffle=True``; ``seed`` must be the same on every rank)."""
-    if type(loader.batch_sampler) is BatchSampler:
-        sampler, batch_size = loader.sampler, loader.batch_size
+    batches = loader.batch_sampler
+    if type(batches) is BatchSampler:  # its own settings: a loader given it has batch_size None, drop_last False
+        sampler, batch_size = batches.sampler, batches.batch_size
         if type(sampler) is RandomSampler:  # rank r's items are the DistributedSampler's, less its padding
             source: Iterable[Any] = GlobalOrderSampler(loader.dataset, num_replicas=1, rank=0, shuffle=True, seed=seed)
         elif isinstance(sampler, (SequentialSampler, RandomSampler, DistributedSampler)):
@@ -295,12 +296,12 @@ def shard_evaluation(loader: DataLoader, num_replicas: int, rank: int, seed: int
             source = range(len(dataset))  # in order: every rank must agree on the sequence
         else:
             source = sampler
-        if loader.drop_last:  # one process would drop the last partial batch: drop the same samples
+        if batches.drop_last:  # one process would drop the last partial batch: drop the same samples
             source = FirstItems(source, _length(source) - _length(source) % batch_size)
         shard = EvalDistributedSampler(source, num_replicas, rank)
         return rebuild_dataloader(loader, batch_sampler=BatchSampler(shard, batch_size, drop_last=False))
-    if loader.batch_sampler is not None:  # a custom batch sampler: whole batches go round the ranks
-        shard = EvalDistributedSampler(loader.batch_sampler, num_replicas, rank)
+    if batches is not None:  # a custom batch sampler: whole batches go round the ranks
+        shard = EvalDistributedSampler(batches, num_replicas, rank)
         return rebuild_dataloader(loader, batch_sampler=shard)
     return rebuild_dataloader(loader, sampler=EvalDistributedSampler(loader.sampler, num_replicas, rank))
 

@@ -108,10 +108,17 @@ def rebuild_dataloader(
         kwargs["worker_init_fn"] = _DieWithParent(init.inner, init.parent)
     if batch_sampler is not None:
         return type(loader)(loader.dataset, batch_sampler=batch_sampler, **kwargs)
-    if loader.batch_sampler is None:  # auto-collation off: the sampler yields whole batches' indices
+    batches = loader.batch_sampler
+    if batches is None:  # auto-collation off: the sampler yields whole batches' indices
         return type(loader)(loader.dataset, batch_size=None, sampler=sampler, **kwargs)
+    if type(batches) is not BatchSampler:
+        raise TypeError(
+            f"rebuild_dataloader(sampler=...) of a DataLoader batched by a {type(batches).__name__}: a new sampler "
+            "goes under torch's BatchSampler only (this one would be dropped); pass batch_sampler=... instead."
+        )
+    # the BatchSampler's settings: DataLoader(batch_sampler=BatchSampler(...)) leaves batch_size None, drop_last False
     return type(loader)(
-        loader.dataset, batch_size=loader.batch_size, drop_last=loader.drop_last, sampler=sampler, **kwargs
+        loader.dataset, batch_size=batches.batch_size, drop_last=batches.drop_last, sampler=sampler, **kwargs
     )
 
 
@@ -123,9 +130,12 @@ def in_order(loader: Any, name: str) -> Any:
     """``loader`` drawing its samples in order (``overfit_batches``: the same batches every epoch): a shuffling
     DataLoader is rebuilt with an :class:`InOrderSampler` and a warning (Lightning's), an ordered one without;
     anything else is returned as is."""
-    if not isinstance(loader, DataLoader) or type(loader.sampler) not in (RandomSampler, SequentialSampler):
+    if not isinstance(loader, DataLoader) or type(loader.batch_sampler) not in (BatchSampler, type(None)):
+        return loader  # a batch sampler of the user's draws its own order
+    sampler = find_sampler(loader)
+    if type(sampler) not in (RandomSampler, SequentialSampler):
         return loader
-    if isinstance(loader.sampler, RandomSampler):
+    if isinstance(sampler, RandomSampler):
         rank_zero_warn(
             f"Trainer(overfit_batches=...) trains on the same batches every epoch, but the {name} shuffle; tandem "
             "turns their shuffling off for this run. Pass shuffle=False to silence this warning."
@@ -210,7 +220,8 @@ def make_skippable(loader: DataLoader) -> tuple[DataLoader, SkippableSampler | N
 
 
 def find_sampler(loader: DataLoader) -> Sampler | None:
-    """The index sampler under any batch-sampler wrapping (ours or torch's)."""
+    """The index sampler under any batch-sampler wrapping (ours or torch's): a BatchSampler's own (the loader's
+    ``sampler`` is an unused SequentialSampler when a BatchSampler was given as ``batch_sampler``)."""
     sampler: Any = loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
     while True:
         if isinstance(sampler, SkippableSampler):
@@ -219,6 +230,13 @@ def find_sampler(loader: DataLoader) -> Sampler | None:
             sampler = sampler.sampler
         else:
             return sampler
+
+
+def drops_last(loader: DataLoader) -> bool:
+    """Whether ``loader`` drops its last partial batch: its BatchSampler's setting (``DataLoader(batch_sampler=
+    BatchSampler(..., drop_last=True))`` leaves the loader's own ``drop_last`` False)."""
+    batches = loader.batch_sampler
+    return batches.drop_last if type(batches) is BatchSampler else loader.drop_last
 
 
 def set_sampler_epoch(loader: Any, epoch: int) -> None:
