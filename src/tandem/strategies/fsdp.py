@@ -554,6 +554,7 @@ class FSDPStrategy(ParallelStrategy):
                 path.parent.mkdir(parents=True, exist_ok=True)
                 temporary = str(held.enter_context(temporary_directory(path)))
             temporary = self.broadcast(temporary)
+            assert temporary is not None  # rank 0's folder, on every rank
             try:
                 dcp.save(tensors, checkpoint_id=temporary)
                 if self.is_global_zero:
