@@ -310,7 +310,7 @@ class PyTorchProfiler(Profiler):
         return self._stats_to_str({"records": table})
 
     def _create_profilers(self) -> Any:
-        """Create :attr:`profiler` (not entered yet) and return it."""
+        """Create ``profiler`` (not entered yet) and return it."""
         if self._emit_nvtx:
             if self._parent_profiler is None:
                 self._parent_profiler = torch.cuda.profiler.profile()

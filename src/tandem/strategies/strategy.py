@@ -50,7 +50,7 @@ CLIP_ALGORITHMS = ("norm", "value")
 
 
 class Launcher(Protocol):
-    """What starts the other processes of a job (:attr:`Strategy.launcher`): ``launch`` runs ``function`` in this
+    """What starts the other processes of a job (``Strategy.launcher``): ``launch`` runs ``function`` in this
     process and the processes it starts, and returns this process's result."""
 
     def launch(self, function: Callable[..., Any], *args: Any, trainer: Any = None, **kwargs: Any) -> Any: ...
@@ -242,7 +242,7 @@ class Strategy:
 
     @property
     def launcher(self) -> Launcher | None:
-        """A :class:`Launcher` when other processes must be started, else None."""
+        """A ``Launcher`` when other processes must be started, else None."""
         return None
 
     @property
@@ -340,13 +340,13 @@ class Strategy:
 
     @property
     def module(self) -> nn.Module:
-        """The user's module, unwrapped (None until :meth:`setup`)."""
+        """The user's module, unwrapped (None until ``setup``)."""
         return self._module  # type: ignore[return-value]  # None only before setup, which the Trainer's readers follow
 
     @property
     def model(self) -> nn.Module:
         """The module as the steps see it (a DDP, FSDP or DataParallel wrapper, or the module itself; None until
-        :meth:`setup`)."""
+        ``setup``)."""
         return self._model  # type: ignore[return-value]  # None only before setup, which the Trainer's readers follow
 
     # ------------------------------------------------------------------ data

@@ -110,7 +110,7 @@ class _ModeIterator(Iterator[_ITERATOR_RETURN]):
 
     def __len__(self) -> int:
         """The pass's batches; inf (a float, as Lightning's) where an iterable without a length decides it, so that
-        ``len()`` raises TypeError there and :func:`_length` reads inf."""
+        ``len()`` raises TypeError there and ``_length`` reads inf."""
         raise NotImplementedError
 
     def _limited(self) -> list[int | float]:

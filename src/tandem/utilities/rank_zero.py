@@ -127,7 +127,7 @@ def set_rank(rank: int) -> None:
 
 
 def get_rank() -> int:
-    """This process's global rank, as :func:`set_rank` recorded it (``rank_zero_only.rank``, which Lightning's code
+    """This process's global rank, as ``set_rank`` recorded it (``rank_zero_only.rank``, which Lightning's code
     reads too)."""
     rank: int = rank_zero_only.rank  # type: ignore[attr-defined]  # a function attribute lightning-utilities does not declare
     return rank
