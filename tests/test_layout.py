@@ -74,7 +74,8 @@ def test_the_trainers_private_state_is_read_only_in_its_own_file():
 def test_the_strategy_base_stays_small():
     tree = ast.parse((SRC / "strategies" / "strategy.py").read_text())
     (base,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Strategy"]
-    public = [f.name for f in base.body if isinstance(f, ast.FunctionDef) and not f.name.startswith("_")]
+    # one entry per method: a method's typing overloads are one method
+    public = list(dict.fromkeys(f.name for f in base.body if isinstance(f, ast.FunctionDef) and f.name[0] != "_"))
     assert len(public) <= 43, (
         public
     )  # 43 since before_evaluation (validation through DDP's buffer broadcast, as Lightning)

@@ -80,6 +80,28 @@ def test_a_failed_write_is_raised_once_by_the_next_save_naming_the_file(tmp_path
     assert load_checkpoint_file(tmp_path / "b.ckpt")["state_dict"]["w"][0] == 2.0
 
 
+class _NoNotes(RuntimeError):
+    """An exception as on Python 3.10, which has no ``add_note``."""
+
+    def __getattribute__(self, name: str):
+        if name == "add_note":
+            raise AttributeError(name)
+        return super().__getattribute__(name)
+
+
+def test_a_failed_write_names_the_file_where_exceptions_have_no_notes(tmp_path, monkeypatch):
+    def failing(obj, path):
+        raise _NoNotes("the disk is on fire")
+
+    monkeypatch.setattr(checkpoint_io_module, "atomic_save", failing)
+    writer = AsyncCheckpointIO()
+    writer.save_checkpoint(_checkpoint(1.0), tmp_path / "a.ckpt")
+    with pytest.raises(_NoNotes, match="the disk is on fire") as caught:  # the write's own error, not AttributeError
+        writer.wait()
+    assert str(tmp_path / "a.ckpt") in str(caught.value)  # the note joins the message
+    writer.teardown()
+
+
 def test_a_real_write_error_names_the_file(tmp_path):
     (tmp_path / "blocker").write_text("a file where a folder should be")
     writer = AsyncCheckpointIO()

@@ -19,6 +19,7 @@ from torch.utils.data import (
     IterableDataset,
     RandomSampler,
     Sampler,
+    SequentialSampler,
     TensorDataset,
     WeightedRandomSampler,
 )
@@ -384,6 +385,40 @@ def test_evaluation_drop_last_drops_what_one_process_drops(monkeypatch):
         loader = _strategy().process_dataloader(DataLoader(_dataset(25), batch_size=10, drop_last=True), "test")
         shards.append(_indices(loader))
     assert sorted(shards[0] + shards[1]) == list(range(20))
+
+
+@pytest.mark.parametrize("data_order", ["sampler", "global"])
+def test_a_batch_sampler_given_to_the_training_loader_keeps_its_batches_on_each_rank(monkeypatch, data_order):
+    """DataLoader(batch_sampler=BatchSampler(...)) leaves the loader's batch_size None: each rank still draws
+    batches of the BatchSampler's size, from a shuffled order as its RandomSampler's."""
+    monkeypatch.setenv("TANDEM_GLOBAL_SEED", "7")
+    shards = []
+    for rank in (0, 1):
+        _as_rank(monkeypatch, rank)
+        dataset = _dataset(16)
+        given = DataLoader(dataset, batch_sampler=BatchSampler(RandomSampler(dataset), 4, drop_last=False))
+        loader = _strategy_ordered(data_order).process_dataloader(given, "fit")
+        batches = [batch.flatten().tolist() for (batch,) in loader]
+        assert [len(b) for b in batches] == [4, 4]
+        sampler = find_sampler(loader)
+        assert isinstance(sampler, DistributedSampler) and sampler.shuffle
+        shards.append([int(v) for b in batches for v in b])
+    assert sorted(shards[0] + shards[1]) == list(range(16))
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_a_batch_sampler_given_to_an_evaluation_loader_keeps_its_batches_on_each_rank(monkeypatch, drop_last):
+    shards = []
+    for rank in (0, 1):
+        _as_rank(monkeypatch, rank)
+        dataset = _dataset(10)
+        given = DataLoader(dataset, batch_sampler=BatchSampler(SequentialSampler(dataset), 4, drop_last=drop_last))
+        loader = _strategy().process_dataloader(given, "validate")
+        batches = [batch.flatten().tolist() for (batch,) in loader]
+        assert [len(b) for b in batches] == ([4] if drop_last else [4, 1])
+        shards.append([int(v) for b in batches for v in b])
+    assert shards[0] == list(range(0, 8 if drop_last else 10, 2))  # dataset order, rank r's r, r+2, ...
+    assert sorted(shards[0] + shards[1]) == list(range(8 if drop_last else 10))  # what one process sees
 
 
 # ---------------------------------------------------------------------------------------------- predictions

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
 
 from helpers import clear_launch_variables
 from tandem.strategies import DDPStrategy, Precision, SingleDeviceStrategy
@@ -149,6 +149,20 @@ def test_sharding_follows_distributed_sampler_kwargs(monkeypatch):
     assert strategy.distributed_sampler_kwargs == {"num_replicas": 2, "rank": 1}
     sharded = strategy.process_dataloader(loader, "validate")
     assert [v for (batch,) in sharded for v in batch.tolist()] == [1.0, 3.0, 5.0, 7.0]
+
+
+def test_one_process_trains_on_the_batches_of_a_batch_sampler_given_to_the_loader():
+    """DataLoader(batch_sampler=BatchSampler(RandomSampler(...), 4, ...)): the loader's own batch_size is None and
+    its sampler an unused SequentialSampler; one process draws the BatchSampler's batches, as the plain loader."""
+    dataset = TensorDataset(torch.arange(10.0))
+    given = DataLoader(dataset, batch_sampler=BatchSampler(RandomSampler(dataset), 4, drop_last=True))
+    loader = _configured(SingleDeviceStrategy("cpu")).process_dataloader(given, "fit")
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        expected = [b.tolist() for (b,) in given]
+        torch.manual_seed(seed)
+        assert [b.tolist() for (b,) in loader] == expected
+        assert [len(b) for b in expected] == [4, 4] and expected != [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints and init

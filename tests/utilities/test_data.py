@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, RandomSampler, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
 
 from helpers import launch_free_env
 from tandem.utilities.data import (
     end_workers_with_process,
     extract_batch_size,
     find_sampler,
+    in_order,
     make_skippable,
     rebuild_dataloader,
     seed_workers,
@@ -52,6 +53,28 @@ def test_rebuild_keeps_loader_settings_and_refuses_custom_subclasses():
 
     with pytest.raises(TypeError, match="cannot rebuild it safely"):
         rebuild_dataloader(Custom(TensorDataset(torch.arange(3.0)), 1), sampler=[0])
+
+
+def test_a_loader_given_a_batch_sampler_is_rebuilt_with_its_batch_size_and_drop_last():
+    dataset = TensorDataset(torch.arange(10.0))
+    given = DataLoader(dataset, batch_sampler=BatchSampler(SequentialSampler(dataset), 4, drop_last=True))
+    assert (given.batch_size, given.drop_last) == (None, False)  # torch's: the BatchSampler holds them
+    rebuilt = rebuild_dataloader(given, sampler=list(range(10))[::-1])
+    assert [b.tolist() for (b,) in rebuilt] == [[9.0, 8.0, 7.0, 6.0], [5.0, 4.0, 3.0, 2.0]]
+
+    custom = DataLoader(dataset, batch_sampler=type("MyBatches", (BatchSampler,), {})(range(10), 4, False))
+    with pytest.raises(TypeError, match="pass batch_sampler=... instead"):
+        rebuild_dataloader(custom, sampler=list(range(10)))
+
+
+def test_overfit_order_reads_the_sampler_of_a_given_batch_sampler():
+    dataset = TensorDataset(torch.arange(10.0))
+    shuffled = DataLoader(dataset, batch_sampler=BatchSampler(RandomSampler(dataset), 4, drop_last=False))
+    with pytest.warns(UserWarning, match="overfit_batches"):
+        ordered = in_order(shuffled, "training batches")
+    assert [b.tolist() for (b,) in ordered] == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0], [8.0, 9.0]]
+    custom = DataLoader(dataset, batch_sampler=type("MyBatches", (BatchSampler,), {})(RandomSampler(dataset), 4, False))
+    assert in_order(custom, "training batches") is custom  # a batch sampler of the user's draws its own order
 
 
 def test_extract_batch_size_from_collections():

@@ -45,6 +45,20 @@ def test_rng_state_loads_with_weights_only_and_old_numpy_tuples_still_restore(tm
     assert (random.random(), np.random.randn(), torch.rand(1).item()) == expected
 
 
+@pytest.mark.parametrize("bit_generator", [np.random.PCG64, np.random.Philox, np.random.SFC64])
+def test_rng_state_of_another_numpy_bit_generator_saves_and_restores(tmp_path, bit_generator):
+    default = np.random.get_bit_generator()
+    np.random.set_bit_generator(bit_generator(5))  # numpy's global state on another generator than MT19937
+    try:
+        np.random.randn()  # a cached gaussian
+        torch.save(capture_rng_state(), tmp_path / "rng.pt")
+        first = np.random.rand(3).tolist(), np.random.randn()
+        restore_rng_state(torch.load(tmp_path / "rng.pt"))  # weights_only=True reads it
+        assert (np.random.rand(3).tolist(), np.random.randn()) == first
+    finally:
+        np.random.set_bit_generator(default)
+
+
 def test_reset_seed_seeds_again_with_seed_everythings_seed_and_does_nothing_without_it(monkeypatch):
     """What a strategy of several processes does as each run sets up (Lightning's reset_seed under DDP): every rank
     starts the run's draws (dropout, the loaders' seeds) from the seed_everything state."""

@@ -7,7 +7,7 @@ import functools
 import inspect
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -17,6 +17,9 @@ from torch.profiler import ProfilerAction, ProfilerActivity, tensorboard_trace_h
 from tandem.profilers.profiler import Profiler
 from tandem.utilities.exceptions import TandemConfigError, bad_choice
 from tandem.utilities.rank_zero import WarningCache, rank_zero_warn
+
+if TYPE_CHECKING:
+    from tandem.trainer.trainer import Trainer
 
 _warnings = WarningCache()
 _STEP_KINDS = ("training_step", "validation_step", "test_step", "predict_step")
@@ -230,8 +233,7 @@ class PyTorchProfiler(Profiler):
             if torch.autograd._profiler_enabled():  # an earlier profiler that never described: close it
                 torch.autograd._disable_profiler()
             self._schedule.setup(fitting=self._stage == "fit")
-            self._create_profilers()
-            entered = self.profiler.__enter__()
+            entered = self._create_profilers().__enter__()
             if entered is not None:
                 self.profiler = entered
             if self._parent_profiler is not None:
@@ -284,9 +286,10 @@ class PyTorchProfiler(Profiler):
     def _total_steps(self) -> int | float:
         """The steps of the kind now stepping that the Trainer's current run takes (its sanity check included)."""
         kind = self._schedule.kind
+        trainer: Trainer | None
         try:
-            trainer = self.module.trainer if self.module is not None else None
-        except (AttributeError, RuntimeError):  # a plain nn.Module, or a module of no Trainer
+            trainer = getattr(self.module, "trainer", None)  # a plain nn.Module has none
+        except RuntimeError:  # a TrainingModule of no Trainer
             trainer = None
         if trainer is None or kind is None:
             return float("inf")  # unknown: keep the schedule
@@ -308,7 +311,8 @@ class PyTorchProfiler(Profiler):
         table = data.table(sort_by=self._sort_by_key, row_limit=self._row_limit, **self._table_kwargs)
         return self._stats_to_str({"records": table})
 
-    def _create_profilers(self) -> None:
+    def _create_profilers(self) -> Any:
+        """Create ``profiler`` (not entered yet) and return it."""
         if self._emit_nvtx:
             if self._parent_profiler is None:
                 self._parent_profiler = torch.cuda.profiler.profile()
@@ -316,9 +320,10 @@ class PyTorchProfiler(Profiler):
         else:
             self._parent_profiler = None
             self.profiler = self._create_profiler(torch.profiler.profile)
+        return self.profiler
 
     def _create_profiler(self, profiler: type) -> Any:
-        accepted = inspect.signature(profiler.__init__).parameters
+        accepted = inspect.signature(profiler).parameters
         return profiler(**{k: v for k, v in self._profiler_kwargs.items() if k in accepted})
 
     def _delete_profilers(self) -> None:

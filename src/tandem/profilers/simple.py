@@ -55,6 +55,7 @@ class SimpleProfiler(Profiler):
         if not self.recorded_durations:
             return title
         width = max(len(k) for k in [*self.recorded_durations, "Action", "Total"])
+        columns: tuple[str, ...]
         if self.extended:
             columns = ("Mean duration (s)", "Num calls", "Total time (s)", "Percentage %")
         else:
@@ -68,14 +69,14 @@ class SimpleProfiler(Profiler):
         out = title + line + header + line
         if self.extended:
             total_duration = time.monotonic() - self.start_time
-            report = [
+            extended_report = [
                 (a, sum(d) / len(d), len(d), sum(d), 100.0 * sum(d) / total_duration)
                 for a, d in self.recorded_durations.items()
             ]
-            report.sort(key=lambda r: r[4], reverse=True)
-            total_calls = sum(r[2] for r in report)
+            extended_report.sort(key=lambda r: r[4], reverse=True)
+            total_calls = sum(r[2] for r in extended_report)
             out += row("Total", "-", f"{total_calls}", f"{total_duration:.5}", "100 %") + line
-            for action, mean, calls, total, share in report:
+            for action, mean, calls, total, share in extended_report:
                 out += row(action, f"{mean:.5}", f"{calls}", f"{total:.5}", f"{share:.5}")
         else:
             report = [(a, sum(d) / len(d), sum(d)) for a, d in self.recorded_durations.items()]

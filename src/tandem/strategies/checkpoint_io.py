@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.utilities.checkpoint import atomic_save, host_copy
+from tandem.utilities.exceptions import add_note
 
 
 class AsyncCheckpointIO:
@@ -70,9 +71,10 @@ class AsyncCheckpointIO:
         self._pending = self._pending_path = None
         error = pending.exception()
         if error is not None:
-            error.add_note(
+            add_note(
+                error,
                 f"[tandem] Raised by the background write of checkpoint {path!r} (AsyncCheckpointIO); the "
-                "previous file at that path, if any, is intact."
+                "previous file at that path, if any, is intact.",
             )
             raise error
 

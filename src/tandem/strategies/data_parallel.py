@@ -25,8 +25,8 @@ import enum
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
@@ -39,6 +39,9 @@ from tandem.strategies.strategy import Strategy
 from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError
 from tandem.utilities.logged_values import is_metric, replica_log_buffer
 from tandem.utilities.rank_zero import rank_zero_warn
+
+if TYPE_CHECKING:
+    from tandem.module import TrainingModule
 
 #: values that are copied to every chunk instead of being split
 _REPLICATED = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, enum.Enum)
@@ -120,7 +123,9 @@ class DataParallelStrategy(Strategy):
                 f"strategy='dp' runs in one process on one machine; got num_nodes={self.num_nodes}. "
                 "Use strategy='ddp' for several machines."
             )
-        types = {d.type for d in self.parallel_devices}
+        devices = self.parallel_devices
+        assert devices is not None  # _configure sets them before this check
+        types = {d.type for d in devices}
         if types not in ({"cuda"}, {"cpu"}):
             raise _needs_cuda()
         if types == {"cpu"}:
@@ -128,25 +133,27 @@ class DataParallelStrategy(Strategy):
                 "DataParallelStrategy on CPU devices runs dp's data flow on CPU copies, for tests and debugging; "
                 "it is not faster. Train on CPU with strategy='ddp'."
             )
-        if len(self.parallel_devices) == 1:
+        if len(devices) == 1:
             rank_zero_warn(
-                f"strategy='dp' with one device ({self.parallel_devices[0]}) runs as a single device: no "
+                f"strategy='dp' with one device ({devices[0]}) runs as a single device: no "
                 "replicas, no splitting. Pass devices=N (N > 1) to split batches across N GPUs."
             )
 
     @property
     def devices_per_process(self) -> int:
         """Devices this one process drives (what a throughput per device divides by)."""
+        assert self.parallel_devices is not None  # read once configured
         return len(self.parallel_devices)
 
     def _setup(self, module: nn.Module) -> None:
         super()._setup(module)
-        self._metric_names = [name for name, m in self._module.named_modules() if is_metric(m)]
+        self._metric_names = [name for name, m in self.module.named_modules() if is_metric(m)]
 
     # ------------------------------------------------------------------ steps
     def run_step(self, method: str, *args: Any) -> Any:
         """Split the batch, run ``method`` in one replica per chunk, and combine the outputs and logs."""
-        devices = self.parallel_devices
+        devices, module = self.parallel_devices, self._module
+        assert devices is not None and module is not None  # configured and set up before any step
         if len(devices) == 1 or not args:
             return super().run_step(method, *args)
         batch, rest = args[0], args[1:]
@@ -162,7 +169,7 @@ class DataParallelStrategy(Strategy):
             return super().run_step(method, *args)
         devices = devices[: len(chunks)]
         inputs = [(_to_device(chunk, d), *rest) for chunk, d in zip(chunks, devices)]
-        replicas = _replicate(self._module, devices, detach=not torch.is_grad_enabled())
+        replicas = _replicate(module, devices, detach=not torch.is_grad_enabled())
         checked = self._mutation_checks.get(method, 0)
         watch = checked < _MUTATION_CHECKS and "mutation" not in self._warned
         self._mutation_checks[method] = checked + watch
@@ -224,7 +231,7 @@ class DataParallelStrategy(Strategy):
 
     def _check_metrics(self, replicas: list[nn.Module], method: str) -> None:
         for name in self._metric_names:
-            original = self._module.get_submodule(name)
+            original = self.module.get_submodule(name)
             if any(r.get_submodule(name)._update_count != original._update_count for r in replicas):
                 raise _metric_in_replica(name, method)
 
@@ -246,6 +253,7 @@ class DataParallelStrategy(Strategy):
         self, logs: list[list[tuple[str, Any, dict[str, Any]]]], sizes: list[int], device: torch.device, method: str
     ) -> None:
         """Combine each name's values across replicas (by its ``reduce_fx``) and log it once, here."""
+        module = cast("TrainingModule", self._module)  # logs only from a TrainingModule's steps
         groups: dict[tuple[str, int], list[tuple[torch.Tensor, int, dict[str, Any]]]] = {}
         for buffer, size in zip(logs, sizes):
             seen: dict[str, int] = {}
@@ -265,8 +273,13 @@ class DataParallelStrategy(Strategy):
                 weight = torch.tensor(weights, dtype=values.dtype, device=device)
                 combined = (values * weight).sum() / weight.sum()
             else:
-                combined = {"sum": values.sum, "max": values.max, "min": values.min}[fx]()
-            self._module.log(name, combined, **options)
+                reducers: dict[str, Callable[[], torch.Tensor]] = {
+                    "sum": values.sum,
+                    "max": values.max,
+                    "min": values.min,
+                }
+                combined = reducers[fx]()
+            module.log(name, combined, **options)
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -347,8 +360,9 @@ def _slice(obj: Any, start: int, stop: int) -> Any:
         return obj[start:stop]
     if isinstance(obj, Mapping):
         items = [(k, _slice(v, start, stop)) for k, v in obj.items()]
+        mapping_type: Callable[..., Mapping[Any, Any]] = type(obj)  # most are built from pairs
         try:
-            return type(obj)(items)
+            return mapping_type(items)
         except TypeError:  # a mapping type that cannot be built from pairs
             return dict(items)
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a named tuple
@@ -395,8 +409,9 @@ def combine_outputs(outputs: list[Any], sizes: list[int], device: torch.device) 
     if isinstance(first, Mapping) and all(isinstance(v, Mapping) for v in values):
         keys = list(dict.fromkeys(k for v in values for k in v))
         items = [(k, combine_outputs([v.get(k) for v in values], weights, device)) for k in keys]
+        mapping_type: Callable[..., Mapping[Any, Any]] = type(first)  # most are built from pairs
         try:
-            return type(first)(items)
+            return mapping_type(items)
         except TypeError:
             return dict(items)
     if isinstance(first, (tuple, list)) and all(type(v) is type(first) and len(v) == len(first) for v in values):

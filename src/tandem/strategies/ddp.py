@@ -148,7 +148,9 @@ class DDPStrategy(ParallelStrategy):
         self._check_sync_batchnorm()
 
     def _check_sync_batchnorm(self) -> None:
-        if self.sync_batchnorm and self.parallel_devices[0].type != "cuda":
+        devices = self.parallel_devices
+        assert devices is not None  # _configure sets them before this check
+        if self.sync_batchnorm and devices[0].type != "cuda":
             raise TandemConfigError(
                 "sync_batchnorm=True needs CUDA devices (torch's SyncBatchNorm does not run on the CPU); "
                 "on the CPU set sync_batchnorm=False (and leave TorchSyncBatchNorm() out of plugins)."
@@ -184,7 +186,7 @@ class DDPStrategy(ParallelStrategy):
 
     def _compile(self, compiler: Compiler) -> Callable[..., Any]:
         self._compiler = compiler
-        self._compiled_evaluation = CompiledSteps(self._module, compiler)  # evaluation steps do not run through DDP
+        self._compiled_evaluation = CompiledSteps(self.module, compiler)  # evaluation steps do not run through DDP
         return super()._compile(compiler)
 
     def teardown(self) -> None:
@@ -208,12 +210,13 @@ class DDPStrategy(ParallelStrategy):
         self._created = False
         if not isinstance(self._model, DistributedDataParallel):
             return
-        now = _trainable(self._module)
+        module = self.module
+        now = _trainable(module)
         if now == self._wrapped:
             return
         gained, lost = now - self._wrapped, self._wrapped - now
-        added = [n for n, p in self._module.named_parameters() if id(p) in gained]
-        dropped = [n for n, p in self._module.named_parameters() if id(p) in lost]
+        added = [n for n, p in module.named_parameters() if id(p) in gained]
+        dropped = [n for n, p in module.named_parameters() if id(p) in lost]
         for param in [p for p in self._outside if id(p) not in now]:  # frozen or gone: no more averaging
             self._outside.pop(param).remove()
         self._rewrap(_changed(added, dropped))
@@ -221,7 +224,7 @@ class DDPStrategy(ParallelStrategy):
     def _rewrap(self, why: str) -> None:
         """Build the DDP wrapper again (and its compiled form), saying why on rank 0."""
         old = self._model
-        self._model = self._ddp(self._module)
+        self._model = self._ddp(self.module)
         if self._compiler is not None:
             self._compiled = super()._compile(self._compiler)
         if isinstance(old, DistributedDataParallel):
@@ -232,16 +235,18 @@ class DDPStrategy(ParallelStrategy):
         """After a synced backward that left DDP's reduction unfinished (some trainable parameters got no
         gradient): average every gradient by hand, so the optimizer step that follows is the one N processes
         should take, then build the wrapper again so the next steps need no rescue (see the module docstring)."""
-        params = [p for p in self._module.parameters() if id(p) in self._wrapped]
+        params = [p for p in self.module.parameters() if id(p) in self._wrapped]
         have = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=self.root_device)
         dist.all_reduce(have)  # a gradient on any rank: averaged, zeros where a rank has none
         world, counts = dist.get_world_size(), have.tolist()
-        grads = []
+        grads: list[torch.Tensor] = []
         for param, count in zip(params, counts):
-            if count and param.grad is None:
-                param.grad = torch.zeros_like(param)
-            if count:
-                grads.append(param.grad)
+            if not count:
+                continue
+            grad = param.grad
+            if grad is None:
+                grad = param.grad = torch.zeros_like(param)
+            grads.append(grad)
         if grads:
             flat = torch.cat([g.reshape(-1) for g in grads])
             dist.all_reduce(flat)
@@ -250,7 +255,7 @@ class DDPStrategy(ParallelStrategy):
             for grad in grads:
                 grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
                 offset += grad.numel()
-        names = {id(p): n for n, p in self._module.named_parameters()}
+        names = {id(p): n for n, p in self.module.named_parameters()}
         missing = [p for p, count in zip(params, counts) if not count]
         if self._manual:
             self.ddp_kwargs["find_unused_parameters"] = True
@@ -324,7 +329,7 @@ class DDPStrategy(ParallelStrategy):
 
     def _no_gradient(self) -> list[str]:
         """The wrapped parameters that got no gradient in this process's step (a failed step only)."""
-        return [n for n, p in self._module.named_parameters() if id(p) in self._wrapped and p.grad is None]
+        return [n for n, p in self.module.named_parameters() if id(p) in self._wrapped and p.grad is None]
 
     @contextlib.contextmanager
     def no_backward_sync(self, module: nn.Module, enabled: bool) -> Iterator[None]:
@@ -341,7 +346,7 @@ class DDPStrategy(ParallelStrategy):
         if "Expected to have finished reduction" not in text:
             return err
         if not unused:
-            names = [n for n, p in self._module.named_parameters() if p.requires_grad]
+            names = [n for n, p in self.module.named_parameters() if p.requires_grad]
             match = re.search(r"did not receive grad for rank \d+: ([\d ]+)", text)
             unused = [names[int(i)] for i in match.group(1).split() if int(i) < len(names)] if match else []
         which = ", ".join(unused) if unused else "(torch did not say which)"
@@ -406,8 +411,10 @@ def _mark_created(strategy_ref: Callable[[], DDPStrategy | None]) -> Callable[..
 def _average_gradient(param: nn.Parameter) -> None:
     """A parameter DDP does not own: its gradient, accumulated by this backward, averaged over the ranks (every rank
     runs the same backwards). Averaging is linear, so gradients accumulated over several backwards stay right."""
-    dist.all_reduce(param.grad)
-    param.grad.div_(dist.get_world_size())
+    grad = param.grad
+    assert grad is not None  # the hook runs after its accumulation
+    dist.all_reduce(grad)
+    grad.div_(dist.get_world_size())
 
 
 def _no_reduction_after_step(model_ref: Callable[[], DistributedDataParallel | None]) -> Callable[..., None]:

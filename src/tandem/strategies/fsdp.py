@@ -35,7 +35,7 @@ import shutil
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 import torch
 import torch.distributed as dist
@@ -61,6 +61,10 @@ from tandem.utilities.exceptions import CheckpointError, TandemConfigError, Tand
 if TYPE_CHECKING:  # torch's FSDP, DTensor and checkpoint modules take ~1 s to import: loaded when used
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, OffloadPolicy
+
+    class ShardedModule(FSDPModule, nn.Module):
+        """What ``fully_shard`` makes of a module: the same object, its class now also an ``FSDPModule``."""
+
 
 STATE_DICT_TYPES = ("full", "sharded")
 META_FILE = (
@@ -170,9 +174,9 @@ class FSDPStrategy(ParallelStrategy):
         self._mesh: DeviceMesh | None = None
         self._optimizers: list[Optimizer] = []
         self._hooks: list[Any] = []
-        self._managed: dict[nn.Module, str] = {}  # FSDP module -> one parameter its group holds
-        self._recording: list[nn.Module] | None = None
-        self._last_step: list[tuple[nn.Module, bool]] = []  # the gathers of the last evaluation step
+        self._managed: dict[ShardedModule, str] = {}  # FSDP module -> one parameter its group holds
+        self._recording: list[ShardedModule] | None = None
+        self._last_step: list[tuple[ShardedModule, bool]] = []  # the gathers of the last evaluation step
 
     def _check_configuration(self) -> None:
         super()._check_configuration()
@@ -231,7 +235,7 @@ class FSDPStrategy(ParallelStrategy):
         self._index(root)
         self._reshard_all()  # an earlier evaluation may have left the root gathered: the optimizer needs the shards
 
-    def _shard(self, module: nn.Module) -> FSDPModule:
+    def _shard(self, module: nn.Module) -> ShardedModule:
         """Check, then shard: activation checkpointing, the policy's groups innermost first, the root last."""
         from torch.distributed._composable import checkpoint
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -253,21 +257,37 @@ class FSDPStrategy(ParallelStrategy):
             self._broadcast_tensors(module)
         for layer in checkpointed:
             checkpoint(layer)
-        options = {"mesh": self.device_mesh, "mp_policy": self.mixed_precision_policy}
-        options["offload_policy"] = self.offload_policy
+        mesh, policy, offload = self.device_mesh, self.mixed_precision_policy, self.offload_policy
         for layer in norms:
             fully_shard(
                 layer,
+                mesh=mesh,
                 reshard_after_forward=self.reshard_after_forward,
-                **{**options, "mp_policy": MixedPrecisionPolicy()},
+                mp_policy=MixedPrecisionPolicy(),
+                offload_policy=offload,
             )
         for layer in groups:
-            fully_shard(layer, reshard_after_forward=self.reshard_after_forward, **options)
+            fully_shard(
+                layer,
+                mesh=mesh,
+                reshard_after_forward=self.reshard_after_forward,
+                mp_policy=policy,
+                offload_policy=offload,
+            )
         # the root: torch keeps its parameters gathered after forward (backward needs them at once)
         reshard_root = None if self.reshard_after_forward else False
         # the root's input is the whole batch: targets stay float32 for the loss (autocast casts the layers' inputs)
-        options["mp_policy"] = dataclasses.replace(options["mp_policy"], cast_forward_inputs=False)
-        root = fully_shard(StepForward(module), reshard_after_forward=reshard_root, **options)
+        root_policy = dataclasses.replace(policy, cast_forward_inputs=False)
+        root = cast(
+            "ShardedModule",  # the module itself, its class now also an FSDPModule
+            fully_shard(
+                StepForward(module),
+                mesh=mesh,
+                reshard_after_forward=reshard_root,
+                mp_policy=root_policy,
+                offload_policy=offload,
+            ),
+        )
         if meta:
             self._materialize(root, module, meta)
         return root
@@ -301,7 +321,7 @@ class FSDPStrategy(ParallelStrategy):
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "DTensor random operators may not have complete support")
             for layer in meta:
-                layer.reset_parameters()
+                layer.reset_parameters()  # type: ignore[operator]  # _check_initialisable found one on each
         if self.sync_module_states and self.world_size > 1:
             self._broadcast_tensors(module, parameters=False)
 
@@ -322,7 +342,7 @@ class FSDPStrategy(ParallelStrategy):
         self._hooks = [g.register_forward_pre_hook(self._record) for g in self._managed]
         self._last_step = []
 
-    def _record(self, module: nn.Module, args: Any) -> None:
+    def _record(self, module: ShardedModule, args: Any) -> None:
         if self._recording is not None:
             self._recording.append(module)
 
@@ -358,11 +378,12 @@ class FSDPStrategy(ParallelStrategy):
         root = self._model if self._compiled is None else self._compiled
         if method == "training_step":
             with self.precision.forward_context():
-                return root(method, *args)
-        self._recording = gathered = []
+                return root(method, *args)  # type: ignore[misc]  # set up before any step
+        gathered: list[ShardedModule] = []
+        self._recording = gathered
         try:
             with self.precision.forward_context():
-                output = root(method, *args)
+                output = root(method, *args)  # type: ignore[misc]  # set up before any step
         finally:
             self._recording = None
         self._last_step = [(group, self._is_sharded(group)) for group in gathered]
@@ -403,6 +424,7 @@ class FSDPStrategy(ParallelStrategy):
 
     def _replay_gathers(self) -> None:
         root = self._model
+        assert _is_fsdp(root)  # evaluation_batches replays only around an FSDP root
         steps = self._last_step or [(g, g is not root and self.reshard_after_forward) for g in self._managed]
         # a rank that has not run a forward yet: torch's root set-up, which the first forward would do (no public API)
         root._get_fsdp_state()._lazy_init()
@@ -411,7 +433,7 @@ class FSDPStrategy(ParallelStrategy):
             if resharded:
                 group.reshard()
 
-    def _is_sharded(self, group: nn.Module) -> bool:
+    def _is_sharded(self, group: ShardedModule) -> bool:
         name = self._managed.get(group)
         return name is None or _is_dtensor(group.get_parameter(name))
 
@@ -485,7 +507,7 @@ class FSDPStrategy(ParallelStrategy):
             state = get_optimizer_state_dict(self.module, optimizer, options=options)
         return _numbered(state) if state else {}
 
-    def load_optimizer_state(self, optimizer: Optimizer, state: Mapping[str, Any]) -> None:
+    def load_optimizer_state(self, optimizer: Optimizer, state: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         if not state.get("state"):
@@ -535,6 +557,7 @@ class FSDPStrategy(ParallelStrategy):
                 path.parent.mkdir(parents=True, exist_ok=True)
                 temporary = str(held.enter_context(temporary_directory(path)))
             temporary = self.broadcast(temporary)
+            assert temporary is not None  # rank 0's folder, on every rank
             try:
                 dcp.save(tensors, checkpoint_id=temporary)
                 if self.is_global_zero:
@@ -665,7 +688,7 @@ def _batch_norms(module: nn.Module) -> list[nn.Module]:
     ]
 
 
-def _is_fsdp(module: Any) -> bool:
+def _is_fsdp(module: object) -> TypeGuard[ShardedModule]:
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(module, FSDPModule)
@@ -747,11 +770,11 @@ def _parameters_on_meta() -> Iterator[None]:
         if param is not None and type(param) is nn.Parameter and not param.is_meta:
             module._parameters[name] = nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
 
-    nn.Module.register_parameter = on_meta
+    nn.Module.register_parameter = on_meta  # type: ignore[method-assign, assignment]  # patched for the block
     try:
         yield
     finally:
-        nn.Module.register_parameter = register
+        nn.Module.register_parameter = register  # type: ignore[method-assign]  # the method back
 
 
 def _has_meta(module: nn.Module) -> bool:

@@ -200,7 +200,7 @@ def _is_echo(error: BaseException) -> bool:
     return (isinstance(error, RankFailedError) and bool(error.args)) or broke_in_torch(error)
 
 
-def _broken_collective(error: BaseException) -> BaseException | None:
+def _broken_collective(error: BaseException | None) -> BaseException | None:
     """The error of the collective that broke inside torch behind ``error`` (itself, or what tandem's own
     RankFailedError explained), or None: tandem's own text is never quoted as a broken collective."""
     seen: set[int] = set()
@@ -290,12 +290,14 @@ class _Watchdog:
         self.failure: _Child | None = None
         self.reported = False  # RankFailedError was raised in the launching thread
         self.interrupted = False  # the launching thread got a KeyboardInterrupt of its own (Ctrl-C)
-        self._woken_with: BaseException | None = None  # the error the wake-up signal raised in the launching thread
+        self._woken_with: Exception | None = None  # the error the wake-up signal raised in the launching thread
         self._main_failing = False  # the launching thread is in launch()'s error handling
         self._main_done = False  # the interpreter is exiting: nothing left to raise into
         self.hydra_job: str | None = None  # the run folder of the Hydra job the ranks were started for
         self._force_wake = False  # raise even inside an except / finally block (it has taken too long)
-        self._main_ident = threading.main_thread().ident
+        main_ident = threading.main_thread().ident
+        assert main_ident is not None  # the main thread has started
+        self._main_ident = main_ident
         self._signal_installed = False
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -468,6 +470,7 @@ class _Watchdog:
         if channel is not None and channel.hang is not None:
             return HangError(channel.hang)
         child = self.failure
+        assert child is not None  # its callers ask once a started rank failed
         mismatch = child.found_mismatch()
         if mismatch is not None:  # its message names both sides and the user's lines: the job's error
             return CollectiveMismatchError(f"{mismatch.message()}\n(Rank {child.rank} found it and stopped the job.)")
@@ -500,9 +503,10 @@ class _Watchdog:
         self.interrupted = isinstance(error, KeyboardInterrupt)  # before the watchdog reads _main_failing
         self._main_failing = True  # the watchdog will not interrupt this thread any more
         reason = f"rank {self.rank} failed ({error_summary(error)})"
-        if error is self._woken_with:  # raised by the wake-up signal: the failure itself, not an echo of it
+        woken = self._woken_with
+        if woken is not None and error is woken:  # raised by the wake-up signal: the failure itself, not an echo of it
             self.stop(reason)
-            return error
+            return woken
         if isinstance(error, RankFailedError) and not error.args:  # raised asynchronously (launched from a thread)
             self.reported = True
             self.stop(reason)
@@ -519,19 +523,19 @@ class _Watchdog:
                 return None  # none failed (one ended normally: the side channel's error says so)
             self.reported = True
             return self.error(echo=error)
-        failed = [self.failure] if self.failure is not None else self.failures_within(_SAME_ERROR_WAIT_S)
+        failures = [self.failure] if self.failure is not None else self.failures_within(_SAME_ERROR_WAIT_S)
         own = _last_line("".join(traceback.format_exception_only(type(error), error)))
-        records = [_read_error_record(c.error_file) for c in failed]
-        if failed and all(r is not None and _last_line(r[1]) == own for r in records):
+        records = [_read_error_record(c.error_file) for c in failures]
+        if failures and all(r is not None and _last_line(r[1]) == own for r in records):
             self.stop(reason)  # the same error on those ranks: shown once, rank 0's traceback
-            ranks = ", ".join(str(r) for r in [self.rank, *(c.rank for c in failed)])
+            ranks = ", ".join(str(r) for r in [self.rank, *(c.rank for c in failures)])
             _add_note(error, f"[tandem] ranks {ranks} raised this error (only rank {self.rank}'s traceback is shown).")
             return None
-        if failed:
+        if failures:
             with contextlib.suppress(subprocess.TimeoutExpired):  # it wrote its traceback and is ending
-                failed[0].proc.wait(_TERMINATE_GRACE_S)
-            if failed[0].proc.poll() is not None:
-                self._declare(failed[0])
+                failures[0].proc.wait(_TERMINATE_GRACE_S)
+            if failures[0].proc.poll() is not None:
+                self._declare(failures[0])
         self.stop(reason)
         if self.failure is None:
             return None  # rank 0's own error
@@ -822,7 +826,7 @@ class SpawnLauncher:
         processes: list[Any] = []
         try:
             for local_rank in range(self.num_processes):
-                process = context.Process(
+                process = context.Process(  # type: ignore[attr-defined]  # typeshed's BaseContext (for a str) lacks it
                     target=_spawned,
                     args=(local_rank, self.environment, function, args, kwargs, trainer, folder, rng_state),
                     name=f"tandem-rank-{local_rank}",

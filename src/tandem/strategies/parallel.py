@@ -57,7 +57,7 @@ from tandem.strategies.side_channel import (
 )
 from tandem.strategies.strategy import ReduceOp, Strategy
 from tandem.utilities.compile import Compiler
-from tandem.utilities.data import has_len, is_iterable_style, rebuild_dataloader
+from tandem.utilities.data import find_sampler, has_len, is_iterable_style, rebuild_dataloader
 from tandem.utilities.exceptions import TandemConfigError, bad_choice, incompatible, out_of_range
 from tandem.utilities.rank_zero import rank_zero_warn, set_rank
 from tandem.utilities.seed import global_seed, reset_seed
@@ -147,16 +147,18 @@ class ParallelStrategy(Strategy):
 
     def _check_configuration(self) -> None:
         super()._check_configuration()
-        types = {d.type for d in self.parallel_devices}
-        cuda = [d for d in self.parallel_devices if d.type == "cuda"]
+        devices = self.parallel_devices
+        assert devices is not None  # _configure sets them before this check
+        types = {d.type for d in devices}
+        cuda = [d for d in devices if d.type == "cuda"]
         if len(types) > 1 or len(cuda) != len({(d.index or 0) for d in cuda}):
-            shown = ", ".join(str(d) for d in self.parallel_devices)
+            shown = ", ".join(str(d) for d in devices)
             raise TandemConfigError(
                 f"strategy={self.name!r} runs one process per device, but devices=[{shown}] lists a CUDA device "
                 "twice or mixes device types: several devices in one process is DataParallel's way. Give each "
                 "process its own device (e.g. devices=2 with accelerator='cuda'), or use strategy='dp'."
             )
-        device_type = self.parallel_devices[0].type
+        device_type = devices[0].type
         if self.process_group_backend is None:
             self.process_group_backend = "nccl" if device_type == "cuda" else "gloo"
         if self.process_group_backend == "nccl" and device_type != "cuda":
@@ -532,4 +534,4 @@ def leave_process_group() -> None:
 
 def _shuffles(loader: DataLoader) -> bool:
     """The loader draws a RandomSampler's order (``shuffle=True``)."""
-    return type(loader.batch_sampler) is BatchSampler and type(loader.sampler) is RandomSampler
+    return type(loader.batch_sampler) is BatchSampler and type(find_sampler(loader)) is RandomSampler

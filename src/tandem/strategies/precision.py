@@ -34,7 +34,7 @@ class _DefaultDtype:
 
     _lock = threading.Lock()
     _depth = 0
-    _previous: torch.dtype | None = None
+    _previous: torch.dtype = torch.float32  # the default saved by the first to enter (torch's own until then)
 
     def __init__(self, dtype: torch.dtype) -> None:
         self.dtype = dtype
@@ -173,7 +173,7 @@ class Precision:
         self._unscaled.add(key)
         self.scaler.unscale_(optimizer)
 
-    def optimizer_step(self, optimizer: Optimizer, closure: Any = None, **kwargs: Any) -> bool:
+    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any) -> bool:
         """Step the optimizer; returns False when the scaler skipped the step (inf/NaN gradients).
 
         ``closure`` (forward and backward, then the pre-step hooks) runs inside ``optimizer.step`` in full

@@ -90,7 +90,7 @@ def resolve_devices(accelerator: str, devices: Any) -> list[torch.device]:
     """Turn ``devices`` ("auto", an int, a list of indices, or "0,1") into the devices of this node."""
     available = torch.cuda.device_count() if accelerator == "cuda" else None
     if devices == "auto":
-        count = available if accelerator == "cuda" else 1
+        count = available if available is not None else 1  # counted for CUDA
         indices = list(range(count))
     elif isinstance(devices, str):
         try:
@@ -104,7 +104,7 @@ def resolve_devices(accelerator: str, devices: Any) -> list[torch.device]:
         raise out_of_range("devices", devices, "'auto', an int, or a list of CUDA device indices")
     elif isinstance(devices, int):
         if devices == -1:
-            devices = available if accelerator == "cuda" else 1
+            devices = available if available is not None else 1  # counted for CUDA
         if devices < 1:
             raise out_of_range(
                 "devices",
@@ -126,6 +126,7 @@ def resolve_devices(accelerator: str, devices: Any) -> list[torch.device]:
                 f"devices={list(devices)!r} lists device indices, which only CUDA has; on the CPU pass the number "
                 "of processes, e.g. devices=2 with strategy='ddp'."
             )
+        assert available is not None  # counted for CUDA
         indices = list(devices)
         bad = [i for i in indices if not isinstance(i, int) or not 0 <= i < available]
         if not indices or bad or len(set(indices)) != len(indices):

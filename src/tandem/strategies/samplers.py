@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Mapping, Sized
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sized
+from typing import Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -40,7 +40,7 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from tandem.utilities.data import InOrderSampler, has_len, rebuild_dataloader, unwrapped
+from tandem.utilities.data import InOrderSampler, drops_last, find_sampler, has_len, rebuild_dataloader, unwrapped
 from tandem.utilities.exceptions import incompatible
 from tandem.utilities.rank_zero import rank_zero_warn
 
@@ -68,8 +68,8 @@ class GlobalOrderSampler(DistributedSampler):
         if self.shuffle:
             generator = torch.Generator()
             generator.manual_seed(self._draw_epoch_seed())
-            return torch.randperm(len(self.dataset), generator=generator).tolist()  # type: ignore[arg-type]
-        return list(range(len(self.dataset)))  # type: ignore[arg-type]
+            return torch.randperm(len(self.dataset), generator=generator).tolist()  # type: ignore[arg-type]  # map-style
+        return list(range(len(self.dataset)))  # type: ignore[arg-type]  # a map-style dataset: sized
 
     def _draw_epoch_seed(self) -> int:
         if self.pending_seed is not None:
@@ -91,7 +91,7 @@ class GlobalOrderSampler(DistributedSampler):
 
     def remaining(self, start: int) -> int:
         """How many items this rank draws in an epoch that begins at global item ``start``."""
-        left = max(0, len(self.dataset) - start)  # type: ignore[arg-type]
+        left = max(0, len(self.dataset) - start)  # type: ignore[arg-type]  # a map-style dataset: sized
         return left // self.num_replicas if self.drop_last else math.ceil(left / self.num_replicas)
 
     def order_settings(self) -> dict[str, Any]:
@@ -122,6 +122,14 @@ def shard_order(order: list[Any], start: int, replicas: int, rank: int, drop_las
     return rest[rank::replicas]
 
 
+class SizedIterable(Protocol):
+    """A sampler (of indices or batches) with a length."""
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+    def __len__(self) -> int: ...
+
+
 class DistributedSamplerWrapper(GlobalOrderSampler):
     """Shards the indices a user's sampler draws: every rank draws the whole sequence, then keeps its share.
 
@@ -129,9 +137,16 @@ class DistributedSamplerWrapper(GlobalOrderSampler):
     (a sampler drawing from python's ``random`` or numpy must be seeded alike on every rank).
     """
 
-    def __init__(self, sampler: Sampler, num_replicas: int, rank: int, seed: int = 0, drop_last: bool = False) -> None:
+    def __init__(
+        self, sampler: SizedIterable, num_replicas: int, rank: int, seed: int = 0, drop_last: bool = False
+    ) -> None:
         super().__init__(
-            range(len(sampler)), num_replicas=num_replicas, rank=rank, shuffle=False, seed=seed, drop_last=drop_last
+            range(len(sampler)),  # type: ignore[arg-type]  # a DistributedSampler takes only len() of its dataset
+            num_replicas=num_replicas,
+            rank=rank,
+            shuffle=False,
+            seed=seed,
+            drop_last=drop_last,
         )
         self.sampler = sampler
 
@@ -151,7 +166,7 @@ class EvalDistributedSampler(Sampler):
     every item exactly once, no padding. The items are sample indices, or whole batches when ``source``
     is a batch sampler."""
 
-    def __init__(self, source: Sized, num_replicas: int, rank: int) -> None:
+    def __init__(self, source: Iterable[Any], num_replicas: int, rank: int) -> None:
         self.source = source
         self.num_replicas = num_replicas
         self.rank = rank
@@ -160,7 +175,7 @@ class EvalDistributedSampler(Sampler):
         return itertools.islice(iter(self.source), self.rank, None, self.num_replicas)
 
     def __len__(self) -> int:
-        return len(range(self.rank, len(self.source), self.num_replicas))
+        return len(range(self.rank, _length(self.source), self.num_replicas))
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch for a source that orders by it (a shuffled loader's order, a sampler of the user's)."""
@@ -175,7 +190,7 @@ class FirstItems(BatchSampler):
     to the sampler below, whose ``set_epoch`` the Trainer calls.
     """
 
-    def __init__(self, sampler: Sized, count: int) -> None:  # BatchSampler.__init__ is not called
+    def __init__(self, sampler: Iterable[Any], count: int) -> None:  # BatchSampler.__init__ is not called
         self.sampler = sampler
         self.count = count
 
@@ -183,7 +198,7 @@ class FirstItems(BatchSampler):
         return itertools.islice(iter(self.sampler), self.count)
 
     def __len__(self) -> int:
-        return min(self.count, len(self.sampler))
+        return min(self.count, _length(self.sampler))
 
     def set_epoch(self, epoch: int) -> None:
         if callable(set_epoch := getattr(self.sampler, "set_epoch", None)):
@@ -194,7 +209,14 @@ class FirstItems(BatchSampler):
 DATA_ORDERS = ("sampler", "global")
 
 
-def _is_plain_random(sampler: Sampler) -> bool:
+def _length(source: Iterable[Any]) -> int:
+    """``len(source)``: a TypeError where it has no length (a loader over it then has none either)."""
+    if not isinstance(source, Sized):
+        raise TypeError(f"object of type {type(source).__name__!r} has no len()")
+    return len(source)
+
+
+def _is_plain_random(sampler: object) -> bool:
     return type(sampler) is RandomSampler and not sampler.replacement and sampler._num_samples is None
 
 
@@ -208,7 +230,7 @@ def shard_training(
     ``seed`` must be the same on every rank, or the ranks would shard different permutations.
     """
     custom = type(loader.batch_sampler) is not BatchSampler and loader.batch_sampler is not None
-    drawn = loader.batch_sampler if custom else loader.sampler
+    drawn = loader.batch_sampler if custom else find_sampler(loader)
     if not has_len(drawn):
         raise incompatible(
             f"The training DataLoader's {'batch_sampler' if custom else 'sampler'} {type(drawn).__name__}",
@@ -217,10 +239,11 @@ def shard_training(
             "Trainer(use_distributed_sampler=False): tandem then ends each epoch for all ranks at the first batch "
             "one of them lacks.",
         )
+    sized = cast(SizedIterable, drawn)  # has_len took its len()
     if custom:
-        wrapper = DistributedSamplerWrapper(loader.batch_sampler, num_replicas, rank, seed)
+        wrapper = DistributedSamplerWrapper(sized, num_replicas, rank, seed)
         return rebuild_dataloader(loader, batch_sampler=wrapper)
-    sampler = loader.sampler
+    sampler = find_sampler(loader)
     if isinstance(sampler, DistributedSampler):
         return loader
     if data_order == "sampler" and isinstance(sampler, (RandomSampler, SequentialSampler)):
@@ -229,7 +252,7 @@ def shard_training(
     elif type(sampler) in (SequentialSampler, InOrderSampler) or _is_plain_random(sampler):
         new = _global_order(loader, num_replicas, rank, seed)
     else:
-        new = DistributedSamplerWrapper(sampler, num_replicas, rank, seed, loader.drop_last)
+        new = DistributedSamplerWrapper(sized, num_replicas, rank, seed, drops_last(loader))
     return rebuild_dataloader(loader, sampler=new)
 
 
@@ -240,7 +263,7 @@ def ordered_training(loader: DataLoader, seed: int, data_order: str = "sampler")
     order); ``"global"``: the order N processes would share, seeded with ``seed + epoch``. Other samplers stay."""
     if not isinstance(loader, DataLoader) or type(loader.batch_sampler) is not BatchSampler:
         return loader
-    sampler = loader.sampler
+    sampler = find_sampler(loader)
     if type(sampler) not in (SequentialSampler, InOrderSampler) and not _is_plain_random(sampler):
         return loader
     if data_order == "global":
@@ -253,9 +276,9 @@ def ordered_training(loader: DataLoader, seed: int, data_order: str = "sampler")
 
 
 def _global_order(loader: DataLoader, num_replicas: int, rank: int, seed: int) -> GlobalOrderSampler:
-    shuffle = type(loader.sampler) is RandomSampler
+    shuffle = type(find_sampler(loader)) is RandomSampler
     return GlobalOrderSampler(
-        loader.dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=loader.drop_last
+        loader.dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=drops_last(loader)
     )
 
 
@@ -263,20 +286,22 @@ def shard_evaluation(loader: DataLoader, num_replicas: int, rank: int, seed: int
     """Interleave samples across ranks, each exactly once: in dataset order, or for a shuffling loader (a
     RandomSampler) in Lightning's evaluation order, a permutation seeded with ``seed`` plus the epoch that every
     rank draws alike (its DistributedSampler's, ``shuffle=True``; ``seed`` must be the same on every rank)."""
-    if type(loader.batch_sampler) is BatchSampler:
-        sampler, batch_size = loader.sampler, loader.batch_size
+    batches = loader.batch_sampler
+    if type(batches) is BatchSampler:  # its own settings: a loader given it has batch_size None, drop_last False
+        sampler, batch_size = batches.sampler, batches.batch_size
         if type(sampler) is RandomSampler:  # rank r's items are the DistributedSampler's, less its padding
-            source: Sized = GlobalOrderSampler(loader.dataset, num_replicas=1, rank=0, shuffle=True, seed=seed)
+            source: Iterable[Any] = GlobalOrderSampler(loader.dataset, num_replicas=1, rank=0, shuffle=True, seed=seed)
         elif isinstance(sampler, (SequentialSampler, RandomSampler, DistributedSampler)):
-            source = range(len(loader.dataset))  # in order: every rank must agree on the sequence
+            dataset = cast(Sized, loader.dataset)  # these samplers draw from len(dataset) indices
+            source = range(len(dataset))  # in order: every rank must agree on the sequence
         else:
             source = sampler
-        if loader.drop_last:  # one process would drop the last partial batch: drop the same samples
-            source = FirstItems(source, len(source) - len(source) % batch_size)
+        if batches.drop_last:  # one process would drop the last partial batch: drop the same samples
+            source = FirstItems(source, _length(source) - _length(source) % batch_size)
         shard = EvalDistributedSampler(source, num_replicas, rank)
         return rebuild_dataloader(loader, batch_sampler=BatchSampler(shard, batch_size, drop_last=False))
-    if loader.batch_sampler is not None:  # a custom batch sampler: whole batches go round the ranks
-        shard = EvalDistributedSampler(loader.batch_sampler, num_replicas, rank)
+    if batches is not None:  # a custom batch sampler: whole batches go round the ranks
+        shard = EvalDistributedSampler(batches, num_replicas, rank)
         return rebuild_dataloader(loader, batch_sampler=shard)
     return rebuild_dataloader(loader, sampler=EvalDistributedSampler(loader.sampler, num_replicas, rank))
 
@@ -307,9 +332,10 @@ def interleave_predictions(per_rank: list[list[Any]], batch_size: int) -> list[A
     n = len(per_rank)
     if batch_size == 0:
         return [per_rank[j % n][j // n] for j in range(sum(len(p) for p in per_rank))]
-    samples = [_split_all(outputs) for outputs in per_rank]
-    total = sum(len(s) for s in samples if s is not None)
-    if any(s is None or len(s) != len(range(r, total, n)) for r, s in enumerate(samples)):
+    split = [_split_all(outputs) for outputs in per_rank]
+    samples = [s for s in split if s is not None]
+    total = sum(len(s) for s in samples)
+    if len(samples) != n or any(len(s) != len(range(r, total, n)) for r, s in enumerate(samples)):
         rank_zero_warn(
             "predict_step outputs could not be split per sample along dim 0; the predictions are "
             "returned rank after rank (rank r predicted samples r, r+N, ...)."
@@ -336,13 +362,19 @@ def _split(obj: Any) -> list[Any] | None:
     if isinstance(obj, list):
         return [[item] for item in obj]
     if isinstance(obj, Mapping):
-        parts = {key: _split(value) for key, value in obj.items()}
+        items: Iterable[tuple[Any, Any]] = obj.items()
     elif isinstance(obj, tuple):
-        parts = dict(enumerate(_split(value) for value in obj))
+        items = enumerate(obj)
     else:
         return None
-    lengths = {len(p) if p is not None else -1 for p in parts.values()}
-    if len(lengths) != 1 or -1 in lengths:
+    parts: dict[Any, list[Any]] = {}
+    for key, value in items:
+        split = _split(value)
+        if split is None:
+            return None
+        parts[key] = split
+    lengths = {len(p) for p in parts.values()}
+    if len(lengths) != 1:
         return None
     count = lengths.pop()
     if isinstance(obj, Mapping):

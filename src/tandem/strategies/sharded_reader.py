@@ -106,8 +106,9 @@ def readers(path: str | os.PathLike, trusted: bool) -> dict[str, Any]:
 def refusal(arguments: dict[str, Any]) -> Refused | None:
     """What the safe reader or planner among ``arguments`` (from ``readers``) refused, or None."""
     for part in (arguments.get("storage_reader"), arguments.get("planner")):
-        if getattr(part, "refused", None) is not None:
-            return part.refused
+        refused: Refused | None = getattr(part, "refused", None)
+        if refused is not None:
+            return refused
     return None
 
 

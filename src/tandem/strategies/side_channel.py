@@ -535,7 +535,7 @@ class SideChannel:
         except Exception:
             return "the job's store is gone"
 
-    def explain(self, error: BaseException, entry: str) -> RankFailedError | None:
+    def explain(self, error: BaseException, entry: str) -> RankFailedError | HangError | None:
         """``error`` ends this rank's Trainer.``entry``. When it is a collective that broke inside torch because
         another rank left (its script ended or failed; gloo's "Connection closed by peer"), the
         [`RankFailedError`][tandem.utilities.exceptions.RankFailedError] that names that rank, how it left and where
@@ -600,7 +600,7 @@ class SideChannel:
                 if stopping and self._beat_store.get(self.key("stopping")) is not None:
                     os._exit(TORN_DOWN_EXIT)  # as SIGTERM's default action would (128 + 15)
                 if self.hang_timeout is not None:
-                    self._look_for_hang(moved)
+                    self._look_for_hang(moved, self.hang_timeout)
             except Exception as error:
                 if not self._store_reachable():
                     return  # the store is gone (the job is ending): nothing more to report
@@ -640,7 +640,7 @@ class SideChannel:
         self._beat_store.set(self.key("beat", self.rank), "\n".join(map(str, (*fields, self.collective_check.last))))
 
     # ------------------------------------------------------------------ hangs
-    def _look_for_hang(self, moved: bool) -> None:
+    def _look_for_hang(self, moved: bool, hang_timeout: float) -> None:
         """Watcher thread, once a beat; ``moved``: this rank's place or stack changed since its last beat. Every
         rank adds that to the group's ``moved`` counter (one request, whatever the number of ranks). Rank 0: when
         the counter has not grown for ``hang_timeout`` seconds, it reads every rank's beat (once, not every beat)
@@ -664,14 +664,14 @@ class SideChannel:
         if self._stalled is None or self._stalled[0] != total:
             self._stalled = (total, now)
             return
-        if now - self._stalled[1] < self.hang_timeout:
+        if now - self._stalled[1] < hang_timeout:
             return
         beats = self.beats(store)
-        still = max(self.hang_timeout - 2 * _BEAT_S, self.hang_timeout / 2)  # a beat is up to a second old
+        still = max(hang_timeout - 2 * _BEAT_S, hang_timeout / 2)  # a beat is up to a second old
         if (
             beats is None
             or any(b is None or b.status != "running" or b.still_for < still for b in beats)
-            or not any(b.place for b in beats)
+            or not any(b.place for b in beats if b is not None)
         ):
             # a rank left (the other clients report it), no loop runs (set-up), or a rank moved after all (the
             # counter was held back), or a beat is missing or not signed by this job: no hang to declare now

@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, TypeVar, overload
 
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
@@ -42,10 +42,18 @@ from tandem.utilities.rank_zero import set_rank
 from tandem.utilities.seed import order_seed
 
 _NO_CONTEXT = contextlib.nullcontext()
+_T = TypeVar("_T")
 ReduceOp = str  # "mean" | "sum" | "max" | "min"
 REDUCE_OPS = ("mean", "sum", "max", "min")
 STAGES = ("fit", "validate", "test", "predict")
 CLIP_ALGORITHMS = ("norm", "value")
+
+
+class Launcher(Protocol):
+    """What starts the other processes of a job (``Strategy.launcher``): ``launch`` runs ``function`` in this
+    process and the processes it starts, and returns this process's result."""
+
+    def launch(self, function: Callable[..., Any], *args: Any, trainer: Any = None, **kwargs: Any) -> Any: ...
 
 
 class StepForward(nn.Module):
@@ -235,8 +243,8 @@ class Strategy:
         return 1
 
     @property
-    def launcher(self) -> Any:
-        """An object with ``launch(fn, *args, trainer=...)`` when other processes must be started, else None."""
+    def launcher(self) -> Launcher | None:
+        """A ``Launcher`` when other processes must be started, else None."""
         return None
 
     @property
@@ -317,9 +325,9 @@ class Strategy:
         not wrapped, its step methods one by one (``torch.compile`` of a module compiles its ``forward`` only;
         the steps are what run, and ``forward`` is compiled where they call it)."""
         if self._model is self._module:
-            return CompiledSteps(self._module, compiler)
+            return CompiledSteps(self.module, compiler)
         _start_graphs_at_the_steps()
-        return compiler(self._model)
+        return compiler(self.model)
 
     def setup_optimizers(self, optimizers: list[Optimizer]) -> list[Optimizer]:
         return optimizers
@@ -335,13 +343,14 @@ class Strategy:
 
     @property
     def module(self) -> nn.Module:
-        """The user's module, unwrapped."""
-        return self._module
+        """The user's module, unwrapped (None until ``setup``)."""
+        return self._module  # type: ignore[return-value]  # None only before setup, which the Trainer's readers follow
 
     @property
     def model(self) -> nn.Module:
-        """The module as the steps see it (a DDP, FSDP or DataParallel wrapper, or the module itself)."""
-        return self._model
+        """The module as the steps see it (a DDP, FSDP or DataParallel wrapper, or the module itself; None until
+        ``setup``)."""
+        return self._model  # type: ignore[return-value]  # None only before setup, which the Trainer's readers follow
 
     # ------------------------------------------------------------------ data
     def process_dataloader(self, dataloader: DataLoader, stage: str) -> DataLoader:
@@ -401,7 +410,7 @@ class Strategy:
         elif self._model is self._module:
             step = getattr(self._module, method)
         else:
-            step = partial(self._model, method)
+            step = partial(self._model, method)  # type: ignore[arg-type, misc]  # set up before any step runs
         if not self.precision.has_forward_context:
             return step(*args)
         with self.precision.forward_context():
@@ -439,16 +448,23 @@ class Strategy:
         else:
             torch.nn.utils.clip_grad_value_(params, value)
 
-    def optimizer_step(self, optimizer: Optimizer, closure: Any = None, **kwargs: Any) -> bool:
+    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any) -> bool:
         """Step (running ``closure`` first, or inside ``optimizer.step`` where the precision allows); False
         when the step was skipped (float16 loss scaling found inf/NaN)."""
         return self.precision.optimizer_step(optimizer, closure, **kwargs)
 
     # ------------------------------------------------------------------ collectives (identity for one process)
+    @overload
+    def reduce(self, tensor: torch.Tensor, reduce_op: ReduceOp = "mean") -> torch.Tensor: ...
+
+    @overload
+    def reduce(self, tensor: float, reduce_op: ReduceOp = "mean") -> torch.Tensor | float: ...
+
     def reduce(self, tensor: torch.Tensor | float, reduce_op: ReduceOp = "mean") -> torch.Tensor | float:
         """Combine ``tensor`` across processes with ``reduce_op`` ("mean", "sum", "max" or "min").
 
-        Every process must call this. One process gets its input back unchanged.
+        Every process must call this. One process gets its input back unchanged; several give a number back as a
+        tensor.
         """
         if reduce_op not in REDUCE_OPS:
             raise bad_choice("reduce_op", reduce_op, REDUCE_OPS)
@@ -470,14 +486,14 @@ class Strategy:
     def _all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.unsqueeze(0)
 
-    def all_gather_object(self, obj: Any) -> list[Any]:
+    def all_gather_object(self, obj: _T) -> list[_T]:
         """Every rank's picklable ``obj``, in rank order."""
         return self._all_gather_object(obj)
 
     def _all_gather_object(self, obj: Any) -> list[Any]:
         return [obj]
 
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
+    def broadcast(self, obj: _T, src: int = 0) -> _T:
         """Rank ``src``'s picklable ``obj``, on every rank."""
         if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < self.world_size:
             raise out_of_range("src", src, f"a rank in 0..{self.world_size - 1}")
@@ -549,7 +565,7 @@ class Strategy:
         """``optimizer``'s state for a checkpoint. Every rank calls this."""
         return optimizer.state_dict()
 
-    def load_optimizer_state(self, optimizer: Optimizer, state: Mapping[str, Any]) -> None:
+    def load_optimizer_state(self, optimizer: Optimizer, state: dict[str, Any]) -> None:
         """Load a checkpoint's state of one optimizer."""
         optimizer.load_state_dict(state)
 

@@ -56,12 +56,12 @@ from tandem.utilities.plain_data import BadPlainData, LegacyPickledValue, NotPla
 try:  # advisory locks on the temporary files; absent on Windows
     import fcntl
 except ImportError:  # pragma: no cover
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]  # the optional import's fallback: every use checks `fcntl is not None`
 
 try:  # RNG states hold numpy arrays
     import numpy as np
 except ImportError:  # pragma: no cover
-    np = None
+    np = None  # type: ignore[assignment]  # the optional import's fallback: every use checks `np is not None`
 
 CHECKPOINT_MARKER = "tandem_version"
 CHECKSUM_KEY = "tandem_checksum"
@@ -390,7 +390,7 @@ def temporary_directory(path: str | os.PathLike) -> Iterator[Path]:
 
 
 def _remove_stale(folder: Path, target: str | None) -> list[str]:
-    removed = []
+    removed: list[str] = []
     try:
         entries = list(os.scandir(folder))
     except OSError:
@@ -402,12 +402,12 @@ def _remove_stale(folder: Path, target: str | None) -> list[str]:
         match = _TEMPORARY.match(entry.name) or _UNNAMED_OLD.match(entry.name)
         if match is None or target is not None and match["target"] != target:
             continue
-        named = match.re is _TEMPORARY
-        host, pid = (match["host"], int(match["pid"])) if named else (None, None)
-        if named and match["kind"] == "tmp":
-            gone = _remove_if_stale(entry.path, host, pid)
+        if match.re is not _TEMPORARY:  # a previous checkpoint an earlier tandem moved aside without its writer's name
+            gone = _settle_if_stale(entry.path, folder / match["target"], None, None)
+        elif match["kind"] == "tmp":
+            gone = _remove_if_stale(entry.path, match["host"], int(match["pid"]))
         else:
-            gone = _settle_if_stale(entry.path, folder / match["target"], host, pid)
+            gone = _settle_if_stale(entry.path, folder / match["target"], match["host"], int(match["pid"]))
         if gone:
             removed.append(entry.name)
     return removed
@@ -422,7 +422,7 @@ def _settle_if_stale(old: str, target: Path, host: str | None, pid: int | None) 
     if found is None:
         return False
     try:
-        if host == _writer_host():
+        if pid is not None and host == _writer_host():
             if _process_alive(pid):
                 return False
         elif time.time() - found.st_ctime < _FOREIGN_IDLE_S:  # ctime: when it was renamed aside
@@ -554,10 +554,10 @@ def _process_alive(pid: int) -> bool:
         return True
 
 
-def _os_error(err: BaseException) -> OSError | None:
+def _os_error(err: BaseException | None) -> OSError | None:
     """The operating-system error behind ``err`` (torch.save reports a full disk as "unexpected pos ...",
     with the OSError as its cause or context)."""
-    seen = set()
+    seen: set[int] = set()
     while err is not None and id(err) not in seen:
         if isinstance(err, OSError) and err.errno is not None:
             return err
@@ -590,7 +590,7 @@ def to_plain(checkpoint: dict[str, Any], warned: set[tuple[str, str]] | None = N
     callback's state, an entry added in ``on_save_checkpoint``) is a
     [`CheckpointError`][tandem.utilities.exceptions.CheckpointError] naming it, before anything is written."""
     warned = set() if warned is None else warned
-    plain = {}
+    plain: dict[str, Any] = {}
     for entry, value in checkpoint.items():
         if entry in _HPARAMS_ENTRIES and isinstance(value, dict):
             plain[entry] = {}

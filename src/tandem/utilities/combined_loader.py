@@ -109,6 +109,8 @@ class _ModeIterator(Iterator[_ITERATOR_RETURN]):
         raise NotImplementedError
 
     def __len__(self) -> int:
+        """The pass's batches; inf (a float, as Lightning's) where an iterable without a length decides it, so that
+        ``len()`` raises TypeError there and ``_length`` reads inf."""
         raise NotImplementedError
 
     def _limited(self) -> list[int | float]:
@@ -148,7 +150,7 @@ class _MaxSizeCycle(_ModeIterator):
         return self._out(values)
 
     def __len__(self) -> int:
-        return max(self._limited())  # type: ignore[return-value]
+        return max(self._limited())  # type: ignore[return-value]  # inf: no length (see _ModeIterator)
 
 
 class _MinSize(_ModeIterator):
@@ -159,7 +161,7 @@ class _MinSize(_ModeIterator):
 
     def __len__(self) -> int:
         lengths = [_length(iterable) for iterable in self.iterables]
-        return min(lengths + list(self.limits or ()))  # type: ignore[return-value]
+        return min(lengths + list(self.limits or ()))  # type: ignore[return-value]  # inf: no length (see _ModeIterator)
 
 
 class _MaxSize(_ModeIterator):
@@ -172,7 +174,7 @@ class _MaxSize(_ModeIterator):
         return self._out([None if value is _ENDED else value for value in values])
 
     def __len__(self) -> int:
-        return max(self._limited())  # type: ignore[return-value]
+        return max(self._limited())  # type: ignore[return-value]  # inf: no length (see _ModeIterator)
 
 
 _ENDED = object()
@@ -204,7 +206,7 @@ class _Sequential(_ModeIterator):
         self.iterators = [iter(self.iterables[n])] if n < len(self.iterables) else []
 
     def __len__(self) -> int:
-        return sum(self._limited())  # type: ignore[return-value]
+        return sum(self._limited(), 0)  # type: ignore[return-value]  # inf: no length (see _ModeIterator)
 
     def reset(self) -> None:
         super().reset()
@@ -369,10 +371,10 @@ class CombinedLoader(Iterable[Any]):
 
     def _dataset_length(self) -> int:
         """The datasets' combined length in this mode (the iterable-style ones left out)."""
-        lengths = [n for n in (_length(getattr(i, "dataset", None)) for i in self._flattened) if n != float("inf")]
+        lengths = [n for n in (_length(getattr(i, "dataset", None)) for i in self._flattened) if isinstance(n, int)]
         if not lengths:
             raise NotImplementedError("All datasets are iterable-style datasets.")
-        return _MODE_LENGTH[self._mode](lengths)  # type: ignore[arg-type]
+        return _MODE_LENGTH[self._mode](lengths)
 
 
 def _shutdown_workers(loader: Any) -> None:

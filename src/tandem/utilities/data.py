@@ -6,9 +6,9 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from dataclasses import fields, is_dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
@@ -108,10 +108,17 @@ def rebuild_dataloader(
         kwargs["worker_init_fn"] = _DieWithParent(init.inner, init.parent)
     if batch_sampler is not None:
         return type(loader)(loader.dataset, batch_sampler=batch_sampler, **kwargs)
-    if loader.batch_sampler is None:  # auto-collation off: the sampler yields whole batches' indices
+    batches = loader.batch_sampler
+    if batches is None:  # auto-collation off: the sampler yields whole batches' indices
         return type(loader)(loader.dataset, batch_size=None, sampler=sampler, **kwargs)
+    if type(batches) is not BatchSampler:
+        raise TypeError(
+            f"rebuild_dataloader(sampler=...) of a DataLoader batched by a {type(batches).__name__}: a new sampler "
+            "goes under torch's BatchSampler only (this one would be dropped); pass batch_sampler=... instead."
+        )
+    # the BatchSampler's settings: DataLoader(batch_sampler=BatchSampler(...)) leaves batch_size None, drop_last False
     return type(loader)(
-        loader.dataset, batch_size=loader.batch_size, drop_last=loader.drop_last, sampler=sampler, **kwargs
+        loader.dataset, batch_size=batches.batch_size, drop_last=batches.drop_last, sampler=sampler, **kwargs
     )
 
 
@@ -123,14 +130,18 @@ def in_order(loader: Any, name: str) -> Any:
     """``loader`` drawing its samples in order (``overfit_batches``: the same batches every epoch): a shuffling
     DataLoader is rebuilt with an ``InOrderSampler`` and a warning (Lightning's), an ordered one without;
     anything else is returned as is."""
-    if not isinstance(loader, DataLoader) or type(loader.sampler) not in (RandomSampler, SequentialSampler):
+    if not isinstance(loader, DataLoader) or type(loader.batch_sampler) not in (BatchSampler, type(None)):
+        return loader  # a batch sampler of the user's draws its own order
+    sampler = find_sampler(loader)
+    if type(sampler) not in (RandomSampler, SequentialSampler):
         return loader
-    if isinstance(loader.sampler, RandomSampler):
+    if isinstance(sampler, RandomSampler):
         rank_zero_warn(
             f"Trainer(overfit_batches=...) trains on the same batches every epoch, but the {name} shuffle; tandem "
             "turns their shuffling off for this run. Pass shuffle=False to silence this warning."
         )
-    return rebuild_dataloader(loader, sampler=InOrderSampler(loader.dataset))
+    dataset = cast(Sized, loader.dataset)  # its RandomSampler or SequentialSampler draws from len(dataset) indices
+    return rebuild_dataloader(loader, sampler=InOrderSampler(dataset))
 
 
 class SkippableSampler(Sampler):
@@ -143,13 +154,13 @@ class SkippableSampler(Sampler):
     checkpoint's RNG state before the first batch is loaded.
     """
 
-    def __init__(self, inner: Sampler | Sequence[Any]) -> None:
+    def __init__(self, inner: Iterable[Any]) -> None:
         self.inner = inner
         self.skip = 0  # consumed (and reset) by the next __iter__
         self._latest: _SkippingIterator | None = None
 
     def __len__(self) -> int:
-        return len(self.inner)  # type: ignore[arg-type]
+        return len(self.inner)  # type: ignore[arg-type]  # as a DataLoader, asked only of samplers with a length
 
     def __iter__(self) -> Iterator[Any]:
         skip, self.skip = self.skip, 0
@@ -171,22 +182,25 @@ class SkippableSampler(Sampler):
 
 
 class _SkippingIterator:
-    def __init__(self, inner: Any, skip: int) -> None:
-        self._inner, self._skip, self._it = inner, skip, None
+    def __init__(self, inner: Iterable[Any], skip: int) -> None:
+        self._inner, self._skip = inner, skip
+        self._it: Iterator[Any] | None = None
 
-    def start(self) -> None:
+    def start(self) -> Iterator[Any]:
         if self._it is None:
             self._it = iter(self._inner)
             for _ in zip(range(self._skip), self._it):
                 pass
+        return self._it
 
     def __iter__(self) -> _SkippingIterator:
         return self
 
     def __next__(self) -> Any:
-        if self._it is None:
-            self.start()
-        return next(self._it)
+        it = self._it
+        if it is None:
+            it = self.start()
+        return next(it)
 
 
 def unwrapped(sampler: Any) -> Any:
@@ -206,7 +220,8 @@ def make_skippable(loader: DataLoader) -> tuple[DataLoader, SkippableSampler | N
 
 
 def find_sampler(loader: DataLoader) -> Sampler | None:
-    """The index sampler under any batch-sampler wrapping (ours or torch's)."""
+    """The index sampler under any batch-sampler wrapping (ours or torch's): a BatchSampler's own (the loader's
+    ``sampler`` is an unused SequentialSampler when a BatchSampler was given as ``batch_sampler``)."""
     sampler: Any = loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
     while True:
         if isinstance(sampler, SkippableSampler):
@@ -215,6 +230,13 @@ def find_sampler(loader: DataLoader) -> Sampler | None:
             sampler = sampler.sampler
         else:
             return sampler
+
+
+def drops_last(loader: DataLoader) -> bool:
+    """Whether ``loader`` drops its last partial batch: its BatchSampler's setting (``DataLoader(batch_sampler=
+    BatchSampler(..., drop_last=True))`` leaves the loader's own ``drop_last`` False)."""
+    batches = loader.batch_sampler
+    return batches.drop_last if type(batches) is BatchSampler else loader.drop_last
 
 
 def set_sampler_epoch(loader: Any, epoch: int) -> None:
@@ -236,6 +258,7 @@ def extract_batch_size(batch: Any) -> int:
     """Size of dim 0 of the first tensor found in ``batch`` (tensors, mappings, sequences, dataclasses)."""
     if isinstance(batch, torch.Tensor):
         return batch.shape[0] if batch.ndim > 0 else 1
+    values: Iterable[Any]
     if isinstance(batch, Mapping):
         values = batch.values()
     elif is_dataclass(batch) and not isinstance(batch, type):

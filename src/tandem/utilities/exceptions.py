@@ -299,7 +299,7 @@ def incompatible(what: str, reason: str, fix: str, lead: str = "") -> TandemConf
     return TandemConfigError(_led(lead, f"{what}: {reason}. {fix}"))
 
 
-_WRITE_FIXES = {
+_WRITE_FIXES: dict[int | None, str] = {  # keyed by OSError.errno, which may be None
     errno.ENOSPC: "Free space on that disk, or write somewhere else",
     errno.EDQUOT: "Free space within your disk quota, or write somewhere else",
     errno.EFBIG: "The file is larger than this process may write (ulimit -f); raise the limit, or write elsewhere",

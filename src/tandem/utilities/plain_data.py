@@ -43,8 +43,13 @@ _PATHS = {
     for cls in (pathlib.Path, pathlib.PurePath, pathlib.PosixPath, pathlib.WindowsPath)
     + (pathlib.PurePosixPath, pathlib.PureWindowsPath)
 }
-_TIMES = {"timedelta": datetime.timedelta, "datetime": datetime.datetime, "date": datetime.date}
-_TIMES["time"] = datetime.time
+#: the time types written as their ISO text (a datetime is a date)
+_ISO_TIMES: dict[str, type[datetime.date] | type[datetime.time]] = {
+    "datetime": datetime.datetime,
+    "date": datetime.date,
+    "time": datetime.time,
+}
+_TIMES: dict[str, type] = {"timedelta": datetime.timedelta, **_ISO_TIMES}
 
 
 class NotPlainData(TypeError):
@@ -162,7 +167,7 @@ def _decode_tagged(obj: dict[str, Any], trusted: bool, where: str) -> Any:
         if kind == "timedelta":
             return datetime.timedelta(days=obj["days"], seconds=obj["seconds"], microseconds=obj["microseconds"])
         if kind in ("datetime", "date", "time"):
-            return _TIMES[kind].fromisoformat(obj["iso"])
+            return _ISO_TIMES[kind].fromisoformat(obj["iso"])
         if kind == "numpy":
             return _numpy(obj, where)
         if kind == "omegaconf":

@@ -23,7 +23,7 @@ from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_only
 from tandem.utilities.exceptions import TandemWarning
 
 if getattr(rank_zero_only, "rank", None) is None:
-    rank_zero_only.rank = 0
+    rank_zero_only.rank = 0  # type: ignore[attr-defined]  # a function attribute lightning-utilities does not declare
 
 #: set by a progress bar while it draws frames in place on the terminal: ``write(text, file)`` puts ``text`` on
 #: its own line(s) above the bars (tqdm.write); None: text goes straight to the file
@@ -93,6 +93,7 @@ if getattr(warnings.formatwarning, "__module__", None) != __name__:  # once, how
 
 __all__ = [
     "WarningCache",
+    "get_rank",
     "rank_zero_info",
     "rank_zero_only",
     "rank_zero_print",
@@ -124,7 +125,14 @@ class WarningCache(_WarningCache):
 
 def set_rank(rank: int) -> None:
     """The single place that records this process's global rank."""
-    rank_zero_only.rank = rank
+    rank_zero_only.rank = rank  # type: ignore[attr-defined]  # a function attribute lightning-utilities does not declare
+
+
+def get_rank() -> int:
+    """This process's global rank, as ``set_rank`` recorded it (``rank_zero_only.rank``, which Lightning's code
+    reads too)."""
+    rank: int = rank_zero_only.rank  # type: ignore[attr-defined]  # a function attribute lightning-utilities does not declare
+    return rank
 
 
 @rank_zero_only

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from tandem.utilities.rank_zero import rank_zero_info, rank_zero_only
+from tandem.utilities.rank_zero import get_rank, rank_zero_info
 
 _SEED_ENV = "TANDEM_GLOBAL_SEED"
 _WORKERS_ENV = "TANDEM_SEED_WORKERS"
@@ -22,7 +22,7 @@ _PL_WORKERS_ENV = "PL_SEED_WORKERS"
 try:  # numpy is optional for users, but seeded when present
     import numpy as np
 except ImportError:  # pragma: no cover - numpy ships with torch's usual installs
-    np = None
+    np = None  # type: ignore[assignment]  # the optional import's fallback: every use checks `np is not None`
 
 
 def seed_everything(seed: int | None = None, workers: bool = False) -> int:
@@ -92,7 +92,7 @@ def pl_worker_init_function(worker_id: int, rank: int | None = None) -> None:
     seeds, so a ported dataset that draws random numbers in its workers draws Lightning's). The seeds derive from
     the worker's base seed (torch's seed of the worker less its id), its id and ``rank`` (default: this process's
     global rank), so no two workers of a job share one."""
-    global_rank = rank if rank is not None else rank_zero_only.rank
+    global_rank = rank if rank is not None else get_rank()
     base_seed = torch.initial_seed() - worker_id
     seeds = _seed_sequence(base_seed, worker_id, global_rank, count=4)
     torch.manual_seed(seeds[0])
@@ -123,14 +123,17 @@ def capture_rng_state() -> dict[str, Any]:
     default ``weights_only=True``)."""
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if np is not None:
-        kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
-        state["numpy"] = {
-            "kind": str(kind),
-            "keys": torch.from_numpy(keys.astype(np.int64)),  # uint32 words, exact in int64
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached_gaussian),
-        }
+        numpy_state = np.random.get_state(legacy=False)
+        if numpy_state["bit_generator"] == "MT19937":  # numpy's default: its legacy tuple's five items
+            state["numpy"] = {
+                "kind": "MT19937",
+                "keys": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),  # uint32 words, exact in int64
+                "pos": int(numpy_state["state"]["pos"]),
+                "has_gauss": int(numpy_state["has_gauss"]),
+                "cached_gaussian": float(numpy_state["gauss"]),
+            }
+        else:  # np.random.set_bit_generator(PCG64(...)) and others: their state dict, arrays as lists of ints
+            state["numpy"] = _plain_numpy_state(numpy_state)
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -148,7 +151,7 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         torch.set_rng_state(state["torch"])
     if "numpy" in state and np is not None:
         saved = state["numpy"]
-        if isinstance(saved, dict):
+        if isinstance(saved, dict) and "keys" in saved:  # MT19937's five items (a dict with "bit_generator": as it is)
             keys = saved["keys"].numpy().astype(np.uint32)
             saved = (saved["kind"], keys, saved["pos"], saved["has_gauss"], saved["cached_gaussian"])
         np.random.set_state(saved)
@@ -156,6 +159,16 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         cuda_states = state["cuda"]
         if len(cuda_states) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda_states)
+
+
+def _plain_numpy_state(value: Any) -> Any:
+    """numpy's state dict of a bit generator with its arrays as lists and its scalars as Python numbers, which
+    ``torch.load`` reads with ``weights_only=True`` and ``np.random.set_state`` takes back."""
+    if isinstance(value, dict):
+        return {key: _plain_numpy_state(item) for key, item in value.items()}
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value.tolist()
+    return value
 
 
 @contextmanager
