@@ -33,6 +33,8 @@ demo: setup
 test: setup
 	$(PY) -m ruff check src tests examples benchmarks
 	$(PY) -m ruff format --check src tests benchmarks
+	# the type check of tandem and of a typed user program (tests/typing/); settings in pyproject.toml
+	$(PY) -m mypy
 	# Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set: the suite starts hundreds of Pythons, and each
 	# would otherwise compile tandem's sources again.
 	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
@@ -40,6 +42,7 @@ test: setup
 lint: setup
 	$(PY) -m ruff check src tests examples benchmarks
 	$(PY) -m ruff format --check src tests benchmarks
+	$(PY) -m mypy
 
 bench: setup
 	$(PY) benchmarks/run_all.py

@@ -216,7 +216,7 @@ class StochasticWeightAveraging(Callback):
                 if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.running_mean is not None
             ]
             stats = [t for m in norms for t in (m.running_mean, m.running_var) if t is not None]
-            reduced = cast(torch.Tensor, trainer.strategy.reduce(torch.cat([t.flatten() for t in stats]), "mean"))
+            reduced = trainer.strategy.reduce(torch.cat([t.flatten() for t in stats]), "mean")
             for tensor, flat in zip(stats, reduced.split([t.numel() for t in stats])):
                 tensor.copy_(flat.view_as(tensor))
 

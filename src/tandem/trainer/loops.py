@@ -479,7 +479,7 @@ class FitLoop:
         # would hang the others), and NaN / inf in any rank's parameters is acted on by every rank.
         nonfinite = nonfinite_parameters(module)
         flags = torch.tensor([int(context.state.should_stop), int(bool(nonfinite)), int(self.empty_batch is not None)])
-        stop, anywhere, empty = cast(torch.Tensor, strategy.reduce(flags, "sum"))  # a tensor's reduction is one
+        stop, anywhere, empty = strategy.reduce(flags, "sum")
         if empty > 0:  # an empty batch on some rank since the last publishing step: all ranks learn which, and raise
             raise empty_batch([note for note in strategy.all_gather_object(self.empty_batch) if note], several=True)
         context.state.should_stop = bool(stop > 0)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
@@ -233,7 +233,7 @@ def smallest_and_largest(strategy: Strategy, local: torch.Tensor) -> tuple[torch
     """Each element's smallest and largest value over the ranks, for an int64 ``local``: one all-reduce (max) of
     ``local`` and its bitwise complement (``~x`` orders the values backwards, and never overflows as ``-x`` does),
     its size independent of the number of ranks. Every rank calls this."""
-    both = cast(torch.Tensor, strategy.reduce(torch.cat([local, torch.bitwise_not(local)]), "max"))  # a tensor's
+    both = strategy.reduce(torch.cat([local, torch.bitwise_not(local)]), "max")
     return torch.bitwise_not(both[local.numel() :]), both[: local.numel()]
 
 

@@ -684,7 +684,7 @@ class Trainer:
             (self.default_root_dir, [(logger.save_dir, logger.version) for logger in self.loggers])
         )
         for logger, (save_dir, version) in zip(self.loggers, folders):
-            if logger.save_dir != save_dir:
+            if save_dir is not None and logger.save_dir != save_dir:  # a logger without a folder has none anywhere
                 logger.save_dir = save_dir
             logger.version = version
         self._setup_profiling(fn, model)
