@@ -18,7 +18,7 @@ import tandem
 from helpers import TinyModule, loader, quiet_trainer
 from tandem.loggers.logger import Logger
 from tandem.trainer.hooks import running_hook
-from tandem.trainer.logging import MetricCollector
+from tandem.trainer.logging.collector import MetricCollector
 from tandem.trainer.state import TrainerState
 from tandem.utilities.exceptions import MisconfigurationException, PossibleUserWarning, TandemUserCodeError
 
@@ -326,7 +326,7 @@ class TwoRanks:
 
 
 def test_sync_dist_names_with_different_reduce_fx_on_two_ranks_are_an_error():
-    from tandem.trainer.logging import _agree
+    from tandem.trainer.logging.reduction import _agree
 
     flags = (False, True, False, True)
     with pytest.raises(Exception, match=r"reduce_fx='sum' on rank 0 and reduce_fx='max' on rank 1.*same reduce_fx"):
@@ -334,7 +334,7 @@ def test_sync_dist_names_with_different_reduce_fx_on_two_ranks_are_an_error():
 
 
 def test_combine_by_name_leaves_out_a_rank_without_the_value_on_every_rank_alike():
-    from tandem.trainer.logging import _as_local, as_floats, combine_by_name
+    from tandem.trainer.logging.reduction import _as_local, as_floats, combine_by_name
 
     t = torch.tensor
     # rank 0 has a max "a", a mean "m" (sum 10 over 2), no "s"; rank 1 no "a", "m" (sum 2 over 2), "s" = 7, and an
@@ -366,7 +366,7 @@ def test_packed_reduction_gives_the_gatherings_results(ranks):
     """When every rank sends the same names, the packed sums and maxima give what the gathering gives: bit for bit on
     two ranks (a sum of two is the same either way round), to the last bits on more; absent values, NaN, integers,
     min through a negated max, and the ranks' mean losses of a rollback window."""
-    from tandem.trainer.logging import combine_by_name, pack, unpack
+    from tandem.trainer.logging.reduction import combine_by_name, pack, unpack
 
     flags = (True, True, False, True)
     ops = {"step/m": "mean", "epoch/w": "mean", "epoch/s": "sum", "step/x": "max", "step/n": "min", "epoch/i": "max"}
@@ -411,7 +411,7 @@ def test_packed_reduction_gives_the_gatherings_results(ranks):
 
 
 def test_the_layout_of_a_packed_reduction_follows_the_names_and_options_not_their_order():
-    from tandem.trainer.logging import pack
+    from tandem.trainer.logging.reduction import pack
 
     flags = (True, False, False, True)
     mine = {"step/a": ("mean", True, flags), "step/b": ("max", True, flags)}
@@ -432,7 +432,7 @@ def test_the_layout_of_a_packed_reduction_follows_the_names_and_options_not_thei
 def test_as_floats_reads_each_value_exactly_whatever_its_dtype():
     """Values sent for a reduction by name are read without rounding: float32 and 16-bit floats through float32 (exact
     in a Python float), float64 sums and large integer counts through float64."""
-    from tandem.trainer.logging import as_floats
+    from tandem.trainer.logging.reduction import as_floats
 
     third = 1 / 3
     narrow = {"f32": (torch.tensor(third), torch.tensor(3.0)), "bf16": (torch.tensor(0.1, dtype=torch.bfloat16), None)}

@@ -21,7 +21,7 @@ from tandem.strategies.side_channel import placed
 from tandem.trainer.data import check_dataloader_idx, takes_batch_idx
 from tandem.trainer.dataloader_iter import DataLoaderIter, evaluation_source, warn_experimental
 from tandem.trainer.hooks import running_hook
-from tandem.trainer.logging import LOADER_SUFFIX
+from tandem.trainer.logging.entry import LOADER_SUFFIX
 from tandem.trainer.profiling import NEXT_BATCH, StrategyCalls, timed_batches
 from tandem.trainer.state import EVAL_STAGES, LoopState, StageData
 from tandem.utilities.data import set_sampler_epoch

@@ -47,7 +47,8 @@ if TYPE_CHECKING:
     from tandem.trainer.config import TrainerConfig
     from tandem.trainer.evaluation import EvaluationLoop
     from tandem.trainer.hooks import HookDispatcher
-    from tandem.trainer.logging import LogSink, MetricCollector
+    from tandem.trainer.logging.collector import MetricCollector
+    from tandem.trainer.logging.sink import LogSink
     from tandem.trainer.nonfinite import NonFiniteGuard
     from tandem.trainer.rollback import RollbackGuard, RollbackRecord
     from tandem.trainer.state import TrainerState

@@ -45,7 +45,7 @@ from tandem.utilities.seed import capture_rng_state
 
 if TYPE_CHECKING:
     from tandem.strategies.strategy import Strategy
-    from tandem.trainer.logging import MetricCollector
+    from tandem.trainer.logging.collector import MetricCollector
     from tandem.trainer.optimization import Optimization
     from tandem.trainer.state import LoopState
 

@@ -32,7 +32,10 @@ from tandem.trainer.config import (
 )
 from tandem.trainer.evaluation import EvaluationLoop, format_results
 from tandem.trainer.hooks import HookDispatcher
-from tandem.trainer.logging import BarebonesLog, CompiledStepLog, LogSink, MetricCollector
+from tandem.trainer.logging.barebones import BarebonesLog
+from tandem.trainer.logging.collector import MetricCollector
+from tandem.trainer.logging.compiled import CompiledStepLog
+from tandem.trainer.logging.sink import LogSink
 from tandem.trainer.loops import FitLoop, LoopContext
 from tandem.trainer.nonfinite import NonFiniteGuard, check_reaction, nonfinite_parameters
 from tandem.trainer.optim import LRSchedulerConfig

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from tandem.trainer.config import TrainerConfig
     from tandem.trainer.evaluation import EvaluationLoop
     from tandem.trainer.hooks import HookDispatcher
-    from tandem.trainer.logging import MetricCollector
+    from tandem.trainer.logging.collector import MetricCollector
     from tandem.trainer.nonfinite import NonFiniteGuard
     from tandem.trainer.trainer import Trainer
 
