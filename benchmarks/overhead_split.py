@@ -123,9 +123,9 @@ def run_tandem(steps: int, log: bool = True) -> tuple[float, float]:
 @contextlib.contextmanager
 def bare_batches() -> Iterator[None]:
     """The fit loop's batch runner runs the raw loop's body instead of its own and the optimization's."""
-    from tandem.trainer.loops import FitLoop
+    from tandem.trainer.batch_runner import BatchRunner
 
-    original = FitLoop._run_batch
+    original = BatchRunner._run_batch
 
     def run_batch(self, batch, batch_idx):
         loop, optimizer = self.state, self.optimization.optimizers[0]
@@ -138,11 +138,11 @@ def bare_batches() -> Iterator[None]:
         loop.batches_done = batch_idx + 1
         return True
 
-    FitLoop._run_batch = run_batch
+    BatchRunner._run_batch = run_batch
     try:
         yield
     finally:
-        FitLoop._run_batch = original
+        BatchRunner._run_batch = original
 
 
 def run_bare_step(steps: int) -> tuple[float, float]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from tandem.trainer.loops import validates_only_at_epoch_ends
+from tandem.trainer.epoch_loop import validates_only_at_epoch_ends
 from tandem.utilities.checkpoint import atomic_save
 
 
