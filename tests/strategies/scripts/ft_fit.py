@@ -60,6 +60,23 @@ class Regression(tandem.TrainingModule):
         return torch.optim.Adam(self.parameters(), lr=0.05)
 
 
+class StartTogether(Callback):
+    """On the groups' first start: wait, once this group's torchft manager beats (it starts with the strategy), until
+    every group's does, so that the first quorum waits for all of them (the lighthouse waits for groups that beat)
+    and every group trains from step 0 (else the first one up trains alone until the others join)."""
+
+    def __init__(self, out: Path, group: int, groups: int, restarts: int) -> None:
+        self.out, self.group, self.groups, self.restarts = out, group, groups, restarts
+
+    def setup(self, trainer, module, stage):
+        if self.restarts:
+            return
+        (self.out / f"ready_{self.group}").touch()
+        deadline = time.monotonic() + 120
+        while len(list(self.out.glob("ready_*"))) < self.groups and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
 class Record(Callback):
     def __init__(self, out: Path, group: int, restarts: int, kill_group: int, kill_step: int) -> None:
         self.path = out / f"steps_{group}.jsonl"
@@ -94,7 +111,7 @@ def main() -> None:
     parser.add_argument("--kill-step", type=int, default=-1)
     parser.add_argument("--alone-sleep", type=float, default=0.0)
     args = parser.parse_args()
-    group = int(os.environ.get("REPLICA_GROUP_ID", "0"))
+    group, groups = int(os.environ.get("REPLICA_GROUP_ID", "0")), int(os.environ.get("NUM_REPLICA_GROUPS", "1"))
     restarts = int(os.environ.get("TANDEM_FT_RESTARTS", "0"))
     tandem.seed_everything(0)
     loader = DataLoader(Indexed(args.samples), batch_size=args.batch_size, shuffle=True)
@@ -111,6 +128,7 @@ def main() -> None:
         enable_model_summary=False,
         logger=CSVLogger(args.out / f"logs_{group}", name="", version=f"start_{restarts}"),
         callbacks=[
+            StartTogether(args.out, group, groups, restarts),
             Record(args.out, group, restarts, args.kill_group, args.kill_step),
             ModelCheckpoint(dirpath=args.out / "checkpoints", save_last=True, save_top_k=0),
         ],
