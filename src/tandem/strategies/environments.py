@@ -78,6 +78,7 @@ examples read)::
     TORCHFT_LIGHTHOUSE   the lighthouse's address, e.g. http://localhost:29510
     REPLICA_GROUP_ID     this group's id, 0 .. NUM_REPLICA_GROUPS-1 (default 0)
     NUM_REPLICA_GROUPS   how many groups the job has at most (default 1): each step's data is that many shares
+    TANDEM_FT_RESTARTS   set by ``python -m tandem.strategies.ft_launch``: how often the group was started again
 
 Also read here::
 
