@@ -112,6 +112,8 @@ class ReplicaGroups:
         from torchft import Manager, ProcessGroupGloo
 
         self.options = options
+        # the peer's live state arrives as plain data, read weights-only as every checkpoint (never unpickled)
+        transport = _weights_only_transport()(timeout=options.step_timeout, num_chunks=0)
         self.manager = Manager(
             pg=ProcessGroupGloo(timeout=options.step_timeout),
             load_state_dict=None,
@@ -128,6 +130,7 @@ class ReplicaGroups:
             lighthouse_addr=options.lighthouse,
             replica_id=f"tandem_group_{options.group_id}",
             max_retries=options.max_retries,
+            checkpoint_transport=transport,
         )
         self.manager.register_state_dict_fn("tandem", self._load, self._save)
 
@@ -225,6 +228,23 @@ class ReplicaGroups:
                 "run-it-here command and torchrun --max-restarts do), it joins them with their state."
             )
         self._state.restore(state)
+
+
+def _weights_only_transport() -> type:
+    """torchft's HTTP checkpoint transport, reading what it receives with ``weights_only=True`` (torchft's own unpickles
+    it, for states that are not plain data; tandem's live state is, as its checkpoint files are)."""
+    import urllib.request
+
+    from torch.distributed._serialization import _streaming_load
+    from torchft.checkpointing import HTTPTransport
+
+    class WeightsOnlyHTTPTransport(HTTPTransport):
+        @classmethod
+        def _load_from_address(cls, address: str, timeout: datetime.timedelta) -> object:
+            with urllib.request.urlopen(address, timeout=timeout.total_seconds()) as f:
+                return _streaming_load(f, weights_only=True)
+
+    return WeightsOnlyHTTPTransport
 
 
 def all_reduce_gradients(groups: ReplicaGroups, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

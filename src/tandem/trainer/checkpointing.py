@@ -4,16 +4,17 @@
 from __future__ import annotations
 
 import os
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from tandem.trainer.replicas import check_replicas
 from tandem.utilities.checkpoint import (
     CHECKPOINT_MARKER,
+    from_plain,
     glob_files,
     is_url,
     modified_time,
     remove_stale_temporaries_in,
+    to_plain,
 )
 from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError, no_checkpoint_path
 from tandem.utilities.rank_zero import rank_zero_warn
@@ -88,13 +89,18 @@ def restore(
 
 def live_state(trainer: Trainer) -> LiveState:
     """The fit's state for its replica groups (``ddp_ft``): a joining group restores a peer's whole checkpoint, built
-    in memory, as from a file (its source named "the live state of a healthy replica group")."""
+    in memory as plain data (as a file is written; it travels weights-only) and restored as from a file."""
     from tandem.strategies.replica_groups import LiveState
 
-    def restore_live(checkpoint: dict[str, Any]) -> None:
-        apply_checkpoint(trainer, checkpoint, "the live state of a healthy replica group", "fit")
+    source, warned = "the live state of a healthy replica group", set()
 
-    return LiveState(partial(checkpoint_state, trainer, check=False), restore_live, trainer.global_step)
+    def snapshot() -> dict[str, Any]:
+        return to_plain(checkpoint_state(trainer, check=False), warned)
+
+    def restore_live(checkpoint: dict[str, Any]) -> None:
+        apply_checkpoint(trainer, from_plain(checkpoint, source, trusted=False), source, "fit")
+
+    return LiveState(snapshot, restore_live, trainer.global_step)
 
 
 def apply_checkpoint(
