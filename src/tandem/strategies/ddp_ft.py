@@ -61,12 +61,14 @@ class DDPFTStrategy(DDPStrategy):
         replica_group_id: this group's id, 0 .. ``num_replica_groups`` - 1; None reads ``REPLICA_GROUP_ID`` (else 0).
         num_replica_groups: the most groups the job has (each step's data is that many shares); None reads
             ``NUM_REPLICA_GROUPS`` (else 1).
-        min_replicas: the fewest groups a step commits with (fewer: the step waits and runs again).
+        min_replicas: the fewest groups a step commits with; keep it the lighthouse's ``--min_replicas`` (which makes
+            a quorum wait for that many), or a smaller quorum forms and fails every step until more groups join.
         step_timeout: how long a step's all-reduce between the groups, its commit and a joining group's transfer of
             the state may take (torchft's ``timeout``).
         quorum_timeout: how long a quorum may take to form.
         connect_timeout: how long reaching the lighthouse and the other groups' managers may take.
         max_retries: steps in a row that may fail to commit before the fit fails (None: no limit).
+        use_distributed_sampler: must stay True (None: the Trainer's): ddp_ft orders and shares the training data.
         devices, precision, process_group_backend, timeout, sync_batchnorm, cluster_environment,
         collective_check_timeout, hang_timeout: as :class:`~tandem.strategies.ddp.DDPStrategy`'s, within the group
         (``hang_timeout`` must be longer than ``quorum_timeout`` + ``step_timeout``: a wait for the other groups is

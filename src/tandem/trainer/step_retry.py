@@ -9,7 +9,8 @@ the epoch, shared by the groups that take part now): no item is lost or trained 
 schedulers and the loggers see the step once.
 
 The epoch's sums the failed attempt logged (``self.log(..., on_epoch=True)``) are taken back; its hooks ran and run
-again (a torchmetrics object the step updated keeps that update).
+again (a torchmetrics object the step updated keeps that update), and the hooks after the step
+(``on_train_batch_end``) get the batch as it was loaded again.
 """
 
 from __future__ import annotations
