@@ -168,7 +168,8 @@ class ReplicaGroups:
         return (rank or 0), max(1, manager.num_participants())
 
     def commit(self) -> bool:
-        """Whether every group of the quorum finished the step (then the optimizer steps), after its backward."""
+        """After the step's backward: whether it counts (its all-reduce with the quorum's groups went through, in every
+        process of this group); then the optimizer steps. torchft decides it for each group."""
         self._open = False
         return bool(self.manager.should_commit())
 
