@@ -23,49 +23,6 @@ if TYPE_CHECKING:
 class BatchRunner(TrainingData):
     """One training batch, around the optimization's ``run`` (a base of ``FitLoop``)."""
 
-    # ------------------------------------------------------------------ one batch
-    def _run_batch(self, batch: Any, batch_idx: int) -> bool:
-        """The batch runner: the batch on its device, the plan, the batch hooks and publishing around the
-        optimization's ``run``. False: the module's
-        ``on_train_batch_start`` returned -1, which skips the rest of the epoch (every rank must return it)."""
-        context, loop, optimization, plan = self.context, self.state, self.optimization, self.plan
-        hooks, config = context.hooks, context.config
-        if plan.transfer is not None:
-            batch = plan.transfer(batch)
-        context.metrics.set_batch(batch)
-        loop.logger_step = loop.batches_stepped
-        empty = is_empty_batch(batch)  # host-side shapes: no device sync
-        loop.plan_batch(batch_idx, config.accumulate_grad_batches, config.log_every_n_steps, optimization.automatic)
-        # the module's on_train_batch_start returning -1 ends the epoch here (Lightning's)
-        if plan.batch_start and _ends_epoch(hooks.call("on_train_batch_start", batch, batch_idx)):
-            loop.no_step()
-            return False
-        if plan.follow is not None:  # one flag read, unless a batch hook someone wrote may have changed the module
-            plan.follow(only_if_created=not plan.batch_start)
-        steps = loop.global_step
-        output, loss = plan.optimize(batch, batch_idx)
-        if batch_idx + 1 == loop.epoch_batches:  # the epoch's last batch steps its epoch schedulers (Lightning's)
-            optimization.step_schedulers("epoch", plateau=False, count=loop.epoch + 1)
-        # trained on: training_step did not skip it (a step it took by hand counts; the step Lightning takes after a
-        # returned None does not)
-        if empty and (loss is not None or steps != loop.global_step != optimization.step_without_loss):
-            self._found_empty_batch(batch_idx)
-        # every logging step publishes, with loggers or without (as Lightning: logged_metrics fills either way): the
-        # sync_dist values are reduced and the loss is read (under on_nonfinite="rollback", every loss since the last
-        # check) before on_train_batch_end, which sees them; the loggers get the row after it, as in Lightning, so
-        # what the batch-end hooks log is in it
-        rollback = context.nonfinite.rollback if loop.log_step else None
-        if loop.log_step and not self._publish_step(loss):
-            return False  # a bad batch since the last check: the epoch loop rolls back and replays
-        loop.batches_done = batch_idx + 1
-        if plan.batch_end:
-            hooks.call("on_train_batch_end", optimization.hook_outputs(output, loss), batch, batch_idx)
-        if loop.log_step:
-            context.sink.log_metrics(context.metrics.step_values())
-        if rollback is not None and rollback.snapshot_due():  # a clean check, the one to copy the state at
-            rollback.take(context.strategy, optimization, loop, context.metrics)
-        return True
-
     def _run_iter_step(self, taken: DataLoaderIter, start: int) -> bool | None:
         """One step of a ``training_step(self, dataloader_iter)``: ``_run_batch``'s order, the batch hooks
         getting the last batch taken (before the step: the previous step's last, None at first) and its index.
@@ -102,6 +59,50 @@ class BatchRunner(TrainingData):
             context.sink.log_metrics(context.metrics.step_values())
         return True
 
+    # ------------------------------------------------------------------ one batch
+    def _run_batch(self, batch: Any, batch_idx: int) -> bool:
+        """The batch runner: the batch on its device, the plan, the batch hooks and publishing around the
+        optimization's ``run``. False: the module's
+        ``on_train_batch_start`` returned -1, which skips the rest of the epoch (every rank must return it)."""
+        context, loop, optimization, plan = self.context, self.state, self.optimization, self.plan
+        hooks, config = context.hooks, context.config
+        if plan.transfer is not None:
+            batch = plan.transfer(batch)
+        context.metrics.set_batch(batch)
+        loop.logger_step = loop.batches_stepped
+        empty = is_empty_batch(batch)  # host-side shapes: no device sync
+        loop.plan_batch(batch_idx, config.accumulate_grad_batches, config.log_every_n_steps, optimization.automatic)
+        # the module's on_train_batch_start returning -1 ends the epoch here (Lightning's)
+        if plan.batch_start and _ends_epoch(hooks.call("on_train_batch_start", batch, batch_idx)):
+            loop.no_step()
+            return False
+        if plan.follow is not None:  # one flag read, unless a batch hook someone wrote may have changed the module
+            plan.follow(only_if_created=not plan.batch_start)
+        steps = loop.global_step
+        output, loss = plan.optimize(batch, batch_idx)
+        batch = context.metrics.batch  # as loaded again when the step ran again (ddp_ft, see step_retry); else as is
+        if batch_idx + 1 == loop.epoch_batches:  # the epoch's last batch steps its epoch schedulers (Lightning's)
+            optimization.step_schedulers("epoch", plateau=False, count=loop.epoch + 1)
+        # trained on: training_step did not skip it (a step it took by hand counts; the step Lightning takes after a
+        # returned None does not)
+        if empty and (loss is not None or steps != loop.global_step != optimization.step_without_loss):
+            self._found_empty_batch(batch_idx)
+        # every logging step publishes, with loggers or without (as Lightning: logged_metrics fills either way): the
+        # sync_dist values are reduced and the loss is read (under on_nonfinite="rollback", every loss since the last
+        # check) before on_train_batch_end, which sees them; the loggers get the row after it, as in Lightning, so
+        # what the batch-end hooks log is in it
+        rollback = context.nonfinite.rollback if loop.log_step else None
+        if loop.log_step and not self._publish_step(loss):
+            return False  # a bad batch since the last check: the epoch loop rolls back and replays
+        loop.batches_done = batch_idx + 1
+        if plan.batch_end:
+            hooks.call("on_train_batch_end", optimization.hook_outputs(output, loss), batch, batch_idx)
+        if loop.log_step:
+            context.sink.log_metrics(context.metrics.step_values())
+        if rollback is not None and rollback.snapshot_due():  # a clean check, the one to copy the state at
+            rollback.take(context.strategy, optimization, loop, context.metrics)
+        return True
+
     def _publish_step(self, loss: torch.Tensor | None) -> bool:
         """The step values' sync_dist reduction (the loggers get them after on_train_batch_end). The step's loss is
         read then too (under on_nonfinite="rollback", every loss since the last check), and the processes' verdicts
@@ -122,16 +123,6 @@ class BatchRunner(TrainingData):
         context.nonfinite.check_loss(published.loss_finite, context.metrics.unwritten_step_values, step)
         return True
 
-    def _found_empty_batch(self, batch_idx: int) -> None:
-        """Training batch ``batch_idx`` held no samples and was trained on. With one process that is an error now;
-        with several, every rank must stop together: the finding travels with the next publishing step's reduction,
-        or the epoch end's reduction, and all ranks raise there (no collective of its own)."""
-        strategy, loop = self.context.strategy, self.state
-        if strategy.world_size == 1:
-            raise empty_batch([(0, loop.epoch, batch_idx)], several=False)
-        if self.empty_batch is None:
-            self.empty_batch = (strategy.global_rank, loop.epoch, batch_idx)
-
     def _replay_after_bad_batch(self, rollback: RollbackGuard, loader: Any) -> Iterator[tuple[int, Any]] | None:
         """on_nonfinite="rollback", where the epoch's batches stopped: the losses not checked yet are checked (one
         gathering); after a bad batch, here or at a publishing step, every rank rolls back to the snapshot and gets
@@ -148,6 +139,16 @@ class BatchRunner(TrainingData):
         context.sink.log_metrics({**record.metrics(), "epoch": record.epoch}, found_at)
         rank_zero_warn(f"on_nonfinite='rollback': rolled back: {record}.")
         return skipping(self._read_batches(self._epoch_batches(replay=True), loader), loop.batches_done, skipped)
+
+    def _found_empty_batch(self, batch_idx: int) -> None:
+        """Training batch ``batch_idx`` held no samples and was trained on. With one process that is an error now;
+        with several, every rank must stop together: the finding travels with the next publishing step's reduction,
+        or the epoch end's reduction, and all ranks raise there (no collective of its own)."""
+        strategy, loop = self.context.strategy, self.state
+        if strategy.world_size == 1:
+            raise empty_batch([(0, loop.epoch, batch_idx)], several=False)
+        if self.empty_batch is None:
+            self.empty_batch = (strategy.global_rank, loop.epoch, batch_idx)
 
 
 def _ends_epoch(returned: Any) -> bool:

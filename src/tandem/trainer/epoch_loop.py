@@ -27,6 +27,37 @@ from tandem.utilities.seed import restore_rng_state
 class TrainingEpochLoop(BatchRunner):
     """One training epoch, and the rules the epoch and the fit share (a base of ``FitLoop``)."""
 
+    @property
+    def validates_only_at_epoch_ends(self) -> bool:
+        """Validation runs once at the end of every epoch and nowhere else, or there is none, so epoch-end work
+        (a checkpoint, an early-stopping check) can run at the training epoch's end (Lightning's rule)."""
+        config = self.context.config
+        interval = config.val_check_interval
+        if config.val_check_time is not None or not isinstance(interval, (int, float)):  # a time-based interval
+            return False  # validates whenever its time comes
+        return validates_only_at_epoch_ends(
+            config.check_val_every_n_epoch, interval, self.evaluation.records["validate"].total_batches
+        )
+
+    def _min_reached(self) -> bool:
+        """``min_epochs`` / ``min_steps`` are met, so ``should_stop`` may end the fit."""
+        config, loop = self.context.config, self.state
+        return loop.epoch >= (config.min_epochs or 0) and loop.global_step >= (config.min_steps or 0)
+
+    def _validates_this_epoch(self) -> bool:
+        every = self.context.config.check_val_every_n_epoch
+        return self.validates and (every is None or (self.state.epoch + 1) % every == 0)
+
+    def _stop_if_preempted(self, epoch_end: bool = False) -> None:
+        """After a pre-emption signal: stop here if every rank stops here. Within an epoch, only between
+        optimizer steps (gradients accumulated over micro-batches are not in a checkpoint)."""
+        loop = self.state
+        if not epoch_end and self.optimization.has_gradients:
+            return
+        here = (loop.epoch, loop.batches_done)
+        if here >= preemption_vote().target(here):
+            self._preempt()
+
     # ------------------------------------------------------------------ one epoch
     def _run_epoch(self) -> None:
         context, loop = self.context, self.state
@@ -205,37 +236,6 @@ class TrainingEpochLoop(BatchRunner):
         if n == math.inf:
             return 0  # an unsized epoch is validated at its end
         return max(1, int(n * interval))
-
-    @property
-    def validates_only_at_epoch_ends(self) -> bool:
-        """Validation runs once at the end of every epoch and nowhere else, or there is none, so epoch-end work
-        (a checkpoint, an early-stopping check) can run at the training epoch's end (Lightning's rule)."""
-        config = self.context.config
-        interval = config.val_check_interval
-        if config.val_check_time is not None or not isinstance(interval, (int, float)):  # a time-based interval
-            return False  # validates whenever its time comes
-        return validates_only_at_epoch_ends(
-            config.check_val_every_n_epoch, interval, self.evaluation.records["validate"].total_batches
-        )
-
-    def _min_reached(self) -> bool:
-        """``min_epochs`` / ``min_steps`` are met, so ``should_stop`` may end the fit."""
-        config, loop = self.context.config, self.state
-        return loop.epoch >= (config.min_epochs or 0) and loop.global_step >= (config.min_steps or 0)
-
-    def _validates_this_epoch(self) -> bool:
-        every = self.context.config.check_val_every_n_epoch
-        return self.validates and (every is None or (self.state.epoch + 1) % every == 0)
-
-    def _stop_if_preempted(self, epoch_end: bool = False) -> None:
-        """After a pre-emption signal: stop here if every rank stops here. Within an epoch, only between
-        optimizer steps (gradients accumulated over micro-batches are not in a checkpoint)."""
-        loop = self.state
-        if not epoch_end and self.optimization.has_gradients:
-            return
-        here = (loop.epoch, loop.batches_done)
-        if here >= preemption_vote().target(here):
-            self._preempt()
 
 
 def validates_only_at_epoch_ends(

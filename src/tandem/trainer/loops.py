@@ -6,10 +6,10 @@ The loops own their state and receive a ``LoopContext``, never the Trainer: ``Fi
 ``LoopState`` (what checkpoints save as ``"loops"``), the training data record and
 the optimization object. None knows which strategy runs.
 
-``FitLoop`` is one class whose phases live in their own files, each a base of the next: ``training_data``
-(its constructor and state, the training loader, the place checkpoints save and each epoch's batches),
+``FitLoop`` is one class whose phases live in files of their own, each the base of the next: ``training_data``
+(its constructor and state, the training loader, the place checkpoints save, each epoch's batches),
 ``batch_runner`` (one batch), ``epoch_loop`` (one epoch, and the rules the epoch and the fit share) and this file
-(the fit: ``run``, its stop rules and the batch plan composed when a fit starts). Base classes rather than
+(the fit: ``run``, its stop rules, and the batch plan composed when a fit starts). Base classes rather than
 components: the per-batch path keeps its plain ``self`` calls, with no object in between.
 """
 
@@ -30,6 +30,7 @@ from tandem.trainer.dataloader_iter import warn_experimental
 from tandem.trainer.epoch_loop import TrainingEpochLoop
 from tandem.trainer.profiling import timed
 from tandem.trainer.state import BatchPlan, LoopState
+from tandem.trainer.step_retry import repeating_uncommitted
 from tandem.utilities.exceptions import PossibleUserWarning, TandemConfigError
 from tandem.utilities.preemption import PREEMPTION
 from tandem.utilities.rank_zero import rank_zero_info, rank_zero_warn
@@ -42,8 +43,7 @@ if TYPE_CHECKING:
     from tandem.strategies.strategy import Strategy
     from tandem.trainer.config import TrainerConfig
     from tandem.trainer.hooks import HookDispatcher
-    from tandem.trainer.logging.collector import MetricCollector
-    from tandem.trainer.logging.sink import LogSink
+    from tandem.trainer.logging import LogSink, MetricCollector
     from tandem.trainer.nonfinite import NonFiniteGuard
     from tandem.trainer.state import TrainerState
 
@@ -184,6 +184,8 @@ class FitLoop(TrainingEpochLoop):
             optimize = timed(optimize, context.profiler, "run_training_batch")
         if context.nonfinite.rollback is not None:  # each batch's loss recorded on its device (only then)
             optimize = context.nonfinite.rollback.recording(optimize)
+        if strategy.replica_groups is not None:  # ddp_ft: a step the replica groups did not commit runs again
+            optimize = repeating_uncommitted(optimize, context, transfer)
         return BatchPlan(
             optimize=optimize,
             transfer=transfer,

@@ -178,6 +178,22 @@ class TrainingData:
         elif "data" in state and self._load is not None:  # the loader is asked for later: its place then
             self._pending_layout = (state["data"], announce)
 
+    def _read_batches(self, batches: Iterator[Any], loader: Any) -> Iterator[Any]:
+        """The epoch's batches as the loop reads them: timed when profiling, and, for a loader of unknown length
+        whose steps are collectives or accumulate, or whose epoch has no limit, agreed batch by batch, and read one
+        batch ahead where the epoch's length is unknown (``_agreed_batches``). That is Lightning's order: it
+        reads batch ``i + 1`` before ``training_step`` runs on batch ``i`` when the length is unknown, and never
+        reads ahead when it is known (a sized loader, or a ``limit_train_batches`` count), so a dataset whose items
+        depend on the training state (episodes played with the current policy) yields the same sequence."""
+        context = self.context
+        if context.profiler is not None:
+            batches = timed_batches(batches, context.profiler, TRAIN_NEXT_BATCH)
+        several = context.strategy.world_size > 1  # only then is there a collective per step
+        limit = self.data.num_batches[0]
+        if (several or context.config.accumulate_grad_batches > 1 or limit == math.inf) and not has_len(loader):
+            batches = self._agreed_batches(batches, limit)
+        return batches
+
     # ------------------------------------------------------------------ the epoch's batches
     def _epoch_batches(self, replay: bool = False) -> Iterator[Any]:
         """The epoch's batches. A mid-epoch resume replays the order from the epoch's recorded RNG state and
@@ -227,22 +243,6 @@ class TrainingData:
             restore_rng_state(loop.resume_rng)
             loop.resume_rng = None
         return iterator
-
-    def _read_batches(self, batches: Iterator[Any], loader: Any) -> Iterator[Any]:
-        """The epoch's batches as the loop reads them: timed when profiling, and, for a loader of unknown length
-        whose steps are collectives or accumulate, or whose epoch has no limit, agreed batch by batch, and read one
-        batch ahead where the epoch's length is unknown (``_agreed_batches``). That is Lightning's order: it
-        reads batch ``i + 1`` before ``training_step`` runs on batch ``i`` when the length is unknown, and never
-        reads ahead when it is known (a sized loader, or a ``limit_train_batches`` count), so a dataset whose items
-        depend on the training state (episodes played with the current policy) yields the same sequence."""
-        context = self.context
-        if context.profiler is not None:
-            batches = timed_batches(batches, context.profiler, TRAIN_NEXT_BATCH)
-        several = context.strategy.world_size > 1  # only then is there a collective per step
-        limit = self.data.num_batches[0]
-        if (several or context.config.accumulate_grad_batches > 1 or limit == math.inf) and not has_len(loader):
-            batches = self._agreed_batches(batches, limit)
-        return batches
 
     def _agreed_batches(self, batches: Iterator[Any], limit: int | float) -> Iterator[Any]:
         """An epoch from a loader of unknown length, read a batch ahead so that the loop knows its last batch (an
