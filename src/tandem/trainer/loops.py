@@ -43,7 +43,8 @@ if TYPE_CHECKING:
     from tandem.strategies.strategy import Strategy
     from tandem.trainer.config import TrainerConfig
     from tandem.trainer.hooks import HookDispatcher
-    from tandem.trainer.logging import LogSink, MetricCollector
+    from tandem.trainer.logging.collector import MetricCollector
+    from tandem.trainer.logging.sink import LogSink
     from tandem.trainer.nonfinite import NonFiniteGuard
     from tandem.trainer.state import TrainerState
 
