@@ -1,4 +1,4 @@
-"""Parsing, layering, interpolation, types and errors of tandem.cli.config and .arguments, with no processes."""
+"""Parsing, layering, interpolation, types and errors of tandem.cli.config, .arguments and .class_paths, with no processes."""
 
 from __future__ import annotations
 
@@ -10,14 +10,8 @@ import torch
 
 import tandem
 from tandem.callbacks import Callback, EarlyStopping, ModelCheckpoint
-from tandem.cli.arguments import (
-    CLIError,
-    class_path_of,
-    docstring_args,
-    resolve_class,
-    signature,
-    type_name,
-)
+from tandem.cli.arguments import docstring_args, signature, type_name
+from tandem.cli.class_paths import class_path_of, resolve_class
 from tandem.cli.config import (
     Request,
     Schema,
@@ -34,6 +28,7 @@ from tandem.cli.config import (
     resolve,
     to_yaml,
 )
+from tandem.cli.errors import CLIError
 
 
 class Model(tandem.TrainingModule):

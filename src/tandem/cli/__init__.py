@@ -4,12 +4,14 @@
 - ``cli.py``: ``CLI`` (also ``LightningCLI``), the subcommands, its hooks, ``--help``, ``--print_config``;
 - ``parser.py``: ``LightningArgumentParser``, what a subclass's ``add_arguments_to_parser`` adds;
 - ``config.py``: layering, interpolation, checking values, building objects (pure: no processes, no files);
-- ``arguments.py``: signatures, type hints, docstring help, ``class_path`` names, errors;
+- ``arguments.py``: signatures, type hints, docstring help;
+- ``class_paths.py``: ``class_path`` names to classes and back;
+- ``errors.py``: ``CLIError``, one helper per kind of mistake;
 - ``save_config.py``: ``SaveConfigCallback``, the run's ``config.yaml``.
 """
 
-from tandem.cli.arguments import CLIError
 from tandem.cli.cli import CLI, LightningCLI, LRSchedulerCallable, OptimizerCallable
+from tandem.cli.errors import CLIError
 from tandem.cli.parser import LightningArgumentParser
 from tandem.cli.save_config import SaveConfigCallback
 

@@ -20,18 +20,14 @@ from omegaconf import OmegaConf
 from tandem.cli.arguments import (
     MISSING,
     NO_DEFAULT,
-    CLIError,
     Parameter,
-    bad_command_line,
-    class_path_of,
     docstring_args,
     function_parameters,
-    known_classes,
-    list_replaced,
     plain,
     signature,
     type_name,
 )
+from tandem.cli.class_paths import class_path_of, known_classes, resolve_class
 from tandem.cli.config import (
     Schema,
     Section,
@@ -47,10 +43,10 @@ from tandem.cli.config import (
     plain_default,
     put_path,
     resolve,
-    resolve_class,
     set_path,
     to_yaml,
 )
+from tandem.cli.errors import CLIError, bad_command_line, list_replaced
 from tandem.cli.parser import LightningArgumentParser, Link, Namespace
 from tandem.cli.save_config import SaveConfigCallback, config_conflict, input_conflict
 from tandem.module import DataModule, TrainingModule, is_overridden

@@ -26,21 +26,22 @@ from typing import Any, Literal, cast
 from tandem.cli.arguments import (
     MISSING,
     NO_DEFAULT,
-    CLIError,
     Parameter,
     Signature,
     accepts_plain_string,
-    bad_command_line,
-    bad_config_file,
-    class_path_of,
     class_target,
     is_callable_hint,
     is_class_hint,
-    missing_required,
-    resolve_class,
     signature,
     type_name,
     union_members,
+)
+from tandem.cli.class_paths import class_path_of, resolve_class
+from tandem.cli.errors import (
+    CLIError,
+    bad_command_line,
+    bad_config_file,
+    missing_required,
     unknown_key,
     wrong_type,
 )
