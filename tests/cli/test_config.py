@@ -12,22 +12,13 @@ import tandem
 from tandem.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from tandem.cli.arguments import docstring_args, signature, type_name
 from tandem.cli.class_paths import class_path_of, resolve_class
-from tandem.cli.config import (
-    Request,
-    Schema,
-    Section,
-    build_section,
-    build_value,
-    check,
-    check_value,
-    complete,
-    layer,
-    load_config_file,
-    parse_argv,
-    parse_value,
-    resolve,
-    to_yaml,
-)
+from tandem.cli.config.build import build_section, build_value
+from tandem.cli.config.check import check, check_value
+from tandem.cli.config.complete import complete
+from tandem.cli.config.layers import layer
+from tandem.cli.config.request import Request, parse_argv
+from tandem.cli.config.schema import Schema, Section
+from tandem.cli.config.yaml_io import load_config_file, parse_value, resolve, to_yaml
 from tandem.cli.errors import CLIError
 
 

@@ -1,6 +1,6 @@
 """What a class accepts: its ``__init__`` parameters with their types, defaults and help text, read from the
 signature, the type hints and the docstring's ``Args:`` section; and what a type hint lets a config value be (a
-class_path, a plain string).
+class_path, a list, a mapping, a plain string).
 """
 
 from __future__ import annotations
@@ -237,3 +237,30 @@ def accepts_plain_string(hint: Any) -> bool:
         if isinstance(member, type) and issubclass(member, (PurePath, enum.Enum)):
             return True
     return False
+
+
+def is_sequence_hint(hint: Any) -> bool:
+    origin = typing.get_origin(hint) or hint
+    sequences = (list, set, frozenset, collections.abc.Sequence, collections.abc.Iterable, collections.abc.Collection)
+    return origin in sequences or origin is collections.abc.MutableSequence or origin is tuple
+
+
+def is_mapping_hint(hint: Any) -> bool:
+    origin = typing.get_origin(hint) or hint
+    return origin in (dict, collections.abc.Mapping, collections.abc.MutableMapping)
+
+
+def item_hint(hint: Any) -> Any:
+    for member in union_members(hint):
+        if is_sequence_hint(member):
+            args = typing.get_args(member)
+            return args[0] if args and args[0] is not Ellipsis else Any
+    return Any if hint is Any or hint is NO_DEFAULT else hint  # a list where a class fits: check each item as one
+
+
+def value_hint(hint: Any) -> Any:
+    for member in union_members(hint):
+        if is_mapping_hint(member):
+            args = typing.get_args(member)
+            return args[1] if len(args) == 2 else Any
+    return Any

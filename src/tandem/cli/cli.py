@@ -28,24 +28,13 @@ from tandem.cli.arguments import (
     type_name,
 )
 from tandem.cli.class_paths import class_path_of, known_classes, resolve_class
-from tandem.cli.config import (
-    Schema,
-    Section,
-    build_section,
-    build_value,
-    check,
-    complete,
-    drop_path,
-    get_path,
-    is_spec,
-    layer,
-    parse_argv,
-    plain_default,
-    put_path,
-    resolve,
-    set_path,
-    to_yaml,
-)
+from tandem.cli.config.build import build_section, build_value
+from tandem.cli.config.check import check
+from tandem.cli.config.complete import complete, plain_default
+from tandem.cli.config.layers import drop_path, get_path, layer, put_path, set_path
+from tandem.cli.config.request import parse_argv
+from tandem.cli.config.schema import Schema, Section, is_spec
+from tandem.cli.config.yaml_io import resolve, to_yaml
 from tandem.cli.errors import CLIError, bad_command_line, list_replaced
 from tandem.cli.parser import LightningArgumentParser, Link, Namespace
 from tandem.cli.save_config import SaveConfigCallback, config_conflict, input_conflict
