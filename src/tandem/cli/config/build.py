@@ -104,3 +104,31 @@ def _instantiate(cls: type, args: dict[str, Any], key: str, extra: dict[str, Any
         for name, value in args.items()
     }
     return cls(**{**kwargs, **(extra or {})})
+
+
+def instantiate_spec(spec: dict[str, Any], first: Any) -> Any:
+    """``{class_path, init_args}`` built with a leading argument (an optimizer's parameters)."""
+    cls = resolve_class(spec["class_path"], object, "class_path")
+    sig = signature(cls)
+    kwargs = {
+        name: build_value(value, sig.parameters[name].hint if name in sig.parameters else Any, name)
+        for name, value in (spec.get("init_args") or {}).items()
+    }
+    return cls(first, **kwargs)
+
+
+def trainer_arguments(
+    trainer_class: type,  # (a type[Trainer] is not Hashable to mypy: the cache of signature takes it)
+    trainer_config: dict[str, Any],
+    trainer_defaults: dict[str, Any],
+) -> dict[str, Any]:
+    """The Trainer's arguments: its checked config built, and the ``trainer_defaults`` a config cannot hold."""
+    sig = signature(trainer_class)
+    kwargs = {
+        name: build_value(value, sig.parameters[name].hint if name in sig.parameters else Any, f"trainer.{name}")
+        for name, value in trainer_config.items()
+    }
+    for name, value in trainer_defaults.items():  # objects a config cannot hold
+        if name != "callbacks" and name not in trainer_config:
+            kwargs[name] = value
+    return kwargs

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import enum
 import typing
+from collections.abc import Iterable
 from pathlib import PurePath
 from typing import Any
 
@@ -181,3 +182,38 @@ def plain_default(value: Any, hint: Any) -> Any:
         if target is not None and target[2]:  # a class as the default of a callable slot: optimizer=torch.optim.Adam
             return complete_spec({"class_path": class_path_of(value)}, target[0], target[1], "default")
     return OMIT
+
+
+def append_default(schema: Schema, key: str) -> Any:
+    """The default a ``--key+=VALUE`` appends to when no layer set ``key`` (``trainer.callbacks``: [])."""
+    root, _, name = key.partition(".")
+    if not name and root in schema.values:
+        return plain_default(schema.values[root].default, schema.values[root].hint)
+    section = schema.sections.get(root)
+    if section is None or section.default is None or "." in name:
+        return None
+    parameter = signature(section.default).parameters.get(name)
+    if parameter is None:
+        return None
+    default = section.defaults.get(name, parameter.default)
+    return plain_default(default, parameter.hint) if name != "callbacks" else None
+
+
+def holds_missing(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(holds_missing(v) for v in value.values())
+    if isinstance(value, list):
+        return any(holds_missing(v) for v in value)
+    return isinstance(value, str) and value == MISSING
+
+
+def missing_keys(config: Any, prefix: str = "") -> list[str]:
+    """The dotted keys still ``???``."""
+    items: Iterable[tuple[Any, Any]]
+    if isinstance(config, dict):
+        items = config.items()
+    elif isinstance(config, list):
+        items = ((str(i), v) for i, v in enumerate(config))
+    else:
+        return [prefix] if isinstance(config, str) and config == MISSING else []
+    return [key for name, value in items for key in missing_keys(value, f"{prefix}.{name}" if prefix else name)]

@@ -50,3 +50,13 @@ class Schema:
         if section.default is None:  # _complete_section refused such a value already
             raise missing_required(f"{key}.class_path", section.base)
         return section.default
+
+
+def common_base(classes: type | tuple[type, ...], key: str) -> type:
+    """The class a key accepts subclasses of: the one given, or the member of a tuple the others derive from."""
+    if isinstance(classes, type):
+        return classes
+    for candidate in classes:
+        if all(issubclass(c, candidate) for c in classes):
+            return candidate
+    raise ValueError(f"{key}: {classes!r} have no common base class among them; give one base class.")
