@@ -312,3 +312,16 @@ def test_optimizer_defaults_and_values_in_yaml_round_trip(tmp_path):
         "model": {"lr": 1e-5, "betas": [0.9, 0.999], "path": None, "n": "n"}
     }
     assert os.path.exists(tmp_path / "c.yaml") and Request().configs == []
+
+
+def test_a_class_callable_pickled_when_config_was_one_module_still_loads():
+    """``ClassCallable`` was ``tandem.cli.config.ClassCallable`` before ``config`` became a package; a pickle that
+    names it there (a module saved whole, with an ``OptimizerCallable`` among its hparams) still loads."""
+    import pickle
+
+    from tandem.cli.config.build import ClassCallable
+
+    data = pickle.dumps(ClassCallable(torch.optim.SGD, {"lr": 0.1}), protocol=0)
+    before = data.replace(b"tandem.cli.config.build\n", b"tandem.cli.config\n")
+    assert before != data
+    assert pickle.loads(before) == ClassCallable(torch.optim.SGD, {"lr": 0.1})
