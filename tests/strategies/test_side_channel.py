@@ -377,3 +377,25 @@ def test_a_pre_emption_vote_whose_count_an_outsider_held_back_still_agrees(fast_
     finally:
         for channel in channels:
             channel.close()
+
+
+def test_a_summary_never_cuts_a_call_site_in_two():
+    """A status or teardown reason quotes about 300 characters of an error: a CollectiveMismatchError naming a barrier
+    called at module level (``in <module>``) was cut inside the call site, and its summary line read
+    ``called at script.py:8 in )``. Whatever the length before it, the summary ends at a clause or sentence."""
+    site = "called at script.py:8 in <module>"
+    messages = [
+        f"Rank 1 has waited 61 s in torch's barrier (distributed_c10d.py:5356), {'w' * (lead - 69)}, {site}, a "
+        f"collective that rank 0 never entered (rank 1's last tandem collective was check 8: reduce (from "
+        f"smallest_and_largest in Trainer.fit, {site})), while rank 0 entered broadcast (from Trainer._setup in "
+        "Trainer.fit, called at script.py:9 in <module>). Every rank must enter the same collectives."
+        for lead in range(230, 300)
+    ]
+    summaries = [side_channel.error_summary(side_channel.CollectiveMismatchError(m)) for m in messages]
+    cut = [s for s in summaries if "in <" in s.replace(site, "") or f"stopped the job ({s})".count("in )")]
+    assert cut == []
+    for message, summary in zip(messages, summaries):
+        assert summary.endswith(" ...") and message.startswith(summary.removeprefix("CollectiveMismatchError: ")[:-4])
+        assert summary.count("(") == summary.count(")"), summary
+    short = side_channel.error_summary(ValueError("bad sample in rank 1"))
+    assert short == "ValueError: bad sample in rank 1"

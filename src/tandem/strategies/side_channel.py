@@ -128,6 +128,8 @@ _TORCH_BLOCKING = (  # where a main thread waits for other ranks inside torch
     f"{os.sep}torch{os.sep}_tensor.py",  # Tensor.backward
 )
 _LIBRARIES = (f"{os.sep}torch{os.sep}", f"{os.sep}lightning_utilities{os.sep}")
+#: about the most characters of an error's message that :func:`error_summary` quotes (a status, a teardown reason)
+_SUMMARY_LIMIT = 300
 #: seconds a rank whose collective broke waits for the rank that left to say so (it posts before its sockets close)
 _ANNOUNCE_WAIT_S = 2.0
 #: how a rank whose main thread waited in a collective ends when the job is torn down (as by SIGTERM: 128 + 15)
@@ -787,10 +789,29 @@ def _innermost_frame(error: BaseException) -> FrameType | None:
 
 
 def error_summary(error: BaseException) -> str:
-    """``Type: first line of the message`` (at most 300 characters; gloo's advice to read the other logs cut)."""
+    """``Type: first line of the message`` (gloo's advice to read the other logs cut), shortened to about 300
+    characters at a sentence or clause (see :func:`_clipped`)."""
     text = str(error).strip().splitlines()[0] if str(error).strip() else ""
     text = text.split(". This is typically caused by")[0]  # gloo's advice to read the other rank's log
-    return f"{type(error).__name__}: {text[:300]}" if text else type(error).__name__
+    return f"{type(error).__name__}: {_clipped(text)}" if text else type(error).__name__
+
+
+def _clipped(text: str, limit: int = _SUMMARY_LIMIT) -> str:
+    """``text`` if it has at most ``limit`` characters; else its longest beginning within them that ends a sentence
+    or a clause outside parentheses, then `` ...``: never a cut inside a name or a call site (``in <module>``)."""
+    if len(text) <= limit:
+        return text
+    depth, cut = 0, -1
+    for i, char in enumerate(text[:limit]):
+        if char in "([":
+            depth += 1
+        elif char in ")]":
+            depth = max(0, depth - 1)
+        elif char in ".,;" and depth == 0 and text[i + 1 : i + 2] == " ":
+            cut = i + 1 if char == "." else i  # a sentence keeps its full stop; a clause drops its comma
+    if cut <= 0:  # one long clause: between two words
+        cut = max(text.rfind(" ", 0, limit), 0) or limit
+    return f"{text[:cut]} ..."
 
 
 def _main_thread_place(frame: FrameType | None) -> tuple[str, bool, str, str]:
