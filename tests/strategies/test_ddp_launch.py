@@ -204,6 +204,23 @@ def test_rank_ones_traceback_is_shown_while_its_process_is_still_exiting(tmp_pat
 
 
 @pytest.mark.timeout(150)
+def test_training_step_returning_none_on_one_rank_is_named_where_it_happened(tmp_path):
+    """Rank 1's training_step returns None at batch 1 while rank 0 runs backward, whose gradient all-reduce waits for
+    a backward rank 1 never runs. Rank 1 sees its None first and says so, at once; before, the job waited for the
+    collective check's 60 s stall timeout and named collectives at the fit line."""
+    done = _python([str(SCRIPT), "none1", "--out", str(tmp_path)], _env(), timeout=120)
+    assert done.returncode == 1
+    raised = (tmp_path / "raised0").read_text()
+    assert raised.startswith("RankFailedError: rank 1 "), raised  # with rank 1's traceback
+    assert (
+        "TandemUserCodeError: rank 1's training_step returned None at batch 1 while rank 0 ran backward: skip on "
+        "every rank or none." in raised
+    ), raised
+    assert "(loss * 0.0)" in raised and "has waited" not in done.stderr
+    assert _nothing_left(tmp_path)
+
+
+@pytest.mark.timeout(150)
 def test_an_error_raised_on_every_rank_is_printed_once(tmp_path):
     """Every rank raises the same error at the same step: one traceback (rank 0's), naming the ranks."""
     done = _python([str(SCRIPT), "crash", "--crash-rank", "-1", "--out", str(tmp_path)], _env(), timeout=90)

@@ -399,3 +399,58 @@ def test_a_summary_never_cuts_a_call_site_in_two():
         assert summary.count("(") == summary.count(")"), summary
     short = side_channel.error_summary(ValueError("bad sample in rank 1"))
     assert short == "ValueError: bad sample in rank 1"
+
+
+# ---------------------------------------------------------------------------------------------- the skip agreement
+
+
+def backward(release: threading.Event) -> None:
+    """A main thread inside a backward pass (named as the watcher names it), until ``release``."""
+    release.wait(30)
+
+
+def test_a_batch_skipped_on_every_rank_is_agreed(fast_beats):
+    raw = dist.HashStore()
+    channels = [_channel(raw, rank=0), _channel(raw, rank=1)]
+    try:
+        for channel in channels:
+            channel.place = lambda: ("train", 0, 1, 1)
+        agreed: list = ["waiting", "waiting"]
+        other = threading.Thread(target=lambda: agreed.__setitem__(0, channels[0].skip_agreement.agree()))
+        other.start()
+        agreed[1] = channels[1].skip_agreement.agree()
+        other.join(30)
+        assert agreed == [None, None]  # every rank skipped batch 1: nobody is named
+    finally:
+        for channel in channels:
+            channel.close()
+
+
+def test_a_rank_in_backward_at_the_batch_another_skipped_is_named(fast_beats):
+    """Rank 1 returned None at batch 1; rank 0 is in its backward pass. While rank 0's backward is an earlier batch's
+    (it is behind), rank 1 waits for it; once rank 0 is in backward at batch 1, rank 1 names it."""
+    raw = dist.HashStore()
+    release = threading.Event()
+    in_backward = threading.Thread(target=backward, args=(release,))
+    in_backward.start()
+    channels = [
+        SideChannel(raw, 0, 2, run_id="unit", secret=SECRET, main_thread=in_backward),
+        _channel(raw, rank=1),
+    ]
+    try:
+        place = ["train", 0, 0, 0]
+        channels[0].place = lambda: tuple(place)
+        channels[1].place = lambda: ("train", 0, 1, 1)
+        found: list = ["waiting"]
+        waiting = threading.Thread(target=lambda: found.__setitem__(0, channels[1].skip_agreement.agree()))
+        waiting.start()
+        time.sleep(0.3)  # fifteen beats of rank 0 in backward at batch 0
+        assert found == ["waiting"]
+        place[2:] = [1, 1]  # rank 0 reached batch 1 and ran backward there
+        waiting.join(30)
+        assert found == [0]
+    finally:
+        release.set()
+        in_backward.join(30)
+        for channel in channels:
+            channel.close()

@@ -18,6 +18,7 @@ import torch
 from torch.optim import Optimizer
 
 from tandem.module import calls_hook, is_overridden
+from tandem.strategies.side_channel import SkipAgreement, skip_agreement
 from tandem.trainer.hooks import current_hook, enter_hook, leave_hook, running_hook
 from tandem.trainer.optim import LRSchedulerConfig, TrainingOptimizer, parse_optimizers
 from tandem.trainer.profiling import StrategyCalls, module_action, timed
@@ -165,6 +166,8 @@ class AutomaticOptimization(Optimization):
         self._optimizer_step, self._zero_grad, self._clip = optimizer_step, zero_grad, clip
         self._last_step_taken = False  # the latest step() was not skipped by the float16 scaler
         self._hand_steps = 0  # steps training_step took itself in the current batch (see _hand_step)
+        #: several ranks: a batch that training_step skipped must be skipped on every rank (see _agree_to_skip)
+        self._skip_agreement = skip_agreement()
 
     _no_step_advice = (
         "Under automatic optimization the Trainer steps after each batch (each accumulate_grad_batches-th), through "
@@ -323,7 +326,28 @@ class AutomaticOptimization(Optimization):
             if plan.after_backward:
                 self.context.hooks.call("on_after_backward")
             self.has_gradients = True
+        elif self._skip_agreement is not None and self.loop.stepping:  # a skipped batch: never on the loss path
+            self._agree_to_skip(self._skip_agreement)
         return loss
+
+    def _agree_to_skip(self, agreement: SkipAgreement) -> None:
+        """A stepping batch whose ``training_step`` returned None, with several ranks: every rank must skip it, for
+        the others' backward exchanges gradients with this rank, which runs none (the job would wait until a
+        timeout names collectives instead). Waits until every rank skipped this batch too, or names the rank
+        that ran backward."""
+        other = agreement.agree()
+        if other is None:
+            return
+        strategy = self.context.strategy
+        rank, batch = strategy.global_rank, self.loop.batches_done
+        raise TandemUserCodeError(
+            f"rank {rank}'s training_step returned None at batch {batch} while rank {other} ran backward: skip on "
+            f"every rank or none. Under strategy={strategy.name!r} each backward pass exchanges the gradients with "
+            f"every rank, so rank {other} waits for a backward that rank {rank} never runs (the job would hang). "
+            "Decide the skip together (e.g. skip = self.all_gather(torch.tensor(bad)).any(), then return None on "
+            "every rank), or, on the rank that has nothing to learn from the batch, return a loss that changes "
+            "nothing (loss * 0.0) instead of None."
+        )
 
     def _prepare_step(self, optimizer: Optimizer, backward_ran: bool = True) -> None:
         """Between backward and the step: unscale float16 gradients (not when the step's closure ran no backward,

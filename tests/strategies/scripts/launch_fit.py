@@ -24,6 +24,7 @@ Modes:
     slow_exit1  rank 1 raises ValueError("bad sample in rank 1") in on_train_epoch_end, where rank 0 goes on into the
               epoch end's checked collective; its script's exit then takes 8 s more (an atexit handler), so its process
               is still running when rank 0 learns of the failure
+    none1     rank 1's training_step returns None at batch 1 while rank 0 runs backward (a skip on one rank only)
 """
 
 from __future__ import annotations
@@ -59,7 +60,9 @@ class Classifier(tandem.TrainingModule):
         super().__init__()
         self.net = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.2), nn.ReLU(), nn.Linear(16, 3))
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor | None:
+        if MODE == "none1" and self.trainer.global_rank == 1 and batch_idx == 1:
+            return None  # the mistake: a skip on one rank only
         x, y = batch
         loss = F.cross_entropy(self.net(x), y)
         self.log("train_loss", loss)
@@ -220,6 +223,7 @@ if __name__ == "__main__":
             "spin",
             "barrier0",
             "slow_exit1",
+            "none1",
         ],
     )
     parser.add_argument("--out", required=True)
