@@ -543,6 +543,7 @@ class Trainer:
                 return None
             except BaseException as exception:
                 note_unpacked_mapping(exception, self._metrics.batch)  # x, y = batch on a dict batch
+                data.note_uneven_batch(exception, self._metrics.batch, self._loaders_of(fn))  # 16 inputs, 15 targets
                 self._wait_for_checkpoint_write(exception)
                 self.state.status = "interrupted"
                 self._hooks.call("on_exception", exception)
@@ -554,6 +555,13 @@ class Trainer:
             self._finish(fn, "success")
             self._finish_profiling(fn, report=True)
         return result
+
+    def _loaders_of(self, fn: str) -> dict[str, Any]:
+        """The loaders entry point ``fn`` runs, by stage, in the shape given (those not loaded yet: None)."""
+        records = self._evaluation.records
+        if fn == "fit":
+            return {"training": self.fit_loop.data.given, "validation": records["validate"].given}
+        return {fn: records[fn].given}
 
     def _wait_for_checkpoint_write(self, exception: BaseException | None = None) -> None:
         """Wait for the checkpoint written in the background (``AsyncCheckpointIO``), raising its error; while
