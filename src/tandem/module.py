@@ -181,6 +181,13 @@ class DataHooks:
         return batch
 
 
+def _weights_loaded(module: nn.Module, incompatible_keys: Any) -> None:
+    """``load_state_dict`` on a TrainingModule (a post-hook: ``load_from_checkpoint`` and the Trainer's restores pass
+    here too): its weights are no longer the ones it was built with."""
+    if isinstance(module, TrainingModule):
+        module._note_weights_from("load_state_dict")
+
+
 class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
     """A model together with how to train, evaluate and optimize it (Lightning's ``LightningModule``).
 
@@ -240,6 +247,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         self._log_hyperparams = False  # True once save_hyperparameters() asks for the loggers
         self._automatic_optimization = True
         self._param_requires_grad_state: dict[nn.Parameter, bool] = {}
+        self.register_load_state_dict_post_hook(_weights_loaded)  # trainer.test says when it tests built weights
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -596,6 +604,15 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
             self.train(mode)
 
     # ------------------------------------------------------------------ loading
+    def _has_own_weights(self) -> bool:
+        """Whether this module's weights came from somewhere: a fit, a checkpoint or ``load_state_dict`` (else they
+        are the ones it was built with)."""
+        return self.__dict__.get("_weights_from") is not None
+
+    def _note_weights_from(self, source: str) -> None:
+        """The module's weights now come from ``source`` ("fit", "load_state_dict")."""
+        self.__dict__["_weights_from"] = source
+
     @class_only
     def load_from_checkpoint(
         cls,

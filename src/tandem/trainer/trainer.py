@@ -441,6 +441,8 @@ class Trainer:
                     f"trainer.{fn}() was called without a model: the best checkpoint of the previous fit is loaded "
                     f"first. Pass ckpt_path='best' or 'last' (or the model) to silence this warning."
                 )
+        elif fn == "test" and ckpt_path is None:
+            _say_if_built_weights(model)
         result = self._launch(
             fn,
             model,
@@ -522,6 +524,7 @@ class Trainer:
                 if ckpt_path is not None:
                     self._ckpt_path = checkpointing.restore(self, ckpt_path, fn, weights_only=weights_only)
                 if fn == "fit":
+                    model._note_weights_from("fit")  # a later trainer.test(model) tests what it learnt
                     anomaly = torch.autograd.detect_anomaly() if self.detect_anomaly else contextlib.nullcontext()
                     with (
                         anomaly,
@@ -1165,6 +1168,19 @@ class Trainer:
         per_epoch = math.ceil(self.num_training_batches / self.accumulate_grad_batches)
         total = per_epoch * self._config.epoch_limit
         return min(total, self.max_steps) if self.max_steps != -1 else total
+
+
+def _say_if_built_weights(model: Any) -> None:
+    """``trainer.test(model)`` without ``ckpt_path`` on a module never fitted nor loaded tests the weights it was built
+    with (Lightning does too, without a word): one info line says so."""
+    module, _ = unwrap_compiled(model)
+    if isinstance(module, TrainingModule) and not module._has_own_weights():
+        name = type(module).__name__
+        rank_zero_info(
+            f"Testing {name} with the weights it was built with: it was neither fitted nor loaded from a checkpoint, "
+            f"and no ckpt_path was given. To test trained weights, fit it first, pass ckpt_path='path/to.ckpt', or "
+            f"load it with {name}.load_from_checkpoint(path)."
+        )
 
 
 @functools.cache
