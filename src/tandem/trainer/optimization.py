@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.optim import Optimizer
 
-from tandem.module import calls_hook, is_overridden
+from tandem.module import calls_hook, changed_too_late, is_overridden
 from tandem.strategies.side_channel import SkipAgreement, skip_agreement
 from tandem.trainer.hooks import current_hook, enter_hook, leave_hook, running_hook
 from tandem.trainer.optim import LRSchedulerConfig, TrainingOptimizer, parse_optimizers
@@ -240,9 +240,10 @@ class AutomaticOptimization(Optimization):
         hook = current_hook()
         if hook != "optimizer_step":
             if hook != _TRAINING_STEP:
+                late = changed_too_late(self.context.strategy.module, automatic=True)
                 raise TandemUserCodeError(
                     f"optimizer.step() was called in {hook or 'code the Trainer does not run'} under automatic "
-                    "optimization, where the Trainer steps after training_step. Step in an optimizer_step override "
+                    f"optimization, where the Trainer steps after training_step.{late} Step in an optimizer_step override "
                     "(optimizer.step(closure=optimizer_closure)), or set self.automatic_optimization = False and step "
                     "in training_step."
                 )
@@ -317,7 +318,7 @@ class AutomaticOptimization(Optimization):
         )
         if loss is not None:
             if self._hand_steps:
-                raise _double_step(self._hand_steps)
+                raise _double_step(self._hand_steps, changed_too_late(self.context.strategy.module, automatic=True))
             plan = self.plan
             if plan.before_backward:  # hooks nobody overrides are not even called
                 self.context.hooks.call("on_before_backward", loss)
@@ -532,7 +533,12 @@ def configure_optimization(
     strategy, config = context.strategy, context.config
     automatic = module.automatic_optimization
     steps_schedulers = calls_hook(module, "lr_scheduler_step")
-    optimizers, schedulers = parse_optimizers(module.configure_optimizers(), automatic, steps_schedulers)
+    returned = module.configure_optimizers()
+    if module.automatic_optimization != automatic:  # set in configure_optimizers: after the mode was chosen
+        module._note_mode_set_in("configure_optimizers")
+    optimizers, schedulers = parse_optimizers(
+        returned, automatic, steps_schedulers, late=changed_too_late(module, automatic)
+    )
     optimizers = strategy.setup_optimizers(optimizers)
     if not automatic:
         return ManualOptimization(context, loop, optimizers, schedulers, takes_batch_idx)
@@ -607,11 +613,11 @@ class _Stepped:
             self.version = grad._version
 
 
-def _double_step(steps: int) -> TandemUserCodeError:
+def _double_step(steps: int, late: str = "") -> TandemUserCodeError:
     return TandemUserCodeError(
         f"training_step stepped an optimizer itself ({steps} x self.optimizers().step()) and also returned a loss, "
         "under automatic optimization: the Trainer would run backward on that loss and step again, two steps per "
-        "batch. Step in one place: return the loss and remove your backward / step / zero_grad calls (the Trainer "
+        f"batch.{late} Step in one place: return the loss and remove your backward / step / zero_grad calls (the Trainer "
         "does them); or set self.automatic_optimization = False in __init__ and use self.manual_backward(loss) and "
         "opt.step() (training_step may then return the loss, for the loggers); or return None after stepping."
     )
