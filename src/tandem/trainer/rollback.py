@@ -46,7 +46,7 @@ from tandem.utilities.seed import capture_rng_state
 if TYPE_CHECKING:
     from tandem.strategies.strategy import Strategy
     from tandem.trainer.logging.collector import MetricCollector
-    from tandem.trainer.optimization import Optimization
+    from tandem.trainer.optimization.base import Optimization
     from tandem.trainer.state import LoopState
 
 #: a rank's losses since the last check: (batch_idx, loss or None for a batch that returned no loss)

@@ -39,7 +39,7 @@ from tandem.trainer.logging.sink import LogSink
 from tandem.trainer.loops import FitLoop, LoopContext
 from tandem.trainer.nonfinite import NonFiniteGuard, check_reaction, nonfinite_parameters
 from tandem.trainer.optim import LRSchedulerConfig
-from tandem.trainer.optimization import configure_optimization
+from tandem.trainer.optimization.configure import configure_optimization
 from tandem.trainer.profiling import active, resolve_profiler, timed_transfer
 from tandem.trainer.rollback import Rollback, RollbackRecord
 from tandem.trainer.state import LoopState, TrainerFn, TrainerState, TrainerStatus

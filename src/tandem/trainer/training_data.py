@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from tandem.trainer.elastic import continue_from, data_layout, follow_order, order_sampler
-from tandem.trainer.optimization import Optimization
+from tandem.trainer.optimization.base import Optimization
 from tandem.trainer.profiling import TRAIN_NEXT_BATCH, timed_batches
 from tandem.trainer.replicas import ReplicaCheck
 from tandem.trainer.state import TRAIN, BatchPlan, LoopState, StageData
