@@ -167,13 +167,17 @@ def api_ids() -> dict[str, object]:
 
 def _documented(target: str, ids: dict[str, object]) -> bool:
     """Whether the API pages render ``target``: one of their objects, or a public member an object's class body
-    defines (mkdocstrings lists the members a class defines itself, not the inherited ones)."""
+    defines (mkdocstrings lists the members a class defines itself, not the inherited ones; an assembled class,
+    the Trainer, lists its bases' too, see gen_api.assembled)."""
     if target in ids:
         return True
     owner, _, member = target.rpartition(".")
     value = ids.get(owner)
     if value is None or member.startswith("_") or not inspect.isclass(value):
         return False
+    gen_api = _gen_api()
+    if gen_api.assembled(value):
+        return member in gen_api.assembled_members(value)
     return member in vars(value) or member in getattr(value, "__dataclass_fields__", {})
 
 

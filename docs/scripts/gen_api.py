@@ -13,7 +13,9 @@ written again, so the reference never misses a public name.
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
+import inspect
 import pkgutil
 import sys
 from collections.abc import Sequence
@@ -151,10 +153,40 @@ def _section(package: str, name: str) -> str:
     where = getattr(value, "__module__", None) or ""
     if not where.startswith("tandem"):
         where = _defining_submodule(package, name, value) or where
+    if where.startswith("tandem") and assembled(value):
+        listed = "".join(f"        - {member}\n" for member in assembled_members(value))
+        return f"::: {package}.{name}\n    options:\n      show_bases: false\n      inherited_members: true\n      members:\n{listed}"
     if where.startswith("tandem"):
         return f"::: {package}.{name}\n"
     # A name tandem re-exports from another package (mkdocs.yml preloads it): its own docs, and where it comes from.
     return f"::: {package}.{name}\n\n`{package}.{name}` is `{where}.{name}`, as in Lightning.\n"
+
+
+#: Classes whose public members live in base classes of their own files (the Trainer's run, services and
+#: properties; see tandem.trainer.trainer): their sections show those members as the class's own.
+ASSEMBLED = ("tandem.trainer.trainer.Trainer",)
+
+
+def assembled(value: object) -> bool:
+    """Whether ``value`` is one of the ``ASSEMBLED`` classes."""
+    return inspect.isclass(value) and f"{value.__module__}.{value.__qualname__}" in ASSEMBLED
+
+
+def assembled_members(value: type) -> list[str]:
+    """The members an assembled class's section shows, as it showed them when they were one class body: the public
+    methods and properties with a docstring of their own, the class's first, then each tandem base's, each in
+    source order (mkdocstrings then puts the properties before the methods)."""
+    names: list[str] = []
+    for kind in inspect.getmro(value):
+        if not kind.__module__.startswith("tandem"):
+            continue
+        tree = ast.parse(Path(inspect.getfile(kind)).read_text())
+        body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == kind.__name__).body
+        for node in body:
+            public = isinstance(node, ast.FunctionDef) and not node.name.startswith("_")
+            if public and ast.get_docstring(node) and node.name not in names:
+                names.append(node.name)
+    return names
 
 
 def _defining_submodule(package: str, name: str, value: object) -> str | None:
