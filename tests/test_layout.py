@@ -5,6 +5,7 @@ frame introspection to find out who called."""
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 from pathlib import Path
 
@@ -60,12 +61,19 @@ def test_no_floor_imports_from_a_floor_above_it():
     assert upward == []
 
 
-def test_the_trainers_private_state_is_read_only_in_its_own_file():
+#: the files the Trainer class is made of: trainer.py and its base classes' (run, services, properties)
+TRAINER_FILES = ("trainer.py", "run.py", "services.py", "properties.py")
+
+
+def test_the_trainers_private_state_is_read_only_in_its_own_files():
+    own = {SRC / "trainer" / name for name in TRAINER_FILES}
+    # the Trainer's files are exactly those of the classes it is made of (a new base class is named here)
+    assert {Path(inspect.getfile(kind)) for kind in tandem.Trainer.__mro__ if kind is not object} == own
     pattern = re.compile(r"\b(trainer|_trainer)\._[a-z][a-z_]*")
     reads = [
         f"{path.relative_to(SRC)}: {match.group(0)}"
         for path in _sources()
-        if path != SRC / "trainer" / "trainer.py"
+        if path not in own
         for match in pattern.finditer(path.read_text())
     ]
     assert reads == []

@@ -47,7 +47,7 @@ class Linear(tandem.TrainingModule):
 
 def test_every_entry_point_ends_by_freeing_cuda_memory_of_its_device(monkeypatch):
     freed: list[torch.device] = []
-    monkeypatch.setattr("tandem.trainer.trainer.free_cuda_memory", freed.append)
+    monkeypatch.setattr("tandem.trainer.run.free_cuda_memory", freed.append)
     trainer = quiet_trainer(max_epochs=1)
     model = Linear()
     trainer.fit(model, loader(32), loader(16))
@@ -63,7 +63,7 @@ def test_a_failed_run_frees_cuda_memory_too(monkeypatch):
             raise ValueError("boom")
 
     freed: list[torch.device] = []
-    monkeypatch.setattr("tandem.trainer.trainer.free_cuda_memory", freed.append)
+    monkeypatch.setattr("tandem.trainer.run.free_cuda_memory", freed.append)
     with pytest.raises(ValueError, match="boom"):
         quiet_trainer(max_epochs=1, limit_val_batches=0).fit(Failing(), loader(32))
     assert freed == [torch.device("cpu")]
