@@ -36,10 +36,6 @@ if TYPE_CHECKING:
     from tandem.callbacks.model_checkpoint import ModelCheckpoint
     from tandem.callbacks.progress_bar import ProgressBar
     from tandem.loggers.logger import Logger
-    from tandem.trainer.evaluation import EvaluationLoop
-    from tandem.trainer.logging.collector import MetricCollector
-    from tandem.trainer.logging.sink import LogSink
-    from tandem.trainer.loops import FitLoop
 
 
 class TrainerProperties:

@@ -24,7 +24,6 @@ from tandem.utilities.exceptions import add_note
 from tandem.utilities.rank_zero import rank_zero_print
 
 if TYPE_CHECKING:
-    from tandem.trainer.hooks import HookDispatcher
     from tandem.trainer.trainer import Trainer
 
 
