@@ -22,7 +22,7 @@ from torch.utils.data import DistributedSampler
 
 from helpers import launch_free_env
 from tandem.strategies import launchers
-from tandem.strategies.environments import find_free_port
+from tandem.strategies.environments.machine import find_free_port
 from tandem.utilities.exceptions import RankFailedError, TandemConfigError
 
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_steps.py"

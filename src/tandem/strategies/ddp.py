@@ -38,7 +38,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.nn.parallel.distributed import _find_tensors
 
-from tandem.strategies.environments import ClusterEnvironment
+from tandem.strategies.environments.cluster_environment import ClusterEnvironment
 from tandem.strategies.layer_sync import TorchSyncBatchNorm
 from tandem.strategies.parallel import ParallelStrategy
 from tandem.strategies.precision import Precision

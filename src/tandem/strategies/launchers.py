@@ -48,7 +48,8 @@ import torch
 import torch.multiprocessing as mp
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from tandem.strategies.environments import LocalEnvironment, find_free_port
+from tandem.strategies.environments.local import LocalEnvironment
+from tandem.strategies.environments.machine import find_free_port
 from tandem.strategies.side_channel import (
     announce_teardown,
     broke_in_torch,

@@ -32,13 +32,11 @@ from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 from tandem.strategies import launchers
-from tandem.strategies.environments import (
-    ClusterEnvironment,
-    LocalEnvironment,
-    ProcessGroupEnvironment,
-    select_environment,
-    threads_per_process,
-)
+from tandem.strategies.environments.cluster_environment import ClusterEnvironment
+from tandem.strategies.environments.existing_group import ProcessGroupEnvironment
+from tandem.strategies.environments.local import LocalEnvironment
+from tandem.strategies.environments.machine import threads_per_process
+from tandem.strategies.environments.selection import select_environment
 from tandem.strategies.precision import Precision
 from tandem.strategies.samplers import (
     FirstItems,

@@ -24,7 +24,7 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from tandem.strategies.checkpoint_io import AsyncCheckpointIO
-from tandem.strategies.environments import ClusterEnvironment
+from tandem.strategies.environments.cluster_environment import ClusterEnvironment
 from tandem.strategies.precision import Precision, for_device
 from tandem.strategies.samplers import DATA_ORDERS, ordered_training
 from tandem.utilities.checkpoint import atomic_save, is_sharded_checkpoint, load_checkpoint_file, remove_file

@@ -26,7 +26,7 @@ import tandem  # noqa: E402
 from helpers import TinyModule, loader  # noqa: E402
 from tandem.callbacks import ModelCheckpoint  # noqa: E402
 from tandem.strategies import AsyncCheckpointIO, FSDPStrategy  # noqa: E402
-from tandem.strategies.environments import find_free_port  # noqa: E402
+from tandem.strategies.environments.machine import find_free_port  # noqa: E402
 from tandem.utilities import checkpoint as checkpoint_io  # noqa: E402
 from tandem.utilities.checkpoint import CHECKPOINT_MARKER  # noqa: E402
 
