@@ -47,7 +47,7 @@ from tandem.strategies.environments.cluster_environment import ClusterEnvironmen
 from tandem.strategies.parallel import ParallelStrategy
 from tandem.strategies.precision import Precision
 from tandem.strategies.registry import register_strategy
-from tandem.strategies.strategy import StepForward
+from tandem.strategies.steps import StepForward
 from tandem.utilities.checkpoint import (
     SHARDED_META_FILE,
     atomic_save,

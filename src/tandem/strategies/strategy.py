@@ -9,7 +9,6 @@ accepts and refuses the same inputs.
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -27,6 +26,7 @@ from tandem.strategies.checkpoint_io import AsyncCheckpointIO
 from tandem.strategies.environments.cluster_environment import ClusterEnvironment
 from tandem.strategies.precision import Precision, for_device
 from tandem.strategies.samplers import DATA_ORDERS, ordered_training
+from tandem.strategies.steps import CompiledSteps, _start_graphs_at_the_steps
 from tandem.utilities.checkpoint import atomic_save, is_sharded_checkpoint, load_checkpoint_file, remove_file
 from tandem.utilities.compile import Compiler
 from tandem.utilities.data import end_workers_with_process, seed_workers
@@ -54,47 +54,6 @@ class Launcher(Protocol):
     process and the processes it starts, and returns this process's result."""
 
     def launch(self, function: Callable[..., Any], *args: Any, trainer: Any = None, **kwargs: Any) -> Any: ...
-
-
-class StepForward(nn.Module):
-    """Routes ``forward`` to the module's step method, so wrappers (DDP, FSDP, DataParallel) see each step
-    as a forward call: DDP prepares its gradient reduction there, FSDP gathers the parameters there,
-    DataParallel splits the batch there."""
-
-    def __init__(self, module: nn.Module) -> None:
-        super().__init__()
-        self.module = module
-
-    def forward(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.module, method)(*args, **kwargs)
-
-
-class CompiledSteps:
-    """A module's step methods, each compiled on its first call (as Lightning's ``from_compiled`` does), called
-    as a ``StepForward`` is: ``steps("training_step", batch, batch_idx)``."""
-
-    def __init__(self, module: nn.Module, compiler: Compiler) -> None:
-        self.module = module
-        self._compiler = compiler
-        self._steps: dict[str, Callable[..., Any]] = {}
-
-    def __call__(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        step = self._steps.get(method)
-        if step is None:
-            step = self._steps[method] = self._compiler(getattr(self.module, method))
-        return step(*args, **kwargs)
-
-
-@functools.cache
-def _start_graphs_at_the_steps() -> None:
-    """Dynamo compiles from the frames ``StepForward.forward`` calls (``training_step``, ...), not from that
-    one trampoline: each step method keeps its own cache of graphs (and its own recompile limit), as when the
-    methods themselves are compiled (Lightning's ``from_compiled``). Called once, when a module comes compiled."""
-    try:
-        from torch._dynamo.decorators import skip  # private: the frame is skipped, the frames it calls are not
-    except ImportError:  # graphs start at StepForward.forward: the same graphs, one cache for all step methods
-        return
-    skip(StepForward.forward)
 
 
 class Strategy:
