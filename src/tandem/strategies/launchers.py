@@ -50,6 +50,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 
 from tandem.strategies.environments.local import LocalEnvironment
 from tandem.strategies.environments.machine import find_free_port
+from tandem.strategies.process_group import leave_process_group
 from tandem.strategies.side_channel import (
     announce_teardown,
     broke_in_torch,
@@ -669,8 +670,6 @@ class ScriptLauncher:
         hydra_config = _hydra_config()
         if hydra_config is None or hydra_config.runtime.output_dir == _WATCHDOG.hydra_job:
             return False
-        from tandem.strategies.parallel import leave_process_group  # parallel imports this module
-
         _WATCHDOG.wait_for_end(_JOB_END_WAIT_S)
         leave_process_group()
         _WATCHDOG = _Watchdog()
