@@ -1,6 +1,6 @@
 """The shape of the code, measured from the source (the measures of the trainer-wing renovation): the
-floors between sub-packages, the Trainer's private state kept in its room, a small Strategy base, and no
-frame introspection to find out who called."""
+floors between sub-packages, no import circles, the Trainer's private state kept in its
+room, a small Strategy base, and no frame introspection to find out who called."""
 
 from __future__ import annotations
 
@@ -58,6 +58,72 @@ def test_no_floor_imports_from_a_floor_above_it():
             if target == "tandem" or (target in FLOORS and FLOORS.index(target) > FLOORS.index(floor)):
                 upward.append(f"{path.relative_to(SRC)} imports {module}")
     assert upward == []
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(("tandem", *(parts[:-1] if parts[-1] == "__init__" else parts)))
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Each tandem module and the tandem modules it imports at run time (function-level imports included: an
+    import moved into a function to get round a circle is still part of it). ``from package import module``
+    leads to that module; a package's ``__init__`` that a submodule's import runs first is not counted."""
+    paths = {_module_name(path): path for path in _sources()}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        tree = ast.parse(path.read_text())
+        targets = set(_runtime_imports(tree))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module in paths and node.level == 0:
+                submodules = {f"{node.module}.{alias.name}" for alias in node.names} & paths.keys()
+                if len(submodules) == len(node.names):
+                    targets.discard(node.module)  # only modules named: the package's own names are not read
+                targets |= submodules
+        graph[name] = {target for target in targets if target in paths and target != name}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other, directly or through others (Tarjan's strongly connected
+    components of more than one module)."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        for target in sorted(graph[module]):
+            if target not in order:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], order[target])
+        if low[module] == order[module]:
+            group = [stack.pop()]
+            while group[-1] != module:
+                group.append(stack.pop())
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in order:
+            visit(module)
+    return circles
+
+
+def test_the_import_graph_sees_an_import_inside_a_function():
+    graph = _import_graph()
+    assert "tandem.strategies.strategy" in graph["tandem.strategies.registry"]  # imported inside strategy_class
+    assert "tandem.trainer.checkpointing" in graph["tandem.trainer.preemption"]  # from tandem.trainer import ...
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_modules_import_each_other():
+    # a circle makes the import order matter (a name read before its module finished) and the rooms one room
+    assert _circles(_import_graph()) == []
 
 
 def test_the_trainers_private_state_is_read_only_in_its_own_file():
