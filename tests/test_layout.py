@@ -1,6 +1,6 @@
 """The shape of the code, measured from the source (the measures of the trainer-wing renovation): the
-floors between sub-packages, no import circles, the Trainer's private state kept in its
-room, a small Strategy base, and no frame introspection to find out who called."""
+floors between sub-packages, no import circles, files small enough to read whole, the Trainer's private state
+kept in its room, a small Strategy base, and no frame introspection to find out who called."""
 
 from __future__ import annotations
 
@@ -124,6 +124,19 @@ def test_the_import_graph_sees_an_import_inside_a_function():
 def test_no_modules_import_each_other():
     # a circle makes the import order matter (a name read before its module finished) and the rooms one room
     assert _circles(_import_graph()) == []
+
+
+#: the most lines a file in src/tandem may have: a room one can hold in one's head
+MAX_LINES = 600
+
+
+def test_no_source_file_is_longer_than_a_room():
+    long = {
+        str(path.relative_to(SRC)): lines
+        for path in _sources()
+        if (lines := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}, f"files over {MAX_LINES} lines: split each along its jobs, one job a file"
 
 
 def test_the_trainers_private_state_is_read_only_in_its_own_file():
