@@ -48,6 +48,7 @@ _BUILT_IN = {
     "ddp_notebook": "tandem.strategies.ddp",
     "ddp_find_unused_parameters_true": "tandem.strategies.ddp",
     "fsdp": "tandem.strategies.fsdp",
+    "ddp_ft": "tandem.strategies.ddp_ft",
 }
 
 

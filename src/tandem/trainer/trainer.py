@@ -544,6 +544,8 @@ class Trainer:
                         preemption.catching_signals(self.fit_loop.state.progress),
                         self._hooks.running("train"),
                     ):
+                        if self.strategy.replica_groups is not None:  # ddp_ft: a late group takes a peer's state
+                            self.strategy.replica_groups.join(checkpointing.live_state(self))
                         self._hooks.call("on_fit_start")
                         model.zero_grad()  # as Lightning, every run starts with no gradients (none left by another)
                         self.fit_loop.run()

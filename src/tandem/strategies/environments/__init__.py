@@ -79,6 +79,17 @@ report). A process with LOCAL_RANK set was started by a launcher and starts noth
 defaults to 127.0.0.1 and a free MASTER_PORT is picked; with several nodes, set MASTER_ADDR,
 MASTER_PORT and NODE_RANK on every node.
 
+torchft's replica groups (``strategy="ddp_ft"``; `ReplicaGroupEnvironment`).
+Each replica group is a job of its own, described by one of the launchers above; these say where it sits among the
+others (the names torchft's own examples read):
+
+```text
+TORCHFT_LIGHTHOUSE   the lighthouse's address, e.g. http://localhost:29510
+REPLICA_GROUP_ID     this group's id, 0 .. NUM_REPLICA_GROUPS-1 (default 0)
+NUM_REPLICA_GROUPS   how many groups the job has at most (default 1): each step's data is that many shares
+TANDEM_FT_RESTARTS   set by ``python -m tandem.strategies.ft_launch``: how often the group was started again
+```
+
 Also read here:
 
 ```text
@@ -94,6 +105,7 @@ from tandem.strategies.environments.kubeflow import KubeflowEnvironment
 from tandem.strategies.environments.local import LocalEnvironment
 from tandem.strategies.environments.lsf import LSFEnvironment
 from tandem.strategies.environments.mpi import MPIEnvironment
+from tandem.strategies.environments.replica_group import ReplicaGroupEnvironment
 from tandem.strategies.environments.selection import rank_from_environment, select_environment
 from tandem.strategies.environments.slurm import SLURMEnvironment, requeues, slurm_job_to_requeue
 from tandem.strategies.environments.torchelastic import TorchElasticEnvironment
@@ -105,6 +117,7 @@ __all__ = [
     "LocalEnvironment",
     "MPIEnvironment",
     "ProcessGroupEnvironment",
+    "ReplicaGroupEnvironment",
     "SLURMEnvironment",
     "TorchElasticEnvironment",
     "rank_from_environment",
