@@ -21,8 +21,11 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from helpers import launch_free_env
-from tandem.strategies import launchers
 from tandem.strategies.environments.machine import find_free_port
+from tandem.strategies.launchers.command import script_command
+from tandem.strategies.launchers.records import _write_error_record
+from tandem.strategies.launchers.script import processes_started
+from tandem.strategies.launchers.watchdog import _WAKE_SIGNAL, _Child, _Watchdog
 from tandem.utilities.exceptions import RankFailedError, TandemConfigError
 
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_steps.py"
@@ -316,11 +319,11 @@ def test_rank_0s_own_error_is_kept_whole_behind_the_failure(tmp_path):
     """A started rank failed, and rank 0 then raised an error of its own: RankFailedError carries the rank's
     traceback, and rank 0's error stays attached as its context, whole (not cut at 200 characters)."""
     record = tmp_path / "rank1.txt"
-    launchers._write_error_record(str(record), "Traceback (most recent call last):\nValueError: rank 1's own")
+    _write_error_record(str(record), "Traceback (most recent call last):\nValueError: rank 1's own")
     child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     child.wait()
-    watchdog = launchers._Watchdog()
-    watchdog.children = [launchers._Child(1, child, str(record))]
+    watchdog = _Watchdog()
+    watchdog.children = [_Child(1, child, str(record))]
     own = RuntimeError("rank 0's long message " + "x" * 500 + " END")
     with pytest.raises(RankFailedError) as caught:
         try:
@@ -345,16 +348,14 @@ def test_rank_0_woken_where_it_was_raises_the_ranks_error_not_a_broken_collectiv
     and tandem's own text is never quoted as "the broken collective"."""
     record = tmp_path / "rank1.txt"
     error = RuntimeError("bad batch on rank 1")
-    launchers._write_error_record(
-        str(record), "Traceback (most recent call last):\nRuntimeError: bad batch on rank 1", error
-    )
+    _write_error_record(str(record), "Traceback (most recent call last):\nRuntimeError: bad batch on rank 1", error)
     child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
     child.wait()
-    watchdog = launchers._Watchdog()
-    watchdog.children = [launchers._Child(1, child, str(record))]
+    watchdog = _Watchdog()
+    watchdog.children = [_Child(1, child, str(record))]
     watchdog.failure = watchdog.children[0]
     with pytest.raises(RankFailedError) as woken:
-        watchdog._on_wake_signal(launchers._WAKE_SIGNAL, None)  # what the wake-up signal runs in the main thread
+        watchdog._on_wake_signal(_WAKE_SIGNAL, None)  # what the wake-up signal runs in the main thread
     assert watchdog.failure_behind(woken.value) is woken.value
     assert str(woken.value).endswith(
         "Its traceback:\nTraceback (most recent call last):\nRuntimeError: bad batch on rank 1"
@@ -366,18 +367,18 @@ def test_script_command_forms(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["train.py", "--lr", "0.1"])
     monkeypatch.setattr(main, "__spec__", None, raising=False)
     monkeypatch.setattr(main, "__file__", "train.py", raising=False)
-    assert launchers.script_command() == [sys.executable, os.path.abspath("train.py"), "--lr", "0.1"]
+    assert script_command() == [sys.executable, os.path.abspath("train.py"), "--lr", "0.1"]
 
     monkeypatch.setattr(main, "__spec__", types.SimpleNamespace(name="project.train"))
-    assert launchers.script_command() == [sys.executable, "-m", "project.train", "--lr", "0.1"]
+    assert script_command() == [sys.executable, "-m", "project.train", "--lr", "0.1"]
     monkeypatch.setattr(main, "__spec__", types.SimpleNamespace(name="project.__main__"))
-    assert launchers.script_command() == [sys.executable, "-m", "project", "--lr", "0.1"]
+    assert script_command() == [sys.executable, "-m", "project", "--lr", "0.1"]
 
     monkeypatch.setattr(main, "__spec__", None)
     monkeypatch.setattr(sys, "argv", ["-c"])
     with pytest.raises(TandemConfigError, match="ddp_spawn"):
-        launchers.script_command()
+        script_command()
 
 
 def test_no_processes_are_started_by_importing_the_launchers():
-    assert not launchers.processes_started()
+    assert not processes_started()

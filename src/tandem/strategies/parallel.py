@@ -30,12 +30,13 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
-from tandem.strategies import launchers
 from tandem.strategies.environments.cluster_environment import ClusterEnvironment
 from tandem.strategies.environments.existing_group import ProcessGroupEnvironment
 from tandem.strategies.environments.local import LocalEnvironment
 from tandem.strategies.environments.machine import threads_per_process
 from tandem.strategies.environments.selection import select_environment
+from tandem.strategies.launchers.script import ScriptLauncher, processes_started
+from tandem.strategies.launchers.spawn import SpawnLauncher
 from tandem.strategies.precision import Precision
 from tandem.strategies.process_group import _GROUPS_CREATED, joined_external_group, leave_process_group
 from tandem.strategies.samplers import (
@@ -209,7 +210,7 @@ class ParallelStrategy(Strategy):
         return self.parallel_devices[min(self.local_rank, len(self.parallel_devices) - 1)]
 
     @property
-    def launcher(self) -> launchers.ScriptLauncher | launchers.SpawnLauncher | None:
+    def launcher(self) -> ScriptLauncher | SpawnLauncher | None:
         environment = self.environment
         if not isinstance(environment, LocalEnvironment) or self.world_size == 1:
             return None  # torchrun / srun started the processes, or there is only one
@@ -217,9 +218,9 @@ class ParallelStrategy(Strategy):
             return (
                 None
                 if environment.creates_processes_externally
-                else launchers.SpawnLauncher(environment, self.num_processes, self.start_method)
+                else SpawnLauncher(environment, self.num_processes, self.start_method)
             )
-        return launchers.ScriptLauncher(environment, self.num_processes)
+        return ScriptLauncher(environment, self.num_processes)
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, int] | None:
@@ -285,7 +286,7 @@ class ParallelStrategy(Strategy):
                 f"num_nodes={self.num_nodes} with tandem's launcher needs MASTER_ADDR, MASTER_PORT and "
                 "NODE_RANK set on every node. Set them, or start the job with torchrun or srun."
             )
-        started = environment.creates_processes_externally or launchers.processes_started()
+        started = environment.creates_processes_externally or processes_started()
         if self.world_size > 1 and self.num_processes > 1 and not started:
             raise TandemConfigError(
                 f"{type(self).__name__}.setup_environment() ran before the other ranks were started, so it would "

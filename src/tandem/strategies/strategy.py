@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, overload
 
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
@@ -42,6 +42,7 @@ from tandem.utilities.rank_zero import set_rank
 from tandem.utilities.seed import order_seed
 
 if TYPE_CHECKING:
+    from tandem.strategies.launchers.launcher import Launcher
     from tandem.strategies.replica_groups import ReplicaGroups
 
 _NO_CONTEXT = contextlib.nullcontext()
@@ -50,13 +51,6 @@ ReduceOp = str  # "mean" | "sum" | "max" | "min"
 REDUCE_OPS = ("mean", "sum", "max", "min")
 STAGES = ("fit", "validate", "test", "predict")
 CLIP_ALGORITHMS = ("norm", "value")
-
-
-class Launcher(Protocol):
-    """What starts the other processes of a job (``Strategy.launcher``): ``launch`` runs ``function`` in this
-    process and the processes it starts, and returns this process's result."""
-
-    def launch(self, function: Callable[..., Any], *args: Any, trainer: Any = None, **kwargs: Any) -> Any: ...
 
 
 class Strategy:
