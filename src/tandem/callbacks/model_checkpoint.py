@@ -12,7 +12,8 @@ import torch
 
 from tandem.callbacks.callback import Checkpoint
 from tandem.loggers.logger import VERSION_DIR, Logger
-from tandem.utilities.checkpoint import atomic_link, atomic_write, check_writable_folder, is_url
+from tandem.utilities.atomic import atomic_link, atomic_write, check_writable_folder
+from tandem.utilities.cloud_io import is_url
 from tandem.utilities.exceptions import (
     CheckpointError,
     FileWriteError,
