@@ -48,14 +48,8 @@ from tandem.strategies.parallel import ParallelStrategy
 from tandem.strategies.precision import Precision
 from tandem.strategies.registry import register_strategy
 from tandem.strategies.steps import StepForward
-from tandem.utilities.checkpoint import (
-    SHARDED_META_FILE,
-    atomic_save,
-    is_sharded_checkpoint,
-    load_checkpoint_file,
-    replace_directory,
-    temporary_directory,
-)
+from tandem.utilities.atomic import replace_directory, temporary_directory
+from tandem.utilities.checkpoint import SHARDED_META_FILE, atomic_save, is_sharded_checkpoint, load_checkpoint_file
 from tandem.utilities.exceptions import CheckpointError, TandemConfigError, TandemUserCodeError, bad_choice
 
 if TYPE_CHECKING:  # torch's FSDP, DTensor and checkpoint modules take ~1 s to import: loaded when used

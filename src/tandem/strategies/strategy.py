@@ -27,7 +27,8 @@ from tandem.strategies.environments.cluster_environment import ClusterEnvironmen
 from tandem.strategies.precision import Precision, for_device
 from tandem.strategies.samplers import DATA_ORDERS, ordered_training
 from tandem.strategies.steps import CompiledSteps, _start_graphs_at_the_steps
-from tandem.utilities.checkpoint import atomic_save, is_sharded_checkpoint, load_checkpoint_file, remove_file
+from tandem.utilities.checkpoint import atomic_save, is_sharded_checkpoint, load_checkpoint_file
+from tandem.utilities.cloud_io import remove_file
 from tandem.utilities.compile import Compiler
 from tandem.utilities.data import end_workers_with_process, seed_workers
 from tandem.utilities.exceptions import (
