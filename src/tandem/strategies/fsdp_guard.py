@@ -17,7 +17,7 @@ READING_ATTRIBUTE = "_tandem_fsdp_reading"  # the strategy is reading the sharde
 def guard(module: nn.Module, world_size: int) -> None:
     """Between stages, calling the sharded module (or a layer of it) or its ``state_dict()`` raises
     ``_sharded_module_error``; the hooks cost nothing while a stage runs (they are removed then). The
-    strategy's own reads (``_reading``) pass."""
+    strategy's own reads (``FSDPStrategy._reading``) pass."""
     unguard(module)
     name = type(module).__name__
     handles = [  # before FSDP's own pre-forward hook (a gather)
