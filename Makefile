@@ -16,8 +16,9 @@ PYTEST_ARGS ?=
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# Install the pinned torch first: an unpinned torch pulled in by a dependency would fetch CUDA builds.
-	$(PY) -c "import torch, sys; sys.exit(0 if tuple(int(p) for p in torch.__version__.split('+')[0].split('.')[:2]) >= (2, 4) else 1)" 2>/dev/null \
+	# Install the pinned torch first: an unpinned torch pulled in by a dependency would fetch CUDA builds (torchft, in
+	# the test extra, needs torch>=2.7: an older torch is replaced by the pinned one here, not by pip's resolver).
+	$(PY) -c "import torch, sys; sys.exit(0 if tuple(int(p) for p in torch.__version__.split('+')[0].split('.')[:2]) >= (2, 7) else 1)" 2>/dev/null \
 		|| $(PY) -m pip install -q $(PIP_TORCH_ARGS) "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[test,examples]"
 	touch $@

@@ -26,6 +26,7 @@ from tandem.utilities.exceptions import (
     hyperparameters_missing,
     hyperparameters_renamed,
 )
+from tandem.utilities.logged_values import CURRENT_HOOK
 from tandem.utilities.rank_zero import rank_zero_print, rank_zero_warn
 
 if TYPE_CHECKING:
@@ -199,6 +200,28 @@ class DataHooks:
         return batch
 
 
+def changed_too_late(module: nn.Module, automatic: bool) -> str:
+    """The sentence an error about the optimization mode adds when the fit runs in mode ``automatic`` but the
+    module's ``automatic_optimization`` says the other now: it was changed after the fit chose its mode (and in which
+    hook); else ""."""
+    if not isinstance(module, TrainingModule) or module.automatic_optimization == automatic:
+        return ""
+    where = module.__dict__.get("_mode_set_in")
+    return (
+        f" self.automatic_optimization was set to {module.automatic_optimization}"
+        + (f" in {where}" if where else "")
+        + f", after this fit had started in {'automatic' if automatic else 'manual'} optimization: the Trainer "
+        "reads it once, when the fit starts (before configure_optimizers), so the change came too late."
+    )
+
+
+def _weights_loaded(module: nn.Module, incompatible_keys: Any) -> None:
+    """``load_state_dict`` on a TrainingModule (a post-hook: ``load_from_checkpoint`` and the Trainer's restores pass
+    here too): its weights are no longer the ones it was built with."""
+    if isinstance(module, TrainingModule):
+        module._note_weights_from("load_state_dict")
+
+
 class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
     """A model together with how to train, evaluate and optimize it (Lightning's ``LightningModule``).
 
@@ -259,6 +282,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         self._log_hyperparams = False  # True once save_hyperparameters() asks for the loggers
         self._automatic_optimization = True
         self._param_requires_grad_state: dict[nn.Parameter, bool] = {}
+        self.register_load_state_dict_post_hook(_weights_loaded)  # trainer.test says when it tests built weights
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -339,6 +363,14 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
     @automatic_optimization.setter
     def automatic_optimization(self, value: bool) -> None:
         self.__dict__["_automatic_optimization"] = bool(value)
+        if self._trainer is not None:  # set while a Trainer runs the module: remember in which hook (a late change)
+            self._note_mode_set_in(CURRENT_HOOK.get())
+
+    def _note_mode_set_in(self, where: str | None) -> None:
+        """Record where ``automatic_optimization`` was last set while a Trainer ran this module (a hook; the Trainer
+        names ``configure_optimizers``, which it calls outside the hooks), for the errors of a change that came
+        after the fit chose its mode."""
+        self.__dict__["_mode_set_in"] = where
 
     @overload
     def optimizers(self, use_pl_optimizer: Literal[True] = True) -> TrainingOptimizer | list[TrainingOptimizer]: ...
@@ -383,7 +415,8 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         trainer = self.trainer
         if trainer.fit_loop.optimization.automatic:
             raise TandemUserCodeError(
-                "manual_backward is for manual optimization: set self.automatic_optimization = False in __init__, "
+                "manual_backward is for manual optimization, and this fit runs automatic optimization."
+                f"{changed_too_late(self, automatic=True)} Set self.automatic_optimization = False in __init__, "
                 "or return the loss from training_step and let the Trainer call backward."
             )
         trainer.call_hook("on_before_backward", loss)
@@ -679,6 +712,15 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
             self.train(mode)
 
     # ------------------------------------------------------------------ loading
+    def _has_own_weights(self) -> bool:
+        """Whether this module's weights came from somewhere: a fit, a checkpoint or ``load_state_dict`` (else they
+        are the ones it was built with)."""
+        return self.__dict__.get("_weights_from") is not None
+
+    def _note_weights_from(self, source: str) -> None:
+        """The module's weights now come from ``source`` ("fit", "load_state_dict")."""
+        self.__dict__["_weights_from"] = source
+
     @class_only
     def load_from_checkpoint(
         cls,

@@ -1,4 +1,4 @@
-"""Parsing, layering, interpolation, types and errors of tandem.cli.config and .arguments, with no processes."""
+"""Parsing, layering, interpolation, types and errors of tandem.cli.config, .arguments and .class_paths, with no processes."""
 
 from __future__ import annotations
 
@@ -10,30 +10,16 @@ import torch
 
 import tandem
 from tandem.callbacks import Callback, EarlyStopping, ModelCheckpoint
-from tandem.cli.arguments import (
-    CLIError,
-    class_path_of,
-    docstring_args,
-    resolve_class,
-    signature,
-    type_name,
-)
-from tandem.cli.config import (
-    Request,
-    Schema,
-    Section,
-    build_section,
-    build_value,
-    check,
-    check_value,
-    complete,
-    layer,
-    load_config_file,
-    parse_argv,
-    parse_value,
-    resolve,
-    to_yaml,
-)
+from tandem.cli.arguments import docstring_args, signature, type_name
+from tandem.cli.class_paths import class_path_of, resolve_class
+from tandem.cli.config.build import build_section, build_value
+from tandem.cli.config.check import check, check_value
+from tandem.cli.config.complete import complete
+from tandem.cli.config.layers import layer
+from tandem.cli.config.request import Request, parse_argv
+from tandem.cli.config.schema import Schema, Section
+from tandem.cli.config.yaml_io import load_config_file, parse_value, resolve, to_yaml
+from tandem.cli.errors import CLIError
 
 
 class Model(tandem.TrainingModule):
@@ -326,3 +312,16 @@ def test_optimizer_defaults_and_values_in_yaml_round_trip(tmp_path):
         "model": {"lr": 1e-5, "betas": [0.9, 0.999], "path": None, "n": "n"}
     }
     assert os.path.exists(tmp_path / "c.yaml") and Request().configs == []
+
+
+def test_a_class_callable_pickled_when_config_was_one_module_still_loads():
+    """``ClassCallable`` was ``tandem.cli.config.ClassCallable`` before ``config`` became a package; a pickle that
+    names it there (a module saved whole, with an ``OptimizerCallable`` among its hparams) still loads."""
+    import pickle
+
+    from tandem.cli.config.build import ClassCallable
+
+    data = pickle.dumps(ClassCallable(torch.optim.SGD, {"lr": 0.1}), protocol=0)
+    before = data.replace(b"tandem.cli.config.build\n", b"tandem.cli.config\n")
+    assert before != data
+    assert pickle.loads(before) == ClassCallable(torch.optim.SGD, {"lr": 0.1})

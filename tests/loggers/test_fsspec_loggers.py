@@ -99,7 +99,7 @@ def test_the_clis_config_goes_to_a_url_log_dir_and_a_different_one_there_is_refu
     """SaveConfigCallback under a URL default_root_dir: config.yaml at the URL (no local ``memory:`` folder), and a
     different config already there is found (before, os.path.isfile never saw it)."""
     from tandem.cli import SaveConfigCallback
-    from tandem.cli.arguments import CLIError
+    from tandem.cli.errors import CLIError
     from tandem.cli.save_config import saved_text
 
     monkeypatch.chdir(tmp_path)

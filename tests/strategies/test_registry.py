@@ -24,6 +24,23 @@ def test_auto_resolves_to_single_device_on_cpu():
     assert "single_device" in available_strategies()
 
 
+def test_ddp_with_auto_devices_on_the_cpu_runs_one_process_and_says_so(capsys):
+    """Lightning's count for devices="auto" on the CPU is 1, kept; one info line says so and how to start N."""
+    line = "strategy='ddp' with devices='auto' on the CPU runs 1 process"
+    strategy = resolve_strategy("ddp", "cpu", "auto", 1, "32-true")
+    assert isinstance(strategy, DDPStrategy) and strategy.num_processes == 1
+    said = capsys.readouterr().err
+    assert (
+        said.count(line) == 1 and "pass devices=N (e.g. Trainer(accelerator='cpu', strategy='ddp', devices=4))" in said
+    )
+    resolve_strategy(DDPStrategy(), "cpu", "auto", 1, "32-true")  # an instance whose devices 'auto' chose
+    assert capsys.readouterr().err.count(line) == 1
+    resolve_strategy("ddp", "cpu", 2, 1, "32-true")  # the number asked for
+    resolve_strategy("auto", "cpu", "auto", 1, "32-true")  # one process is what "auto" means here
+    resolve_strategy(DDPStrategy(devices=[torch.device("cpu")] * 2), "cpu", "auto", 1, "32-true")
+    assert capsys.readouterr().err == ""
+
+
 def test_single_device_collectives_are_identities():
     strategy = SingleDeviceStrategy("cpu", precision="32-true")
     t = torch.tensor([1.0, 2.0])

@@ -377,3 +377,80 @@ def test_a_pre_emption_vote_whose_count_an_outsider_held_back_still_agrees(fast_
     finally:
         for channel in channels:
             channel.close()
+
+
+def test_a_summary_never_cuts_a_call_site_in_two():
+    """A status or teardown reason quotes about 300 characters of an error: a CollectiveMismatchError naming a barrier
+    called at module level (``in <module>``) was cut inside the call site, and its summary line read
+    ``called at script.py:8 in )``. Whatever the length before it, the summary ends at a clause or sentence."""
+    site = "called at script.py:8 in <module>"
+    messages = [
+        f"Rank 1 has waited 61 s in torch's barrier (distributed_c10d.py:5356), {'w' * (lead - 69)}, {site}, a "
+        f"collective that rank 0 never entered (rank 1's last tandem collective was check 8: reduce (from "
+        f"smallest_and_largest in Trainer.fit, {site})), while rank 0 entered broadcast (from Trainer._setup in "
+        "Trainer.fit, called at script.py:9 in <module>). Every rank must enter the same collectives."
+        for lead in range(230, 300)
+    ]
+    summaries = [side_channel.error_summary(side_channel.CollectiveMismatchError(m)) for m in messages]
+    cut = [s for s in summaries if "in <" in s.replace(site, "") or f"stopped the job ({s})".count("in )")]
+    assert cut == []
+    for message, summary in zip(messages, summaries):
+        assert summary.endswith(" ...") and message.startswith(summary.removeprefix("CollectiveMismatchError: ")[:-4])
+        assert summary.count("(") == summary.count(")"), summary
+    short = side_channel.error_summary(ValueError("bad sample in rank 1"))
+    assert short == "ValueError: bad sample in rank 1"
+
+
+# ---------------------------------------------------------------------------------------------- the skip agreement
+
+
+def backward(release: threading.Event) -> None:
+    """A main thread inside a backward pass (named as the watcher names it), until ``release``."""
+    release.wait(30)
+
+
+def test_a_batch_skipped_on_every_rank_is_agreed(fast_beats):
+    raw = dist.HashStore()
+    channels = [_channel(raw, rank=0), _channel(raw, rank=1)]
+    try:
+        for channel in channels:
+            channel.place = lambda: ("train", 0, 1, 1)
+        agreed: list = ["waiting", "waiting"]
+        other = threading.Thread(target=lambda: agreed.__setitem__(0, channels[0].skip_agreement.agree()))
+        other.start()
+        agreed[1] = channels[1].skip_agreement.agree()
+        other.join(30)
+        assert agreed == [None, None]  # every rank skipped batch 1: nobody is named
+    finally:
+        for channel in channels:
+            channel.close()
+
+
+def test_a_rank_in_backward_at_the_batch_another_skipped_is_named(fast_beats):
+    """Rank 1 returned None at batch 1; rank 0 is in its backward pass. While rank 0's backward is an earlier batch's
+    (it is behind), rank 1 waits for it; once rank 0 is in backward at batch 1, rank 1 names it."""
+    raw = dist.HashStore()
+    release = threading.Event()
+    in_backward = threading.Thread(target=backward, args=(release,))
+    in_backward.start()
+    channels = [
+        SideChannel(raw, 0, 2, run_id="unit", secret=SECRET, main_thread=in_backward),
+        _channel(raw, rank=1),
+    ]
+    try:
+        place = ["train", 0, 0, 0]
+        channels[0].place = lambda: tuple(place)
+        channels[1].place = lambda: ("train", 0, 1, 1)
+        found: list = ["waiting"]
+        waiting = threading.Thread(target=lambda: found.__setitem__(0, channels[1].skip_agreement.agree()))
+        waiting.start()
+        time.sleep(0.3)  # fifteen beats of rank 0 in backward at batch 0
+        assert found == ["waiting"]
+        place[2:] = [1, 1]  # rank 0 reached batch 1 and ran backward there
+        waiting.join(30)
+        assert found == [0]
+    finally:
+        release.set()
+        in_backward.join(30)
+        for channel in channels:
+            channel.close()

@@ -382,3 +382,34 @@ def test_a_failed_background_write_is_noted_on_the_run_error_also_without_add_no
     with pytest.raises(NoNotes, match="the step failed") as caught:
         trainer.fit(FailsAtStep2(), loader())
     assert "The background checkpoint write also failed: OSError: no space left" in str(caught.value)
+
+
+def one_target_short(samples: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """A collate_fn with a bug: every input, and one target fewer."""
+    xs, ys = zip(*samples)
+    return torch.stack(xs), torch.stack(ys[:-1])
+
+
+def test_a_step_failing_on_a_batch_of_uneven_sizes_names_the_collate_fn():
+    """16 inputs and 15 targets: torch's error stays as it is (type, message, traceback) and gets a note naming the
+    sizes and the loader's collate_fn; a validation loader with torch's collate is told apart by its stage."""
+    uneven = torch.utils.data.DataLoader(loader().dataset, batch_size=16, collate_fn=one_target_short)
+    with pytest.raises(ValueError, match=r"^Expected input batch_size \(16\) to match target batch_size \(15\)") as fit:
+        quiet_trainer(max_steps=1).fit(TinyModule(), uneven, loader())
+    assert fit.traceback[-1].name == "cross_entropy"  # torch's own frame: the original traceback is kept
+    note = "".join(fit.value.__notes__)
+    assert "holds tensors of different first (batch) sizes: batch[0] has 16, batch[1] has 15" in note, note
+    assert "(training: one_target_short; validation: torch's default_collate" in note, note
+    with pytest.raises(ValueError, match="batch_size") as test:
+        quiet_trainer().test(TinyModule(), uneven)
+    assert "It was built by the loader's collate_fn, one_target_short." in "".join(test.value.__notes__)
+
+
+def test_a_step_failing_on_an_even_batch_gets_no_size_note():
+    class Bad(TinyModule):
+        def training_step(self, batch, batch_idx):
+            raise ValueError("a mistake of the step's own")
+
+    with pytest.raises(ValueError, match="own") as caught:
+        quiet_trainer(max_steps=1, limit_val_batches=0).fit(Bad(), loader())
+    assert not getattr(caught.value, "__notes__", None)

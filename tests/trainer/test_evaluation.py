@@ -261,3 +261,24 @@ def test_an_evaluation_loaders_iterator_is_made_before_its_hooks_as_in_lightning
         "Callback.on_predict_start",
         "Callback.on_predict_end",
     ]
+
+
+def test_testing_a_module_never_fitted_nor_loaded_says_so_once(tmp_path, capsys):
+    """trainer.test(model) without ckpt_path on a module with the weights it was built with tests them, as Lightning
+    does; one info line says so. A fitted module, one loaded with load_state_dict or load_from_checkpoint, and a test
+    given a checkpoint are tested without it."""
+    line = "Testing TinyModule with the weights it was built with: it was neither fitted nor loaded from a checkpoint"
+    trainer = quiet_trainer(max_epochs=1, enable_checkpointing=True, default_root_dir=tmp_path)
+    trainer.test(TinyModule(), loader(32), verbose=False)
+    said = capsys.readouterr().err
+    assert said.count(line) == 1 and "TinyModule.load_from_checkpoint(path)" in said, said
+    fitted = TinyModule()
+    trainer.fit(fitted, loader(32))
+    trainer.test(fitted, loader(32), verbose=False)
+    loaded = TinyModule()
+    loaded.load_state_dict(fitted.state_dict())
+    trainer.test(loaded, loader(32), verbose=False)
+    path = trainer.checkpoint_callback.best_model_path
+    trainer.test(TinyModule.load_from_checkpoint(path), loader(32), verbose=False)
+    trainer.test(TinyModule(), loader(32), ckpt_path=path, verbose=False)
+    assert line not in capsys.readouterr().err

@@ -134,7 +134,7 @@ def test_collector_reduces_sums_and_counts_across_processes():
 def test_logged_values_hold_no_graph_and_a_value_without_one_is_kept_as_it_is():
     """A value with a graph is kept detached (the step's graph is freed after backward, and an epoch sum builds none);
     one without a graph (evaluation, torch.no_grad) is kept as it is, with no copy."""
-    collector = MetricCollector(SimpleNamespace(world_size=1), TrainerState(stage="train"))
+    collector = MetricCollector(SimpleNamespace(world_size=1, replica_groups=None), TrainerState(stage="train"))
     weight = torch.tensor(3.0, requires_grad=True)
     with_graph, plain = weight * 2, torch.tensor(5.0)
     options = dict(prog_bar=False, logger=True, sync_dist=False, reduce_fx="sum", batch_size=1)

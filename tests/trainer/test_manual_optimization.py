@@ -236,8 +236,58 @@ def test_manual_backward_with_automatic_optimization_is_an_error():
             self.manual_backward(loss)
             return loss
 
-    with pytest.raises(TandemUserCodeError, match=r"manual_backward is for manual optimization"):
+    with pytest.raises(TandemUserCodeError, match=r"manual_backward is for manual optimization") as caught:
         quiet_trainer(max_steps=1).fit(Mixed(), loader())
+    assert "too late" not in str(caught.value)  # the mode was never changed: nothing to say about when
+
+
+@pytest.mark.parametrize("hook", ["on_fit_start", "on_train_start", "training_step"])
+def test_automatic_optimization_set_after_the_fit_started_says_it_came_too_late_and_where(hook):
+    """The fit chose automatic optimization when it started; the module switched in a hook, then stepped by hand. The
+    error names the hook and says the change came too late, before the advice to set it in __init__."""
+
+    class Late(TinyModule):
+        def switch(self, here: str) -> None:
+            if here == hook:
+                self.automatic_optimization = False
+
+        def on_fit_start(self):
+            self.switch("on_fit_start")
+
+        def on_train_start(self):
+            self.switch("on_train_start")
+
+        def training_step(self, batch, batch_idx):
+            self.switch("training_step")
+            opt = self.optimizers()
+            opt.zero_grad()
+            self.manual_backward(F.cross_entropy(self(batch[0]), batch[1]))
+            opt.step()
+
+    with pytest.raises(TandemUserCodeError) as caught:
+        quiet_trainer(max_steps=1).fit(Late(), loader())
+    assert (
+        f"self.automatic_optimization was set to False in {hook}, after this fit had started in automatic "
+        "optimization" in str(caught.value)
+    )
+    assert "the change came too late. Set self.automatic_optimization = False in __init__" in str(caught.value)
+
+
+def test_automatic_optimization_set_in_configure_optimizers_is_named_as_too_late():
+    class TwoLate(TinyModule):
+        def configure_optimizers(self):
+            self.automatic_optimization = False  # read when the fit started, before this hook ran
+            return [
+                torch.optim.SGD(self.net[0].parameters(), lr=0.1),
+                torch.optim.SGD(self.net[3].parameters(), lr=0.1),
+            ]
+
+    with pytest.raises(
+        TandemUserCodeError,
+        match=r"needs manual optimization\. self.automatic_optimization was set "
+        r"to False in configure_optimizers, after this fit had started in automatic optimization",
+    ):
+        quiet_trainer(max_steps=1).fit(TwoLate(), loader())
 
 
 # ---------------------------------------------------------------------------------------------- own schedulers

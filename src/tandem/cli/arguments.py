@@ -1,105 +1,28 @@
 """What a class accepts: its ``__init__`` parameters with their types, defaults and help text, read from the
-signature, the type hints and the docstring's ``Args:`` section. Also ``class_path`` names (``"ModelCheckpoint"``,
-``"torch.optim.SGD"``) resolved to classes, and the command line's errors, one helper per kind of mistake.
+signature, the type hints and the docstring's ``Args:`` section; and what a type hint lets a config value be (a
+class_path, a list, a mapping, a plain string).
 """
 
 from __future__ import annotations
 
 import collections.abc
 import datetime
-import difflib
 import enum
 import functools
-import importlib
 import inspect
 import os
 import re
-import sys
 import types
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any, Literal, Union
 
 import torch
 
-from tandem.utilities.exceptions import TandemConfigError
-
 NO_DEFAULT = inspect.Parameter.empty
 MISSING = "???"  # omegaconf's mark for a value that must be given; --print_config shows required values so
-
-#: modules whose classes have short names (``ModelCheckpoint`` for ``tandem.callbacks.ModelCheckpoint``)
-SHORT_NAME_MODULES = (
-    "tandem",
-    "tandem.callbacks",
-    "tandem.loggers",
-    "tandem.strategies",
-    "tandem.cli",
-    "torch.optim",
-    "torch.optim.lr_scheduler",
-)
-
-
-# ---------------------------------------------------------------------------------------------- errors
-class CLIError(TandemConfigError):
-    """A command line or config file that tandem cannot turn into a run."""
-
-
-def unknown_key(key: str, valid: Iterable[str]) -> CLIError:
-    """``key`` names no argument; suggest the closest valid names."""
-    prefix, _, name = key.rpartition(".")
-    valid = sorted(valid)
-    close = difflib.get_close_matches(name, valid, n=3, cutoff=0.6)
-    where = f"{prefix}." if prefix else ""
-    hint = f" Did you mean {' or '.join(repr(where + c) for c in close)}?" if close else ""
-    listed = ", ".join(valid) if valid else "none"
-    return CLIError(f"Unknown key {key!r}.{hint} Valid keys{' of ' + prefix if prefix else ''}: {listed}.")
-
-
-def wrong_type(key: str, value: Any, expected: str) -> CLIError:
-    """``value`` given for ``key`` is not of the type the argument takes."""
-    return CLIError(
-        f"{key}={value!r} is not valid: expected {expected}. Fix it in the config file or on the command line "
-        f"(--{key} VALUE)."
-    )
-
-
-def missing_required(key: str, hint: Any) -> CLIError:
-    """A required argument (no default) was given no value."""
-    return CLIError(
-        f"{key} is required ({type_name(hint)}, no default). Set it in a config file or pass --{key} VALUE."
-    )
-
-
-def bad_class_path(key: str, path: Any, reason: str) -> CLIError:
-    """A ``class_path`` that does not import, or names a class that does not fit the slot."""
-    return CLIError(f"{key}={path!r}: {reason}")
-
-
-def bad_config_file(path: str, reason: str) -> CLIError:
-    """A ``--config`` file that is missing or not a YAML mapping."""
-    return CLIError(f"--config {path}: {reason}")
-
-
-def bad_command_line(reason: str) -> CLIError:
-    """Tokens the command line cannot parse."""
-    return CLIError(reason)
-
-
-def list_replaced(key: str, old: list[Any], raw: str) -> str:
-    """The note for ``--key VALUE`` (``raw``) replacing the list ``old`` that a lower layer (a config file) gave."""
-
-    def named(item: Any) -> str:
-        path = item.get("class_path") if isinstance(item, dict) else item
-        return str(path).rsplit(".", 1)[-1] if isinstance(path, str) else type(item).__name__
-
-    items = f"{len(old)} item{'s' if len(old) > 1 else ''}: {', '.join(named(item) for item in old)}"
-    return (
-        f"--{key} {raw} replaced the list the config gave {key} ({items}) with {raw}: a plain --{key} VALUE sets "
-        f"the whole list. To add to the list instead, write --{key}+={raw} (the options after it, "
-        f"--{key}.NAME VALUE, set the appended item)."
-    )
 
 
 # ---------------------------------------------------------------------------------------------- signatures
@@ -316,95 +239,28 @@ def accepts_plain_string(hint: Any) -> bool:
     return False
 
 
-# ---------------------------------------------------------------------------------------------- class paths
-def class_path_of(cls: type) -> str:
-    """The shortest import path of ``cls``: ``tandem.callbacks.ModelCheckpoint``, ``torch.optim.SGD``."""
-    module, qualname = cls.__module__, cls.__qualname__
-    parts = module.split(".")
-    for i in range(1, len(parts)):
-        prefix = ".".join(parts[:i])
-        if getattr(sys.modules.get(prefix), qualname, None) is cls:
-            return f"{prefix}.{qualname}"
-    return f"{module}.{qualname}"
+def is_sequence_hint(hint: Any) -> bool:
+    origin = typing.get_origin(hint) or hint
+    sequences = (list, set, frozenset, collections.abc.Sequence, collections.abc.Iterable, collections.abc.Collection)
+    return origin in sequences or origin is collections.abc.MutableSequence or origin is tuple
 
 
-def resolve_class(path: Any, base: type, key: str) -> type:
-    """The class a ``class_path`` names: a dotted import path, or a short name of one of tandem's or torch.optim's
-    classes, or of a subclass of ``base`` already imported. It must be a subclass of ``base``."""
-    if not isinstance(path, str) or not path.strip():
-        raise bad_class_path(key, path, f"expected a class name or a dotted import path of a {base.__name__}.")
-    cls = _import_dotted(path, key) if "." in path else _short_name(path, base, key)
-    if not isinstance(cls, type):
-        raise bad_class_path(key, path, f"{path} is a {type(cls).__name__}, not a class.")
-    if not issubclass(cls, base):
-        raise bad_class_path(
-            key, path, f"{class_path_of(cls)} is not a subclass of {class_path_of(base)}, which this key needs."
-        )
-    return cls
+def is_mapping_hint(hint: Any) -> bool:
+    origin = typing.get_origin(hint) or hint
+    return origin in (dict, collections.abc.Mapping, collections.abc.MutableMapping)
 
 
-def _import_dotted(path: str, key: str) -> Any:
-    parts = path.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        module_name = ".".join(parts[:i])
-        try:
-            obj: Any = importlib.import_module(module_name)
-        except ModuleNotFoundError as err:
-            if err.name is not None and module_name.startswith(err.name):
-                continue  # no such module: maybe the last part is an attribute of a shorter one
-            raise bad_class_path(key, path, f"importing {module_name} failed: {err}") from None
-        except Exception as err:
-            raise bad_class_path(key, path, f"importing {module_name} failed: {type(err).__name__}: {err}") from None
-        for attr in parts[i:]:
-            if not hasattr(obj, attr):
-                raise bad_class_path(key, path, f"module {module_name} has no {'.'.join(parts[i:])}.")
-            obj = getattr(obj, attr)
-        return obj
-    raise bad_class_path(key, path, f"no module named {parts[0]!r}; check the spelling or install it.")
+def item_hint(hint: Any) -> Any:
+    for member in union_members(hint):
+        if is_sequence_hint(member):
+            args = typing.get_args(member)
+            return args[0] if args and args[0] is not Ellipsis else Any
+    return Any if hint is Any or hint is NO_DEFAULT else hint  # a list where a class fits: check each item as one
 
 
-def known_classes(base: type) -> dict[str, list[type]]:
-    """Short name -> classes: tandem's and torch.optim's, plus the imported subclasses of ``base``."""
-    found: dict[str, list[type]] = {}
-
-    def add(cls: Any) -> None:  # any attribute of a module: a class of base's is kept
-        if isinstance(cls, type) and issubclass(cls, base) and cls not in found.setdefault(cls.__name__, []):
-            found[cls.__name__].append(cls)
-
-    for name in SHORT_NAME_MODULES:
-        module = importlib.import_module(name)
-        for attr in getattr(module, "__all__", dir(module)):
-            add(getattr(module, attr, None))
-    if base is not object:
-        stack: list[type] = list(base.__subclasses__())
-        while stack:
-            cls = stack.pop()
-            add(cls)
-            stack.extend(cls.__subclasses__())
-    main = sys.modules.get("__main__")
-    for value in list(vars(main).values()) if main is not None else []:
-        add(value)
-    return {name: classes for name, classes in found.items() if classes}
-
-
-def _short_name(name: str, base: type, key: str) -> type:
-    known = known_classes(base)
-    classes = known.get(name, [])
-    if len(classes) == 1:
-        return classes[0]
-    if len(classes) > 1:
-        paths = ", ".join(sorted(class_path_of(c) for c in classes))
-        raise bad_class_path(key, name, f"the short name is ambiguous ({paths}); give the full dotted path.")
-    elsewhere = known_classes(object).get(name, []) if base is not object else []
-    if len(elsewhere) == 1:
-        found = class_path_of(elsewhere[0])
-        raise bad_class_path(key, name, f"{found} is not a subclass of {class_path_of(base)}, which this key needs.")
-    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
-    hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-    what = f"a subclass of {base.__name__}" if base is not object else "a class"
-    raise bad_class_path(
-        key,
-        name,
-        f"no class of that name is known.{hint} Give a dotted import path (e.g. 'mypackage.models.MyModel') "
-        f"of {what}, or a short name of tandem's own classes or torch.optim's.",
-    )
+def value_hint(hint: Any) -> Any:
+    for member in union_members(hint):
+        if is_mapping_hint(member):
+            args = typing.get_args(member)
+            return args[1] if len(args) == 2 else Any
+    return Any

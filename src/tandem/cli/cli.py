@@ -5,11 +5,8 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
-import glob
 import os
-import secrets
 import sys
-import textwrap
 import types
 from collections.abc import Callable, Iterable
 from typing import Any, cast
@@ -17,62 +14,39 @@ from typing import Any, cast
 import torch
 from omegaconf import OmegaConf
 
-from tandem.cli.arguments import (
-    MISSING,
-    NO_DEFAULT,
-    CLIError,
-    Parameter,
-    bad_command_line,
-    class_path_of,
-    docstring_args,
-    function_parameters,
-    known_classes,
-    list_replaced,
-    plain,
-    signature,
-    type_name,
+from tandem.cli.arguments import Parameter
+from tandem.cli.class_paths import class_path_of
+from tandem.cli.config.build import build_section, build_value, instantiate_spec, trainer_arguments
+from tandem.cli.config.check import check
+from tandem.cli.config.complete import append_default, complete, missing_keys
+from tandem.cli.config.layers import drop_path, layer, set_path
+from tandem.cli.config.request import parse_argv
+from tandem.cli.config.schema import Schema, Section, common_base, is_spec
+from tandem.cli.config.yaml_io import resolve, to_yaml
+from tandem.cli.errors import CLIError, bad_command_line, list_replaced
+from tandem.cli.help import first_sentence, help_text, top_help
+from tandem.cli.links import (
+    apply_parse_links,
+    check_links,
+    instantiation_order,
+    linked_arguments,
+    links_on,
+    refuse_given_link_targets,
 )
-from tandem.cli.config import (
-    Schema,
-    Section,
-    build_section,
-    build_value,
-    check,
-    complete,
-    drop_path,
-    get_path,
-    is_spec,
-    layer,
-    parse_argv,
-    plain_default,
-    put_path,
-    resolve,
-    resolve_class,
-    set_path,
-    to_yaml,
-)
-from tandem.cli.parser import LightningArgumentParser, Link, Namespace
+from tandem.cli.parser import LightningArgumentParser, Namespace
 from tandem.cli.save_config import SaveConfigCallback, config_conflict, input_conflict
+from tandem.cli.seed import SEED_HELP, resolve_seed
+from tandem.cli.subcommands import SUBCOMMANDS, default_config_files, parser_options, subcommand_arguments
 from tandem.module import DataModule, TrainingModule, is_overridden
 from tandem.trainer.trainer import Trainer
 from tandem.utilities.exceptions import TandemConfigError
 from tandem.utilities.rank_zero import rank_zero_only, rank_zero_warn
-
-SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 #: ``optimizer: OptimizerCallable = torch.optim.Adam`` in a module's ``__init__``: a class_path in the config
 #: (``{class_path: torch.optim.SGD, init_args: {lr: 0.1}}``) gives a callable; ``optimizer(self.parameters())``
 OptimizerCallable = Callable[[Iterable], torch.optim.Optimizer]
 #: ``scheduler(optimizer)`` builds the scheduler a config names, like ``OptimizerCallable``
 LRSchedulerCallable = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
-
-_METHOD_DATA_ARGS = ("model", "train_dataloaders", "val_dataloaders", "dataloaders", "datamodule")
-_METHOD_HELP = {
-    "ckpt_path": "a checkpoint file to start from; 'last' (the newest last.ckpt of this run's folders) or 'best'.",
-}
-_SEED_HELP = "seed for python, numpy and torch; true: a random seed (written to the saved config), false: none."
-_HELP_WIDTH = 100
-_OPTION_WIDTH = 26
 
 
 class CLI:
@@ -183,7 +157,7 @@ class CLI:
         self.model: TrainingModule | None = None
         self.datamodule: DataModule | None = None
         self.trainer: Trainer | None = None
-        main_options = _parser_options(self.parser_kwargs, None)
+        main_options = parser_options(self.parser_kwargs, None)
         self._prog = main_options.get("prog") or (
             os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
         )
@@ -219,9 +193,9 @@ class CLI:
         ``add_lightning_class_args``), then the Trainer: ``config_init``, ``model``, ``datamodule``, ``trainer``."""
         config = self._plain_config()
         self.config_init = Namespace(config)
-        for key in self._instantiation_order():
+        for key in instantiation_order(self.parser.links, self.schema):
             self.config_init[key] = self._build(key, config[key])
-        self.config_init["trainer"] = self._trainer_arguments(config["trainer"])
+        self.config_init["trainer"] = trainer_arguments(self.trainer_class, config["trainer"], self.trainer_defaults)
         self.datamodule = self.config_init.get("data")
         self.model = self.config_init.get("model")
         self._add_configure_optimizers_method_to_model()
@@ -258,7 +232,7 @@ class CLI:
                 argv, given = [subcommand], given.get(subcommand) or {}
         if run:
             if argv and argv[0] in ("-h", "--help"):
-                self._print(self._top_help())
+                self._print(top_help(self._prog, self._description(), self.trainer_class))
                 raise SystemExit(0)
             if not argv or argv[0].startswith("-"):
                 raise bad_command_line(
@@ -272,38 +246,48 @@ class CLI:
                     f"Unknown subcommand {argv[0]!r}.{hint} Choose one of: {', '.join(SUBCOMMANDS)}."
                 )
             self.subcommand, argv = argv[0], argv[1:]
-        options = _parser_options(self.parser_kwargs, self.subcommand)
+        options = parser_options(self.parser_kwargs, self.subcommand)
         if options.get("description") and self.description is None:
             self.description = options["description"]
-        self._method_args = self._subcommand_arguments()
+        self._method_args = subcommand_arguments(self.trainer_class, self.subcommand)
         reserved = ("seed_everything", "trainer", "model", "data", "config", "subcommand", *self._method_args)
         self.parser = LightningArgumentParser(self.description, reserved=reserved)
         self.add_arguments_to_parser(self.parser)
         request = parse_argv(argv)
         self.schema = self._schema()
         if request.help:
-            self._print(self._help())
+            defaults = self._parser_defaults()
+            text = help_text(
+                self._prog,
+                self.subcommand,
+                self.trainer_class,
+                self._description(),
+                self.schema,
+                self.parser.links,
+                defaults,
+            )
+            self._print(text)
             raise SystemExit(0)
-        default_files = _default_config_files(options.get("default_config_files") or [])
+        default_files = default_config_files(options.get("default_config_files") or [])
         self._input_files = [*default_files, *request.configs]  # never overwritten by the run's config.yaml
         base = self._parser_defaults()
         replaced: list[tuple[str, list[Any], str]] = []
-        user = layer(request, base, self._default_of, default_files, given, replaced)
+        user = layer(request, base, functools.partial(append_default, self.schema), default_files, given, replaced)
         if rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # set by tandem.utilities.rank_zero.set_rank
             for key, old, raw in replaced:
                 print(f"{self._prog}: note: {list_replaced(key, old, raw)}", file=sys.stderr)
-        self._refuse_given_link_targets(user, base)
+        refuse_given_link_targets(self.parser.links, user, base)
         config = resolve(complete(self.schema, user))
-        self._apply_parse_links(config)
-        for link in self._links("instantiate"):
+        apply_parse_links(self.parser.links, config)
+        for link in links_on(self.parser.links, "instantiate"):
             drop_path(config, link.target)  # set from the built objects
         config = check(self.schema, config, request.print_config)
-        config["seed_everything"] = _resolve_seed(config["seed_everything"])
+        config["seed_everything"] = resolve_seed(config["seed_everything"])
         self.config = OmegaConf.create(config)
         self._overwrite = request.overwrite
         if request.print_config:
             self._print(self._config_text(config), end="")
-            missing = sorted(_missing_keys(config))
+            missing = sorted(missing_keys(config))
             if missing and rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # see tandem.utilities.rank_zero
                 print(
                     f"{self._prog}: note: still to be given (printed ???): {', '.join(missing)}. Set them in the "
@@ -312,16 +296,8 @@ class CLI:
                 )
             raise SystemExit(0)
 
-    def _subcommand_arguments(self) -> dict[str, Parameter]:
-        if self.subcommand is None:
-            return {}
-        method = getattr(self.trainer_class, self.subcommand)
-        docs = {**_METHOD_HELP, **docstring_args(method.__doc__)}
-        parameters = function_parameters(method, docs, skip_first=True)
-        return {name: p for name, p in parameters.items() if name not in _METHOD_DATA_ARGS}
-
     def _schema(self) -> Schema:
-        seed = Parameter("seed_everything", bool | int, self.seed_everything_default, _SEED_HELP)
+        seed = Parameter("seed_everything", bool | int, self.seed_everything_default, SEED_HELP)
         values = {"seed_everything": seed}
         model_base = self.model_class or TrainingModule
         data_base = self.datamodule_class or DataModule
@@ -344,14 +320,14 @@ class CLI:
             ),
         }
         for key, added in self.parser.class_args.items():
-            base = _common_base(added.cls, key)
+            base = common_base(added.cls, key)
             default = None if added.subclass_mode else base
             sections[key] = Section(key, base, default, required=added.required, skip=added.skip)
         values.update(self.parser.arguments)
         values.update(self._method_args)
         order = ("seed_everything", "trainer", "model", "data", *self.parser.class_args, *self.parser.arguments)
         schema = Schema(values, sections, (*order, *self._method_args))
-        self._check_links(schema)
+        check_links(self.parser.links, schema)
         return schema
 
     def _parser_defaults(self) -> dict[str, Any]:
@@ -360,107 +336,6 @@ class CLI:
         for key, value in self.parser.defaults.items():
             set_path(base, key, class_path_of(value) if isinstance(value, type) else value)
         return base
-
-    def _default_of(self, key: str) -> Any:
-        """The default a ``--key+=VALUE`` appends to when no layer set ``key`` (``trainer.callbacks``: [])."""
-        root, _, name = key.partition(".")
-        if not name and root in self.schema.values:
-            return plain_default(self.schema.values[root].default, self.schema.values[root].hint)
-        section = self.schema.sections.get(root)
-        if section is None or section.default is None or "." in name:
-            return None
-        parameter = signature(section.default).parameters.get(name)
-        if parameter is None:
-            return None
-        default = section.defaults.get(name, parameter.default)
-        return plain_default(default, parameter.hint) if name != "callbacks" else None
-
-    # ------------------------------------------------------------------ links
-    def _links(self, apply_on: str) -> list[Link]:
-        return [link for link in self.parser.links if link.apply_on == apply_on]
-
-    def _check_links(self, schema: Schema) -> None:
-        keys = set(schema.values) | set(schema.sections)
-        for link in self.parser.links:
-            for key in (*link.sources, link.target):
-                if key.split(".")[0] not in keys:
-                    raise ValueError(f"link_arguments: {key!r} is not a key of the config; keys: {sorted(keys)}.")
-            if link.apply_on == "instantiate":
-                path = [p for p in link.target.split(".") if p != "init_args"]
-                roots = {s.split(".")[0] for s in link.sources}
-                if len(path) != 2 or path[0] not in schema.sections or roots & {"trainer", path[0]}:
-                    raise ValueError(
-                        f"link_arguments({link.sources}, {link.target!r}, apply_on='instantiate'): the sources are "
-                        "built classes other than the trainer and the target (data, model, an added class or their "
-                        "attributes: 'data.num_classes'), the target an argument of one: 'model.num_classes'."
-                    )
-
-    def _refuse_given_link_targets(self, user: dict[str, Any], base: dict[str, Any]) -> None:
-        for link in self.parser.links:
-            if get_path(user, link.target, None) is not None and get_path(base, link.target, None) is None:
-                raise CLIError(
-                    f"{link.target} is set from {', '.join(link.sources)} (a link the program makes); remove it "
-                    f"from the config and the command line, and set {' / '.join(link.sources)} instead."
-                )
-
-    def _apply_parse_links(self, config: dict[str, Any]) -> None:
-        for link in self._links("parse"):
-            values = [get_path(config, source) for source in link.sources]
-            if any(_holds_missing(v) for v in values):
-                continue  # a required value not given: reported as such
-            try:
-                value = link.value(values)
-            except ValueError as err:
-                raise CLIError(str(err)) from None
-            put_path(config, link.target, value)
-
-    def _instantiation_order(self) -> list[str]:
-        """The class keys to build (all but the trainer): data, model, then added classes, each after the keys
-        its instantiation links read from."""
-        keys = [k for k in self.schema.sections if k != "trainer"]
-        after = {
-            k: {
-                s.split(".")[0] for lk in self._links("instantiate") if lk.target.split(".")[0] == k for s in lk.sources
-            }
-            for k in keys
-        }
-        ordered: list[str] = []
-
-        def visit(key: str, path: tuple[str, ...]) -> None:
-            if key in path:
-                raise CLIError(f"link_arguments: the instantiation links make a cycle: {' -> '.join((*path, key))}.")
-            if key not in ordered:
-                for source in sorted(after[key]):
-                    visit(source, (*path, key))
-                ordered.append(key)
-
-        for key in ["data", "model", *[k for k in keys if k not in ("data", "model")]]:
-            visit(key, ())
-        return ordered
-
-    def _linked_arguments(self, key: str) -> dict[str, Any]:
-        """The arguments of ``key`` that instantiation links set from objects built already."""
-        out = {}
-        for link in self._links("instantiate"):
-            path = [p for p in link.target.split(".") if p != "init_args"]
-            if path[0] != key:
-                continue
-            values = [self._attribute(source) for source in link.sources]
-            try:
-                out[path[1]] = link.value(values)
-            except ValueError as err:
-                raise CLIError(str(err)) from None
-        return out
-
-    def _attribute(self, source: str) -> Any:
-        root, *names = [p for p in source.split(".") if p != "init_args"]
-        value = self.config_init.get(root)
-        for depth, name in enumerate(names):
-            if not hasattr(value, name):
-                where = ".".join([root, *names[:depth]])
-                raise CLIError(f"link {source}: the built {where} ({type(value).__name__}) has no attribute {name!r}.")
-            value = getattr(value, name)
-        return value
 
     # ------------------------------------------------------------------ build
     def _set_seed(self) -> None:
@@ -477,23 +352,11 @@ class CLI:
             cls = self.schema.section_class(key, value)
             return Namespace(class_path=class_path_of(cls), init_args=value["init_args"] if is_spec(value) else value)
         try:
-            return build_section(self.schema, key, value, self._linked_arguments(key))
+            return build_section(self.schema, key, value, linked_arguments(self.parser.links, key, self.config_init))
         except CLIError:
             raise
         except TandemConfigError as err:  # a value the class checks itself
             raise CLIError(str(err)) from None
-
-    def _trainer_arguments(self, trainer_config: dict[str, Any]) -> dict[str, Any]:
-        trainer_class: type = self.trainer_class  # (a type[Trainer] is not Hashable to mypy: the cache takes it)
-        sig = signature(trainer_class)
-        kwargs = {
-            name: build_value(value, sig.parameters[name].hint if name in sig.parameters else Any, f"trainer.{name}")
-            for name, value in trainer_config.items()
-        }
-        for name, value in self.trainer_defaults.items():  # objects a config cannot hold
-            if name != "callbacks" and name not in trainer_config:
-                kwargs[name] = value
-        return kwargs
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Trainer:
         configured = config.get("callbacks")
@@ -537,8 +400,8 @@ class CLI:
                 f"{type(self.model).__name__}.configure_optimizers is replaced by {type(self).__name__}."
                 f"configure_optimizers: the optimizer comes from --{optimizers[0]}."
             )
-        optimizer = _instantiate_spec(optimizer_init, self.model.parameters())
-        scheduler = _instantiate_spec(scheduler_init, optimizer) if scheduler_init is not None else None
+        optimizer = instantiate_spec(optimizer_init, self.model.parameters())
+        scheduler = instantiate_spec(scheduler_init, optimizer) if scheduler_init is not None else None
         fn = functools.partial(self.configure_optimizers, optimizer=optimizer, lr_scheduler=scheduler)
         # the model's configure_optimizers becomes the one of the config's optimizer (Lightning's CLI does the same)
         self.model.configure_optimizers = types.MethodType(fn, self.model)  # type: ignore[method-assign]
@@ -592,216 +455,10 @@ class CLI:
         if rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # set by tandem.utilities.rank_zero.set_rank
             print(text, end=end, flush=True)
 
-    def _usage(self) -> str:
-        command = f"{self._prog} {self.subcommand}" if self.subcommand else self._prog
-        return (
-            f"usage: {command} [-h] [-c FILE] [--print_config] [--overwrite] "
-            "[--KEY VALUE | --KEY=VALUE | KEY=VALUE | --KEY+=VALUE ...]"
-        )
-
-    def _top_help(self) -> str:
-        lines = [f"usage: {self._prog} [-h] {{{','.join(SUBCOMMANDS)}}} [options]", ""]
-        if self._description():
-            lines += [self._description(), ""]
-        lines.append("subcommands:")
-        for name in SUBCOMMANDS:
-            lines.append(f"  {name:<10}{_first_sentence(getattr(self.trainer_class, name).__doc__)}")
-        lines += ["", f"'{self._prog} SUBCOMMAND --help' lists a subcommand's options."]
-        return "\n".join(lines)
-
     def _description(self) -> str:
         if self.description is not None:
             return self.description
-        return _first_sentence(self.model_class.__doc__) if self.model_class is not None else ""
-
-    def _help(self) -> str:
-        lines = [self._usage(), ""]
-        if self.subcommand is not None:
-            lines += [_first_sentence(getattr(self.trainer_class, self.subcommand).__doc__), ""]
-        elif self._description():
-            lines += [self._description(), ""]
-        lines += textwrap.wrap(
-            "Settings, lowest priority first: the defaults below < each --config FILE (YAML; several are merged in "
-            "order) < options on the command line, written --trainer.max_epochs 5, --trainer.max_epochs=5 or "
-            "trainer.max_epochs=5; --trainer.callbacks+=EarlyStopping appends to a list, and the options after it "
-            "(--trainer.callbacks.patience=3) set the appended item. Values are YAML; ${model.hidden} and "
-            "${oc.env:VAR} interpolate. Where a class fits, give {class_path: NAME, init_args: {...}} (short names "
-            "for tandem's and torch.optim's classes).",
-            _HELP_WIDTH,
-        )
-        lines += ["", "options:"]
-        lines += _option("-h, --help", "show this help and exit")
-        lines += _option("-c, --config FILE", "a YAML config file; give several to merge them in order")
-        lines += _option("--print_config", "print the resolved config as YAML and exit")
-        lines += _option("--overwrite", "replace a different config.yaml already in the run's log folder")
-        defaults = self._parser_defaults()
-        for name, parameter in self.schema.values.items():
-            default = defaults.get(name, NO_DEFAULT)
-            lines += _option(f"--{name} {_metavar(parameter.hint)}", _describe(parameter, default))
-        for key, section in self.schema.sections.items():
-            lines += [""] + self._section_help(section, defaults.get(key))
-        return "\n".join(lines)
-
-    def _section_help(self, section: Section, defaults: Any) -> list[str]:
-        key = section.key
-        if section.default is None:
-            choices = sorted(name for name in known_classes(section.base) if name != section.base.__name__)
-            status = "required" if section.required else "optional"
-            lines = [f"{key} ({status}: a subclass of {section.base.__qualname__} given with class_path):"]
-            listed = f"; known: {', '.join(choices)}" if choices else ""
-            lines += _option(f"--{key} CLASS_PATH", f"the class to build{listed}")
-            lines += _option(f"--{key}.init_args.NAME VALUE", f"its arguments (also --{key}.NAME VALUE)")
-            return lines
-        title = f"{key} ({class_path_of(section.default)})"
-        if section.class_path_allowed:
-            title += f", or --{key}.class_path naming a subclass"
-        lines = [f"{title}:"]
-        parameters = list(signature(section.default).parameters.items())[section.skip :]
-        if not parameters:
-            lines.append("  (no arguments)")
-        defaults = defaults if isinstance(defaults, dict) and not is_spec(defaults) else {}
-        linked = {link.target.replace(".init_args.", "."): link for link in self.parser.links}
-        for name, parameter in parameters:
-            if f"{key}.{name}" in linked:
-                sources = ", ".join(linked[f"{key}.{name}"].sources)
-                lines += _option(f"--{key}.{name}", f"set from {sources} by the program (not configurable)")
-                continue
-            default = section.defaults.get(name, parameter.default) if name != "callbacks" else parameter.default
-            default = defaults.get(name, default)
-            lines += _option(f"--{key}.{name} {_metavar(parameter.hint)}", _describe(parameter, default))
-        return lines
+        return first_sentence(self.model_class.__doc__) if self.model_class is not None else ""
 
 
 LightningCLI = CLI  # the name ported Lightning programs use
-
-
-_PARSER_OPTIONS = ("default_config_files", "description", "exit_on_error", "prog", "parser_mode", "env_prefix")
-
-
-def _parser_options(parser_kwargs: dict[str, Any], subcommand: str | None) -> dict[str, Any]:
-    """``parser_kwargs`` for every subcommand, with those of ``subcommand`` over them; options tandem's parser
-    does not have are refused rather than ignored."""
-    options = {k: v for k, v in parser_kwargs.items() if k not in SUBCOMMANDS}
-    if subcommand is not None:
-        options.update(parser_kwargs.get(subcommand) or {})
-    for name, value in options.items():
-        if name == "default_env" and not value:
-            continue
-        if name not in _PARSER_OPTIONS:
-            raise TypeError(
-                f"parser_kwargs: {name}={value!r} is not supported by tandem's CLI (it reads no environment "
-                f"variables); supported: {', '.join(_PARSER_OPTIONS)}."
-            )
-        if name == "parser_mode" and value not in ("yaml", "omegaconf", "omegaconf+"):
-            raise ValueError(f"parser_kwargs: parser_mode={value!r}: tandem reads YAML with omegaconf interpolation.")
-    return options
-
-
-def _default_config_files(patterns: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
-    if isinstance(patterns, (str, os.PathLike)):
-        patterns = [patterns]
-    return [path for pattern in patterns for path in sorted(glob.glob(os.path.expanduser(str(pattern))))]
-
-
-def _common_base(classes: type | tuple[type, ...], key: str) -> type:
-    """The class a key accepts subclasses of: the one given, or the member of a tuple the others derive from."""
-    if isinstance(classes, type):
-        return classes
-    for candidate in classes:
-        if all(issubclass(c, candidate) for c in classes):
-            return candidate
-    raise ValueError(f"{key}: {classes!r} have no common base class among them; give one base class.")
-
-
-def _instantiate_spec(spec: dict[str, Any], first: Any) -> Any:
-    """``{class_path, init_args}`` built with a leading argument (an optimizer's parameters)."""
-    cls = resolve_class(spec["class_path"], object, "class_path")
-    sig = signature(cls)
-    kwargs = {
-        name: build_value(value, sig.parameters[name].hint if name in sig.parameters else Any, name)
-        for name, value in (spec.get("init_args") or {}).items()
-    }
-    return cls(first, **kwargs)
-
-
-def _holds_missing(value: Any) -> bool:
-    if isinstance(value, dict):
-        return any(_holds_missing(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_holds_missing(v) for v in value)
-    return isinstance(value, str) and value == MISSING
-
-
-def _missing_keys(config: Any, prefix: str = "") -> list[str]:
-    """The dotted keys still ``???``."""
-    items: Iterable[tuple[Any, Any]]
-    if isinstance(config, dict):
-        items = config.items()
-    elif isinstance(config, list):
-        items = ((str(i), v) for i, v in enumerate(config))
-    else:
-        return [prefix] if isinstance(config, str) and config == MISSING else []
-    return [key for name, value in items for key in _missing_keys(value, f"{prefix}.{name}" if prefix else name)]
-
-
-def _resolve_seed(value: bool | int) -> bool | int:
-    """``True``: a random seed; in a rank tandem's ``ddp`` launcher started, the one its rank 0 chose."""
-    if value is not True:
-        return value
-    from tandem.strategies.environments import select_environment
-    from tandem.utilities.seed import global_seed
-
-    environment = select_environment()
-    if getattr(environment, "launcher_pid", None) is not None:  # rank 0 exported its seed to the ranks it started
-        return global_seed()
-    if environment.creates_processes_externally and environment.world_size > 1:
-        rank_zero_warn(
-            "seed_everything: true under torchrun or srun: every rank picks its own seed and config.yaml records rank "
-            "0's, so a rerun from it seeds the other ranks differently. Set seed_everything to a number to reproduce "
-            "a multi-process run exactly."
-        )
-    return secrets.randbelow(2**32)
-
-
-def _first_sentence(doc: str | None) -> str:
-    if not doc:
-        return ""
-    text = plain(" ".join(doc.strip().split("\n\n")[0].split()))
-    return text.split(". ")[0].rstrip(".") + "."
-
-
-def _metavar(hint: Any) -> str:
-    return {int: "INT", float: "FLOAT", str: "STR", bool: "BOOL"}.get(hint, "VALUE")
-
-
-def _describe(parameter: Parameter, default: Any = NO_DEFAULT) -> str:
-    default = parameter.default if default is NO_DEFAULT else default
-    text = " ".join(parameter.help.split())
-    if parameter.required:
-        info = f"required, type: {type_name(parameter.hint)}"
-    else:
-        shown = plain_default(default, parameter.hint)
-        info = f"type: {type_name(parameter.hint)}, default: {_yaml_scalar(shown, default)}"
-    return f"{text} ({info})" if text else f"({info})"
-
-
-def _yaml_scalar(value: Any, original: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float, str)):
-        return str(value) if value != MISSING else "???"
-    if isinstance(value, dict) and "class_path" in value:
-        return value["class_path"]
-    if isinstance(value, list):
-        return "[" + ", ".join(_yaml_scalar(v, v) for v in value) + "]"
-    return repr(original)
-
-
-def _option(name: str, text: str) -> list[str]:
-    indent = " " * (_OPTION_WIDTH + 2)
-    if len(name) + 2 > _OPTION_WIDTH:
-        return [f"  {name}", *textwrap.wrap(text, _HELP_WIDTH, initial_indent=indent, subsequent_indent=indent)]
-    wrapped = textwrap.wrap(text, _HELP_WIDTH - _OPTION_WIDTH - 2) or [""]
-    return [f"  {name:<{_OPTION_WIDTH}}{wrapped[0]}", *(indent + line for line in wrapped[1:])]

@@ -22,6 +22,7 @@ import torch
 
 from tandem.callbacks.callback import Callback
 from tandem.cli.arguments import NO_DEFAULT, Parameter
+from tandem.cli.links import Link
 from tandem.module import DataModule, TrainingModule
 from tandem.trainer.trainer import Trainer
 
@@ -52,28 +53,6 @@ class ClassArgs:
     required: bool
     skip: int = 0  # leading arguments the caller passes
     instantiate: bool = True
-
-
-@dataclass(frozen=True)
-class Link:
-    """``target`` computed from ``sources`` (``compute_fn(*values)``, or the one value), when parsing (from the
-    config's values) or when instantiating (from the built objects: ``data.num_classes`` is an attribute)."""
-
-    sources: tuple[str, ...]
-    target: str
-    compute_fn: Callable[..., Any] | None
-    apply_on: Literal["parse", "instantiate"]
-
-    def value(self, values: list[Any]) -> Any:
-        if self.compute_fn is None:
-            return values[0]
-        try:
-            return self.compute_fn(*values)
-        except Exception as err:
-            name = getattr(self.compute_fn, "__name__", repr(self.compute_fn))
-            raise ValueError(
-                f"link {', '.join(self.sources)} --> {self.target}: {name}{tuple(values)!r} failed: {err}"
-            ) from err
 
 
 class LightningArgumentParser:

@@ -6,7 +6,7 @@ import os
 from typing import TYPE_CHECKING
 
 from tandem.callbacks.callback import Callback
-from tandem.cli.arguments import CLIError
+from tandem.cli.errors import CLIError
 from tandem.loggers.logger import atomic_write_text
 from tandem.utilities.checkpoint import read_text
 

@@ -18,11 +18,13 @@ from tandem.utilities.lazy import lazy_attributes
 if TYPE_CHECKING:
     from tandem.strategies.data_parallel import DataParallelStrategy
     from tandem.strategies.ddp import DDPStrategy
+    from tandem.strategies.ddp_ft import DDPFTStrategy
     from tandem.strategies.fsdp import FSDPStrategy
     from tandem.strategies.parallel import ParallelStrategy
     from tandem.strategies.single_device import SingleDeviceStrategy
 
 _LAZY = {
+    "DDPFTStrategy": "tandem.strategies.ddp_ft",
     "DDPStrategy": "tandem.strategies.ddp",
     "DataParallelStrategy": "tandem.strategies.data_parallel",
     "FSDPStrategy": "tandem.strategies.fsdp",
@@ -32,6 +34,7 @@ _LAZY = {
 
 __all__ = [
     "AsyncCheckpointIO",
+    "DDPFTStrategy",
     "DDPStrategy",
     "DataParallelStrategy",
     "FSDPStrategy",

@@ -79,6 +79,17 @@ report). A process with LOCAL_RANK set was started by a launcher and starts noth
 defaults to 127.0.0.1 and a free MASTER_PORT is picked; with several nodes, set MASTER_ADDR,
 MASTER_PORT and NODE_RANK on every node.
 
+torchft's replica groups (``strategy="ddp_ft"``; `ReplicaGroupEnvironment`).
+Each replica group is a job of its own, described by one of the launchers above; these say where it sits among the
+others (the names torchft's own examples read):
+
+```text
+TORCHFT_LIGHTHOUSE   the lighthouse's address, e.g. http://localhost:29510
+REPLICA_GROUP_ID     this group's id, 0 .. NUM_REPLICA_GROUPS-1 (default 0)
+NUM_REPLICA_GROUPS   how many groups the job has at most (default 1): each step's data is that many shares
+TANDEM_FT_RESTARTS   set by ``python -m tandem.strategies.ft_launch``: how often the group was started again
+```
+
 Also read here:
 
 ```text
@@ -547,6 +558,58 @@ class LocalEnvironment(ClusterEnvironment):
     def export_rank(self, local_rank: int) -> None:
         """Make this process local rank ``local_rank`` (a spawned process, which inherits no variables)."""
         os.environ.update(self.rank_variables(local_rank))
+
+
+class ReplicaGroupEnvironment:
+    """Where this replica group sits among the others of a fault-tolerant job (``strategy="ddp_ft"``): torchft's
+    variables, read when the strategy sets up (a group's ranks inside it come from its own launcher's environment)."""
+
+    @property
+    def lighthouse(self) -> str | None:
+        """The lighthouse's address (``TORCHFT_LIGHTHOUSE``), or None when it is not set."""
+        return os.environ.get("TORCHFT_LIGHTHOUSE") or None
+
+    @property
+    def group_id(self) -> int:
+        return _int("REPLICA_GROUP_ID", 0)
+
+    @property
+    def num_groups(self) -> int:
+        return _int("NUM_REPLICA_GROUPS", 1)
+
+    @staticmethod
+    def quiet_lighthouse() -> None:
+        """torchft's lighthouse logs every quorum request at INFO: warnings only in this process, unless RUST_LOG is
+        set (before torchft is imported)."""
+        os.environ.setdefault("RUST_LOG", "warn")
+
+    #: a job's rendezvous, which a replica group started from this process must not inherit: each has its own
+    RENDEZVOUS = (
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "NODE_RANK",
+        "GROUP_RANK",
+        "TORCHELASTIC_RUN_ID",
+    )
+
+    @classmethod
+    def group_environment(cls, lighthouse: str, group_id: int, num_groups: int, restarts: int) -> dict[str, str]:
+        """The environment of replica group ``group_id`` started from this process (``ft_launch``): this process's,
+        less any job's rendezvous, with torchft's variables and ``TANDEM_FT_RESTARTS`` (how often the group was
+        started again before)."""
+        inherited = {k: v for k, v in os.environ.items() if k not in cls.RENDEZVOUS}
+        return {
+            "RUST_LOG": "warn",  # torchft's manager logs every quorum at INFO; RUST_LOG set outside wins
+            **inherited,
+            "TORCHFT_LIGHTHOUSE": lighthouse,
+            "REPLICA_GROUP_ID": str(group_id),
+            "NUM_REPLICA_GROUPS": str(num_groups),
+            "TANDEM_FT_RESTARTS": str(restarts),
+        }
 
 
 class ProcessGroupEnvironment(ClusterEnvironment):

@@ -240,8 +240,8 @@ def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _failure_message(prefix: str, rank: int, returncode: int, record: _Record | None) -> str:
-    text = f"{prefix}rank {rank} {_how_it_ended(returncode)}; the other ranks were stopped."
+def _failure_message(prefix: str, rank: int, ended: str, record: _Record | None) -> str:
+    text = f"{prefix}rank {rank} {ended}; the other ranks were stopped."
     if record is None:
         return f"{text} It left no Python traceback; its own output (above) may say more."
     return f"{text} Its traceback:\n{record[1]}"
@@ -255,6 +255,18 @@ class _Child:
     rank: int
     proc: subprocess.Popen
     error_file: str
+    #: how it ended, as the job's failure says it: fixed when it is declared the failure (it may still be exiting)
+    ended: str = ""
+
+    def failed(self) -> bool:
+        """It failed: it ended with an error, or wrote the traceback of the error that ends it (its exit may take
+        seconds more: interpreter shutdown, the side channel's last beat)."""
+        return _failed(self.proc.poll()) or _read_error_record(self.error_file) is not None
+
+    def how_it_ended(self) -> str:
+        """``exited with code 1``, ``was killed by SIGKILL``; ``failed`` while it is still exiting."""
+        code = self.proc.poll()
+        return "failed" if code is None else _how_it_ended(code)
 
     def interrupted(self) -> bool:
         """It ended by Ctrl-C: Python's exit after an uncaught KeyboardInterrupt, 130, or such a record."""
@@ -324,21 +336,17 @@ class _Watchdog:
 
     # ------------------------------------------------------------------ the watching thread
     def failed_child(self) -> _Child | None:
-        return next((c for c in self.children if _failed(c.proc.poll())), None)
+        return next((c for c in self.children if c.failed()), None)
 
     def failures_within(self, seconds: float) -> list[_Child]:
         """The started ranks that failed (ended with an error, or wrote the traceback of the error that ends them),
         waiting up to ``seconds`` for the others."""
-
-        def failed(child: _Child) -> bool:
-            return _failed(child.proc.poll()) or _read_error_record(child.error_file) is not None
-
         deadline = time.monotonic() + seconds
-        pending = [c for c in self.children if c.proc.poll() is None and not failed(c)]
+        pending = [c for c in self.children if c.proc.poll() is None and not c.failed()]
         while pending and time.monotonic() < deadline:
             time.sleep(_POLL_S / 2)
-            pending = [c for c in pending if c.proc.poll() is None and not failed(c)]
-        return [c for c in self.children if failed(c)]
+            pending = [c for c in pending if c.proc.poll() is None and not c.failed()]
+        return [c for c in self.children if c.failed()]
 
     def wait_for_end(self, seconds: float) -> None:
         """Wait up to ``seconds`` for every started rank to end; stop those still running then."""
@@ -369,7 +377,7 @@ class _Watchdog:
                 if failed.interrupted() and self._interrupted_within(_INTERRUPT_WAIT_S):
                     return  # Ctrl-C reached the job's process group: rank 0 raises KeyboardInterrupt and stops the rest
                 if self._declare(failed):
-                    self.stop(f"rank {failed.rank} {_how_it_ended(failed.proc.returncode)}")
+                    self.stop(f"rank {failed.rank} {failed.ended}")
                     self._raise_in_main()
                 return
             if None not in codes:  # all ended, successfully or stopped for a pre-emption
@@ -392,10 +400,11 @@ class _Watchdog:
         with self._lock:
             if self.failure is not None or self.stopping:
                 return False
+            child.ended = child.how_it_ended()  # before the stop: the failure, not the SIGTERM that follows
             self.failure = child
         channel = current_channel()
         why = "after the hang this rank declared" if channel is not None and channel.hang is not None else ""
-        ended = _how_it_ended(child.proc.returncode)
+        ended = child.ended
         if child.found_mismatch() is not None:
             ended = "found the ranks in different collectives (CollectiveMismatchError)"
         print(
@@ -458,7 +467,8 @@ class _Watchdog:
             print(f"{type(self.error()).__name__}: {self.error()}", file=sys.stderr, flush=True)
         print(f"[tandem] {why}; exiting.", file=sys.stderr, flush=True)
         sys.stdout.flush()
-        os._exit(_exit_code(child.proc.returncode) if child is not None else 1)
+        code = child.proc.poll() if child is not None else None
+        os._exit(_exit_code(code) if code is not None else 1)
 
     # ------------------------------------------------------------------ the launching thread
     def error(self, echo: BaseException | None = None) -> RankFailedError | HangError | CollectiveMismatchError:
@@ -474,7 +484,7 @@ class _Watchdog:
         mismatch = child.found_mismatch()
         if mismatch is not None:  # its message names both sides and the user's lines: the job's error
             return CollectiveMismatchError(f"{mismatch.message()}\n(Rank {child.rank} found it and stopped the job.)")
-        message = _failure_message("", child.rank, child.proc.returncode, _read_error_record(child.error_file))
+        message = _failure_message("", child.rank, child.ended, _read_error_record(child.error_file))
         if echo is None or echo is self._woken_with:  # woken where it was: its traceback, not an error of its own
             return RankFailedError(message)
         broken = _broken_collective(echo)
@@ -517,6 +527,8 @@ class _Watchdog:
         if _is_echo(error):  # a started rank most likely ended first: its failure is the one to raise
             failed = self.failure or self.wait_for_failure(_ECHO_WAIT_S)
             if failed is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):  # it wrote its traceback and is ending
+                    failed.proc.wait(_TERMINATE_GRACE_S)
                 self._declare(failed)  # said once, by whichever thread saw it first
             self.stop(reason)
             if self.failure is None:
@@ -531,11 +543,10 @@ class _Watchdog:
             ranks = ", ".join(str(r) for r in [self.rank, *(c.rank for c in failures)])
             _add_note(error, f"[tandem] ranks {ranks} raised this error (only rank {self.rank}'s traceback is shown).")
             return None
-        if failures:
+        if failures:  # its record (or its exit) says it failed: the job's failure, whether or not it ended yet
             with contextlib.suppress(subprocess.TimeoutExpired):  # it wrote its traceback and is ending
                 failures[0].proc.wait(_TERMINATE_GRACE_S)
-            if failures[0].proc.poll() is not None:
-                self._declare(failures[0])
+            self._declare(failures[0])
         self.stop(reason)
         if self.failure is None:
             return None  # rank 0's own error
@@ -910,7 +921,8 @@ class SpawnLauncher:
         with_record = sorted((r[0], i) for i, r in records.items() if r is not None)
         first = killed[0] if killed else with_record[0][1] if with_record else failed[0]
         rank = self.environment.node_rank * self.num_processes + first
-        return RankFailedError(_failure_message("ddp_spawn: ", rank, processes[first].exitcode, records[first]))
+        ended = _how_it_ended(processes[first].exitcode)
+        return RankFailedError(_failure_message("ddp_spawn: ", rank, ended, records[first]))
 
 
 def _check_importable_by_spawn(objects: list[Any]) -> None:

@@ -17,6 +17,7 @@ from tandem.strategies.environments import ClusterEnvironment
 from tandem.strategies.layer_sync import TorchSyncBatchNorm
 from tandem.strategies.precision import Precision
 from tandem.utilities.exceptions import TandemConfigError, bad_choice, incompatible, out_of_range
+from tandem.utilities.rank_zero import rank_zero_info
 
 if TYPE_CHECKING:
     from tandem.strategies.strategy import Strategy
@@ -48,6 +49,7 @@ _BUILT_IN = {
     "ddp_notebook": "tandem.strategies.ddp",
     "ddp_find_unused_parameters_true": "tandem.strategies.ddp",
     "fsdp": "tandem.strategies.fsdp",
+    "ddp_ft": "tandem.strategies.ddp_ft",
 }
 
 
@@ -252,6 +254,8 @@ def resolve_strategy(
     if device_list is None:  # the instance leaves the devices to the Trainer's arguments
         device_list = resolve_devices(accelerator, devices)
         type(instance)._check_devices(accelerator, len(device_list))
+        if devices == "auto" and accelerator == "cpu" and instance.max_devices != 1 and num_nodes == 1:
+            _say_one_cpu_process(strategy if isinstance(strategy, str) else instance.name)
     if sorted_plugins.precision is not None:
         precision = _precision_plugin(sorted_plugins.precision, precision, instance)
     instance._configure(
@@ -265,6 +269,16 @@ def resolve_strategy(
         data_order,
     )
     return instance
+
+
+def _say_one_cpu_process(name: str) -> None:
+    """``devices="auto"`` counts one CPU device (Lightning's count, kept): a strategy of several processes then runs
+    one, which the user may not expect from ``strategy="ddp"``. One info line says so, and how to start N."""
+    rank_zero_info(
+        f"strategy={name!r} with devices='auto' on the CPU runs 1 process: 'auto' counts one CPU device, as in "
+        f"Lightning. To train with N processes on the CPU, pass devices=N (e.g. Trainer(accelerator='cpu', "
+        f"strategy={name!r}, devices=4))."
+    )
 
 
 def _precision_plugin(plugin: Precision, precision: Any, strategy: Strategy) -> Precision:

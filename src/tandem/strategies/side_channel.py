@@ -1,9 +1,9 @@
-"""The side channel: how the ranks of one process group agree without a collective, and its two clients.
+"""The side channel: how the ranks of one process group agree without a collective, and its three clients.
 
 A ``SideChannel`` owns the process group's key-value store (reached out of band: never a collective, so
 a rank sitting in another collective, say DDP's gradient all-reduce, cannot turn the agreement itself into a
 mismatch), this rank's watcher thread, and the beats the watcher posts once a second (where the main thread
-is, whether it waits inside torch for other ranks, whether the script ended or failed). Two named clients
+is, whether it waits inside torch for other ranks, whether the script ended or failed). Three named clients
 use it:
 
 - ``SideChannel.collective_check`` (``CollectiveCheck``): before each of tandem's own collectives
@@ -16,6 +16,9 @@ use it:
   with ``entry_point`` (a context variable; nothing reads the call stack's variables for it).
 - ``SideChannel.preemption_vote`` (``PreemptionVote``, reached with ``preemption_vote``):
   after SIGTERM / SIGUSR1, which may reach one rank only, every rank stops at the same step.
+- `SideChannel.skip_agreement` (`SkipAgreement`, reached with `skip_agreement`): a
+  ``training_step`` that returned None on one rank while another ran backward is named at once (only a batch that
+  returned None does any work).
 
 The beats also carry each rank's place: the stage, epoch, batch and step its fit loop publishes with
 ``placed`` (a callable the watcher reads once a beat: nothing runs per step), and, sampled from the main
@@ -100,6 +103,7 @@ __all__ = [
     "PreemptionVote",
     "SideChannel",
     "SignedStore",
+    "SkipAgreement",
     "close_channel",
     "current_channel",
     "entry_point",
@@ -109,6 +113,7 @@ __all__ = [
     "placed",
     "preemption_vote",
     "report_for_the_job",
+    "skip_agreement",
 ]
 
 #: seconds a rank at a pre-emption stop waits for every rank to say where it stops
@@ -129,6 +134,8 @@ _TORCH_BLOCKING = (  # where a main thread waits for other ranks inside torch
     f"{os.sep}torch{os.sep}_tensor.py",  # Tensor.backward
 )
 _LIBRARIES = (f"{os.sep}torch{os.sep}", f"{os.sep}lightning_utilities{os.sep}")
+#: about the most characters of an error's message that `error_summary` quotes (a status, a teardown reason)
+_SUMMARY_LIMIT = 300
 #: seconds a rank whose collective broke waits for the rank that left to say so (it posts before its sockets close)
 _ANNOUNCE_WAIT_S = 2.0
 #: how a rank whose main thread waited in a collective ends when the job is torn down (as by SIGTERM: 128 + 15)
@@ -431,6 +438,7 @@ class SideChannel:
     Attributes:
         collective_check: agrees, before each checked collective, that every rank enters the same one.
         preemption_vote: agrees on the step every rank stops at after a pre-emption signal.
+        skip_agreement: agrees that a batch ``training_step`` skipped (returned None) is skipped on every rank.
     """
 
     def __init__(
@@ -465,6 +473,7 @@ class SideChannel:
         self._stop = threading.Event()
         self.collective_check = CollectiveCheck(self)
         self.preemption_vote = PreemptionVote(self)
+        self.skip_agreement = SkipAgreement(self)
         on_uncaught_exception(self.prefix, self._failed)
         PREEMPTION.teardown = self.torn_down  # a SIGTERM while the job is torn down is not a pre-emption
         atexit.register(lambda: self.close(self._exit_status()))
@@ -792,10 +801,29 @@ def _innermost_frame(error: BaseException) -> FrameType | None:
 
 
 def error_summary(error: BaseException) -> str:
-    """``Type: first line of the message`` (at most 300 characters; gloo's advice to read the other logs cut)."""
+    """``Type: first line of the message`` (gloo's advice to read the other logs cut), shortened to about 300
+    characters at a sentence or clause (see `_clipped`)."""
     text = str(error).strip().splitlines()[0] if str(error).strip() else ""
     text = text.split(". This is typically caused by")[0]  # gloo's advice to read the other rank's log
-    return f"{type(error).__name__}: {text[:300]}" if text else type(error).__name__
+    return f"{type(error).__name__}: {_clipped(text)}" if text else type(error).__name__
+
+
+def _clipped(text: str, limit: int = _SUMMARY_LIMIT) -> str:
+    """``text`` if it has at most ``limit`` characters; else its longest beginning within them that ends a sentence
+    or a clause outside parentheses, then `` ...``: never a cut inside a name or a call site (``in <module>``)."""
+    if len(text) <= limit:
+        return text
+    depth, cut = 0, -1
+    for i, char in enumerate(text[:limit]):
+        if char in "([":
+            depth += 1
+        elif char in ")]":
+            depth = max(0, depth - 1)
+        elif char in ".,;" and depth == 0 and text[i + 1 : i + 2] == " ":
+            cut = i + 1 if char == "." else i  # a sentence keeps its full stop; a clause drops its comma
+    if cut <= 0:  # one long clause: between two words
+        cut = max(text.rfind(" ", 0, limit), 0) or limit
+    return f"{text[:cut]} ..."
 
 
 def _main_thread_place(frame: FrameType | None) -> tuple[str, bool, str, str]:
@@ -1105,6 +1133,70 @@ def preemption_vote() -> PreemptionVote | LocalVote:
         ```
     """
     return _CHANNEL.preemption_vote if _CHANNEL is not None else LocalVote()
+
+
+# ---------------------------------------------------------------------------------------------- client 3
+
+
+class SkipAgreement:
+    """The side channel's third client: a batch that ``training_step`` skipped (returned None) on one rank only.
+
+    Under DDP (and FSDP) each backward pass exchanges gradients with every rank, so a rank that skips a stepping
+    batch leaves the others waiting in their backward for a backward it never runs: the job hangs until the
+    collective check's stall timeout or the hang watch ends it, naming collectives instead of the skip. Nothing runs
+    for this on a batch that returned a loss; a rank whose ``training_step`` returned None calls `agree`
+    (once per such batch): it counts itself in ``skip/<check>/<place>/count`` and records its rank there (signed),
+    then waits until every rank skipped the same batch (the count says when to read the records), or until a
+    rank's beat shows it in its backward pass at this same batch (its place: stage, epoch, batch, step): that rank
+    ran backward, and the batch is a mismatch. The key holds the collective checks passed so far, the same on every
+    rank, so a later fit's batch never reads an earlier one's records.
+    """
+
+    def __init__(self, channel: SideChannel) -> None:
+        self.channel = channel
+
+    def agree(self) -> int | None:
+        """Main thread, at a stepping batch whose ``training_step`` returned None: the rank found running backward
+        at this batch instead, or None when every rank skips it (or a rank left: its end is reported elsewhere)."""
+        channel, store = self.channel, self.channel.store
+        place = channel._place_text()
+        key = channel.key("skip", channel.collective_check.count, *place.split())
+        store.append(f"{key}/ranks", str(channel.rank))
+        count = store.add(f"{key}/count", 1)  # a hint: the records are signed
+        delay, longest = 0.0002, max(0.02, channel.world_size / _POLL_BUDGET)
+        look_at = time.monotonic() + _BEAT_S
+        while True:
+            if count >= channel.world_size:
+                skipping = {int(r) for r in store.records(f"{key}/ranks")}
+                if len(skipping) >= channel.world_size:
+                    return None
+            if time.monotonic() >= look_at:
+                look_at = time.monotonic() + _BEAT_S
+                for rank, beat in enumerate(channel.beats() or []):
+                    if rank == channel.rank or beat is None:
+                        continue
+                    if beat.status != "running":
+                        return None
+                    if beat.hook == "backward" and beat.place == place:
+                        return rank
+            time.sleep(delay)
+            delay = min(delay * 2, longest)
+            count = store.add(f"{key}/count", 0)
+
+
+def skip_agreement() -> SkipAgreement | None:
+    """This process's skip agreement (see `SkipAgreement`), or None with no side channel or one rank (a
+    skipped batch then waits for nobody).
+
+    Example:
+        ```python
+        agreement = skip_agreement()  # once per fit
+        if loss is None and agreement is not None and (rank := agreement.agree()) is not None:
+            ...  # that rank ran backward at this batch: say so
+        ```
+    """
+    channel = _CHANNEL
+    return channel.skip_agreement if channel is not None and channel.world_size > 1 else None
 
 
 # ---------------------------------------------------------------------------------------------- the group's

@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, overload
 
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
@@ -40,6 +40,9 @@ from tandem.utilities.exceptions import (
 )
 from tandem.utilities.rank_zero import set_rank
 from tandem.utilities.seed import order_seed
+
+if TYPE_CHECKING:
+    from tandem.strategies.replica_groups import ReplicaGroups
 
 _NO_CONTEXT = contextlib.nullcontext()
 _T = TypeVar("_T")
@@ -140,6 +143,10 @@ class Strategy:
     #: ``follow_module`` has work to do (the loops call it at step boundaries; never when False)
     follows_module: ClassVar[bool] = False
     supports_compile: ClassVar[bool] = True
+    #: the replica groups this process's group trains with (``ddp_ft``: a
+    #: `ReplicaGroups`), or None: the Trainer then has every fit join them,
+    #: runs again a step they did not commit, and reduces logged values over them
+    replica_groups: ReplicaGroups | None = None
 
     def __init__(
         self,

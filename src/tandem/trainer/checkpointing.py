@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING, Any
 from tandem.trainer.replicas import check_replicas
 from tandem.utilities.checkpoint import (
     CHECKPOINT_MARKER,
+    from_plain,
     glob_files,
     is_url,
     modified_time,
     remove_stale_temporaries_in,
+    to_plain,
 )
 from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError, no_checkpoint_path
 from tandem.utilities.rank_zero import rank_zero_warn
@@ -20,15 +22,18 @@ from tandem.utilities.seed import capture_rng_state
 from tandem.version import __version__
 
 if TYPE_CHECKING:
+    from tandem.strategies.replica_groups import LiveState
     from tandem.trainer.trainer import Trainer
 
 
-def checkpoint_state(trainer: Trainer, weights_only: bool = False) -> dict[str, Any]:
+def checkpoint_state(trainer: Trainer, weights_only: bool = False, check: bool = True) -> dict[str, Any]:
     """What a checkpoint holds, built on every rank: the weights and hparams, and unless ``weights_only`` the
     loop state, every optimizer and scheduler, the precision's scaler, callbacks, RNG states, DataModule.
     ``weights_only`` weights are always whole (gathered under FSDP, whatever its ``state_dict_type``): a file
-    to load into a plain module. DDP's ranks are first checked to hold the same weights (rank 0's are saved)."""
-    check_replicas(trainer.strategy, "before saving a checkpoint", trainer.on_replica_divergence)
+    to load into a plain module. DDP's ranks are first checked to hold the same weights (rank 0's are saved),
+    unless ``check=False`` (a live state built outside the main thread, see `live_state`)."""
+    if check:
+        check_replicas(trainer.strategy, "before saving a checkpoint", trainer.on_replica_divergence)
     module, strategy = trainer.fit_loop.context.module, trainer.strategy
     checkpoint: dict[str, Any] = {
         CHECKPOINT_MARKER: __version__,
@@ -78,6 +83,30 @@ def restore(
         remove_stale_temporaries_in(os.path.dirname(os.path.abspath(path)))
     trainer.strategy.barrier("restore")  # every rank reads what rank 0 put back in place
     checkpoint = trainer.strategy.load_checkpoint(path, weights_only=weights_only)
+    apply_checkpoint(trainer, checkpoint, path, fn, rng, announce)
+    return path
+
+
+def live_state(trainer: Trainer) -> LiveState:
+    """The fit's state for its replica groups (``ddp_ft``): a joining group restores a peer's whole checkpoint, built
+    in memory as plain data (as a file is written; it travels weights-only) and restored as from a file."""
+    from tandem.strategies.replica_groups import LiveState
+
+    source, warned = "the live state of a healthy replica group", set[tuple[str, str]]()
+
+    def snapshot() -> dict[str, Any]:
+        return to_plain(checkpoint_state(trainer, check=False), warned)
+
+    def restore_live(checkpoint: dict[str, Any]) -> None:
+        apply_checkpoint(trainer, from_plain(checkpoint, source, trusted=False), source, "fit")
+
+    return LiveState(snapshot, restore_live, trainer.global_step)
+
+
+def apply_checkpoint(
+    trainer: Trainer, checkpoint: dict[str, Any], path: str, fn: str, rng: bool = True, announce: bool = True
+) -> None:
+    """Load ``checkpoint`` (read from ``path``, which messages name) as `restore` does."""
     module = trainer.strategy.module
     trainer.call_hook("on_load_checkpoint", checkpoint)
     try:
@@ -87,7 +116,7 @@ def restore(
     except RuntimeError as err:
         raise TandemUserCodeError(f"Checkpoint {str(path)!r} does not fit {type(module).__name__}: {err}") from None
     if fn != "fit":
-        return path
+        return
     if "loops" not in checkpoint:
         raise TandemConfigError(
             f"Checkpoint {str(path)!r} holds weights only (saved with weights_only=True), so training cannot "
@@ -121,7 +150,6 @@ def restore(
             callback.load_state_dict(saved_callbacks[key])
     if trainer.datamodule is not None and "datamodule" in checkpoint:
         trainer.datamodule.load_state_dict(checkpoint["datamodule"])
-    return path
 
 
 def _check_max_epochs(trainer: Trainer, epoch: int, path: str) -> None:

@@ -25,6 +25,7 @@ from tandem.utilities.exceptions import (
     PossibleUserWarning,
     TandemConfigError,
     TandemUserCodeError,
+    add_note,
     stage_hook_signature,
     state_from_prepare_data,
     state_not_built,
@@ -471,3 +472,66 @@ def _override(name: str, module: TrainingModule, datamodule: DataModule | None) 
 def is_datamodule(obj: Any) -> bool:
     """A DataModule passed where loaders go (``fit(model, dm)``), recognised as Lightning does."""
     return isinstance(obj, DataModule) and not isinstance(obj, DataLoader)
+
+
+def note_uneven_batch(error: BaseException, batch: Any, sources: Mapping[str, Any]) -> None:
+    """The failure path of a step: when ``error`` (a RuntimeError, ValueError or IndexError, not tandem's own) ends a
+    step whose batch holds tensors of different first (batch) sizes, add a note that says so and names the
+    ``collate_fn`` that built it (``sources``: the running entry point's loaders by stage, in the shape given), where
+    16 inputs and 15 targets usually come from. torch's own message (``Expected input batch_size (16) to match
+    target batch_size (15)``) stays as it is, with its traceback."""
+    if not isinstance(error, (RuntimeError, ValueError, IndexError)) or type(error).__module__.startswith("tandem."):
+        return
+    sizes = _first_sizes(batch)
+    if len(set(sizes.values())) < 2:
+        return
+    shown = ", ".join(f"{name} has {size}" for name, size in sizes.items())
+    add_note(
+        error,
+        f"[tandem] The batch this step failed on holds tensors of different first (batch) sizes: {shown}. "
+        f"{_built_by(sources)} Check that it returns as many targets as inputs (the same first size for each).",
+    )
+
+
+def _first_sizes(batch: Any) -> dict[str, int]:
+    """The first size of each tensor field of a tuple, list or dict batch, by how the step reads it."""
+    if isinstance(batch, Mapping):
+        fields = list(batch.items())
+    elif isinstance(batch, (list, tuple)):
+        fields = list(enumerate(batch))
+    else:
+        return {}
+    return {f"batch[{key!r}]": v.shape[0] for key, v in fields if isinstance(v, torch.Tensor) and v.ndim > 0}
+
+
+def _built_by(sources: Mapping[str, Any]) -> str:
+    """Which ``collate_fn`` built the batch: the one of the running loaders, or each, with its stage."""
+    found: dict[str, list[str]] = {}  # a collate_fn's name -> the stages whose loaders use it
+    for stage, given in sources.items():
+        for loader in _dataloaders_in(given):
+            stages = found.setdefault(_collate_name(loader.collate_fn), [])
+            if stage not in stages:
+                stages.append(stage)
+    if not found:
+        return "The loader's collate_fn (or the code that built the batch) put it together."
+    if len(found) == 1:
+        return f"It was built by the loader's collate_fn, {next(iter(found))}."
+    named = "; ".join(f"{' and '.join(stages)}: {name}" for name, stages in found.items())
+    return f"It was built by the collate_fn of the loader it came from ({named})."
+
+
+def _dataloaders_in(given: Any) -> list[DataLoader]:
+    """The DataLoaders of one loader, a list / tuple or a dict of them, or a CombinedLoader."""
+    if isinstance(given, DataLoader):
+        return [given]
+    if isinstance(given, CombinedLoader):
+        given = given.flattened
+    parts = given.values() if isinstance(given, Mapping) else given if isinstance(given, (list, tuple)) else []
+    return [loader for part in parts for loader in _dataloaders_in(part)]
+
+
+def _collate_name(collate_fn: Any) -> str:
+    name = getattr(collate_fn, "__qualname__", None) or type(collate_fn).__qualname__
+    if getattr(collate_fn, "__module__", "").startswith("torch.utils.data"):
+        return f"torch's {name} (it stacks the samples' fields: the dataset's samples gave these sizes)"
+    return name

@@ -14,7 +14,6 @@ default to ``on_step=True`` is declared with the hook itself (``@logs_per_step``
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -23,6 +22,7 @@ from tandem.callbacks.callback import Callback, Checkpoint
 from tandem.module import TrainingModule, calls_hook
 from tandem.trainer.profiling import callback_action, module_action, timed
 from tandem.trainer.state import RunningStage
+from tandem.utilities.logged_values import CURRENT_HOOK as _CURRENT_HOOK
 from tandem.utilities.logged_values import logging_module
 
 if TYPE_CHECKING:
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from tandem.trainer.state import TrainerState
     from tandem.trainer.trainer import Trainer
 
-_CURRENT_HOOK: contextvars.ContextVar[str | None] = contextvars.ContextVar("tandem_current_hook", default=None)
 _HOOK_NAMES = tuple(sorted(n for n in dir(Callback) if n.startswith("on_")))
 
 

@@ -369,8 +369,8 @@ class MetricCollector:
 
     # ------------------------------------------------------------------ publishing
     @property
-    def _distributed(self) -> bool:
-        return self._strategy.world_size > 1
+    def _distributed(self) -> bool:  # several processes, or replica groups (ddp_ft) whose quorum reduces the values
+        return self._strategy.world_size > 1 or self._strategy.replica_groups is not None
 
     def publish_step(
         self, loss_finite: bool = True, stop: bool = False, empty_batch: Any = None, window: Any = None
@@ -594,6 +594,16 @@ class MetricCollector:
             deferred.clear()
             for name, value, args in calls:
                 self.log(name, value, *args)
+
+    def epoch_sums(self) -> dict[str, tuple[Any, Any, bool]]:
+        """The training epoch's aggregates as they stand (references: logging replaces them, never changes them),
+        for `restore_epoch_sums` to take back a step that did not count (``ddp_ft``'s, see
+        `tandem.trainer.step_retry`)."""
+        return {name: (e.total, e.count, e.dirty) for name, e in self._stores.get("train", {}).items()}
+
+    def restore_epoch_sums(self, sums: dict[str, tuple[Any, Any, bool]]) -> None:
+        for name, entry in self._stores.get("train", {}).items():
+            entry.total, entry.count, entry.dirty = sums.get(name, (None, None, False))
 
     def state_dict(self) -> dict[str, Any]:
         """The training epoch's partial aggregates (torchmetrics objects keep their own state in the module)."""

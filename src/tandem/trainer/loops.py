@@ -33,6 +33,7 @@ from tandem.trainer.profiling import TRAIN_NEXT_BATCH, timed, timed_batches
 from tandem.trainer.replicas import ReplicaCheck
 from tandem.trainer.rollback import skipping
 from tandem.trainer.state import TRAIN, BatchPlan, LoopState, StageData
+from tandem.trainer.step_retry import repeating_uncommitted
 from tandem.utilities.data import find_sampler, has_len, is_empty_batch
 from tandem.utilities.exceptions import PossibleUserWarning, TandemConfigError, empty_batch
 from tandem.utilities.preemption import PREEMPTION
@@ -367,6 +368,8 @@ class FitLoop:
             optimize = timed(optimize, context.profiler, "run_training_batch")
         if context.nonfinite.rollback is not None:  # each batch's loss recorded on its device (only then)
             optimize = context.nonfinite.rollback.recording(optimize)
+        if strategy.replica_groups is not None:  # ddp_ft: a step the replica groups did not commit runs again
+            optimize = repeating_uncommitted(optimize, context, transfer)
         return BatchPlan(
             optimize=optimize,
             transfer=transfer,
@@ -607,6 +610,7 @@ class FitLoop:
             plan.follow(only_if_created=not plan.batch_start)
         steps = loop.global_step
         output, loss = plan.optimize(batch, batch_idx)
+        batch = context.metrics.batch  # as loaded again when the step ran again (ddp_ft, see step_retry); else as is
         if batch_idx + 1 == loop.epoch_batches:  # the epoch's last batch steps its epoch schedulers (Lightning's)
             optimization.step_schedulers("epoch", plateau=False, count=loop.epoch + 1)
         # trained on: training_step did not skip it (a step it took by hand counts; the step Lightning takes after a

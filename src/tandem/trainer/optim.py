@@ -141,14 +141,15 @@ class _NoOptimizer(Optimizer):
 
 
 def parse_optimizers(
-    result: Any, automatic: bool = True, steps_schedulers: bool = False
+    result: Any, automatic: bool = True, steps_schedulers: bool = False, late: str = ""
 ) -> tuple[list[Optimizer], list[LRSchedulerConfig]]:
     """Validate the return value of ``configure_optimizers``: the optimizers and their scheduler configs.
 
     Several optimizers need manual optimization (``automatic=False``); with automatic optimization they
     are an error that says so. A scheduler is any object with ``state_dict`` and ``load_state_dict`` (the
     checkpoint's); under automatic optimization one that is not torch's also needs the module's own
-    ``lr_scheduler_step`` (``steps_schedulers``), as in Lightning.
+    ``lr_scheduler_step`` (``steps_schedulers``), as in Lightning. ``late``: what the several-optimizers error adds
+    when ``automatic_optimization`` was changed after the fit chose its mode.
     """
     if result is None:
         rank_zero_warn(
@@ -163,7 +164,7 @@ def parse_optimizers(
     if automatic and len(optimizers) > 1:
         raise TandemUserCodeError(
             f"configure_optimizers returned {len(optimizers)} optimizers; training with several optimizers needs "
-            "manual optimization. Set self.automatic_optimization = False in __init__, then step them in "
+            f"manual optimization.{late} Set self.automatic_optimization = False in __init__, then step them in "
             "training_step: opt_a, opt_b = self.optimizers(); self.manual_backward(loss); opt_a.step(); "
             "opt_a.zero_grad()."
         )

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.optim import Optimizer
 
-from tandem.module import calls_hook, is_overridden
+from tandem.module import calls_hook, changed_too_late, is_overridden
+from tandem.strategies.side_channel import SkipAgreement, skip_agreement
 from tandem.trainer.hooks import current_hook, enter_hook, leave_hook, running_hook
 from tandem.trainer.optim import LRSchedulerConfig, TrainingOptimizer, parse_optimizers
 from tandem.trainer.profiling import StrategyCalls, module_action, timed
@@ -186,6 +187,8 @@ class AutomaticOptimization(Optimization):
         self._lr_scheduler_step = lr_scheduler_step
         self._last_step_taken = False  # the latest step() was not skipped by the float16 scaler
         self._hand_steps = 0  # steps training_step took itself in the current batch (see _hand_step)
+        #: several ranks: a batch that training_step skipped must be skipped on every rank (see _agree_to_skip)
+        self._skip_agreement = skip_agreement()
 
     _no_step_advice = (
         "Under automatic optimization the Trainer steps after each batch (each accumulate_grad_batches-th), through "
@@ -260,9 +263,10 @@ class AutomaticOptimization(Optimization):
         hook = current_hook()
         if hook != "optimizer_step":
             if hook != _TRAINING_STEP:
+                late = changed_too_late(self.context.strategy.module, automatic=True)
                 raise TandemUserCodeError(
                     f"optimizer.step() was called in {hook or 'code the Trainer does not run'} under automatic "
-                    "optimization, where the Trainer steps after training_step. Step in an optimizer_step override "
+                    f"optimization, where the Trainer steps after training_step.{late} Step in an optimizer_step override "
                     "(optimizer.step(closure=optimizer_closure)), or set self.automatic_optimization = False and step "
                     "in training_step."
                 )
@@ -337,7 +341,7 @@ class AutomaticOptimization(Optimization):
         )
         if loss is not None:
             if self._hand_steps:
-                raise _double_step(self._hand_steps)
+                raise _double_step(self._hand_steps, changed_too_late(self.context.strategy.module, automatic=True))
             plan = self.plan
             if plan.before_backward:  # hooks nobody overrides are not even called
                 self.context.hooks.call("on_before_backward", loss)
@@ -346,7 +350,28 @@ class AutomaticOptimization(Optimization):
             if plan.after_backward:
                 self.context.hooks.call("on_after_backward")
             self.has_gradients = True
+        elif self._skip_agreement is not None and self.loop.stepping:  # a skipped batch: never on the loss path
+            self._agree_to_skip(self._skip_agreement)
         return loss
+
+    def _agree_to_skip(self, agreement: SkipAgreement) -> None:
+        """A stepping batch whose ``training_step`` returned None, with several ranks: every rank must skip it, for
+        the others' backward exchanges gradients with this rank, which runs none (the job would wait until a
+        timeout names collectives instead). Waits until every rank skipped this batch too, or names the rank
+        that ran backward."""
+        other = agreement.agree()
+        if other is None:
+            return
+        strategy = self.context.strategy
+        rank, batch = strategy.global_rank, self.loop.batches_done
+        raise TandemUserCodeError(
+            f"rank {rank}'s training_step returned None at batch {batch} while rank {other} ran backward: skip on "
+            f"every rank or none. Under strategy={strategy.name!r} each backward pass exchanges the gradients with "
+            f"every rank, so rank {other} waits for a backward that rank {rank} never runs (the job would hang). "
+            "Decide the skip together (e.g. skip = self.all_gather(torch.tensor(bad)).any(), then return None on "
+            "every rank), or, on the rank that has nothing to learn from the batch, return a loss that changes "
+            "nothing (loss * 0.0) instead of None."
+        )
 
     def _prepare_step(self, optimizer: Optimizer, backward_ran: bool = True) -> None:
         """Between backward and the step: unscale float16 gradients (not when the step's closure ran no backward,
@@ -536,7 +561,12 @@ def configure_optimization(
     strategy, config = context.strategy, context.config
     automatic = module.automatic_optimization
     steps_schedulers = calls_hook(module, "lr_scheduler_step")
-    optimizers, schedulers = parse_optimizers(module.configure_optimizers(), automatic, steps_schedulers)
+    returned = module.configure_optimizers()
+    if module.automatic_optimization != automatic:  # set in configure_optimizers: after the mode was chosen
+        module._note_mode_set_in("configure_optimizers")
+    optimizers, schedulers = parse_optimizers(
+        returned, automatic, steps_schedulers, late=changed_too_late(module, automatic)
+    )
     optimizers = strategy.setup_optimizers(optimizers)
     if not automatic:
         return ManualOptimization(context, loop, optimizers, schedulers, takes_batch_idx)
@@ -613,11 +643,11 @@ class _Stepped:
             self.version = grad._version
 
 
-def _double_step(steps: int) -> TandemUserCodeError:
+def _double_step(steps: int, late: str = "") -> TandemUserCodeError:
     return TandemUserCodeError(
         f"training_step stepped an optimizer itself ({steps} x self.optimizers().step()) and also returned a loss, "
         "under automatic optimization: the Trainer would run backward on that loss and step again, two steps per "
-        "batch. Step in one place: return the loss and remove your backward / step / zero_grad calls (the Trainer "
+        f"batch.{late} Step in one place: return the loss and remove your backward / step / zero_grad calls (the Trainer "
         "does them); or set self.automatic_optimization = False in __init__ and use self.manual_backward(loss) and "
         "opt.step() (training_step may then return the loss, for the loggers); or return None after stepping."
     )

@@ -457,6 +457,8 @@ class Trainer:
                     f"trainer.{fn}() was called without a model: the best checkpoint of the previous fit is loaded "
                     f"first. Pass ckpt_path='best' or 'last' (or the model) to silence this warning."
                 )
+        elif fn == "test" and ckpt_path is None:
+            _say_if_built_weights(model)
         result = self._launch(
             fn,
             given,
@@ -538,12 +540,15 @@ class Trainer:
                 if ckpt_path is not None:
                     self._ckpt_path = checkpointing.restore(self, ckpt_path, fn, weights_only=weights_only)
                 if fn == "fit":
+                    model._note_weights_from("fit")  # a later trainer.test(model) tests what it learnt
                     anomaly = torch.autograd.detect_anomaly() if self.detect_anomaly else contextlib.nullcontext()
                     with (
                         anomaly,
                         preemption.catching_signals(self.fit_loop.state.progress),
                         self._hooks.running("train"),
                     ):
+                        if self.strategy.replica_groups is not None:  # ddp_ft: a late group takes a peer's state
+                            self.strategy.replica_groups.join(checkpointing.live_state(self))
                         self._hooks.call("on_fit_start")
                         model.zero_grad()  # as Lightning, every run starts with no gradients (none left by another)
                         self.fit_loop.run()
@@ -559,6 +564,7 @@ class Trainer:
                 return None
             except BaseException as exception:
                 note_unpacked_mapping(exception, self._metrics.batch)  # x, y = batch on a dict batch
+                data.note_uneven_batch(exception, self._metrics.batch, self._loaders_of(fn))  # 16 inputs, 15 targets
                 self._wait_for_checkpoint_write(exception)
                 self.state.status = TrainerStatus.INTERRUPTED
                 self._hooks.call("on_exception", exception)
@@ -570,6 +576,13 @@ class Trainer:
             self._finish(fn, "success", model)
             self._finish_profiling(fn, report=True)
         return result
+
+    def _loaders_of(self, fn: str) -> dict[str, Any]:
+        """The loaders entry point ``fn`` runs, by stage, in the shape given (those not loaded yet: None)."""
+        records = self._evaluation.records
+        if fn == "fit":
+            return {"training": self.fit_loop.data.given, "validation": records["validate"].given}
+        return {fn: records[fn].given}
 
     def _wait_for_checkpoint_write(self, exception: BaseException | None = None) -> None:
         """Wait for the checkpoint written in the background (``AsyncCheckpointIO``), raising its error; while
@@ -1191,6 +1204,19 @@ class Trainer:
         per_epoch = math.ceil(self.num_training_batches / self.accumulate_grad_batches)
         total = per_epoch * self._config.epoch_limit
         return min(total, self.max_steps) if self.max_steps != -1 else total
+
+
+def _say_if_built_weights(model: Any) -> None:
+    """``trainer.test(model)`` without ``ckpt_path`` on a module never fitted nor loaded tests the weights it was built
+    with (Lightning does too, without a word): one info line says so."""
+    module, _ = unwrap_compiled(model)
+    if isinstance(module, TrainingModule) and not module._has_own_weights():
+        name = type(module).__name__
+        rank_zero_info(
+            f"Testing {name} with the weights it was built with: it was neither fitted nor loaded from a checkpoint, "
+            f"and no ckpt_path was given. To test trained weights, fit it first, pass ckpt_path='path/to.ckpt', or "
+            f"load it with {name}.load_from_checkpoint(path)."
+        )
 
 
 # (called with a variable typed ``type``: mypy does not see ``type[Trainer]`` as the Hashable that the cache takes)

@@ -82,6 +82,17 @@ class Preempted(SystemExit):  # noqa: N818 (Lightning's SIGTERMException is a Sy
         return self.message
 
 
+class StepNotCommitted(Exception):  # noqa: N818 (a signal between the strategy and the loop, not a failure)
+    """Raised by ``optimizer_step`` of a strategy whose replica groups commit each step together (``ddp_ft``) when
+    the step was not committed (a group left during it): the loop runs the step again with the data of the next
+    quorum (`tandem.trainer.step_retry`)."""
+
+
+class ReplicaGroupBehindError(RuntimeError):
+    """This replica group found itself behind the others mid-run (they committed a step it did not): it ends, and its
+    restart joins them again with their state."""
+
+
 class ReplicasDivergedError(RuntimeError):
     """The DDP ranks hold different parameters or buffers, which must be identical on every rank (raised on every
     rank, naming the first tensor that differs; see ``tandem.trainer.replicas``)."""

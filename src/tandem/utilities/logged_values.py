@@ -1,7 +1,7 @@
-"""Logged values outside the Trainer: the DataParallel replicas' ``self.log`` buffer, the module a callback's
-``self.log`` logs through, torchmetrics detection, and turning logged tensors into numbers. Used by the metric
-collector, the hook dispatcher, the DataParallel strategy, callbacks and the progress bar, which sit in different
-sub-packages; none of them imports another for these."""
+"""Logged values outside the Trainer: the DataParallel replicas' ``self.log`` buffer, the hook running now and the
+module a callback's ``self.log`` logs through, torchmetrics detection, and turning logged tensors into numbers. Used by
+the metric collector, the hook dispatcher, the module, the DataParallel strategy, callbacks and the progress bar, which
+sit in different sub-packages; none of them imports another for these."""
 
 from __future__ import annotations
 
@@ -18,6 +18,11 @@ import torch
 _REPLICA_LOGS: contextvars.ContextVar[list[tuple[str, Any, dict[str, Any]]] | None] = contextvars.ContextVar(
     "tandem_replica_logs", default=None
 )
+
+
+#: set by the hook dispatcher (``tandem.trainer.hooks``) around each hook and step it runs: the hook's name, which
+#: ``self.log`` reads, and which the module's ``automatic_optimization`` setter records (a change that comes too late)
+CURRENT_HOOK: contextvars.ContextVar[str | None] = contextvars.ContextVar("tandem_current_hook", default=None)
 
 
 # Set by the hook dispatcher for the block in which a run's stage runs: the run's module, which a callback's

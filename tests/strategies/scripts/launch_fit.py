@@ -21,11 +21,16 @@ Modes:
               the collective check's stall timeout is 3 s
     test0     after the fit, rank 0 alone calls trainer.test; rank 1's script ends
     test0_validate1  after the fit, rank 0 calls trainer.test while rank 1 calls trainer.validate
+    slow_exit1  rank 1 raises ValueError("bad sample in rank 1") in on_train_epoch_end, where rank 0 goes on into the
+              epoch end's checked collective; its script's exit then takes 8 s more (an atexit handler), so its process
+              is still running when rank 0 learns of the failure
+    none1     rank 1's training_step returns None at batch 1 while rank 0 runs backward (a skip on one rank only)
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime
 import os
 import signal
@@ -55,7 +60,9 @@ class Classifier(tandem.TrainingModule):
         super().__init__()
         self.net = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.2), nn.ReLU(), nn.Linear(16, 3))
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor | None:
+        if MODE == "none1" and self.trainer.global_rank == 1 and batch_idx == 1:
+            return None  # the mistake: a skip on one rank only
         x, y = batch
         loss = F.cross_entropy(self.net(x), y)
         self.log("train_loss", loss)
@@ -75,6 +82,8 @@ class Classifier(tandem.TrainingModule):
     def on_train_epoch_end(self) -> None:
         if MODE == "barrier0" and self.trainer.is_global_zero:
             dist.barrier()  # the mistake: a collective on one rank
+        if MODE == "slow_exit1" and self.trainer.global_rank == 1:
+            raise ValueError("bad sample in rank 1")
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.parameters(), lr=0.01)
@@ -130,6 +139,8 @@ def main(args: argparse.Namespace) -> None:
     out = Path(args.out)
     if args.mode == "late" and os.environ.get("LOCAL_RANK") == "1":
         time.sleep(120)  # never joins: rank 0's init_process_group times out first
+    if args.mode == "slow_exit1" and os.environ.get("LOCAL_RANK") == "1":
+        atexit.register(time.sleep, 8)  # registered first, so it runs last: after tandem's own exit handlers
     tandem.seed_everything(7)
     strategy = DDPStrategy(timeout=datetime.timedelta(seconds=args.timeout)) if args.timeout else "ddp"
     if args.mode in ("save0", "gather0", "barrier0"):
@@ -211,6 +222,8 @@ if __name__ == "__main__":
             "gather0",
             "spin",
             "barrier0",
+            "slow_exit1",
+            "none1",
         ],
     )
     parser.add_argument("--out", required=True)
