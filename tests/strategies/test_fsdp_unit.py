@@ -13,7 +13,7 @@ from helpers import clear_launch_variables
 from tandem.strategies import FSDPStrategy
 from tandem.strategies.fsdp_checkpoint import named_state, numbered_state
 from tandem.strategies.registry import resolve_strategy
-from tandem.utilities.checkpoint import replace_directory
+from tandem.utilities.atomic import replace_directory
 from tandem.utilities.exceptions import CheckpointError, TandemConfigError, TandemUserCodeError
 
 pytestmark = pytest.mark.timeout(30)

@@ -14,13 +14,8 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 from torch.optim import Optimizer
 
-from tandem.utilities.checkpoint import (
-    SHARDED_META_FILE,
-    atomic_save,
-    load_checkpoint_file,
-    replace_directory,
-    temporary_directory,
-)
+from tandem.utilities.atomic import replace_directory, temporary_directory
+from tandem.utilities.checkpoint import SHARDED_META_FILE, atomic_save, load_checkpoint_file
 from tandem.utilities.exceptions import CheckpointError
 
 if TYPE_CHECKING:

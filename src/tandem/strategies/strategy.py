@@ -27,7 +27,8 @@ from tandem.strategies.checkpoint_io import AsyncCheckpointIO
 from tandem.strategies.environments import ClusterEnvironment
 from tandem.strategies.precision import Precision, for_device
 from tandem.strategies.samplers import DATA_ORDERS, ordered_training
-from tandem.utilities.checkpoint import atomic_save, is_sharded_checkpoint, load_checkpoint_file, remove_file
+from tandem.utilities.checkpoint import atomic_save, is_sharded_checkpoint, load_checkpoint_file
+from tandem.utilities.cloud_io import remove_file
 from tandem.utilities.compile import Compiler
 from tandem.utilities.data import end_workers_with_process, seed_workers
 from tandem.utilities.exceptions import (

@@ -41,7 +41,7 @@ from tandem.trainer.profiling import active, resolve_profiler, timed_transfer
 from tandem.trainer.rollback import Rollback, RollbackRecord
 from tandem.trainer.state import LoopState, TrainerFn, TrainerState, TrainerStatus
 from tandem.trainer.trial import Trial, TrialParts, open_trial
-from tandem.utilities.checkpoint import to_plain
+from tandem.utilities.checkpoint_format import to_plain
 from tandem.utilities.compile import Compiler, unwrap_compiled
 from tandem.utilities.exceptions import (
     HparamsMergeError,

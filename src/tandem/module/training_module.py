@@ -1,30 +1,28 @@
-"""TrainingModule and DataModule: what the user writes."""
+"""TrainingModule: a model together with how to train, evaluate and optimize it (Lightning's ``LightningModule``)."""
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
-import inspect
 import itertools
 import os
-import sys
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
 
+from tandem.module.export import export_onnx, export_torchscript
+from tandem.module.hooks import DataHooks, logs_per_step
+from tandem.module.hyperparameters import AttributeDict, HyperparametersMixin
+from tandem.module.loading import load_module
 from tandem.strategies.strategy import CLIP_ALGORITHMS
 from tandem.utilities.exceptions import (
     TandemConfigError,
     TandemUserCodeError,
     bad_choice,
-    hyperparameters_missing,
-    hyperparameters_renamed,
 )
 from tandem.utilities.logged_values import CURRENT_HOOK
 from tandem.utilities.rank_zero import rank_zero_print, rank_zero_warn
@@ -40,8 +38,6 @@ if TYPE_CHECKING:
     from tandem.loggers.logger import Logger
     from tandem.trainer.optim import LRSchedulerTypeUnion, OptimizerLRScheduler, TrainingOptimizer
     from tandem.trainer.trainer import Trainer
-
-_T = TypeVar("_T")
 
 #: what a step returns (Lightning's ``STEP_OUTPUT``): the loss (a scalar tensor), a dict with ``"loss"``, or None
 STEP_OUTPUT: TypeAlias = torch.Tensor | Mapping[str, Any] | None
@@ -88,116 +84,6 @@ def _instance_call_message(cls: type, method: str) -> str:
         f"{name}.{method} was called on an instance: it is a classmethod that returns a new {name} and leaves the "
         f"instance unchanged, so the loaded state would be lost. {fix}."
     )
-
-
-def logs_per_step(hook: Any) -> Any:
-    """Declare that ``self.log`` in ``hook`` defaults to ``on_step=True, on_epoch=False`` (every other hook:
-    ``on_step=False, on_epoch=True``); the Trainer's hook dispatcher reads the mark."""
-    hook.logs_per_step = True
-    return hook
-
-
-class AttributeDict(dict):
-    """A dict whose keys read as attributes: ``self.hparams.lr``."""
-
-    def __getattr__(self, key: str) -> Any:
-        try:
-            return self[key]
-        except KeyError:
-            raise AttributeError(f"hparams has no {key!r}; saved: {sorted(self)}") from None
-
-    def __setattr__(self, key: str, value: Any) -> None:
-        self[key] = value
-
-
-class HyperparametersMixin:
-    """``save_hyperparameters`` and ``hparams``, shared by [`TrainingModule`][tandem.TrainingModule] and
-    [`DataModule`][tandem.DataModule]."""
-
-    def save_hyperparameters(self, *names: Any, ignore: Iterable[str] | str | None = None, logger: bool = True) -> None:
-        """Store the ``__init__`` arguments of the caller in ``self.hparams`` (and in checkpoints and loggers).
-
-        Args:
-            names: only these arguments (all by default); a single dict or Namespace is taken as is.
-            ignore: arguments to leave out (e.g. modules passed in).
-            logger: also send them to the loggers (False: checkpoints only).
-        """
-        self._log_hyperparams = logger
-        if len(names) == 1 and not isinstance(names[0], str):
-            given = names[0]
-            self._hparams = AttributeDict(vars(given) if not isinstance(given, Mapping) else given)
-            self._hparams_initial = copy.deepcopy(self._hparams)
-            return
-        init_args = _collect_init_args(sys._getframe(1), type(self))  # the caller's frame (not this one's: a cycle)
-        ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
-        if names:
-            init_args = {k: v for k, v in init_args.items() if k in names}
-        init_args = {k: v for k, v in init_args.items() if k not in ignored}
-        for name, value in init_args.items():
-            if isinstance(value, nn.Module):
-                rank_zero_warn(
-                    f"save_hyperparameters(): the argument {name!r} is an nn.Module ({type(value).__name__}); its "
-                    "weights are saved with the module's state_dict in every checkpoint already, and as a "
-                    "hyperparameter it would be sent to the loggers and is left out of checkpoints (they hold plain data only). "
-                    f"Leave it out: self.save_hyperparameters(ignore=[{name!r}]) (load_from_checkpoint then needs "
-                    f"it passed again: load_from_checkpoint(path, {name}=...))."
-                )
-        self._hparams = AttributeDict(init_args)
-        self._hparams_initial = copy.deepcopy(self._hparams)
-
-    @property
-    def hparams(self) -> AttributeDict:
-        if "_hparams" not in self.__dict__:  # a subclass that did not call super().__init__()
-            self.__dict__["_hparams"] = AttributeDict()
-        return self.__dict__["_hparams"]
-
-    @property
-    def hparams_initial(self) -> AttributeDict:
-        """The hyperparameters as ``save_hyperparameters`` stored them (a copy: later changes to ``hparams`` are
-        not in it), as Lightning's."""
-        return copy.deepcopy(self.__dict__.get("_hparams_initial", AttributeDict()))
-
-
-class DataHooks:
-    """Where data comes from and how a batch reaches the device: shared by [`TrainingModule`][tandem.TrainingModule] and
-    [`DataModule`][tandem.DataModule] (a DataModule's override wins). Transfer hooks are called only when overridden."""
-
-    # ------------------------------------------------------------------ data (used when fit gets no loaders)
-    def prepare_data(self) -> None:
-        """Download or write data once per node (local rank 0); do not set state on ``self`` here."""
-
-    def setup(self, stage: str) -> None:
-        """Called on every process before the run, with ``stage`` in "fit" | "validate" | "test" | "predict"."""
-
-    def teardown(self, stage: str) -> None:
-        """Called on every process after the run."""
-
-    def train_dataloader(self) -> Any:
-        """The training loader, used when ``fit`` gets neither loaders nor a datamodule."""
-        return None
-
-    def val_dataloader(self) -> Any:
-        """The validation loader(s): one, a list or a dict."""
-        return None
-
-    def test_dataloader(self) -> Any:
-        return None
-
-    def predict_dataloader(self) -> Any:
-        return None
-
-    # ------------------------------------------------------------------ batch transfer (called only when overridden)
-    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        """Move ``batch`` to ``device``: tensors (and objects with ``.to``) inside any collection."""
-        return apply_to_collection(batch, (torch.Tensor, nn.Module), lambda t: t.to(device, non_blocking=True))
-
-    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Change the batch on the CPU before it moves to the device; return it."""
-        return batch
-
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Change the batch on the device (e.g. GPU augmentations); return it."""
-        return batch
 
 
 def changed_too_late(module: nn.Module, automatic: bool) -> str:
@@ -665,28 +551,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
             example_inputs: the inputs to trace with.
             kwargs: passed to ``torch.jit.script`` / ``torch.jit.trace``.
         """
-        if method not in ("script", "trace"):
-            raise bad_choice("to_torchscript(method=...)", method, ("script", "trace"))
-        mode = self.training
-        self.eval()
-        self._jit_is_scripting = True
-        try:
-            if method == "script":
-                compiled = torch.jit.script(self, **kwargs)
-            else:
-                inputs = self.example_input_array if example_inputs is None else example_inputs
-                if inputs is None:
-                    raise TandemConfigError(
-                        "to_torchscript(method='trace') needs inputs to trace with: pass example_inputs=..., or set "
-                        "self.example_input_array in __init__."
-                    )
-                compiled = torch.jit.trace(self, example_inputs=_on_device(inputs, self.device), **kwargs)
-        finally:
-            self._jit_is_scripting = False
-            self.train(mode)
-        if file_path is not None:
-            torch.jit.save(compiled, os.fspath(file_path))
-        return compiled
+        return export_torchscript(self, file_path, method, example_inputs, **kwargs)
 
     @torch.no_grad()
     def to_onnx(self, file_path: str | os.PathLike, input_sample: Any = None, **kwargs: Any) -> None:
@@ -698,18 +563,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
             input_sample: the inputs to export with (default ``self.example_input_array``).
             kwargs: passed to ``torch.onnx.export``.
         """
-        inputs = self.example_input_array if input_sample is None else input_sample
-        if inputs is None:
-            raise TandemConfigError(
-                "to_onnx needs an input sample: pass input_sample=..., or set self.example_input_array in __init__."
-            )
-        mode = self.training
-        self.eval()
-        try:
-            inputs = _on_device(inputs, self.device)
-            torch.onnx.export(self, inputs if isinstance(inputs, tuple) else (inputs,), os.fspath(file_path), **kwargs)
-        finally:
-            self.train(mode)
+        export_onnx(self, file_path, input_sample, **kwargs)
 
     # ------------------------------------------------------------------ loading
     def _has_own_weights(self) -> bool:
@@ -753,17 +607,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
                 prediction = model(x)
             ```
         """
-        checkpoint = _read_checkpoint(checkpoint_path, weights_only)
-        module = _instantiate(cls, checkpoint.get("hparams", {}), kwargs, checkpoint_path)
-        module.on_load_checkpoint(checkpoint)
-        try:
-            module.load_state_dict(checkpoint["state_dict"], strict=strict)
-        except RuntimeError as err:
-            raise TandemUserCodeError(
-                f"Checkpoint {os.fspath(checkpoint_path)!r} does not fit {cls.__name__}: {err}. Pass the __init__ "
-                "arguments it was trained with (strict=False skips missing and unexpected keys, not other shapes)."
-            ) from None
-        return module.to(map_location) if map_location is not None else module
+        return load_module(cls, checkpoint_path, map_location, strict, weights_only, kwargs)
 
     # ------------------------------------------------------------------ read-only views of the run
     @property
@@ -942,29 +786,6 @@ def _warn_log_without_trainer(name: str) -> None:
         )
 
 
-def _collect_init_args(frame: Any, cls: type) -> dict[str, Any]:
-    """The arguments of the ``__init__`` calls on the stack for this object; the innermost call wins."""
-    collected: list[dict[str, Any]] = []
-    while frame is not None:
-        code = frame.f_code
-        # f_locals only of __init__ frames: reading it snapshots the frame's variables into a dict the frame
-        # keeps (Python < 3.13), so the caller's frame would go on holding its objects, a Trainer included.
-        local_vars = frame.f_locals if code.co_name == "__init__" else {}
-        if isinstance(local_vars.get("self"), cls):
-            count = code.co_argcount + code.co_kwonlyargcount
-            names = code.co_varnames[:count]
-            args = {name: local_vars[name] for name in names[1:] if name in local_vars}
-            if code.co_flags & inspect.CO_VARKEYWORDS:
-                varkw = code.co_varnames[count + bool(code.co_flags & inspect.CO_VARARGS)]
-                args.update(local_vars.get(varkw, {}))
-            collected.append(args)
-        frame = frame.f_back
-    merged: dict[str, Any] = {}
-    for args in reversed(collected):
-        merged.update(args)
-    return merged
-
-
 def _resolve_clipping(
     value: float | None, algorithm: str | None, trainer_value: float | None, trainer_algorithm: str | None
 ) -> tuple[float, str]:
@@ -991,178 +812,9 @@ def _resolve_clipping(
     return float(value), algorithm
 
 
-def is_overridden(obj: TrainingModule | DataModule, name: str) -> bool:
-    """``obj`` has its own ``name`` (tandem calls hooks only when they do something), as Lightning reads it: its
-    class overrides the method, or a function is set on the instance (``model.on_train_start = fn``). An attribute
-    set to None is not (``model.validation_step = None`` turns validation off); a wrapper (``functools.wraps``,
-    ``partial``, ``Mock(wraps=...)``) counts as the function it wraps."""
-    base = DataModule if isinstance(obj, DataModule) else TrainingModule
-    found = _wrapped(getattr(obj, name, None))
-    if not callable(found):
-        return False
-    own = getattr(base, name, None)
-    if own is None:
-        return callable(found)
-    code = getattr(found, "__code__", None)
-    return code is None or code is not getattr(own, "__code__", None)
-
-
-def calls_hook(obj: TrainingModule | DataModule, name: str) -> bool:
-    """Whether the loops call ``obj``'s hook ``name``: it is overridden (``is_overridden``), or a callable is set on
-    the instance, whatever it wraps (Lightning calls every hook; tandem skips only the base's own no-ops)."""
-    return is_overridden(obj, name) or callable(vars(obj).get(name))
-
-
-def _wrapped(fn: Any) -> Any:
-    """The function behind ``fn`` (a bound method's, a ``functools.wraps`` wrapper's, a partial's, a Mock's)."""
-    fn = getattr(fn, "__wrapped__", fn)
-    mock = sys.modules.get("unittest.mock")  # no Mock exists unless the module was imported
-    if mock is not None and isinstance(fn, mock.Mock):
-        return fn._mock_wraps
-    return fn.func if isinstance(fn, functools.partial) else fn
-
-
-def _on_device(inputs: Any, device: torch.device) -> Any:
-    return apply_to_collection(inputs, torch.Tensor, lambda t: t.to(device))
-
-
 def _gather_with_grads(tensor: torch.Tensor) -> torch.Tensor:
     """Every rank's ``tensor`` stacked on a new dim 0, differentiable: the gradient of each rank's slice flows back
     to that rank (``self.all_gather(..., sync_grads=True)``)."""
     from torch.distributed.nn.functional import all_gather
 
     return torch.stack(all_gather(tensor))
-
-
-def _read_checkpoint(path: str | os.PathLike, weights_only: bool | None) -> dict[str, Any]:
-    from tandem.utilities.checkpoint import load_checkpoint_file
-
-    return load_checkpoint_file(path, weights_only)
-
-
-def _instantiate(cls: type[_T], saved: Mapping[str, Any], passed: Mapping[str, Any], path: str | os.PathLike) -> _T:
-    """``cls(**saved, **passed)``, keeping only the arguments ``__init__`` takes (all of them if it takes
-    ``**kwargs``). Refused, naming the fix, when a required argument is neither saved nor passed, or when a saved
-    name ``__init__`` does not take (a renamed argument) would be dropped while an argument falls back to its default
-    (see ``hyperparameters_renamed``)."""
-    parameters = inspect.signature(cls.__init__).parameters
-    named = {
-        name: p.default
-        for name, p in list(parameters.items())[1:]
-        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    }
-    hparams = {**saved, **passed}
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        unknown = {name: value for name, value in saved.items() if name not in named}
-        unset = {name: default for name, default in named.items() if name not in hparams}
-        if unknown and unset:
-            raise hyperparameters_renamed(cls.__name__, path, named, unknown, unset)
-        hparams = {k: v for k, v in hparams.items() if k in named}
-    missing = [name for name, default in named.items() if default is inspect.Parameter.empty and name not in hparams]
-    if missing:
-        raise hyperparameters_missing(cls.__name__, path, saved, missing)
-    return cls(**hparams)
-
-
-class DataModule(HyperparametersMixin, DataHooks):
-    """Data loading in one place: download once, set up per process, hand out loaders.
-
-    ``prepare_data`` runs once per node (on local rank 0 while the other ranks wait) and must not set
-    state on ``self``; ``setup(stage)`` runs on every process with ``stage`` in
-    ``"fit" | "validate" | "test" | "predict"``. A loader method may return one loader, or (validation,
-    test and predict) a list or a dict of them.
-
-    Example:
-        ```python
-        class Digits(DataModule):
-            def setup(self, stage):
-                self.train_set, self.val_set = make_splits()
-
-            def train_dataloader(self):
-                return DataLoader(self.train_set, batch_size=64, shuffle=True)
-
-            def val_dataloader(self):
-                return DataLoader(self.val_set, batch_size=256)
-        ```
-    """
-
-    #: run ``prepare_data`` on local rank 0 of every node (False: on global rank 0 only)
-    prepare_data_per_node: bool = True
-
-    def __init__(self) -> None:
-        self._trainer_ref: weakref.ReferenceType[Trainer] | None = None
-        self._hparams = AttributeDict()
-        self._log_hyperparams = False  # True once save_hyperparameters() asks for the loggers
-
-    @property
-    def trainer(self) -> Trainer | None:
-        """The Trainer of the current or latest run while it exists (held weakly, as the module holds it)."""
-        ref = self.__dict__.get("_trainer_ref")  # a subclass may not have called DataModule.__init__
-        return None if ref is None else ref()
-
-    @trainer.setter
-    def trainer(self, trainer: Trainer | None) -> None:
-        self._trainer_ref = None if trainer is None else weakref.ref(trainer)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_trainer_ref": None}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-    @classmethod
-    def from_datasets(
-        cls,
-        train_dataset: Dataset | None = None,
-        val_dataset: Dataset | Sequence[Dataset] | Mapping[str, Dataset] | None = None,
-        test_dataset: Dataset | Sequence[Dataset] | Mapping[str, Dataset] | None = None,
-        predict_dataset: Dataset | Sequence[Dataset] | Mapping[str, Dataset] | None = None,
-        batch_size: int = 1,
-        num_workers: int = 0,
-        **datamodule_kwargs: Any,
-    ) -> Self:
-        """A DataModule whose loaders read the given datasets (the training one shuffled). Evaluation
-        datasets may be a list or dict: one loader each.
-
-        Example:
-            ```python
-            data = DataModule.from_datasets(train_set, val_set, batch_size=64)
-            trainer.fit(model, data)
-            ```
-        """
-
-        def loaders(datasets: Any, shuffle: bool) -> Any:
-            def make(dataset: Dataset) -> DataLoader:
-                return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers)
-
-            if isinstance(datasets, Mapping):
-                return {key: make(d) for key, d in datasets.items()}
-            if isinstance(datasets, Sequence) and not isinstance(datasets, Dataset):
-                return [make(d) for d in datasets]
-            return make(datasets)
-
-        datamodule = cls(**datamodule_kwargs)
-        for name, datasets in (
-            ("train_dataloader", train_dataset),
-            ("val_dataloader", val_dataset),
-            ("test_dataloader", test_dataset),
-            ("predict_dataloader", predict_dataset),
-        ):
-            if datasets is not None:
-                setattr(datamodule, name, (lambda d=datasets, s=name == "train_dataloader": loaders(d, s)))
-        return datamodule
-
-    @class_only
-    def load_from_checkpoint(
-        cls, checkpoint_path: str | os.PathLike, weights_only: bool | None = None, **kwargs: Any
-    ) -> Self:
-        """A DataModule rebuilt from a checkpoint of a fit that used one: ``cls(**saved hparams, **kwargs)``,
-        with its ``load_state_dict`` given the saved state. ``weights_only=False``: the file is trusted (see
-        [`TrainingModule.load_from_checkpoint`][tandem.TrainingModule.load_from_checkpoint])."""
-        checkpoint = _read_checkpoint(checkpoint_path, weights_only)
-        datamodule = _instantiate(cls, checkpoint.get("datamodule_hparams", {}), kwargs, checkpoint_path)
-        if "datamodule" in checkpoint:
-            datamodule.load_state_dict(checkpoint["datamodule"])
-        return datamodule
