@@ -25,7 +25,7 @@ import torch
 from helpers import launch_free_env
 from tandem.strategies.environments import TorchElasticEnvironment, select_environment
 from tandem.strategies.environments.machine import find_free_port
-from tandem.strategies.side_channel import TORN_DOWN_EXIT
+from tandem.strategies.side_channel.channel import TORN_DOWN_EXIT
 
 SCRIPT = Path(__file__).parent / "scripts" / "launch_fit.py"
 

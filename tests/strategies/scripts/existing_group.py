@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import tandem  # noqa: E402
 from helpers import TinyModule, loader, quiet_trainer  # noqa: E402
 from tandem.strategies.environments.machine import find_free_port  # noqa: E402
-from tandem.strategies.side_channel import current_channel  # noqa: E402
+from tandem.strategies.side_channel.group import current_channel  # noqa: E402
 from tandem.utilities.exceptions import TandemConfigError  # noqa: E402
 
 
