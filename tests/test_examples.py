@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -50,6 +51,28 @@ def test_digits_default_run_reaches_97_percent_and_says_where_the_logs_are(tmp_p
     assert (log_dir / "hparams.yaml").is_file()
     # Lightning's default ModelCheckpoint(): the latest epoch's checkpoint alone
     assert [p.name for p in (log_dir / "checkpoints").iterdir()] == ["epoch=9-step=200.ckpt"]
+
+
+def test_digits_names_the_tensorboard_beside_its_python(examples_importable, tmp_path, monkeypatch) -> None:
+    """``make demo`` runs .venv/bin/python without activating .venv: digits.py's last line names .venv's tensorboard
+    by its path (the one line that says how to watch the run; the Makefile adds none); an activated environment's
+    (on the PATH) by its name."""
+    import digits
+
+    venv_bin = tmp_path / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "tensorboard").write_text("#!/bin/sh\n")
+    (venv_bin / "tensorboard").chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(venv_bin / "python"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert digits.tensorboard_command() == os.path.join(".venv", "bin", "tensorboard")
+    monkeypatch.setenv("PATH", f"{venv_bin}:/usr/bin:/bin")
+    assert digits.tensorboard_command() == "tensorboard"
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # outside the folder that holds .venv: the whole path
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert digits.tensorboard_command() == str(venv_bin / "tensorboard")
 
 
 def test_digits_cli_config_files_merge_and_interpolate(monkeypatch, capsys) -> None:
