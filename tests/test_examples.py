@@ -133,8 +133,10 @@ def test_finetune_example_fast_unfreezes_the_pretrained_backbone(examples_import
     assert "validation accuracy: fine-tuned" in capsys.readouterr().out
 
 
-@pytest.mark.timeout(130)
-def test_resume_example_fast_continues_exactly_after_sigkill(tmp_path: Path) -> None:
+@pytest.mark.timeout(250)
+def test_resume_example_fast_continues_exactly_after_sigkill_then_sigterm_in_one_folder(tmp_path: Path) -> None:
+    """The docstring's commands one after the other in one --root-dir: each reports its own run's last.ckpt (the
+    pre-empted run's, written at the stop, not the killed run's earlier one beside it)."""
     # in a fresh process, as a user runs it: the resumed and the uninterrupted runs there compute as the killed child
     # did (a test process's earlier tests may have changed torch's global settings)
     out = run_example("resume.py", "--fast", "--root-dir", str(tmp_path), timeout=120)
