@@ -17,7 +17,10 @@ group, and each rank saves what it saw to ``<out>/<scenario>-rank<r>.pt`` for th
     uneven       data of unknown length, 8 training batches on rank 0 and 5 on rank 1 (accumulate 1 and 3, a
                  limit), and 4 and 1 evaluation batches: fit, validate, test and predict
     true_half    precision="bf16-true": bfloat16 parameters, inputs and gradient all-reduce; the loss falls
+    follow       ddp_follow_runs.py's patterns (DDP that follows the module), a fit each (in ``<out>/follow``)
     mismatch     (last: it ends in an error on every rank) a torchmetrics Metric logged on one rank only
+
+``--hang-after`` bounds each scenario.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import ddp_follow_runs
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -599,6 +603,17 @@ def true_half(out: Path) -> dict[str, Any]:
     }
 
 
+# ---------------------------------------------------------------------------------------------- follow
+
+
+def follow(out: Path) -> dict[str, Any]:
+    """Each pattern of ``ddp_follow_runs.py``, one fit after the other: what this rank ended with, by pattern."""
+    (out / "follow").mkdir(exist_ok=True)  # both ranks make it: the first one does
+    tandem.seed_everything(0)
+    rank = dist.get_rank()
+    return {p: ddp_follow_runs.fit(p, devices=2, rank=rank, root=out / "follow") for p in ddp_follow_runs.PATTERNS}
+
+
 def mismatch(out: Path) -> dict[str, Any]:
     """Net logs a torchmetrics accuracy in validation; with one sample, rank 1 never logs it. Every rank
     must raise the same clear error (not hang in torchmetrics' collective). Run last: rank 0's error
@@ -624,6 +639,7 @@ SCENARIOS = {
         prediction_writer,
         uneven,
         true_half,
+        follow,
         mismatch,
     )
 }
@@ -634,9 +650,9 @@ if __name__ == "__main__":
     parser.add_argument("--out", required=True)
     parser.add_argument("--hang-after", type=float, default=120.0, help="print every thread's stack and exit")
     arguments = parser.parse_args()
-    faulthandler.dump_traceback_later(arguments.hang_after, exit=True)  # a hang fails with its stack shown
     folder = Path(arguments.out)
     for name in arguments.scenarios:
+        faulthandler.dump_traceback_later(arguments.hang_after, exit=True)  # a hang fails with its stack shown
         started = time.perf_counter()
         result = SCENARIOS[name](folder)
         result["seconds"] = time.perf_counter() - started
