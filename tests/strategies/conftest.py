@@ -1,5 +1,5 @@
 """The DDP launch that this folder's Trainer tests share: ``scripts/ddp_trainer_runs.py`` plays every scenario on two
-gloo ranks; ``test_ddp_trainer.py`` and ``test_ddp_follow.py`` read its files. A launch costs its ranks' interpreters,
+gloo ranks; ``test_ddp_trainer.py``, ``test_ddp_follow.py`` and ``test_existing_group.py`` read its files. A launch costs its ranks' interpreters,
 imports and process group (about 7 CPU-seconds), so a new DDP program of these tests is one more scenario there
 rather than a launch of its own. (A test of a crash, a hang or a way to start the ranks owns its job.)"""
 
@@ -30,6 +30,7 @@ SCENARIOS = (
     "uneven",
     "true_half",
     "follow",
+    "existing_group",
     "mismatch",
 )  # mismatch ends the job
 ORDERS = ("sampler", "global")

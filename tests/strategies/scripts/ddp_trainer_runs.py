@@ -18,6 +18,8 @@ group, and each rank saves what it saw to ``<out>/<scenario>-rank<r>.pt`` for th
                  limit), and 4 and 1 evaluation batches: fit, validate, test and predict
     true_half    precision="bf16-true": bfloat16 parameters, inputs and gradient all-reduce; the loss falls
     follow       ddp_follow_runs.py's patterns (DDP that follows the module), a fit each (in ``<out>/follow``)
+    existing_group  existing_group.py's fit under tandem's own launch (one torch thread, as there): the weights of
+               its fits in a process group someone else initialised (the script itself, Ray Train) must equal
     mismatch     (last: it ends in an error on every rank) a torchmetrics Metric logged on one rank only
 
 ``--hang-after`` bounds each scenario.
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import ddp_follow_runs
+import existing_group as existing_group_programs
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -614,6 +617,18 @@ def follow(out: Path) -> dict[str, Any]:
     return {p: ddp_follow_runs.fit(p, devices=2, rank=rank, root=out / "follow") for p in ddp_follow_runs.PATTERNS}
 
 
+# ---------------------------------------------------------------------------------------------- existing_group
+
+
+def existing_group(out: Path) -> dict[str, Any]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the fits it is compared with run with OMP_NUM_THREADS=1
+    try:
+        return {"weights": weights(existing_group_programs.fit())}
+    finally:
+        torch.set_num_threads(threads)
+
+
 def mismatch(out: Path) -> dict[str, Any]:
     """Net logs a torchmetrics accuracy in validation; with one sample, rank 1 never logs it. Every rank
     must raise the same clear error (not hang in torchmetrics' collective). Run last: rank 0's error
@@ -640,6 +655,7 @@ SCENARIOS = {
         uneven,
         true_half,
         follow,
+        existing_group,
         mismatch,
     )
 }
