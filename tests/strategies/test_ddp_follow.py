@@ -1,6 +1,7 @@
 """DDP that follows the module (issue 30): the patterns of ``scripts/ddp_follow_runs.py`` under 2-process ``ddp``
-(the ``follow`` scenario of this folder's shared launch, ``ddp_trainer_runs``) end with equal weights on both ranks, equal to one process with twice the batch (within 1e-6:
-the sums are added in another order); what tandem did is said in one info line."""
+(the ``follow`` scenario of the shared launch, ``tests/conftest.py``'s ``ddp_trainer_runs``) end with equal weights
+on both ranks, equal to one process with twice the batch (within 1e-6: the sums are added in another order); what
+tandem did is said in one info line."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Trainer(strategy="ddp", devices=2, accelerator="cpu") end to end, checked against one process.
 
 ``strategy="ddp"`` re-runs the current command for rank 1, so the DDP runs happen in a script:
-``scripts/ddp_trainer_runs.py`` plays every scenario once (two ranks, one process group; ``conftest.py``'s
-``ddp_trainer_runs``, shared with ``test_ddp_follow.py``) and each rank saves what it saw; the tests below check those files against single-device references computed
+``scripts/ddp_trainer_runs.py`` plays every scenario once (two ranks, one process group; ``tests/conftest.py``'s
+``ddp_trainer_runs``, shared with other tests) and each rank saves what it saw; the tests below check those files against single-device references computed
 here, in the test process. Only ``ddp_spawn``, which does not re-run the script, runs from pytest itself.
 """
 
@@ -42,11 +42,11 @@ def common() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def runs(ddp_trainer_runs: dict[str, Any]) -> dict[str, Any]:
-    """Every scenario's per-rank results, and the job's captured output (this folder's shared launch)."""
+    """Every scenario's per-rank results, and the job's captured output (the shared launch: ``tests/conftest.py``)."""
     return ddp_trainer_runs
 
 
-ORDERS = ("sampler", "global")  # the data orders of the elastic scenario (conftest.py runs both)
+ORDERS = ("sampler", "global")  # the data orders of the elastic scenario (the launch runs both)
 
 
 def _fit_one_process(common: ModuleType, optimizer: str, k: int) -> tuple[dict, dict]:

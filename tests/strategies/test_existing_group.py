@@ -24,7 +24,8 @@ def runs(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def ref(ddp_trainer_runs: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The same fit under tandem's own ddp launch (the ``existing_group`` scenario of this folder's shared launch):
+    """The same fit under tandem's own ddp launch (the ``existing_group`` scenario of the shared launch,
+    ``tests/conftest.py``):
     rank 0's weights."""
     return ddp_trainer_runs["existing_group"][0]["weights"]
 

@@ -1,6 +1,6 @@
 """DDP that follows the module (issue 30): five patterns of public Lightning programs, each trained under
-``Trainer(strategy="ddp", devices=2)`` by the ``follow`` scenario of ``ddp_trainer_runs.py`` (this folder's shared
-launch) and, by the tests, on one process with twice the batch. :func:`fit` is one pattern's fit; each rank returns
+``Trainer(strategy="ddp", devices=2)`` by the ``follow`` scenario of ``ddp_trainer_runs.py`` (the shared launch:
+``tests/conftest.py``) and, by the tests, on one process with twice the batch. :func:`fit` is one pattern's fit; each rank returns
 what it ended with.
 
     unfreeze   BaseFinetuning freezes the backbone before training and unfreezes it at epoch 1 (Lightning's own

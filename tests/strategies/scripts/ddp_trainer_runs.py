@@ -20,6 +20,8 @@ group, and each rank saves what it saw to ``<out>/<scenario>-rank<r>.pt`` for th
     follow       ddp_follow_runs.py's patterns (DDP that follows the module), a fit each (in ``<out>/follow``)
     existing_group  existing_group.py's fit under tandem's own launch (one torch thread, as there): the weights of
                its fits in a process group someone else initialised (the script itself, Ray Train) must equal
+    dirpath      tests/callbacks/scripts/ddp_dirpath.py: a ModelCheckpoint dirpath each rank builds from the clock
+               and its pid, then test(ckpt_path="best") (in ``<out>/dirpath``)
     mismatch     (last: it ends in an error on every rank) a torchmetrics Metric logged on one rank only
 
 ``--hang-after`` bounds each scenario.
@@ -629,6 +631,19 @@ def existing_group(out: Path) -> dict[str, Any]:
         torch.set_num_threads(threads)
 
 
+# ---------------------------------------------------------------------------------------------- dirpath
+
+
+def dirpath(out: Path) -> dict[str, Any]:
+    callback_scripts = str(Path(__file__).resolve().parents[2] / "callbacks" / "scripts")
+    sys.path.insert(0, callback_scripts)
+    try:
+        import ddp_dirpath
+    finally:
+        sys.path.remove(callback_scripts)
+    return ddp_dirpath.run(out / "dirpath")
+
+
 def mismatch(out: Path) -> dict[str, Any]:
     """Net logs a torchmetrics accuracy in validation; with one sample, rank 1 never logs it. Every rank
     must raise the same clear error (not hang in torchmetrics' collective). Run last: rank 0's error
@@ -656,6 +671,7 @@ SCENARIOS = {
         true_half,
         follow,
         existing_group,
+        dirpath,
         mismatch,
     )
 }

@@ -4,7 +4,7 @@
 then fits with Trainer(strategy="ddp", devices=2), saves its weights to OUT/own_<rank>.pt, checks the group is
 still there and its side channel open, and that devices=3 is refused with both sizes named. The same :func:`fit`
 under tandem's own ddp launch, the weights these must equal, is the ``existing_group`` scenario of
-``ddp_trainer_runs.py`` (this folder's shared launch).
+``ddp_trainer_runs.py`` (the shared launch: ``tests/conftest.py``).
 """
 
 from __future__ import annotations
