@@ -181,18 +181,23 @@ def test_signal_to_rank_0_ends_every_rank(tmp_path, sig):
         proc.stderr.close()
 
 
+# ---------------------------------------------------------------------------------------------- ddp_spawn
+
+SPAWN_RUNS = SCRIPT.parent / "spawn_runs.py"
+
+
 @pytest.fixture(scope="module")
-def spawned(tmp_path_factory) -> Path:
-    """``ddp_steps.py spawn``: a ddp_spawn launch that returns, then one whose rank 1 raises, in one process."""
-    out = tmp_path_factory.mktemp("spawned")
-    done = _run([str(SCRIPT), "spawn", "--out", str(out)], timeout=150)
-    assert done.returncode == 0, done.stderr
-    return out
+def spawn_runs(tmp_path_factory) -> dict:
+    """``scripts/spawn_runs.py``: every ddp_spawn scenario in one process (the launcher alone, then with a Trainer),
+    ending with a rank killed by SIGKILL."""
+    out = tmp_path_factory.mktemp("spawn_runs")
+    done = _run([str(SPAWN_RUNS), "--out", str(out)], timeout=300)
+    return {"out": out, "done": done}
 
 
 @pytest.mark.timeout(60)
-def test_spawn_returns_rank_0_results(spawned):
-    received = torch.load(spawned / "spawn.pt", weights_only=False)
+def test_spawn_returns_rank_0_results(spawn_runs):
+    received = torch.load(spawn_runs["out"] / "spawn.pt", weights_only=False)
     result = received["result"]
     assert result["rank"] == 0 and result["sum"] == 2.0
     for name, value in result["weights"].items():  # the trained weights are loaded into the caller's module
@@ -204,25 +209,15 @@ def test_spawn_returns_rank_0_results(spawned):
 
 
 @pytest.mark.timeout(60)
-def test_spawn_failure_names_the_rank(spawned):
-    """The caller raises (here caught, so the first launch's results survive; ``spawn_runs`` below checks the exit
-    of a job that does not catch it)."""
-    message = (spawned / "error.txt").read_text()
+def test_spawn_failure_names_the_rank(spawn_runs):
+    """The caller raises (here caught, so the first launch's results survive; the Trainer's killed rank below shows
+    the exit of a job that does not catch it)."""
+    message = (spawn_runs["out"] / "error.txt").read_text()
     assert message.startswith("ddp_spawn: rank 1 exited with code 1; the other ranks were stopped. Its traceback:")
     assert "ValueError: spawned rank 1 fails" in message
 
 
 # ---------------------------------------------------------------------------------------------- ddp_spawn + Trainer
-
-SPAWN_RUNS = SCRIPT.parent / "spawn_runs.py"
-
-
-@pytest.fixture(scope="module")
-def spawn_runs(tmp_path_factory) -> dict:
-    """``scripts/spawn_runs.py``: every ddp_spawn scenario in one process, ending with a rank killed by SIGKILL."""
-    out = tmp_path_factory.mktemp("spawn_runs")
-    done = _run([str(SPAWN_RUNS), "--out", str(out)], timeout=300)
-    return {"out": out, "done": done}
 
 
 def _spawned_pids(out: Path, scenario: str) -> list[int]:
