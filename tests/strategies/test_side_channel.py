@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 from helpers import launch_free_env
-from tandem.strategies.side_channel.channel import SideChannel
-from tandem.strategies.side_channel.group import close_channel, current_channel, open_channel
+from tandem.strategies.side_channel.channel import SideChannel, open_channel
+from tandem.strategies.side_channel.group import close_channel, current_channel
 from tandem.strategies.side_channel.places import CallSite, entry_point, error_summary
 from tandem.strategies.side_channel.preemption import preemption_vote
 from tandem.strategies.side_channel.store import _REPORT_LIMIT, SignedStore
@@ -165,7 +165,7 @@ def slow_post(self, *args):  # the watcher's beat is a stream of C++ store calls
     post(self, *args)
 channel.SideChannel._post_beat = slow_post
 channel._BEAT_S = 0.0  # the watcher's pace
-group.open_channel(store, rank=0, world_size=1, run_id="exit", secret=group.new_secret())
+channel.open_channel(store, rank=0, world_size=1, run_id="exit", secret=group.new_secret())
 time.sleep(0.5)
 """
 

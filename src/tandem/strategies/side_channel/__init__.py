@@ -57,8 +57,8 @@ Where each part lives, one job a file:
 - ``collective_check.py``: the first client, ``CollectiveCheck``.
 - ``preemption.py``: the second client, ``PreemptionVote`` (``preemption_vote``: this process's).
 - ``skipped_batch.py``: the third client, ``SkipAgreement`` (``skip_agreement``: this process's).
-- ``group.py``: this process's channel (``open_channel``, ``current_channel``, ``close_channel``), the group's run id
-  and secret, ``announce_teardown``, ``report_for_the_job``.
+- ``group.py``: this process's channel (``current_channel``, ``close_channel``; ``channel.py``'s ``open_channel`` sets
+  it), the group's run id and secret, ``announce_teardown``, ``report_for_the_job``.
 
 Process-wide state, and why each piece is needed:
 
@@ -74,6 +74,8 @@ Process-wide state, and why each piece is needed:
 
 from __future__ import annotations
 
+from tandem.strategies.side_channel.channel import open_channel
+
 # the names the Trainer and the strategies import from here; each module above is their home
 from tandem.strategies.side_channel.group import (
     announce_teardown,
@@ -81,7 +83,6 @@ from tandem.strategies.side_channel.group import (
     current_channel,
     new_run_id,
     new_secret,
-    open_channel,
     report_for_the_job,
 )
 from tandem.strategies.side_channel.places import CallSite, broke_in_torch, entry_point, error_summary, placed

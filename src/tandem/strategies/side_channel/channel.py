@@ -296,3 +296,11 @@ class SideChannel(HangWatch):
             # finalizes is ended by pthread_exit, which aborts the process ("terminate called without an active
             # exception", SIGABRT) and reads to the other ranks as a crash of this one.
             self._watcher.join(_WATCHER_JOIN_S)
+
+
+def open_channel(store: Any, rank: int, world_size: int, run_id: str, secret: bytes) -> SideChannel:
+    """Open the side channel of the process group this process just joined (every rank, right after joining, with
+    the run id and secret rank 0 broadcast); any earlier group's channel is closed."""
+    group.close_channel()
+    group._CHANNEL = SideChannel(store, rank, world_size, run_id, secret)
+    return group._CHANNEL

@@ -1,4 +1,4 @@
-"""This process's side channel: the one of the process group it joined (``open_channel`` when it joins,
+"""This process's side channel: the one of the process group it joined (``open_channel`` (in ``channel.py``) when it joins,
 ``current_channel``, ``close_channel`` when the group is destroyed), the group's run id and secret, the job's
 teardown announced through it, and whether this process reports for the job (``report_for_the_job``: tandem's
 launcher, in rank 0).
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tandem.strategies.side_channel.channel import SideChannel
@@ -24,17 +24,6 @@ def new_secret() -> bytes:
     """A fresh secret for one process group's side channel (rank 0 draws it; the strategy broadcasts it over the
     group's backend, never through the store)."""
     return secrets.token_bytes(32)
-
-
-def open_channel(store: Any, rank: int, world_size: int, run_id: str, secret: bytes) -> SideChannel:
-    """Open the side channel of the process group this process just joined (every rank, right after joining, with
-    the run id and secret rank 0 broadcast); any earlier group's channel is closed."""
-    from tandem.strategies.side_channel.channel import SideChannel  # it reads this module's state: not above
-
-    global _CHANNEL
-    close_channel()
-    _CHANNEL = SideChannel(store, rank, world_size, run_id, secret)
-    return _CHANNEL
 
 
 def report_for_the_job() -> None:
