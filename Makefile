@@ -25,11 +25,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 setup: $(VENV)/.installed
 
+# digits.py ends by printing its run folder and the command to watch it (.venv's tensorboard, named by its path)
 demo: setup
 	$(PY) examples/digits.py --root-dir runs/digits
-	@echo ""
-	@echo "Runs are in runs/digits/tandem_logs/version_<n>; watch them with:"
-	@echo "  $(VENV)/bin/tensorboard --logdir runs/digits"
 
 test: setup
 	$(PY) -m ruff check src tests examples benchmarks

@@ -27,14 +27,9 @@ from pathlib import Path
 
 import torch
 
-from tandem.utilities.checkpoint import (
-    CHECKPOINT_MARKER,
-    CHECKSUM_KEY,
-    atomic_save,
-    atomic_write,
-    checksum,
-    load_checkpoint_file,
-)
+from tandem.utilities.atomic import atomic_write
+from tandem.utilities.checkpoint import CHECKPOINT_MARKER, atomic_save, load_checkpoint_file
+from tandem.utilities.checkpoint_format import CHECKSUM_KEY, checksum
 
 TARGET = 0.25
 

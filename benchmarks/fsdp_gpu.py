@@ -123,7 +123,7 @@ def _raw_rank(rank: int, world: int, port: int, args: argparse.Namespace, out: s
 def run_raw(args: argparse.Namespace, out: str) -> None:
     import torch.multiprocessing as mp
 
-    from tandem.strategies.environments import find_free_port
+    from tandem.strategies.environments.machine import find_free_port
 
     world = _world(args)
     mp.spawn(_raw_rank, args=(world, find_free_port(), args, out), nprocs=world)

@@ -172,7 +172,7 @@ def _ddp_raw_rank(rank: int, port: int, steps: int, n: int, root: str, result: s
 def _ddp_raw(steps: int, n: int, root: str, result: str) -> None:
     import torch.multiprocessing as mp
 
-    from tandem.strategies.environments import find_free_port
+    from tandem.strategies.environments.machine import find_free_port
 
     mp.spawn(_ddp_raw_rank, args=(find_free_port(), steps, n, root, result), nprocs=ddp.WORLD_SIZE)
 

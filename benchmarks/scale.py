@@ -170,7 +170,8 @@ def install_counters() -> None:
     ``torch.distributed``'s collectives as tandem calls them, and the time in the check and the checksums."""
     import torch.distributed as dist
 
-    from tandem.strategies import parallel, side_channel
+    from tandem.strategies import parallel
+    from tandem.strategies.side_channel import collective_check
     from tandem.trainer import replicas
 
     opened = parallel.open_channel
@@ -182,7 +183,7 @@ def install_counters() -> None:
     parallel.open_channel = open_channel
     for name in ("all_reduce", "all_gather", "all_gather_object", "broadcast", "broadcast_object_list", "barrier"):
         setattr(dist, name, _counted_collective(name, getattr(dist, name)))
-    _timed(side_channel.CollectiveCheck, "check", "check_seconds")
+    _timed(collective_check.CollectiveCheck, "check", "check_seconds")
     _timed(replicas, "module_checksums", "checksum_seconds")
     _timed(replicas, "batch_fingerprint", "checksum_seconds")
 

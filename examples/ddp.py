@@ -81,6 +81,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"replicas equal after fit: {bool((checksums == checksums[0]).all())}")
         print(f"test accuracy: {results['test_acc']:.4f}")
         print(f"logs and checkpoints: {trainer.log_dir}")
+        if args.fast:
+            print(
+                "--fast is a smoke test (3 batches): it checks that the program runs; the test accuracy means "
+                "something after the full run (python examples/ddp.py without --fast, 15 epochs)."
+            )
 
 
 if __name__ == "__main__":

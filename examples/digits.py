@@ -12,6 +12,10 @@ downloaded). A default run (10 epochs) takes about 8 s on 2 idle CPU cores and r
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
 
 import torch
 from sklearn.datasets import load_digits
@@ -127,6 +131,17 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+def tensorboard_command() -> str:
+    """The TensorBoard installed beside this Python: ``tensorboard`` where the PATH finds that one (an activated
+    environment), else its path (``.venv/bin/tensorboard`` after ``make demo``, whose .venv is not activated)."""
+    beside = Path(sys.executable).parent / "tensorboard"
+    on_path = shutil.which("tensorboard")
+    if not beside.is_file() or (on_path is not None and os.path.samefile(on_path, beside)):
+        return "tensorboard"
+    relative = os.path.relpath(beside)
+    return str(beside) if relative.startswith("..") else relative
+
+
 def main() -> None:
     args = parse_args()
     seed_everything(args.seed)
@@ -150,7 +165,7 @@ def main() -> None:
     if trainer.is_global_zero:
         print(f"test accuracy: {results['test_acc']:.4f}")
         print(f"logs and checkpoints: {trainer.log_dir}")
-        print(f"watch them with:      tensorboard --logdir {args.root_dir}")
+        print(f"watch them with:      {tensorboard_command()} --logdir {args.root_dir}")
 
 
 if __name__ == "__main__":

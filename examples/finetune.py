@@ -134,6 +134,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     }
     print(f"learning rates at the end: head {rates[0]:g}, backbone {rates[1]:g}")
     print(f"validation accuracy: fine-tuned {result['finetuned']:.3f}, from scratch {result['scratch']:.3f}")
+    if args.fast:
+        print(
+            "--fast is a smoke test (2 batches an epoch): it checks that the program runs, not that fine-tuning "
+            "helps. The full run (python examples/finetune.py, under a minute) ends at 0.98 fine-tuned, 0.95 from "
+            "scratch."
+        )
     return result
 
 

@@ -50,14 +50,19 @@ class Classifier(TrainingModule):
         return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
 
 
+RUN_FOLDER = "run folder: "
+
+
 class StopAt(Callback):
-    """Sends this process ``signum`` after global step ``step`` (what a kill or a pre-emption would do)."""
+    """Sends this process ``signum`` after global step ``step`` (what a kill or a pre-emption would do), having
+    printed its run folder: each launch gets a new ``version_<n>``, and the parent reads this run's checkpoint."""
 
     def __init__(self, step: int, signum: int) -> None:
         self.step, self.signum = step, signum
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         if trainer.global_step == self.step:
+            print(f"{RUN_FOLDER}{trainer.log_dir}", flush=True)  # nothing is printed after a SIGKILL
             os.kill(os.getpid(), self.signum)
 
 
@@ -110,7 +115,9 @@ def main(argv: list[str] | None = None) -> float:
         raise SystemExit(
             f"the first run should have ended with {expected}, not {child.returncode}:\n{child.stderr[-3000:]}"
         )
-    last = torch.load(next((root / "stopped").rglob("last.ckpt")))
+    # this run's own file: an earlier run in the same --root-dir left its last.ckpt in another version_<n>
+    run_folder = next(line[len(RUN_FOLDER) :] for line in child.stdout.splitlines() if line.startswith(RUN_FOLDER))
+    last = torch.load(Path(run_folder) / "checkpoints" / "last.ckpt")
     print(
         f"first run: stopped by SIG{args.signal} after step {plan(args.fast)['stop_at']} (exit {child.returncode}); "
         f"last.ckpt holds step {last['global_step']}"

@@ -145,20 +145,6 @@ def run_python(
     )
 
 
-def launch_script(script: Path, out: Path, timeout: float = 240) -> None:
-    """Run a launching test script (``script --out out``, in ``out``) with no launch variables inherited, and fail
-    with the end of its output unless it exits 0."""
-    done = subprocess.run(
-        [sys.executable, str(script), "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**launch_free_env(), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
-        cwd=out,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-
-
 def killed_mid_save(root: Path, kind: str) -> Path:
     """Run ``trainer/scripts/killed_save.py`` (``kind``: "file", "sharded", "async", "swap") under ``root`` and
     SIGKILL it in the middle of its second checkpoint save; returns the checkpoints folder it was writing to."""

@@ -189,6 +189,57 @@ def test_api_reference_pages_are_generated_from_the_code(capsys) -> None:
     assert _load_script("gen_api").main(["--check"]) == 0, capsys.readouterr().out
 
 
+def _listed(block: str, option: str) -> list[str]:
+    """The names a `:::` block's ``option`` lists (``members:`` or ``inherited_members:``), in order."""
+    found = re.search(rf"^ {{6}}{option}:\n((?: {{8}}- \w+\n)+)", block, re.MULTILINE)
+    return re.findall(r"- (\w+)", found.group(1)) if found else []
+
+
+def test_a_class_split_into_base_classes_keeps_its_members_on_its_api_section() -> None:
+    """TrainingModule's optimization, logging and hooks live in base classes of their own files; its section lists
+    their documented members as its own (ids such as tandem.TrainingModule.optimizers), after its body's."""
+    gen_api = _load_script("gen_api")
+    block = gen_api.render("tandem").split("::: tandem.TrainingModule\n", 1)[1].split("\n::: ", 1)[0]
+    members, inherited = _listed(block, "members"), _listed(block, "inherited_members")
+    assert {"optimizers", "manual_backward", "log", "print", "backward", "on_test_model_train"} <= set(inherited)
+    assert members == [name for name in members if name not in inherited] + inherited  # its own first
+    assert {"training_step", "load_from_checkpoint", "trainer", "all_gather"} <= set(members) - set(inherited)
+    # documented members only, as mkdocstrings shows them: not the undocumented no-op hooks, nor nn.Module's, nor
+    # the bases the section leaves out (DataHooks, HyperparametersMixin)
+    assert not {"on_fit_start", "device", "parameters", "prepare_data", "save_hyperparameters"} & set(members)
+
+
+def test_gen_api_lists_documented_members_and_refuses_a_part_that_is_not_a_base(monkeypatch) -> None:
+    gen_api = _load_script("gen_api")
+
+    class Sample:
+        flag = True  # a plain value: nothing for mkdocstrings to show
+
+        @property
+        def shown(self) -> int:
+            """Documented."""
+            return 1
+
+        @property
+        def bare(self) -> int:
+            return 1
+
+        def run(self) -> None:
+            """Documented."""
+
+        def _private(self) -> None:
+            """Private."""
+
+        @classmethod
+        def build(cls) -> None:
+            """Documented."""
+
+    assert gen_api._shown_members(Sample) == ["shown", "run", "build"]
+    monkeypatch.setitem(gen_api.PARTS, "tandem.TrainingModule", ["tandem.module.datamodule:DataModule"])
+    with pytest.raises(SystemExit, match=r"names tandem.module.datamodule:DataModule, which is not a base class"):
+        gen_api.render("tandem")
+
+
 def _built_object(identifier: str, kind: str, signature: bool) -> str:
     """A top-level object as mkdocstrings writes it into a page (heading, optional signature, contents)."""
     shown = f'<div class="doc-signature highlight"><pre><code>{identifier}()</code></pre></div>' if signature else ""

@@ -13,7 +13,6 @@ written again, so the reference never misses a public name.
 from __future__ import annotations
 
 import argparse
-import ast
 import importlib
 import inspect
 import pkgutil
@@ -143,6 +142,28 @@ PAGES: dict[str, Page] = {
 }
 
 
+# A class split by job into base classes, as Lightning's ``LightningModule(ModelHooks, DataHooks, CheckpointHooks)``:
+# its section shows the members of these bases as its own, with the same ids as when its body held them
+# (``tandem.TrainingModule.optimizers``), after the members its body defines. mkdocstrings shows a class's own
+# members only; the section names them all (``members``, in this order) and the bases' (``inherited_members``).
+PARTS: dict[str, Sequence[str]] = {
+    "tandem.TrainingModule": [
+        "tandem.module.optimization:OptimizationMixin",
+        "tandem.module.logging:LoggingMixin",
+        "tandem.module.hooks:ModelHooks",
+        "tandem.module.hooks:CheckpointHooks",
+    ],
+    **{
+        trainer: [
+            "tandem.trainer.run:TrainerRun",
+            "tandem.trainer.services:TrainerServices",
+            "tandem.trainer.properties:TrainerProperties",
+        ]
+        for trainer in ("tandem.Trainer", "tandem.trainer.Trainer")
+    },
+}
+
+
 def _section(package: str, name: str) -> str:
     """A name of ``package.__all__``: rendered by mkdocstrings under its public path (``tandem.Trainer``), which
     is also the identifier a docstring links to (``[`Trainer`][tandem.Trainer]``)."""
@@ -153,40 +174,43 @@ def _section(package: str, name: str) -> str:
     where = getattr(value, "__module__", None) or ""
     if not where.startswith("tandem"):
         where = _defining_submodule(package, name, value) or where
-    if where.startswith("tandem") and assembled(value):
-        listed = "".join(f"        - {member}\n" for member in assembled_members(value))
-        return f"::: {package}.{name}\n    options:\n      show_bases: false\n      inherited_members: true\n      members:\n{listed}"
     if where.startswith("tandem"):
-        return f"::: {package}.{name}\n"
+        return _directive(f"{package}.{name}", value)
     # A name tandem re-exports from another package (mkdocs.yml preloads it): its own docs, and where it comes from.
     return f"::: {package}.{name}\n\n`{package}.{name}` is `{where}.{name}`, as in Lightning.\n"
 
 
-#: Classes whose public members live in base classes of their own files (the Trainer's run, services and
-#: properties; see tandem.trainer.trainer): their sections show those members as the class's own.
-ASSEMBLED = ("tandem.trainer.trainer.Trainer",)
+def _directive(identifier: str, value: object) -> str:
+    """The ``:::`` block of one object; a class of ``PARTS`` lists its members and its parts' (see ``PARTS``)."""
+    if identifier not in PARTS:
+        return f"::: {identifier}\n"
+    assert isinstance(value, type)
+    inherited: list[str] = []
+    for part in PARTS[identifier]:
+        module, name = part.split(":")
+        base = getattr(importlib.import_module(module), name)
+        if base not in value.__mro__:
+            raise SystemExit(
+                f"PARTS[{identifier!r}] names {part}, which is not a base class of {identifier}; expected the classes "
+                f"its members were split into: remove {part} from PARTS, or make it a base of {identifier}"
+            )
+        inherited += _shown_members(base)
+    lines = [f"::: {identifier}", "    options:", "      members:"]
+    lines += [f"        - {member}" for member in [*_shown_members(value), *inherited]]
+    lines += ["      inherited_members:", *(f"        - {member}" for member in inherited)]
+    return "\n".join(lines) + "\n"
 
 
-def assembled(value: object) -> bool:
-    """Whether ``value`` is one of the ``ASSEMBLED`` classes."""
-    return inspect.isclass(value) and f"{value.__module__}.{value.__qualname__}" in ASSEMBLED
-
-
-def assembled_members(value: type) -> list[str]:
-    """The members an assembled class's section shows, as it showed them when they were one class body: the public
-    methods and properties with a docstring of their own, the class's first, then each tandem base's, each in
-    source order (mkdocstrings then puts the properties before the methods)."""
-    names: list[str] = []
-    for kind in inspect.getmro(value):
-        if not kind.__module__.startswith("tandem"):
-            continue
-        tree = ast.parse(Path(inspect.getfile(kind)).read_text())
-        body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == kind.__name__).body
-        for node in body:
-            public = isinstance(node, ast.FunctionDef) and not node.name.startswith("_")
-            if public and ast.get_docstring(node) and node.name not in names:
-                names.append(node.name)
-    return names
+def _shown_members(cls: type) -> list[str]:
+    """The members mkdocstrings shows of a class body (mkdocs.yml: public, with a docstring), in source order: its
+    functions, properties and the descriptors that wrap a function (``class_only``); a plain value has no docstring
+    it could read."""
+    shown = []
+    for name, value in vars(cls).items():
+        function = value.fget if isinstance(value, property) else getattr(value, "__func__", value)
+        if not name.startswith("_") and inspect.isfunction(function) and function.__doc__:
+            shown.append(name)
+    return shown
 
 
 def _defining_submodule(package: str, name: str, value: object) -> str | None:
@@ -208,8 +232,8 @@ def sections(page: str) -> dict[str, str]:
             found[name] = _section(package, name)
     for extra in spec.extras:
         module, name = extra.split(":")
-        getattr(importlib.import_module(module), name)  # fails loudly when a documented name is gone
-        found[name] = f"::: {module}.{name}\n"
+        value = getattr(importlib.import_module(module), name)  # fails loudly when a documented name is gone
+        found[name] = _directive(f"{module}.{name}", value)
     unknown = [name for name in spec.first if name not in found]
     if unknown:
         raise SystemExit(

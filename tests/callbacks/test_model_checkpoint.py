@@ -1,19 +1,15 @@
 import csv
 import errno
-import json
 import logging
 import os
-import subprocess
-import sys
 from datetime import timedelta
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from callbacks._fake import fake_trainer, metrics
-from helpers import TinyModule, launch_free_env, loader, max_abs_diff, quiet_trainer
+from helpers import TinyModule, loader, max_abs_diff, quiet_trainer
 from tandem.callbacks import Callback, ModelCheckpoint
 from tandem.loggers import CSVLogger
 from tandem.utilities.checkpoint import load_checkpoint_file
@@ -258,25 +254,16 @@ def test_a_dirpath_given_on_each_rank_is_rank_zeros_on_every_rank(tmp_path):
     assert channel == []
 
 
-@pytest.mark.timeout(120)
-def test_under_ddp_a_dirpath_built_from_the_time_on_each_rank_finds_rank_zeros_best_checkpoint(tmp_path):
-    """Two gloo ranks whose ``dirpath`` differs (``scripts/ddp_dirpath.py``): before, rank 1 failed in
-    ``trainer.test(ckpt_path="best")`` with "Checkpoint ... does not exist", in a folder of its own."""
-    script = Path(__file__).parent / "scripts" / "ddp_dirpath.py"
-    done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=110,
-        env=launch_free_env(PYTHONUNBUFFERED="1"),
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+def test_under_ddp_a_dirpath_built_from_the_time_on_each_rank_finds_rank_zeros_best_checkpoint(ddp_trainer_runs):
+    """Two gloo ranks whose ``dirpath`` differs (``scripts/ddp_dirpath.py``, the ``dirpath`` scenario of the shared
+    DDP launch): before, rank 1 failed in ``trainer.test(ckpt_path="best")`` with "Checkpoint ... does not exist", in
+    a folder of its own."""
+    rank0, rank1 = ddp_trainer_runs["dirpath"]
     assert rank0["given"] != rank1["given"]  # each rank built its own
     assert rank1["dirpath"] == rank0["dirpath"] == rank0["given"] and rank1["best"] == rank0["best"]
     assert rank0["found"] and rank1["found"]
-    assert sorted(os.listdir(tmp_path / "runs")) == [os.path.basename(rank0["given"])]  # one folder, rank 0's
+    runs = ddp_trainer_runs["out"] / "dirpath" / "runs"
+    assert sorted(os.listdir(runs)) == [os.path.basename(rank0["given"])]  # one folder, rank 0's
 
 
 def test_every_rank_names_rank_zeros_files(tmp_path):

@@ -7,8 +7,9 @@ import torch
 
 from helpers import TinyModule, loader, quiet_trainer
 from tandem.callbacks import ModelCheckpoint
-from tandem.utilities import checkpoint as checkpoint_files
-from tandem.utilities.checkpoint import atomic_link, remove_file
+from tandem.utilities import atomic
+from tandem.utilities.atomic import atomic_link
+from tandem.utilities.cloud_io import remove_file
 from tandem.utilities.exceptions import TandemConfigError, TandemWarning
 
 
@@ -131,7 +132,7 @@ def test_atomic_link_never_leaves_the_path_missing(tmp_path, monkeypatch):
         seen.append((os.path.islink(src), os.path.exists(dst)))
         real_replace(src, dst)
 
-    monkeypatch.setattr(checkpoint_files.os, "replace", replace)
+    monkeypatch.setattr(atomic.os, "replace", replace)
     atomic_link(target, link)
     assert seen == [(True, True)]  # one rename of a finished link onto the existing file
 

@@ -21,10 +21,10 @@ from tandem.strategies.environments import (
     MPIEnvironment,
     SLURMEnvironment,
     TorchElasticEnvironment,
-    find_free_port,
     rank_from_environment,
     select_environment,
 )
+from tandem.strategies.environments.machine import find_free_port
 from tandem.utilities.exceptions import TandemConfigError
 
 pytestmark = pytest.mark.timeout(120)

@@ -1,19 +1,18 @@
 """DDP that follows the module (issue 30): the patterns of ``scripts/ddp_follow_runs.py`` under 2-process ``ddp``
-(one shared launch) end with equal weights on both ranks, equal to one process with twice the batch (within 1e-6:
-the sums are added in another order); what tandem did is said in one info line."""
+(the ``follow`` scenario of the shared launch, ``tests/conftest.py``'s ``ddp_trainer_runs``) end with equal weights
+on both ranks, equal to one process with twice the batch (within 1e-6: the sums are added in another order); what
+tandem did is said in one info line."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 import tandem
-from helpers import launch_free_env, max_abs_diff
+from helpers import max_abs_diff
 
 SCRIPTS = Path(__file__).parent / "scripts"
 PATTERNS = ("unfreeze", "head", "plateau", "gan", "target", "fsdp_unfreeze", "midway", "diverge")
@@ -33,20 +32,11 @@ def follow() -> Any:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("ddp_follow")
-    done = subprocess.run(
-        [sys.executable, str(SCRIPTS / "ddp_follow_runs.py"), *PATTERNS, "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=220,
-        env={**launch_free_env(), "PYTHONUNBUFFERED": "1"},
-        cwd=out,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    results: dict[str, Any] = {"output": done.stdout + done.stderr}
+def runs(ddp_trainer_runs: dict[str, Any]) -> dict[str, Any]:
+    """Each pattern's per-rank results, and the job's captured output."""
+    results: dict[str, Any] = {"output": ddp_trainer_runs["output"]}
     for name in PATTERNS:
-        results[name] = [torch.load(out / f"{name}-rank{r}.pt", weights_only=False) for r in (0, 1)]
+        results[name] = [rank[name] for rank in ddp_trainer_runs["follow"]]
     return results
 
 

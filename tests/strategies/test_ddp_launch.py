@@ -23,8 +23,9 @@ import pytest
 import torch
 
 from helpers import launch_free_env
-from tandem.strategies.environments import TorchElasticEnvironment, find_free_port, select_environment
-from tandem.strategies.side_channel import TORN_DOWN_EXIT
+from tandem.strategies.environments import TorchElasticEnvironment, select_environment
+from tandem.strategies.environments.machine import find_free_port
+from tandem.strategies.side_channel.channel import TORN_DOWN_EXIT
 
 SCRIPT = Path(__file__).parent / "scripts" / "launch_fit.py"
 
@@ -112,14 +113,26 @@ def _launched_nothing(results: list[dict], environment: str) -> None:
         assert result["launcher"] == "NoneType" and result["started_ranks"] is False
 
 
+def _threads() -> tuple[int, int]:
+    """The torch threads tandem gives each of two processes on this machine, and a count unlike it for
+    OMP_NUM_THREADS (torch caps it at the cpus)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    per_process = max(1, cpus // 2)
+    return per_process, 1 if per_process > 1 else min(2, cpus)
+
+
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict[str, torch.Tensor]:
-    """The fit under tandem's own launcher (``python launch_fit.py fit``): the weights every other start matches.
-    Its default_root_dir is computed on each rank from the clock (``runs/<time>``, a common pattern): every rank
-    uses rank 0's run folder, which exists, for log_dir and the checkpoint paths."""
+def launched(tmp_path_factory) -> list[dict]:
+    """The fit under tandem's own launcher (``python launch_fit.py fit``), each rank's results. Its default_root_dir
+    is computed on each rank from the clock (``runs/<time>``, a common pattern): every rank uses rank 0's run folder,
+    which exists, for log_dir and the checkpoint paths. OMP_NUM_THREADS is set to a count unlike tandem's own, which
+    ``test_threads_per_process`` reads: on 2 or 3 cores 2 threads against the other starts' 1 (the model is too small
+    for that to change a bit of the weights), on more cores 1, as theirs."""
     out = tmp_path_factory.mktemp("tandem-launcher")
     try:
-        done = _python([str(SCRIPT), "fit", "--per-rank-root", "--out", str(out)], _env())
+        done = _python(
+            [str(SCRIPT), "fit", "--per-rank-root", "--out", str(out)], _env(OMP_NUM_THREADS=str(_threads()[1]))
+        )
     except subprocess.TimeoutExpired:
         _kill_survivors(out)
         raise
@@ -135,7 +148,13 @@ def reference(tmp_path_factory) -> dict[str, torch.Tensor]:
         assert results[0][name] == results[1][name] and os.path.exists(results[1][name]), name
     assert len(list(out.glob("root-*"))) == 1  # one run folder
     assert _nothing_left(out)
-    return weights
+    return results
+
+
+@pytest.fixture(scope="module")
+def reference(launched: list[dict]) -> dict[str, torch.Tensor]:
+    """The tandem-launched fit's weights: every other start matches them."""
+    return launched[0]["weights"]
 
 
 # ---------------------------------------------------------------------------------------------- failures
@@ -521,18 +540,15 @@ def test_torchrun_restart_resumes_from_last_checkpoint(tmp_path, reference):
 
 
 @pytest.mark.timeout(150)
-def test_threads_per_process(tmp_path):
-    """max(1, cpus // local processes) torch threads per rank, unless OMP_NUM_THREADS is set."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    per_process = max(1, cpus // 2)
-    other = 1 if per_process > 1 else min(2, cpus)  # a count unlike tandem's (torch caps it at the cpus)
-    for omp, expected in ((None, per_process), (str(other), other)):
-        out = tmp_path / f"omp-{omp}"
-        out.mkdir()
-        env = _env(OMP_NUM_THREADS=omp) if omp else {k: v for k, v in _env().items() if k != "OMP_NUM_THREADS"}
-        done = _python([str(SCRIPT), "fit", "--steps", "1", "--out", str(out)], env)
-        assert done.returncode == 0, done.stderr
-        assert [r["threads"] for r in _results(out)] == [expected, expected], omp
+def test_threads_per_process(tmp_path, launched):
+    """max(1, cpus // local processes) torch threads per rank, unless OMP_NUM_THREADS is set (as it is, to another
+    count, for the tandem-launched fit)."""
+    per_process, other = _threads()
+    assert [r["threads"] for r in launched] == [other, other]
+    env = {k: v for k, v in _env().items() if k != "OMP_NUM_THREADS"}
+    done = _python([str(SCRIPT), "fit", "--steps", "1", "--out", str(tmp_path)], env)
+    assert done.returncode == 0, done.stderr
+    assert [r["threads"] for r in _results(tmp_path)] == [per_process, per_process]
 
 
 def test_torchrun_restarts_with_a_shared_store_warn(monkeypatch):

@@ -1,8 +1,8 @@
 """Trainer(strategy="ddp", devices=2, accelerator="cpu") end to end, checked against one process.
 
 ``strategy="ddp"`` re-runs the current command for rank 1, so the DDP runs happen in a script:
-``scripts/ddp_trainer_runs.py`` plays every scenario once (two ranks, one process group, ~10 s) and each
-rank saves what it saw; the tests below check those files against single-device references computed
+``scripts/ddp_trainer_runs.py`` plays every scenario once (two ranks, one process group; ``tests/conftest.py``'s
+``ddp_trainer_runs``, shared with other tests) and each rank saves what it saw; the tests below check those files against single-device references computed
 here, in the test process. Only ``ddp_spawn``, which does not re-run the script, runs from pytest itself.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 import csv
 import math
 import os
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -23,22 +22,10 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 import tandem
-from helpers import clear_launch_variables, launch_free_env, max_abs_diff, quiet_trainer
+from helpers import clear_launch_variables, max_abs_diff, quiet_trainer
 from tandem.utilities.checkpoint import load_checkpoint_file
 
 SCRIPTS = Path(__file__).parent / "scripts"
-SCENARIOS = (
-    "equivalence",
-    "evaluation",
-    "logging",
-    "decisions",
-    "resume",
-    "elastic",
-    "prediction_writer",
-    "uneven",
-    "true_half",
-    "mismatch",
-)  # mismatch ends the job
 
 
 @pytest.fixture(scope="module")
@@ -54,50 +41,12 @@ def common() -> ModuleType:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Every scenario's per-rank results, and the job's captured output."""
-    out = tmp_path_factory.mktemp("ddp_trainer")
-    one_process = _elastic_one_process(out)  # elastic: the 1 -> 2 checkpoint, before the launch
-    env = launch_free_env()  # tandem picks the threads
-    done = subprocess.run(
-        [sys.executable, str(SCRIPTS / "ddp_trainer_runs.py"), *SCENARIOS, "--out", str(out), "--hang-after", "90"],
-        capture_output=True,
-        text=True,
-        timeout=110,
-        env={**env, "PYTHONUNBUFFERED": "1"},
-        cwd=out,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    results: dict[str, Any] = {"out": out, "output": done.stdout + done.stderr, "elastic_one_process": one_process}
-    for name in SCENARIOS:
-        results[name] = [torch.load(out / f"{name}-rank{r}.pt", weights_only=False) for r in (0, 1)]
-    return results
+def runs(ddp_trainer_runs: dict[str, Any]) -> dict[str, Any]:
+    """Every scenario's per-rank results, and the job's captured output (the shared launch: ``tests/conftest.py``)."""
+    return ddp_trainer_runs
 
 
-def _elastic_one_process(out: Path) -> dict[str, dict[str, torch.Tensor]]:
-    """In each data order: one process x batch 8, shuffled, 2 epochs, saving ``elastic-one-<order>.ckpt`` mid-epoch
-    1: its final weights."""
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        from ddp_trainer_common import ELASTIC_STEP, TRAIN_SAMPLES, Net, SaveAtStep, dataset, elastic_trainer, weights
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    seed = os.environ.get("TANDEM_GLOBAL_SEED")
-    finals = {}
-    for order in ORDERS:
-        tandem.seed_everything(11)
-        model = Net("adam", lr=0.01)
-        saver = SaveAtStep(ELASTIC_STEP, str(out / f"elastic-one-{order}.ckpt"))
-        trainer = elastic_trainer(callbacks=[saver], csv=out / f"elastic-csv-one-{order}", data_order=order)
-        trainer.fit(model, DataLoader(dataset(TRAIN_SAMPLES), batch_size=8, shuffle=True))
-        finals[order] = weights(model)
-    os.environ.pop("TANDEM_GLOBAL_SEED")  # the launched ranks seed themselves
-    if seed is not None:
-        os.environ["TANDEM_GLOBAL_SEED"] = seed
-    return finals
-
-
-ORDERS = ("sampler", "global")
+ORDERS = ("sampler", "global")  # the data orders of the elastic scenario (the launch runs both)
 
 
 def _fit_one_process(common: ModuleType, optimizer: str, k: int) -> tuple[dict, dict]:

@@ -14,14 +14,13 @@ from tandem.strategies.environments import (
     LocalEnvironment,
     SLURMEnvironment,
     TorchElasticEnvironment,
-    expand_nodelist,
-    find_free_port,
     rank_from_environment,
     requeues,
     select_environment,
     slurm_job_to_requeue,
-    threads_per_process,
 )
+from tandem.strategies.environments.machine import find_free_port, threads_per_process
+from tandem.strategies.environments.slurm import expand_nodelist
 from tandem.utilities.exceptions import TandemConfigError
 from tandem.utilities.seed import global_seed
 

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import tandem
 from helpers import clear_launch_variables
 from tandem.strategies import FSDPStrategy, SingleDeviceStrategy
-from tandem.strategies.environments import find_free_port
+from tandem.strategies.environments.machine import find_free_port
 from tandem.utilities.exceptions import TandemWarning
 
 pytestmark = pytest.mark.timeout(120)

@@ -37,7 +37,7 @@ from helpers import (
 )
 from tandem.callbacks import ModelCheckpoint
 from tandem.strategies import FSDPStrategy
-from tandem.strategies.environments import find_free_port
+from tandem.strategies.environments.machine import find_free_port
 from tandem.utilities.checkpoint import load_checkpoint_file
 from tandem.utilities.exceptions import CheckpointError, TandemWarning
 

@@ -11,9 +11,9 @@ from torch import nn
 import tandem
 from helpers import clear_launch_variables
 from tandem.strategies import FSDPStrategy
-from tandem.strategies.fsdp import _named, _numbered
+from tandem.strategies.fsdp_checkpoint import named_state, numbered_state
 from tandem.strategies.registry import resolve_strategy
-from tandem.utilities.checkpoint import replace_directory
+from tandem.utilities.atomic import replace_directory
 from tandem.utilities.exceptions import CheckpointError, TandemConfigError, TandemUserCodeError
 
 pytestmark = pytest.mark.timeout(30)
@@ -136,10 +136,10 @@ def test_bad_modules_are_refused_before_sharding(kwargs, module, error, match):
 
 
 def test_a_dtype_mix_in_separate_groups_is_fine():
-    from tandem.strategies.fsdp import _check_dtypes
+    from tandem.strategies.fsdp_checks import check_dtypes
 
     module = nn.Sequential(Block(), Block().double())
-    _check_dtypes(module, [module[1]])  # the float64 block is a group of its own: nothing to flatten together
+    check_dtypes(module, [module[1]])  # the float64 block is a group of its own: nothing to flatten together
 
 
 # ---------------------------------------------------------------------------------------------- meta init
@@ -186,10 +186,10 @@ def test_optimizer_state_formats_round_trip():
         "state": {"b.weight": {"step": torch.tensor(3.0)}, "a.weight": {"step": torch.tensor(2.0)}},
         "param_groups": [{"lr": 0.1, "params": ["a.weight"]}, {"lr": 0.2, "params": ["b.weight"]}],
     }
-    numbered = _numbered(named)
+    numbered = numbered_state(named)
     assert numbered["param_groups"] == [{"lr": 0.1, "params": [0]}, {"lr": 0.2, "params": [1]}]
     assert numbered["state"][1]["step"] == 3.0
-    assert _named(numbered, ["a.weight", "b.weight"]) == {
+    assert named_state(numbered, ["a.weight", "b.weight"]) == {
         "state": {"a.weight": named["state"]["a.weight"], "b.weight": named["state"]["b.weight"]},
         "param_groups": named["param_groups"],
     }

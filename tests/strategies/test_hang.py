@@ -15,7 +15,7 @@ import pytest
 
 from helpers import launch_free_env
 from tandem.strategies.ddp import DDPStrategy
-from tandem.strategies.environments import find_free_port
+from tandem.strategies.environments.machine import find_free_port
 from tandem.utilities.exceptions import TandemConfigError
 
 SCRIPT = Path(__file__).parent / "scripts" / "hang_runs.py"

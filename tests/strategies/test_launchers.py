@@ -21,8 +21,11 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from helpers import launch_free_env
-from tandem.strategies import launchers
-from tandem.strategies.environments import find_free_port
+from tandem.strategies.environments.machine import find_free_port
+from tandem.strategies.launchers.command import script_command
+from tandem.strategies.launchers.records import _write_error_record
+from tandem.strategies.launchers.script import processes_started
+from tandem.strategies.launchers.watchdog import _WAKE_SIGNAL, _Child, _Watchdog
 from tandem.utilities.exceptions import RankFailedError, TandemConfigError
 
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_steps.py"
@@ -178,18 +181,23 @@ def test_signal_to_rank_0_ends_every_rank(tmp_path, sig):
         proc.stderr.close()
 
 
+# ---------------------------------------------------------------------------------------------- ddp_spawn
+
+SPAWN_RUNS = SCRIPT.parent / "spawn_runs.py"
+
+
 @pytest.fixture(scope="module")
-def spawned(tmp_path_factory) -> Path:
-    """``ddp_steps.py spawn``: a ddp_spawn launch that returns, then one whose rank 1 raises, in one process."""
-    out = tmp_path_factory.mktemp("spawned")
-    done = _run([str(SCRIPT), "spawn", "--out", str(out)], timeout=150)
-    assert done.returncode == 0, done.stderr
-    return out
+def spawn_runs(tmp_path_factory) -> dict:
+    """``scripts/spawn_runs.py``: every ddp_spawn scenario in one process (the launcher alone, then with a Trainer),
+    ending with a rank killed by SIGKILL."""
+    out = tmp_path_factory.mktemp("spawn_runs")
+    done = _run([str(SPAWN_RUNS), "--out", str(out)], timeout=300)
+    return {"out": out, "done": done}
 
 
 @pytest.mark.timeout(60)
-def test_spawn_returns_rank_0_results(spawned):
-    received = torch.load(spawned / "spawn.pt", weights_only=False)
+def test_spawn_returns_rank_0_results(spawn_runs):
+    received = torch.load(spawn_runs["out"] / "spawn.pt", weights_only=False)
     result = received["result"]
     assert result["rank"] == 0 and result["sum"] == 2.0
     for name, value in result["weights"].items():  # the trained weights are loaded into the caller's module
@@ -201,25 +209,15 @@ def test_spawn_returns_rank_0_results(spawned):
 
 
 @pytest.mark.timeout(60)
-def test_spawn_failure_names_the_rank(spawned):
-    """The caller raises (here caught, so the first launch's results survive; ``spawn_runs`` below checks the exit
-    of a job that does not catch it)."""
-    message = (spawned / "error.txt").read_text()
+def test_spawn_failure_names_the_rank(spawn_runs):
+    """The caller raises (here caught, so the first launch's results survive; the Trainer's killed rank below shows
+    the exit of a job that does not catch it)."""
+    message = (spawn_runs["out"] / "error.txt").read_text()
     assert message.startswith("ddp_spawn: rank 1 exited with code 1; the other ranks were stopped. Its traceback:")
     assert "ValueError: spawned rank 1 fails" in message
 
 
 # ---------------------------------------------------------------------------------------------- ddp_spawn + Trainer
-
-SPAWN_RUNS = SCRIPT.parent / "spawn_runs.py"
-
-
-@pytest.fixture(scope="module")
-def spawn_runs(tmp_path_factory) -> dict:
-    """``scripts/spawn_runs.py``: every ddp_spawn scenario in one process, ending with a rank killed by SIGKILL."""
-    out = tmp_path_factory.mktemp("spawn_runs")
-    done = _run([str(SPAWN_RUNS), "--out", str(out)], timeout=300)
-    return {"out": out, "done": done}
 
 
 def _spawned_pids(out: Path, scenario: str) -> list[int]:
@@ -316,11 +314,11 @@ def test_rank_0s_own_error_is_kept_whole_behind_the_failure(tmp_path):
     """A started rank failed, and rank 0 then raised an error of its own: RankFailedError carries the rank's
     traceback, and rank 0's error stays attached as its context, whole (not cut at 200 characters)."""
     record = tmp_path / "rank1.txt"
-    launchers._write_error_record(str(record), "Traceback (most recent call last):\nValueError: rank 1's own")
+    _write_error_record(str(record), "Traceback (most recent call last):\nValueError: rank 1's own")
     child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     child.wait()
-    watchdog = launchers._Watchdog()
-    watchdog.children = [launchers._Child(1, child, str(record))]
+    watchdog = _Watchdog()
+    watchdog.children = [_Child(1, child, str(record))]
     own = RuntimeError("rank 0's long message " + "x" * 500 + " END")
     with pytest.raises(RankFailedError) as caught:
         try:
@@ -345,16 +343,14 @@ def test_rank_0_woken_where_it_was_raises_the_ranks_error_not_a_broken_collectiv
     and tandem's own text is never quoted as "the broken collective"."""
     record = tmp_path / "rank1.txt"
     error = RuntimeError("bad batch on rank 1")
-    launchers._write_error_record(
-        str(record), "Traceback (most recent call last):\nRuntimeError: bad batch on rank 1", error
-    )
+    _write_error_record(str(record), "Traceback (most recent call last):\nRuntimeError: bad batch on rank 1", error)
     child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
     child.wait()
-    watchdog = launchers._Watchdog()
-    watchdog.children = [launchers._Child(1, child, str(record))]
+    watchdog = _Watchdog()
+    watchdog.children = [_Child(1, child, str(record))]
     watchdog.failure = watchdog.children[0]
     with pytest.raises(RankFailedError) as woken:
-        watchdog._on_wake_signal(launchers._WAKE_SIGNAL, None)  # what the wake-up signal runs in the main thread
+        watchdog._on_wake_signal(_WAKE_SIGNAL, None)  # what the wake-up signal runs in the main thread
     assert watchdog.failure_behind(woken.value) is woken.value
     assert str(woken.value).endswith(
         "Its traceback:\nTraceback (most recent call last):\nRuntimeError: bad batch on rank 1"
@@ -366,18 +362,18 @@ def test_script_command_forms(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["train.py", "--lr", "0.1"])
     monkeypatch.setattr(main, "__spec__", None, raising=False)
     monkeypatch.setattr(main, "__file__", "train.py", raising=False)
-    assert launchers.script_command() == [sys.executable, os.path.abspath("train.py"), "--lr", "0.1"]
+    assert script_command() == [sys.executable, os.path.abspath("train.py"), "--lr", "0.1"]
 
     monkeypatch.setattr(main, "__spec__", types.SimpleNamespace(name="project.train"))
-    assert launchers.script_command() == [sys.executable, "-m", "project.train", "--lr", "0.1"]
+    assert script_command() == [sys.executable, "-m", "project.train", "--lr", "0.1"]
     monkeypatch.setattr(main, "__spec__", types.SimpleNamespace(name="project.__main__"))
-    assert launchers.script_command() == [sys.executable, "-m", "project", "--lr", "0.1"]
+    assert script_command() == [sys.executable, "-m", "project", "--lr", "0.1"]
 
     monkeypatch.setattr(main, "__spec__", None)
     monkeypatch.setattr(sys, "argv", ["-c"])
     with pytest.raises(TandemConfigError, match="ddp_spawn"):
-        launchers.script_command()
+        script_command()
 
 
 def test_no_processes_are_started_by_importing_the_launchers():
-    assert not launchers.processes_started()
+    assert not processes_started()

@@ -38,26 +38,36 @@ def fit(strategy, devices, batch_size):
     trainer.fit(module, data)
     return module.net.weight.detach().clone(), trainer.global_step
 
-forked, steps = fit("STRATEGY", 2, 4)
-alone, alone_steps = fit("single_device", 1, 8)  # the same global batches of 8 on one process
-assert steps == alone_steps == 16, (steps, alone_steps)
-assert torch.allclose(forked, alone, atol=1e-6), (forked, alone)
-print("notebook ok", forked.flatten().tolist())
+alone, alone_steps = None, None
+for strategy in ("ddp_notebook", "ddp_fork"):  # one cell after the other, in one session
+    forked, steps = fit(strategy, 2, 4)
+    if alone is None:
+        alone, alone_steps = fit("single_device", 1, 8)  # the same global batches of 8 on one process
+    assert steps == alone_steps == 16, (strategy, steps, alone_steps)
+    assert torch.allclose(forked, alone, atol=1e-6), (strategy, forked, alone)
+    print(f"{strategy} ok", forked.flatten().tolist(), flush=True)
+fit("ddp_spawn", 2, 4)  # the last cell: refused, and the session ends with the error
 """
 
 
+@pytest.fixture(scope="module")
+def session():
+    """One interactive session (``python -c``) running the cells: a fit under ddp_notebook, then one under
+    ddp_fork, each against one process, then ddp_spawn. One interpreter for the three (each costs seconds)."""
+    return run_python(["-c", CELLS], timeout=200, env=launch_free_env())
+
+
 @pytest.mark.parametrize("strategy", ["ddp_notebook", "ddp_fork"])
-def test_a_module_defined_in_main_trains_on_two_forked_ranks_as_on_one_process(strategy):
-    done = run_python(["-c", CELLS.replace("STRATEGY", strategy)], timeout=100, env=launch_free_env())
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert "notebook ok" in done.stdout
+def test_a_module_defined_in_main_trains_on_two_forked_ranks_as_on_one_process(session, strategy):
+    assert f"{strategy} ok" in session.stdout, session.stdout[-2000:] + session.stderr[-3000:]
 
 
-def test_ddp_spawn_of_a_class_from_an_interactive_session_names_ddp_notebook():
+def test_ddp_spawn_of_a_class_from_an_interactive_session_names_ddp_notebook(session):
     """The reason ddp_notebook exists: spawned processes cannot import a class defined in the __main__ of a
     notebook or `python -c`; instead of their raw `Can't get attribute 'Line' on <module '__main__'>`, one error
     before any process starts, naming the fix."""
-    done = run_python(["-c", CELLS.replace("STRATEGY", "ddp_spawn")], timeout=100, env=launch_free_env())
+    done = session
+    assert "ddp_fork ok" in done.stdout, done.stderr[-3000:]  # the cells before it ran: the error is this one's
     assert done.returncode != 0
     assert "TandemConfigError: strategy='ddp_spawn' starts fresh processes" in done.stderr, done.stderr[-2000:]
     assert "Line is defined in this interactive session" in done.stderr and "ddp_notebook" in done.stderr

@@ -5,6 +5,7 @@ HashStore). A real fit under forgery: ``test_side_channel_forgery.py``."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -17,17 +18,12 @@ import torch
 import torch.distributed as dist
 
 from helpers import launch_free_env
-from tandem.strategies import side_channel
-from tandem.strategies.side_channel import (
-    CallSite,
-    SideChannel,
-    SignedStore,
-    close_channel,
-    current_channel,
-    entry_point,
-    open_channel,
-    preemption_vote,
-)
+from tandem.strategies.side_channel.channel import SideChannel, open_channel
+from tandem.strategies.side_channel.group import close_channel, current_channel
+from tandem.strategies.side_channel.places import CallSite, entry_point, error_summary
+from tandem.strategies.side_channel.preemption import preemption_vote
+from tandem.strategies.side_channel.store import _REPORT_LIMIT, SignedStore
+from tandem.utilities.exceptions import CollectiveMismatchError
 from tandem.utilities.preemption import PREEMPTION
 
 SCRIPT = Path(__file__).parent / "scripts" / "side_channel_runs.py"
@@ -98,7 +94,7 @@ def test_a_rank_whose_script_ended_is_reported_at_once(ranks):
 @pytest.fixture
 def no_channel(monkeypatch):
     """This process's side channel put aside: an earlier test may have joined a process group of one."""
-    monkeypatch.setattr(side_channel, "_CHANNEL", None)
+    monkeypatch.setattr("tandem.strategies.side_channel.group._CHANNEL", None)
 
 
 def _tag_here() -> str:
@@ -153,7 +149,7 @@ def test_the_call_site_of_a_collective_asked_through_apply_to_collection_is_the_
 _EXIT_WHILE_BEATING = """
 import socket, threading, time
 import torch.distributed as dist
-from tandem.strategies import side_channel
+from tandem.strategies.side_channel import channel, group
 
 with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
@@ -161,15 +157,15 @@ with socket.socket() as s:
 store = dist.TCPStore("127.0.0.1", port, 1, True, wait_for_workers=False)
 slow = dist.TCPStore("127.0.0.1", port, 1, False)  # a connection of its own: the main thread is not held up
 
-post = side_channel.SideChannel._post_beat
+post = channel.SideChannel._post_beat
 def slow_post(self, *args):  # the watcher's beat is a stream of C++ store calls (a busy store)
     if threading.current_thread() is self._watcher:
         for _ in range(2000):
             slow.set("busy", "x" * 100)
     post(self, *args)
-side_channel.SideChannel._post_beat = slow_post
-side_channel._BEAT_S = 0.0
-side_channel.open_channel(store, rank=0, world_size=1, run_id="exit", secret=side_channel.new_secret())
+channel.SideChannel._post_beat = slow_post
+channel._BEAT_S = 0.0  # the watcher's pace
+channel.open_channel(store, rank=0, world_size=1, run_id="exit", secret=group.new_secret())
 time.sleep(0.5)
 """
 
@@ -224,8 +220,8 @@ def test_a_value_not_signed_by_the_job_is_ignored_and_reported_once_per_key(caps
         raw.set(f"job/flood/{n}", b"forged")
         assert store.get(f"job/flood/{n}") is None
     reported = capsys.readouterr().err.splitlines()
-    assert len(reported) == side_channel._REPORT_LIMIT - 1
-    assert reported[-1].endswith(f"Further such keys are not reported ({side_channel._REPORT_LIMIT} were).")
+    assert len(reported) == _REPORT_LIMIT - 1
+    assert reported[-1].endswith(f"Further such keys are not reported ({_REPORT_LIMIT} were).")
 
 
 def test_the_first_signed_writer_wins_over_an_outsider_who_wrote_first():
@@ -253,11 +249,12 @@ def test_records_skip_whatever_an_outsider_appended():
 @pytest.fixture
 def fast_beats(monkeypatch):
     """Beats every 20 ms; a pre-emption request and os._exit recorded, never acted on."""
-    monkeypatch.setattr(side_channel, "_BEAT_S", 0.02)
+    for module in ("beat", "channel", "collective_check", "hang", "preemption", "skipped_batch"):  # each its own pace
+        monkeypatch.setattr(f"tandem.strategies.side_channel.{module}._BEAT_S", 0.02)
     monkeypatch.setattr(PREEMPTION, "signum", None)
     monkeypatch.setattr(PREEMPTION, "teardown", None)
     exits: list[int] = []
-    monkeypatch.setattr(side_channel.os, "_exit", exits.append)
+    monkeypatch.setattr(os, "_exit", exits.append)
     return exits
 
 
@@ -391,13 +388,13 @@ def test_a_summary_never_cuts_a_call_site_in_two():
         "Trainer.fit, called at script.py:9 in <module>). Every rank must enter the same collectives."
         for lead in range(230, 300)
     ]
-    summaries = [side_channel.error_summary(side_channel.CollectiveMismatchError(m)) for m in messages]
+    summaries = [error_summary(CollectiveMismatchError(m)) for m in messages]
     cut = [s for s in summaries if "in <" in s.replace(site, "") or f"stopped the job ({s})".count("in )")]
     assert cut == []
     for message, summary in zip(messages, summaries):
         assert summary.endswith(" ...") and message.startswith(summary.removeprefix("CollectiveMismatchError: ")[:-4])
         assert summary.count("(") == summary.count(")"), summary
-    short = side_channel.error_summary(ValueError("bad sample in rank 1"))
+    short = error_summary(ValueError("bad sample in rank 1"))
     assert short == "ValueError: bad sample in rank 1"
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from helpers import launch_free_env
-from tandem.strategies.environments import find_free_port
+from tandem.strategies.environments.machine import find_free_port
 
 SCRIPT = Path(__file__).parent / "scripts" / "forged_store_fit.py"
 NOT_SIGNED = b"0" * 64  # where a signature goes, but not the job's

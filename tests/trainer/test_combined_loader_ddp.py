@@ -1,6 +1,6 @@
-"""Several training loaders under ``strategy="ddp", devices=2`` (gloo, real processes, one launch for every check):
-each loader is sharded by a sampler of its own, the steps equal one process's under ``data_order="global"``, and a
-mid-epoch checkpoint resumes exactly."""
+"""Several training loaders under ``strategy="ddp", devices=2`` (gloo, real processes: the ``combined`` scenario of the
+trainer tests' shared launch, ``core_ddp``): each loader is sharded by a sampler of its own, the steps equal one
+process's under ``data_order="global"``, and a mid-epoch checkpoint resumes exactly."""
 
 from __future__ import annotations
 
@@ -9,22 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
-from helpers import launch_script, max_abs_diff, shared_folder
+from helpers import max_abs_diff
 
 SCRIPT = Path(__file__).parent / "scripts" / "combined_ddp_run.py"
 MODES = ("max_size_cycle", "min_size", "max_size")
 
 
-def _launch(out: Path) -> None:
-    launch_script(SCRIPT, out)
-
-
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    out = shared_folder(tmp_path_factory, "combined_ddp", _launch)
-    return [torch.load(out / f"combined-rank{r}.pt", weights_only=False) for r in (0, 1)]
+def ranks(core_ddp: dict[str, Any]) -> list[dict[str, Any]]:
+    return core_ddp["combined"]
 
 
 @pytest.fixture(scope="module")

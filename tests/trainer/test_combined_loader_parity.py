@@ -5,15 +5,14 @@ length and the numbers Lightning 2.6.6 gives it, on one process and under two-pr
 ``ddp`` a mid-epoch checkpoint of it resumes exactly. Lightning is never imported here: its numbers are the constants
 below.
 
-One process: each mode runs in this process. DDP: one launch of the script (``--framework tandem --devices 2``)
-plays every mode and the resume on two ranks; each rank's values are compared with that rank's under Lightning.
+One process: each mode runs in this process. DDP: the ``combined_parity`` scenario of the trainer tests' shared launch
+(``core_ddp``; ``run_all("tandem", 2, ...)``, as the script's ``--framework tandem --devices 2``) plays every mode and
+the resume on two ranks; each rank's values are compared with that rank's under Lightning.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from unittest import mock
 
 import pytest
 
-from helpers import launch_free_env, lightning_by_rank, lightning_differences, shared_folder
+from helpers import lightning_by_rank, lightning_differences
 
 SCRIPT = Path(__file__).parent / "scripts" / "combined_parity_programs.py"
 
@@ -505,27 +504,14 @@ BATCHES: dict[tuple[str, int], list[str]] = {
 MODES = tuple(dict.fromkeys(mode for mode, _ in LIGHTNING))
 
 
-def _launch(out: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--framework", "tandem", "--devices", "2", "--out", str(out / "tandem.json")],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=launch_free_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1"),
-        cwd=out,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-
-
 @pytest.fixture(scope="module")
-def tandem_ddp(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """Every mode's results, and the resume's, under tandem's ddp on two ranks (one launch for all): ``[rank0,
+def tandem_ddp(core_ddp: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every mode's results, and the resume's, under tandem's ddp on two ranks (the shared launch): ``[rank0,
     rank1]``."""
-    out = shared_folder(tmp_path_factory, "combined_parity_ddp", _launch)
-    return [json.loads((out / f"tandem.json.rank{rank}.json").read_text()) for rank in (0, 1)]
+    return [rank["modes"] for rank in core_ddp["combined_parity"]]
 
 
-@pytest.mark.timeout(300)  # the first DDP case waits for the launch (about 10 s)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("devices", [1, 2])
 @pytest.mark.parametrize("mode", MODES)
 def test_a_dict_of_two_loaders_trains_as_under_lightning(

@@ -1,7 +1,7 @@
-"""Elastic resume of two training loaders between 1 and 2 processes (gloo, real processes, one launch for every
-check), in each CombinedLoader mode under ``data_order="global"``: with each loader's global batch kept, a mid-epoch
-checkpoint of 2 ranks continues on one process, and one of one process on 2 ranks, as if never interrupted; with
-another batch size each loader's order goes on without a repeat or a gap."""
+"""Elastic resume of two training loaders between 1 and 2 processes (gloo, real processes: the ``elastic`` scenario of
+the trainer tests' shared launch, ``core_ddp``), in each CombinedLoader mode under ``data_order="global"``: with each
+loader's global batch kept, a mid-epoch checkpoint of 2 ranks continues on one process, and one of one process on 2
+ranks, as if never interrupted; with another batch size each loader's order goes on without a repeat or a gap."""
 
 from __future__ import annotations
 
@@ -12,10 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from helpers import launch_script, max_abs_diff, shared_folder
+from helpers import max_abs_diff
 
 SCRIPTS = Path(__file__).parent / "scripts"
-SCRIPT = SCRIPTS / "elastic_loaders_run.py"
 MODES = ("max_size_cycle", "min_size", "max_size")
 
 
@@ -28,17 +27,12 @@ def _programs() -> Any:
     return elastic_loaders_run
 
 
-def _fill(out: Path) -> None:
-    """The one-process runs and checkpoints first (the launch resumes them), then the launch."""
-    torch.save(_programs().one_process(out), out / "one.pt")
-    launch_script(SCRIPT, out)
-
-
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = shared_folder(tmp_path_factory, "elastic_loaders", _fill)
-    ranks = [torch.load(out / f"elastic-rank{r}.pt", weights_only=False) for r in (0, 1)]
-    return {"out": out, "one": torch.load(out / "one.pt", weights_only=False), "ranks": ranks}
+def runs(core_ddp: dict[str, Any]) -> dict[str, Any]:
+    """The launch's folder of this scenario (the two-process checkpoints), the one-process runs written there before
+    the launch, and each rank's results."""
+    out = core_ddp["out"] / "elastic"
+    return {"out": out, "one": torch.load(out / "one.pt", weights_only=False), "ranks": core_ddp["elastic"]}
 
 
 def _global(rank0: list[dict[str, Any]], rank1: list[dict[str, Any]]) -> list[dict[str, list[int] | None]]:

@@ -2,23 +2,22 @@
 under tandem the logged values and final weights Lightning 2.6.6 gives them, to 1e-6, on one process and under
 ``strategy="ddp", devices=2`` (CPU, gloo). Lightning is never imported here: its numbers are the constants below.
 
-One process: each program runs in this process. DDP: one launch of the script (``--framework tandem --devices 2``)
-plays every program on two ranks; each rank's values are compared with that rank's under Lightning (values logged
+One process: each program runs in this process. DDP: the ``parity`` scenario of the trainer tests' shared launch
+(``core_ddp``; ``run_all("tandem", 2, ...)``, as the script's ``--framework tandem --devices 2``) plays every program
+on two ranks; each rank's values are compared with that rank's under Lightning (values logged
 without ``sync_dist`` are the rank's own), and both ranks' final weights must be equal.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import pytest
 
-from helpers import launch_free_env, lightning_by_rank, lightning_differences
+from helpers import lightning_by_rank, lightning_differences
 
 SCRIPT = Path(__file__).parent / "scripts" / "parity_programs.py"
 
@@ -1017,22 +1016,12 @@ PROGRAMS = tuple(dict.fromkeys(name for name, _ in LIGHTNING))
 
 
 @pytest.fixture(scope="module")
-def tandem_ddp(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, dict[str, float]]]:
-    """Every program's values under tandem's ``ddp`` on two ranks (one launch for all): ``[rank0, rank1]``."""
-    out = tmp_path_factory.mktemp("parity_ddp") / "tandem.json"
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--framework", "tandem", "--devices", "2", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=launch_free_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1"),
-        cwd=out.parent,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    return [json.loads(out.with_name(f"{out.name}.rank{rank}.json").read_text()) for rank in (0, 1)]
+def tandem_ddp(core_ddp: dict[str, Any]) -> list[dict[str, dict[str, float]]]:
+    """Every program's values under tandem's ``ddp`` on two ranks (the shared launch): ``[rank0, rank1]``."""
+    return [rank["programs"] for rank in core_ddp["parity"]]
 
 
-@pytest.mark.timeout(300)  # the first DDP case waits for the launch (about 20 s)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("devices", [1, 2])
 @pytest.mark.parametrize("name", PROGRAMS)
 def test_matches_lightning(name: str, devices: int, request: pytest.FixtureRequest, tmp_path: Path) -> None:

@@ -164,9 +164,9 @@ def test_epoch_values_without_sync_dist_under_several_processes_warn_once():
 
 
 def test_log_outside_a_trainer_is_ignored_with_one_warning(monkeypatch):
-    import tandem.module
+    from tandem.module import logging as module_logging
 
-    monkeypatch.setattr(tandem.module, "_LOG_WITHOUT_TRAINER_WARNED", False)
+    monkeypatch.setattr(module_logging, "_LOG_WITHOUT_TRAINER_WARNED", False)
     module = TinyModule()
     x, y = next(iter(loader()))
     with pytest.warns(UserWarning, match=r"self.log\('train_loss', ...\).*not attached to a Trainer") as record:

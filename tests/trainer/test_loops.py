@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
-import json
-import subprocess
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -17,7 +14,7 @@ from unittest import mock
 import pytest
 
 import tandem
-from helpers import TinyModule, launch_free_env, loader, quiet_trainer
+from helpers import TinyModule, loader, quiet_trainer
 
 SCRIPT = Path(__file__).parent / "scripts" / "lookahead_program.py"
 
@@ -48,18 +45,10 @@ def test_training_batches_are_read_when_lightning_reads_them():
     assert _program().run("tandem") == LIGHTNING
 
 
-@pytest.mark.timeout(240)
-def test_under_ddp_each_rank_reads_as_lightnings_ranks(tmp_path: Path):
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "tandem", "2", str(tmp_path / "seen")],
-        capture_output=True,
-        text=True,
-        timeout=200,
-        env=launch_free_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1"),
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    got = {k: v for rank in (0, 1) for k, v in json.loads((tmp_path / f"seen.rank{rank}.json").read_text()).items()}
+def test_under_ddp_each_rank_reads_as_lightnings_ranks(core_ddp):
+    """The program under ``strategy="ddp", devices=2``: the ``lookahead`` scenario of the trainer tests' shared
+    launch."""
+    got = {k: v for rank in core_ddp["lookahead"] for k, v in rank["seen"].items()}
     want = {f"rank{rank}/{name}": _on_rank(rank, seen) for rank in (0, 1) for name, seen in LIGHTNING.items()}
     assert got == want
 

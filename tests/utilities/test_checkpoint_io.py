@@ -29,20 +29,12 @@ from torch import nn
 from helpers import TinyModule, loader, quiet_trainer
 from tandem.callbacks import ModelCheckpoint
 from tandem.loggers import CSVLogger
-from tandem.utilities import checkpoint as checkpoint_io
-from tandem.utilities.checkpoint import (
-    CHECKPOINT_MARKER,
-    CHECKSUM_KEY,
-    atomic_save,
-    check_writable_folder,
-    load_checkpoint_file,
-    remove_stale_temporaries,
-    remove_stale_temporaries_in,
-    replace_directory,
-    temporary_directory,
-    to_plain,
-)
+from tandem.utilities import checkpoint_format, temporaries
+from tandem.utilities.atomic import check_writable_folder, replace_directory, temporary_directory
+from tandem.utilities.checkpoint import CHECKPOINT_MARKER, atomic_save, load_checkpoint_file
+from tandem.utilities.checkpoint_format import CHECKSUM_KEY, to_plain
 from tandem.utilities.exceptions import CheckpointError, FileWriteError
+from tandem.utilities.temporaries import remove_stale_temporaries, remove_stale_temporaries_in
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -93,7 +85,7 @@ while True:
 
 _HALF_WRITTEN = """
 import sys, time
-from tandem.utilities.checkpoint import atomic_write
+from tandem.utilities.atomic import atomic_write
 
 def write(f):
     f.write(b"x" * 3_000_000)
@@ -134,7 +126,7 @@ def test_a_killed_writers_temporary_is_removed_by_the_next_save_and_a_live_write
 
 _DIRECTORY_BEING_WRITTEN = """
 import sys, time
-from tandem.utilities.checkpoint import temporary_directory
+from tandem.utilities.atomic import temporary_directory
 
 with temporary_directory(sys.argv[1]) as folder:
     (folder / "__0_0.distcp").write_bytes(b"x" * 1_000_000)
@@ -206,7 +198,7 @@ def test_temporaries_of_another_host_are_removed_only_when_unlocked_and_idle(tmp
 _SWAPS_CUT_SHORT = """
 import os, sys
 from pathlib import Path
-from tandem.utilities.checkpoint import _swap_steps, temporary_directory
+from tandem.utilities.atomic import _swap_steps, temporary_directory
 
 for folder in map(Path, sys.argv[1:]):
     target, stop = folder / "last.ckpt", folder.name.replace("-", " ")
@@ -276,7 +268,7 @@ def test_a_save_killed_at_each_point_of_replacing_a_sharded_checkpoint_is_settle
 def test_a_live_writers_swap_is_left_alone_and_earlier_leftovers_go_when_idle(tmp_path, monkeypatch):
     """A previous checkpoint moved aside by a live process (this one) stays, target or not; one named by another
     host, or by an earlier tandem (no writer in its name), is settled once it has been aside for two minutes."""
-    live = tmp_path / f".last.ckpt.{checkpoint_io._writer_host()}-{os.getpid()}-0123abcd.old"
+    live = tmp_path / f".last.ckpt.{temporaries._writer_host()}-{os.getpid()}-0123abcd.old"
     foreign = tmp_path / ".best.ckpt.othernode-11-0123abcd.old"
     unnamed = tmp_path / ".epoch=0.ckpt.1a2b3c4d.old"  # as earlier versions named it
     for old in (live, foreign, unnamed):
@@ -284,7 +276,7 @@ def test_a_live_writers_swap_is_left_alone_and_earlier_leftovers_go_when_idle(tm
         (old / "meta.pt").write_text("old")
     (tmp_path / "epoch=0.ckpt").mkdir()  # its replacement arrived: the unnamed one is debris
     assert remove_stale_temporaries_in(tmp_path) == []  # aside for less than two minutes: maybe still swapping
-    monkeypatch.setattr(checkpoint_io, "_FOREIGN_IDLE_S", 0.0)
+    monkeypatch.setattr(temporaries, "_FOREIGN_IDLE_S", 0.0)
     assert sorted(remove_stale_temporaries_in(tmp_path)) == sorted([foreign.name, unnamed.name])
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["best.ckpt", "epoch=0.ckpt", live.name])
     assert (tmp_path / "best.ckpt" / "meta.pt").read_text() == "old"  # no best.ckpt was there: put back
@@ -421,7 +413,7 @@ def test_checkpoints_stay_plain_torch_files_and_old_or_edited_ones_load(tmp_path
     path = tmp_path / "weights.ckpt"
     atomic_save({CHECKPOINT_MARKER: "0.1", "state_dict": TinyModule().state_dict(), "extra": 1}, path)
     loaded = torch.load(path)  # torch's default weights_only=True: the checksum is plain strs in a dict
-    assert loaded[CHECKSUM_KEY] == checkpoint_io.checksum(loaded)
+    assert loaded[CHECKSUM_KEY] == checkpoint_format.checksum(loaded)
     old = tmp_path / "old.ckpt"  # written before checksums
     torch.save({CHECKPOINT_MARKER: "0.1", "state_dict": loaded["state_dict"]}, old)
     assert CHECKSUM_KEY not in load_checkpoint_file(old)
@@ -442,7 +434,7 @@ def test_the_checksum_covers_tensors_values_and_keys_but_not_process_details():
     def crc(**changes):
         w = torch.arange(6.0).reshape(3, 2).t().contiguous()
         base = {CHECKPOINT_MARKER: "x", "w": w, "epoch": 3, "lr": 0.1, "set": {"a"}}
-        return checkpoint_io.checksum({**base, **changes})["crc32"]
+        return checkpoint_format.checksum({**base, **changes})["crc32"]
 
     value = crc()
     assert crc(**{CHECKSUM_KEY: {"crc32": {}}}) == value  # its own entry is left out
@@ -581,7 +573,7 @@ def test_the_sweep_never_opens_waits_on_or_removes_what_is_no_temporary_of_its_o
     """Named like a dead writer's temporaries: a FIFO (opening it would block every save into the folder), a
     symlink (to a file elsewhere), and a file of another user. The save completes, and all three stay."""
     dead = _dead_pid()
-    name = lambda kind: tmp_path / f".last.ckpt.{checkpoint_io._writer_host()}-{dead}-{kind}.tmp"  # noqa: E731
+    name = lambda kind: tmp_path / f".last.ckpt.{temporaries._writer_host()}-{dead}-{kind}.tmp"  # noqa: E731
     fifo, link, theirs = name("0000f1f0"), name("0000111c"), name("0000aaaa")
     os.mkfifo(fifo)
     elsewhere = tmp_path / "elsewhere"

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from helpers import TinyModule, loader, quiet_trainer
-from tandem.utilities.checkpoint import atomic_save, is_url, load_checkpoint_file
+from tandem.utilities.checkpoint import atomic_save, load_checkpoint_file
+from tandem.utilities.cloud_io import is_url
 from tandem.utilities.exceptions import CheckpointError
 
 fsspec = pytest.importorskip("fsspec")

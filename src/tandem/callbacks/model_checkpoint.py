@@ -2,7 +2,6 @@
 
 import math
 import os
-import re
 import time
 from collections.abc import Mapping
 from datetime import timedelta
@@ -11,29 +10,41 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 import torch
 
 from tandem.callbacks.callback import Checkpoint
-from tandem.loggers.logger import VERSION_DIR, Logger
-from tandem.utilities.checkpoint import atomic_link, atomic_write, check_writable_folder, is_url
+from tandem.callbacks.model_checkpoint_arguments import check_arguments
+from tandem.callbacks.model_checkpoint_files import (
+    check_writable,
+    default_dirpath,
+    exists,
+    format_name,
+    link,
+    remove,
+    report_moved_folder,
+    warn_of_other_runs,
+    warn_unlogged_filename_metrics,
+)
+from tandem.callbacks.model_checkpoint_scores import (
+    as_score,
+    as_score_or_none,
+    better,
+    current_score,
+    monitor_candidates,
+)
+from tandem.loggers.logger import Logger
+from tandem.utilities.atomic import atomic_write
+from tandem.utilities.cloud_io import is_url
 from tandem.utilities.exceptions import (
     CheckpointError,
-    FileWriteError,
     NonFiniteError,
     Preempted,
     add_note,
-    bad_choice,
     incompatible,
     missing_metric,
-    out_of_range,
 )
 from tandem.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 if TYPE_CHECKING:
     from tandem.module import TrainingModule
     from tandem.trainer.trainer import Trainer
-
-_MODES = ("min", "max")
-_MODE_FIX = "Use 'min' for losses, 'max' for accuracies."
-_SAVE_LAST = (None, False, True, "link")
-_SAVE_LAST_FIX = "Use True for a copy named last.ckpt, 'link' for a symbolic link to the latest checkpoint."
 
 
 class ModelCheckpoint(Checkpoint):
@@ -116,47 +127,7 @@ class ModelCheckpoint(Checkpoint):
         save_on_train_epoch_end: bool | None = None,
         enable_version_counter: bool = True,
     ) -> None:
-        if mode not in _MODES:
-            lead = f"`mode` can be {', '.join(_MODES)} but got {mode}."  # Lightning's sentence first, then ours
-            raise bad_choice("ModelCheckpoint: mode", mode, _MODES, _MODE_FIX, lead=lead)
-        if save_last not in _SAVE_LAST:  # a typo ("lnk") or a string from a config would write a copy
-            raise bad_choice("ModelCheckpoint: save_last", save_last, _SAVE_LAST, _SAVE_LAST_FIX)
-        if not isinstance(save_top_k, int) or save_top_k < -1:
-            lead = f"Invalid value for save_top_k={save_top_k}. Must be >= -1."
-            raise out_of_range("ModelCheckpoint: save_top_k", save_top_k, "an int >= -1 (-1 keeps all)", lead=lead)
-        for arg, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
-            if value is not None and (not isinstance(value, int) or value < 0):
-                lead = f"Invalid value for {arg}={value}. Must be >= 0."
-                raise out_of_range(f"ModelCheckpoint: {arg}", value, "None or an int >= 0", lead=lead)
-        if train_time_interval is not None and (
-            not isinstance(train_time_interval, timedelta) or train_time_interval.total_seconds() <= 0
-        ):
-            raise out_of_range(
-                "ModelCheckpoint: train_time_interval", train_time_interval, "a positive datetime.timedelta"
-            )
-        triggers = {
-            "every_n_train_steps": (every_n_train_steps or 0) > 0,
-            "every_n_epochs": (every_n_epochs or 0) > 0,
-            "train_time_interval": train_time_interval is not None,
-        }
-        if sum(triggers.values()) > 1:
-            given = ", ".join(name for name, on in triggers.items() if on)
-            raise incompatible(
-                f"ModelCheckpoint({given})",
-                "a checkpoint is saved by steps, by time or by epochs, one of them",
-                "Pass only one of them (use several ModelCheckpoint callbacks for several schedules).",
-                lead=f"Combination of parameters every_n_train_steps={every_n_train_steps or 0}, every_n_epochs="
-                f"{every_n_epochs or 0} and train_time_interval={train_time_interval} should be mutually exclusive.",
-            )
-        if monitor is None and save_top_k not in (-1, 0, 1):
-            raise incompatible(
-                f"ModelCheckpoint(save_top_k={save_top_k}, monitor=None)",
-                "the top k are ranked by the monitored metric, and there is none",
-                "Set monitor= to the logged metric that ranks them (e.g. monitor='val_loss'), or save_top_k=-1 to "
-                "keep every checkpoint, 1 to keep the latest.",
-                lead=f"ModelCheckpoint(save_top_k={save_top_k}, monitor=None) is not a valid configuration. "
-                "No quantity for top_k to track.",
-            )
+        check_arguments(mode, save_last, save_top_k, every_n_train_steps, every_n_epochs, train_time_interval, monitor)
         if every_n_train_steps is None and every_n_epochs is None and train_time_interval is None:
             every_n_epochs = 1
         if dirpath is not None:
@@ -229,10 +200,7 @@ class ModelCheckpoint(Checkpoint):
         self._sanity_checking = False
         dirpath = self._user_dirpath
         if dirpath is None:
-            logger = trainer.loggers[0] if trainer.loggers else None
-            log_dir = getattr(logger, "log_dir", None)
-            base = log_dir if log_dir is not None else trainer.default_root_dir
-            dirpath = os.path.join(os.fspath(base), "checkpoints")
+            dirpath = default_dirpath(trainer)
         # rank 0's folder on every rank, as Lightning: a dirpath built on each rank (from the time, a random id)
         # differs, and the other ranks would look for rank 0's files where none were written
         self.dirpath = trainer.strategy.broadcast(dirpath)
@@ -245,15 +213,7 @@ class ModelCheckpoint(Checkpoint):
                 f"`dirpath={self.dirpath}`.",
             )
         if stage == "fit":  # find an unwritable folder now, not at the first save after an epoch of work
-            problem = None
-            if trainer.is_global_zero:  # the rank that writes
-                try:
-                    check_writable_folder(self.dirpath, "the ModelCheckpoint folder")
-                except FileWriteError as err:
-                    problem = (err.errno, f"{err} (Checked before training, so no work is lost.)", self.dirpath)
-            problem = trainer.strategy.broadcast(problem)
-            if problem is not None:
-                raise FileWriteError(*problem)
+            check_writable(trainer, self.dirpath)
         if self._pending_state is not None:
             state, self._pending_state = self._pending_state, None
             self._restore(state)
@@ -270,7 +230,7 @@ class ModelCheckpoint(Checkpoint):
         save that could not be made (parameters holding NaN or inf, a full disk) becomes a note on it."""
         if not self._saves_on_exception(trainer, exception):
             return
-        metrics = self._monitor_candidates(trainer)
+        metrics = monitor_candidates(trainer)
         before = self.state_dict()
         try:
             path = self.format_checkpoint_name(metrics)
@@ -321,20 +281,7 @@ class ModelCheckpoint(Checkpoint):
         if resumed is not None and os.path.dirname(os.path.abspath(resumed)) == folder:
             return
         kept = (*self.best_k_models, *self._latest, self.best_model_path, self.last_model_path)
-        own = {os.path.abspath(p) for p in kept if p}
-        foreign = sorted(
-            name
-            for name in os.listdir(folder)
-            if name.endswith(self.FILE_EXTENSION) and os.path.join(folder, name) not in own
-        )
-        if foreign:
-            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-            rank_zero_warn(
-                f"Checkpoint directory {self.dirpath} exists and is not empty: it holds {len(foreign)} checkpoint(s) "
-                f"of another run ({shown}). This run's checkpoints will mix with them (same names get a -v1 "
-                "suffix). Give this run its own ModelCheckpoint(dirpath=...), or a logger (a new version folder "
-                "per run); to continue that run instead, pass fit(..., ckpt_path=<its checkpoint>)."
-            )
+        warn_of_other_runs(dirpath, self.FILE_EXTENSION, kept)
 
     def on_train_batch_end(
         self, trainer: "Trainer", pl_module: "TrainingModule", outputs: Any, batch: Any, batch_idx: int
@@ -386,7 +333,7 @@ class ModelCheckpoint(Checkpoint):
         """A save point: the top k when ``top_k``; ``last.ckpt`` when ``last`` (step and time save points), else
         only when this step's top-k checkpoint was written (Lightning 2.6: "a copy whenever a checkpoint file gets
         saved"), or to point the link at the latest checkpoint again."""
-        metrics = self._monitor_candidates(trainer)
+        metrics = monitor_candidates(trainer)
         before = self.state_dict()
         try:
             if top_k and self.save_top_k != 0:
@@ -401,28 +348,6 @@ class ModelCheckpoint(Checkpoint):
             self._last_global_step_saved = trainer.global_step
             if isinstance(reason, NonFiniteError):
                 raise
-
-    def _warn_unlogged_filename_metrics(self, metrics: Mapping[str, Any]) -> None:
-        """A ``filename`` placeholder that names no logged metric is written as 0 (as in Lightning): say so,
-        once, with the names that were logged (a misspelt ``{val_acc}`` would otherwise go unnoticed)."""
-        missing = [name for name in _placeholders(self.filename) if name not in metrics]
-        if not missing:
-            return
-        self._warned_filename = True
-        logged = sorted(k for k in metrics if k not in ("epoch", "step"))
-        rank_zero_warn(
-            f"ModelCheckpoint(filename={self.filename!r}) names {', '.join(repr(m) for m in missing)}, which was "
-            f"not logged (logged: {logged}), so it is written as 0 in the checkpoint names. Log it with "
-            f"self.log({missing[0]!r}, value), or name a logged metric in the filename. If it is a validation "
-            "metric, it exists only once validation has run before the save. (Shown once.)"
-        )
-
-    def _monitor_candidates(self, trainer: "Trainer") -> dict[str, Any]:
-        """Global rank 0's metrics, as numbers: every rank then names, ranks and deletes the same files."""
-        metrics = {name: _number(value) for name, value in trainer.callback_metrics.items()}
-        metrics.setdefault("epoch", trainer.current_epoch)
-        metrics["step"] = trainer.global_step
-        return trainer.strategy.broadcast(metrics)
 
     def _current(self, trainer: "Trainer", metrics: Mapping[str, Any], monitor: str) -> torch.Tensor | None:
         """This rank's value of the monitored metric, as a tensor (Lightning's ``current_score``); NaN ranks last;
@@ -440,15 +365,7 @@ class ModelCheckpoint(Checkpoint):
                     "validation metric, this is expected before the first validation."
                 )
             return None
-        # each rank's own value, as Lightning's: a metric logged without sync_dist differs between ranks
-        value = trainer.callback_metrics.get(monitor, metrics[monitor])
-        current = value.detach().clone() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
-        if torch.isnan(current):
-            current = torch.tensor(math.inf if self.mode == "min" else -math.inf, device=current.device)
-        return current
-
-    def _better(self, a: torch.Tensor, b: torch.Tensor) -> bool:
-        return bool(a > b) if self.mode == "max" else bool(a < b)
+        return current_score(trainer, metrics, monitor, self.mode)
 
     def _makes_top_k(self, trainer: "Trainer", current: torch.Tensor) -> bool:
         """Lightning's ``check_monitor_top_k``: while fewer than k are kept, yes; else only when every rank finds
@@ -456,8 +373,8 @@ class ModelCheckpoint(Checkpoint):
         where Lightning saves."""
         if self.save_top_k == -1 or len(self.best_k_models) < self.save_top_k:
             return True
-        better = self._better(current, self.best_k_models[self.kth_best_model_path])
-        return trainer.strategy.reduce_boolean_decision(better)
+        better_here = better(current, self.best_k_models[self.kth_best_model_path], self.mode)
+        return trainer.strategy.reduce_boolean_decision(better_here)
 
     def _save_top_k(self, trainer: "Trainer", metrics: dict[str, Any]) -> None:
         if self.monitor is None:
@@ -487,7 +404,7 @@ class ModelCheckpoint(Checkpoint):
             )
         self._write(trainer, path)  # the callback's state saved with it already counts this file
         if dropped is not None and dropped not in (path, self.last_model_path):
-            self._remove(trainer, dropped)
+            remove(trainer, self.dirpath, dropped)
 
     def _save_latest(self, trainer: "Trainer", metrics: dict[str, Any]) -> None:
         """No monitor: ``best_model_path`` is the checkpoint just written, and the latest ``save_top_k`` are kept
@@ -504,7 +421,7 @@ class ModelCheckpoint(Checkpoint):
         self._write(trainer, path)
         for old in dropped:
             if old not in (path, self.last_model_path):
-                self._remove(trainer, old)
+                remove(trainer, self.dirpath, old)
 
     def _write(self, trainer: "Trainer", path: str) -> None:
         # set first: part of the state saved in the file (last.ckpt and the top-k file of one step are alike)
@@ -527,15 +444,6 @@ class ModelCheckpoint(Checkpoint):
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(self)
 
-    def _remove(self, trainer: "Trainer", path: str) -> None:
-        """Delete a checkpoint this callback no longer keeps, unless it lives outside ``dirpath`` (a file of
-        an earlier launch of the run, in its own folder: never deleted from here) or is the checkpoint this fit
-        resumed from (as in Lightning)."""
-        folder = os.path.abspath(self.dirpath or ".")
-        resumed = trainer.ckpt_path is not None and os.path.abspath(trainer.ckpt_path) == os.path.abspath(path)
-        if os.path.dirname(os.path.abspath(path)) == folder and not resumed:
-            trainer.strategy.remove_checkpoint(path)
-
     def _update_best(self, k: int) -> None:
         """Lightning's choice among equal scores: the first kept is the best, and the first of the worst is the
         k-th (the next to go)."""
@@ -550,48 +458,32 @@ class ModelCheckpoint(Checkpoint):
         """The formatted path; with the version counter, ``-v1``, ``-v2``... appended while that file
         exists (rank 0 looks)."""
         if not self._warned_filename:
-            self._warn_unlogged_filename_metrics(metrics)
+            self._warned_filename = warn_unlogged_filename_metrics(self.filename, metrics)
         path = self.format_checkpoint_name(metrics)
         version = self.STARTING_VERSION
-        while (
-            self.enable_version_counter and path != keep and (path in self.best_k_models or self._exists(trainer, path))
-        ):
+        while self.enable_version_counter and path != keep and (path in self.best_k_models or exists(trainer, path)):
             path = self.format_checkpoint_name(metrics, ver=version)
             version += 1
         # rank 0's name on every rank: another rank's kept files (its own scores rank them) may differ
         return trainer.strategy.broadcast(path)
 
-    @staticmethod
-    def _exists(trainer: "Trainer", path: str) -> bool:
-        return trainer.strategy.broadcast(os.path.exists(path))  # rank 0's view (a sharded checkpoint is a folder)
-
     def _save_last(self, trainer: "Trainer", metrics: Mapping[str, Any]) -> None:
         previous = self.last_model_path
         path = self.format_checkpoint_name(metrics, self.CHECKPOINT_NAME_LAST)
         version = self.STARTING_VERSION
-        while self.enable_version_counter and path != previous and self._exists(trainer, path):
+        while self.enable_version_counter and path != previous and exists(trainer, path):
             path = self.format_checkpoint_name(metrics, self.CHECKPOINT_NAME_LAST, ver=version)
             version += 1
         self.last_model_path = path  # set first: it is part of the state saved in the file
         if self._links_last() and self.save_top_k != 0:
-            self._link(trainer, self._last_checkpoint_saved, path)
+            link(trainer, self._last_checkpoint_saved, path)
         else:
             self._write(trainer, path)
         if previous and previous != path and previous not in self.best_k_models:
-            self._remove(trainer, previous)
+            remove(trainer, self.dirpath, previous)
 
     def _links_last(self) -> bool:
         return self.save_last == "link" and bool(self._last_checkpoint_saved)
-
-    def _link(self, trainer: "Trainer", target: str, path: str) -> None:
-        """``save_last="link"``: rank 0 points ``path`` at ``target`` (a relative symbolic link, or a copy where
-        links cannot be made), atomically; every rank then waits for it."""
-        if trainer.is_global_zero and os.path.abspath(target) != os.path.abspath(path):
-            checkpoint_io = trainer.strategy.checkpoint_io
-            # a copy (where links cannot be made) needs the target on the disk: a background write finished
-            ready = None if checkpoint_io is None else lambda: checkpoint_io.wait_for(target)
-            atomic_link(target, path, what="the last checkpoint", before_copy=ready)
-        trainer.strategy.barrier()
 
     # ------------------------------------------------------------------ names
     def format_checkpoint_name(
@@ -605,7 +497,13 @@ class ModelCheckpoint(Checkpoint):
                 {"epoch": 3, "val_loss": 0.1234})  # 'ckpts/epoch=3-val_loss=0.12.ckpt'
             ```
         """
-        name = _format_name(filename or self.filename, metrics, self.auto_insert_metric_name)
+        name = format_name(
+            filename or self.filename,
+            metrics,
+            self.auto_insert_metric_name,
+            ModelCheckpoint.CHECKPOINT_JOIN_CHAR,
+            ModelCheckpoint.CHECKPOINT_EQUALS_CHAR,
+        )
         if ver is not None:
             name = f"{name}{self.CHECKPOINT_JOIN_CHAR}v{ver}"
         name += self.FILE_EXTENSION
@@ -665,9 +563,9 @@ class ModelCheckpoint(Checkpoint):
         are never deleted from here; the last checkpoint is then written afresh in this folder. A folder that is
         not another version of the run's gets Lightning's warning ("The dirpath has changed ...")."""
         self.best_model_path = state["best_model_path"]
-        self.best_model_score = _tensor(state["best_model_score"])
-        self.current_score = _tensor(state.get("current_score"))
-        best_k_models = {path: _score(score) for path, score in state["best_k_models"].items()}
+        self.best_model_score = as_score_or_none(state["best_model_score"])
+        self.current_score = as_score_or_none(state.get("current_score"))
+        best_k_models = {path: as_score(score) for path, score in state["best_k_models"].items()}
         if self.monitor is None:  # no scores; tandem before Lightning's rule ranked these files by step
             self.best_k_models, self.best_model_score = {}, None
             by_step = sorted(best_k_models, key=best_k_models.__getitem__)
@@ -677,80 +575,14 @@ class ModelCheckpoint(Checkpoint):
             self.best_k_models = best_k_models
             self.kth_best_model_path = state["kth_best_model_path"]
             if state["kth_value"] is not None:  # None: written by tandem before 0-dim tensors, fewer than k kept
-                self.kth_value = _score(state["kth_value"])
+                self.kth_value = as_score(state["kth_value"])
         self._last_global_step_saved = state.get("last_global_step_saved", -1)
         saved_in = state.get("dirpath", self.dirpath)  # as Lightning: a state without one is this folder's
         if saved_in == self.dirpath:
             self.last_model_path = state["last_model_path"]
-        elif _sibling_versions(saved_in, self.dirpath):  # tandem's resume: each launch gets its own version_<n>
-            if self.best_k_models:
-                rank_zero_info(
-                    f"ModelCheckpoint: resumed a run that saved its checkpoints in {saved_in!r}; they keep their "
-                    f"rank in the top {self.save_top_k} (best: {self.best_model_path!r}) and stay where they are. "
-                    f"New checkpoints go to {self.dirpath!r}."
-                )
-        else:  # another folder than the run's: Lightning's warning, with what tandem keeps
-            kept = (
-                f"the run's top {self.save_top_k} keep their rank (best: {self.best_model_path!r}) and stay where "
-                "they are, never deleted from here"
-                if self.best_k_models
-                else f"only `best_model_path` ({self.best_model_path!r}) is reloaded"
-            )
-            rank_zero_warn(
-                f"The dirpath has changed from {saved_in!r} to {self.dirpath!r}: `last_model_path` is not reloaded "
-                f"(last.ckpt is written afresh in the new folder), and {kept}. Checkpoints go to the new folder from "
-                "now on; pass ModelCheckpoint(dirpath=<the old folder>) to continue there instead."
-            )
+        else:
+            report_moved_folder(saved_in, self.dirpath, self.best_k_models, self.best_model_path, self.save_top_k)
 
 
 class _Skipped(Exception):
     """A save the Trainer skipped (the parameters hold NaN or inf)."""
-
-
-def _sibling_versions(old: Any, new: str | None) -> bool:
-    """Whether ``old`` and ``new`` are the ``checkpoints`` folders of two ``version_<n>`` of one experiment (a
-    resumed run's own earlier launch)."""
-    if not isinstance(old, str) or new is None:
-        return False
-    folders = [os.path.normpath(path) for path in (old, new)]
-    return (
-        all(
-            os.path.basename(path) == "checkpoints" and VERSION_DIR.match(os.path.basename(os.path.dirname(path)))
-            for path in folders
-        )
-        and len({os.path.dirname(os.path.dirname(path)) for path in folders}) == 1
-    )
-
-
-def _placeholders(template: str | None) -> list[str]:
-    """The metric names a ``filename`` template fills in (``"{epoch}-{val_loss:.2f}"``: epoch, val_loss)."""
-    return sorted({group[1:] for group in re.findall(r"(\{.*?)[:}]", template or "")})
-
-
-def _format_name(template: str | None, metrics: Mapping[str, Any], auto_insert_metric_name: bool) -> str:
-    """Fill ``{name}`` / ``{name:fmt}`` placeholders; a name that was not logged is written as 0."""
-    filename = template or f"{{epoch}}{ModelCheckpoint.CHECKPOINT_JOIN_CHAR}{{step}}"
-    values: dict[str, Any] = {}
-    for group in sorted(set(re.findall(r"(\{.*?)[:}]", filename)), key=len, reverse=True):
-        name = group[1:]
-        if auto_insert_metric_name:
-            filename = filename.replace(group, f"{name}{ModelCheckpoint.CHECKPOINT_EQUALS_CHAR}{{{name}")
-        filename = filename.replace(group, f"{{0[{name}]")  # indexing lets names hold dots and slashes
-        values[name] = _number(metrics.get(name, 0))
-    return filename.format(values)
-
-
-def _tensor(score: Any) -> torch.Tensor | None:
-    """A score as Lightning keeps it (a 0-dim tensor), or None; checkpoints of earlier tandem versions hold floats."""
-    return None if score is None else _score(score)
-
-
-def _score(score: Any) -> torch.Tensor:
-    """A score that is there, as Lightning keeps it (see ``_tensor``)."""
-    return score if isinstance(score, torch.Tensor) else torch.tensor(float(score))
-
-
-def _number(value: Any) -> int | float:
-    if isinstance(value, torch.Tensor):
-        return int(value.item()) if not value.is_floating_point() else float(value.item())
-    return value

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from tandem.callbacks.callback import Callback
 from tandem.cli.errors import CLIError
 from tandem.loggers.logger import atomic_write_text
-from tandem.utilities.checkpoint import read_text
+from tandem.utilities.cloud_io import read_text
 
 if TYPE_CHECKING:
     from tandem.module import TrainingModule

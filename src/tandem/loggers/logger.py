@@ -25,7 +25,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import IO, TYPE_CHECKING, Any, cast
 
-from tandem.utilities.checkpoint import atomic_write, is_url, url_filesystem
+from tandem.utilities.atomic import atomic_write
+from tandem.utilities.cloud_io import is_url, url_filesystem
 from tandem.utilities.exceptions import TandemConfigError, write_failed
 from tandem.utilities.rank_zero import rank_zero_only
 
@@ -358,7 +359,7 @@ def _yaml_safe(value: Any) -> Any:
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, what: str = "") -> None:
-    """Write ``text`` (UTF-8) through ``tandem.utilities.checkpoint.atomic_write``: a new file gets the
+    """Write ``text`` (UTF-8) through ``tandem.utilities.atomic.atomic_write``: a new file gets the
     umask's mode, a failed write names the file and the cause and leaves the previous file intact."""
 
     def write(file: IO[bytes]) -> None:

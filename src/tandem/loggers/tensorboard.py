@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from tandem.loggers.logger import HPARAMS_FILE, Logger, NoOpExperiment, flatten_params, require_url_filesystem
-from tandem.utilities.checkpoint import is_url
+from tandem.utilities.cloud_io import is_url
 from tandem.utilities.rank_zero import rank_zero_only, rank_zero_warn
 
 if TYPE_CHECKING:

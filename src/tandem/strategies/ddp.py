@@ -38,12 +38,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.nn.parallel.distributed import _find_tensors
 
-from tandem.strategies.environments import ClusterEnvironment
+from tandem.strategies.environments.cluster_environment import ClusterEnvironment
 from tandem.strategies.layer_sync import TorchSyncBatchNorm
 from tandem.strategies.parallel import ParallelStrategy
 from tandem.strategies.precision import Precision
 from tandem.strategies.registry import register_strategy
-from tandem.strategies.strategy import CompiledSteps, StepForward
+from tandem.strategies.steps import CompiledSteps, StepForward
 from tandem.utilities.compile import Compiler
 from tandem.utilities.exceptions import TandemConfigError, out_of_range
 from tandem.utilities.rank_zero import rank_zero_info

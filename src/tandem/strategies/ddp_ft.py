@@ -37,7 +37,8 @@ from torch.optim import Optimizer
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
 
 from tandem.strategies.ddp import DDPStrategy
-from tandem.strategies.environments import ClusterEnvironment, ReplicaGroupEnvironment
+from tandem.strategies.environments.cluster_environment import ClusterEnvironment
+from tandem.strategies.environments.replica_group import ReplicaGroupEnvironment
 from tandem.strategies.precision import Precision
 from tandem.strategies.registry import register_strategy
 from tandem.strategies.replica_groups import (
@@ -69,10 +70,10 @@ class DDPFTStrategy(DDPStrategy):
         connect_timeout: how long reaching the lighthouse and the other groups' managers may take.
         max_retries: steps in a row that may fail to commit before the fit fails (None: no limit).
         use_distributed_sampler: must stay True (None: the Trainer's): ddp_ft orders and shares the training data.
-        devices, precision, process_group_backend, timeout, sync_batchnorm, cluster_environment,
-        collective_check_timeout, hang_timeout: as [`DDPStrategy`][tandem.strategies.DDPStrategy]'s, within the group
-        (``hang_timeout`` must be longer than ``quorum_timeout`` + ``step_timeout``: a wait for the other groups is
-        bounded by those).
+        devices: as [`DDPStrategy`][tandem.strategies.DDPStrategy]'s, within the group; so are `precision`,
+            `process_group_backend`, `timeout`, `sync_batchnorm`, `cluster_environment`, `collective_check_timeout` and
+            `hang_timeout` (``hang_timeout`` must be longer than ``quorum_timeout`` + ``step_timeout``: a wait for the
+            other groups is bounded by those).
 
     Example:
         ```python

@@ -30,52 +30,53 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import functools
-import shutil
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeGuard, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 
-from tandem.strategies.environments import ClusterEnvironment
+from tandem.strategies.environments.cluster_environment import ClusterEnvironment
+from tandem.strategies.fsdp_checkpoint import (
+    load_sharded_checkpoint,
+    named_state,
+    numbered_state,
+    save_sharded_checkpoint,
+)
+from tandem.strategies.fsdp_checks import (
+    Policy,
+    batch_norms,
+    check_dtypes,
+    check_policy,
+    fsdp1_sharding,
+    is_dtensor,
+    is_fsdp,
+    refuse_data_parallel,
+    select_layers,
+)
+from tandem.strategies.fsdp_guard import READING_ATTRIBUTE, guard, unguard
+from tandem.strategies.fsdp_meta_init import check_initialisable, has_meta, parameters_on_meta
 from tandem.strategies.parallel import ParallelStrategy
 from tandem.strategies.precision import Precision
 from tandem.strategies.registry import register_strategy
-from tandem.strategies.strategy import StepForward
-from tandem.utilities.checkpoint import (
-    SHARDED_META_FILE,
-    atomic_save,
-    is_sharded_checkpoint,
-    load_checkpoint_file,
-    replace_directory,
-    temporary_directory,
-)
-from tandem.utilities.exceptions import CheckpointError, TandemConfigError, TandemUserCodeError, bad_choice
+from tandem.strategies.steps import StepForward
+from tandem.utilities.checkpoint import is_sharded_checkpoint, load_checkpoint_file
+from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError, bad_choice
 
 if TYPE_CHECKING:  # torch's FSDP, DTensor and checkpoint modules take ~1 s to import: loaded when used
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, OffloadPolicy
+    from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy
 
-    class ShardedModule(FSDPModule, nn.Module):
-        """What ``fully_shard`` makes of a module: the same object, its class now also an ``FSDPModule``."""
+    from tandem.strategies.fsdp_checks import ShardedModule
 
 
 STATE_DICT_TYPES = ("full", "sharded")
-META_FILE = (
-    SHARDED_META_FILE  #: a sharded checkpoint's non-tensor state (loops, callbacks, RNG, ...), written by rank 0
-)
 _ROOT_ATTRIBUTE = "_tandem_fsdp_root"  # the FSDP root built around a module, reused by later stages
-_GUARD_ATTRIBUTE = "_tandem_fsdp_guard"  # between stages: the hooks that stop a use of the sharded module
-_READING_ATTRIBUTE = "_tandem_fsdp_reading"  # the strategy is reading the sharded module's state itself
 _PARAM_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
-
-Policy = Callable[[nn.Module], bool] | Iterable[type[nn.Module]] | type[nn.Module] | None
 
 
 class FSDPStrategy(ParallelStrategy):
@@ -142,7 +143,7 @@ class FSDPStrategy(ParallelStrategy):
         sharding_strategy: Any = None,
     ) -> None:
         if sharding_strategy is not None:
-            raise _fsdp1_sharding(sharding_strategy)
+            raise fsdp1_sharding(sharding_strategy)
         super().__init__(
             devices=devices,
             precision=precision,
@@ -154,8 +155,8 @@ class FSDPStrategy(ParallelStrategy):
             hang_timeout=hang_timeout,
             cluster_environment=cluster_environment,
         )
-        self.auto_wrap_policy = _check_policy("auto_wrap_policy", auto_wrap_policy)
-        self.activation_checkpointing_policy = _check_policy(
+        self.auto_wrap_policy = check_policy("auto_wrap_policy", auto_wrap_policy)
+        self.activation_checkpointing_policy = check_policy(
             "activation_checkpointing_policy", activation_checkpointing_policy
         )
         for flag, value in (
@@ -221,12 +222,12 @@ class FSDPStrategy(ParallelStrategy):
             stack.enter_context(torch.device(self.root_device))
             stack.enter_context(self.precision.module_init_context())
             if empty_init:
-                stack.enter_context(_parameters_on_meta())
+                stack.enter_context(parameters_on_meta())
             yield
 
     def _setup(self, module: nn.Module) -> None:
         self._optimizers = []
-        _unguard(module)
+        unguard(module)
         root = module.__dict__.get(_ROOT_ATTRIBUTE)
         if root is None:  # a module sharded by an earlier stage keeps its groups
             root = self._shard(module)
@@ -240,19 +241,19 @@ class FSDPStrategy(ParallelStrategy):
         from torch.distributed._composable import checkpoint
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        _refuse_data_parallel(module)
-        meta = [m for m in module.modules() if _has_meta(m)]
+        refuse_data_parallel(module)
+        meta = [m for m in module.modules() if has_meta(m)]
         if meta:
-            _check_initialisable(module, meta)
+            check_initialisable(module, meta)
         else:
             module = self._module_to_device(module)
         module = self.precision.convert_module(module)
-        checkpointed = _select(module, self.activation_checkpointing_policy, "activation_checkpointing_policy")
-        groups = _select(module, self.auto_wrap_policy, "auto_wrap_policy")
+        checkpointed = select_layers(module, self.activation_checkpointing_policy, "activation_checkpointing_policy")
+        groups = select_layers(module, self.auto_wrap_policy, "auto_wrap_policy")
         # BatchNorm keeps float32 weights under a 16-bit policy (its statistics are float32), as autocast does
-        norms = _batch_norms(module) if self.mixed_precision_policy.param_dtype is not None else []
+        norms = batch_norms(module) if self.mixed_precision_policy.param_dtype is not None else []
         groups = [g for g in groups if not any(g is n for n in norms)]
-        _check_dtypes(module, norms + groups)
+        check_dtypes(module, norms + groups)
         if self.sync_module_states and self.world_size > 1 and not meta:
             self._broadcast_tensors(module)
         for layer in checkpointed:
@@ -297,7 +298,7 @@ class FSDPStrategy(ParallelStrategy):
         tensors = list(module.buffers()) + (list(module.parameters()) if parameters else [])
         with torch.no_grad():
             for tensor in tensors:
-                if not _is_dtensor(tensor) and not tensor.is_meta:
+                if not is_dtensor(tensor) and not tensor.is_meta:
                     dist.broadcast(tensor.data, src=0)
 
     def _materialize(self, root: nn.Module, module: nn.Module, meta: list[nn.Module]) -> None:
@@ -321,7 +322,7 @@ class FSDPStrategy(ParallelStrategy):
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "DTensor random operators may not have complete support")
             for layer in meta:
-                layer.reset_parameters()  # type: ignore[operator]  # _check_initialisable found one on each
+                layer.reset_parameters()  # type: ignore[operator]  # check_initialisable found one on each
         if self.sync_module_states and self.world_size > 1:
             self._broadcast_tensors(module, parameters=False)
 
@@ -330,11 +331,11 @@ class FSDPStrategy(ParallelStrategy):
         (to know which groups an evaluation step gathers)."""
         for handle in self._hooks:
             handle.remove()
-        groups = [m for m in root.modules() if _is_fsdp(m)]
+        groups = [m for m in root.modules() if is_fsdp(m)]
         self._managed = {}
         for group in groups:
             nested = {
-                id(p) for inner in group.modules() if inner is not group and _is_fsdp(inner) for p in inner.parameters()
+                id(p) for inner in group.modules() if inner is not group and is_fsdp(inner) for p in inner.parameters()
             }
             name = next((n for n, p in group.named_parameters() if id(p) not in nested), None)
             if name is not None:
@@ -348,7 +349,7 @@ class FSDPStrategy(ParallelStrategy):
 
     def setup_optimizers(self, optimizers: list[Optimizer]) -> list[Optimizer]:
         for optimizer in optimizers:
-            plain = [p for g in optimizer.param_groups for p in g["params"] if not _is_dtensor(p)]
+            plain = [p for g in optimizer.param_groups for p in g["params"] if not is_dtensor(p)]
             if plain:
                 raise TandemUserCodeError(
                     f"The optimizer holds {len(plain)} parameter(s) that FSDP did not shard. Build the optimizer "
@@ -364,8 +365,8 @@ class FSDPStrategy(ParallelStrategy):
         the ways to the whole weights (on one rank it would fail with DTensor errors, hang in a gather, or
         return this rank's shards)."""
         self._reshard_all()
-        if self._module is not None and _is_fsdp(self._model):
-            _guard(self._module, self.world_size)
+        if self._module is not None and is_fsdp(self._model):
+            guard(self._module, self.world_size)
         for handle in self._hooks:
             handle.remove()
         self._hooks, self._recording, self._last_step = [], None, []
@@ -394,7 +395,7 @@ class FSDPStrategy(ParallelStrategy):
         """Accumulation micro-steps keep their gradients unreduced (``set_requires_gradient_sync(False)``); the
         step that follows reduce-scatters their sum once."""
         root = self._model
-        if not enabled or not _is_fsdp(root):
+        if not enabled or not is_fsdp(root):
             yield
             return
         root.set_requires_gradient_sync(False)
@@ -406,7 +407,7 @@ class FSDPStrategy(ParallelStrategy):
     # ------------------------------------------------------------------ evaluation in step
     def evaluation_batches(self, dataloader: Iterable[Any], limit: int | float) -> Iterator[Any]:
         batches = super().evaluation_batches(dataloader, limit)
-        if self.world_size == 1 or not dist.is_initialized() or not _is_fsdp(self._model):
+        if self.world_size == 1 or not dist.is_initialized() or not is_fsdp(self._model):
             return batches
         return self._in_step(batches)
 
@@ -424,7 +425,7 @@ class FSDPStrategy(ParallelStrategy):
 
     def _replay_gathers(self) -> None:
         root = self._model
-        assert _is_fsdp(root)  # evaluation_batches replays only around an FSDP root
+        assert is_fsdp(root)  # evaluation_batches replays only around an FSDP root
         steps = self._last_step or [(g, g is not root and self.reshard_after_forward) for g in self._managed]
         # a rank that has not run a forward yet: torch's root set-up, which the first forward would do (no public API)
         root._get_fsdp_state()._lazy_init()
@@ -435,7 +436,7 @@ class FSDPStrategy(ParallelStrategy):
 
     def _is_sharded(self, group: ShardedModule) -> bool:
         name = self._managed.get(group)
-        return name is None or _is_dtensor(group.get_parameter(name))
+        return name is None or is_dtensor(group.get_parameter(name))
 
     def _reshard_all(self) -> None:
         """Register the sharded parameters everywhere (local): the state-dict functions map them to names."""
@@ -449,11 +450,11 @@ class FSDPStrategy(ParallelStrategy):
         the module's state readable between stages (torch's state-dict functions call ``state_dict()``)."""
         self._reshard_all()
         module = self.module
-        module.__dict__[_READING_ATTRIBUTE] = True
+        module.__dict__[READING_ATTRIBUTE] = True
         try:
             yield
         finally:
-            module.__dict__.pop(_READING_ATTRIBUTE, None)
+            module.__dict__.pop(READING_ATTRIBUTE, None)
 
     def module_state_dict(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
@@ -483,7 +484,7 @@ class FSDPStrategy(ParallelStrategy):
     def load_module_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-        full = not any(_is_dtensor(v) for v in state_dict.values())
+        full = not any(is_dtensor(v) for v in state_dict.values())
         try:
             with self._reading():
                 set_model_state_dict(
@@ -505,7 +506,7 @@ class FSDPStrategy(ParallelStrategy):
                 return get_optimizer_state_dict(self.module, optimizer)
             options = StateDictOptions(full_state_dict=True, cpu_offload=True)
             state = get_optimizer_state_dict(self.module, optimizer, options=options)
-        return _numbered(state) if state else {}
+        return numbered_state(state) if state else {}
 
     def load_optimizer_state(self, optimizer: Optimizer, state: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
@@ -517,7 +518,7 @@ class FSDPStrategy(ParallelStrategy):
             if all(isinstance(k, str) for k in state["state"]):  # by name: a sharded checkpoint
                 set_optimizer_state_dict(self.module, optimizer, dict(state))
                 return
-            named = _named(state, self._parameter_names(optimizer))
+            named = named_state(state, self._parameter_names(optimizer))
             set_optimizer_state_dict(self.module, optimizer, named, options=StateDictOptions(full_state_dict=True))
 
     def _parameter_names(self, optimizer: Optimizer) -> list[str]:
@@ -539,37 +540,10 @@ class FSDPStrategy(ParallelStrategy):
         left), rank 0 adds ``meta.pt`` (everything but the module and optimizer tensors), and the directory is
         renamed onto ``path`` once every rank has finished (``replace_directory``:
         a kill while the previous checkpoint is replaced leaves what the next save or a resume settles)."""
-        if not any(_is_dtensor(v) for v in checkpoint["state_dict"].values()):  # the same on every rank
+        if not any(is_dtensor(v) for v in checkpoint["state_dict"].values()):  # the same on every rank
             super().save_checkpoint(checkpoint, path)
             return
-        import torch.distributed.checkpoint as dcp
-
-        path = Path(path)
-        meta = dict(checkpoint)
-        tensors: dict[str, Any] = {"state_dict": meta.pop("state_dict")}
-        if "optimizer_states" in meta:  # the plain states of optimizers that never stepped go with the meta
-            states = meta.pop("optimizer_states")
-            meta["optimizer_states"] = [s if _is_numbered(s) else None for s in states]
-            tensors["optimizer_states"] = {str(i): s for i, s in enumerate(states) if not _is_numbered(s)}
-        with contextlib.ExitStack() as held:
-            temporary = None
-            if self.is_global_zero:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                temporary = str(held.enter_context(temporary_directory(path)))
-            temporary = self.broadcast(temporary)
-            assert temporary is not None  # rank 0's folder, on every rank
-            try:
-                dcp.save(tensors, checkpoint_id=temporary)
-                if self.is_global_zero:
-                    atomic_save(meta, Path(temporary) / META_FILE)
-                self.barrier("save_checkpoint")  # every shard is written
-                if self.is_global_zero:
-                    replace_directory(temporary, path)
-                self.barrier("save_checkpoint")
-            except BaseException:
-                if self.is_global_zero:
-                    shutil.rmtree(temporary, ignore_errors=True)
-                raise
+        save_sharded_checkpoint(self, checkpoint, path)
 
     def load_checkpoint(self, path: str | Path, weights_only: bool | None = None) -> dict[str, Any]:
         """A file (full, or written by another strategy) as usual; a sharded directory is read into this rank's
@@ -578,277 +552,7 @@ class FSDPStrategy(ParallelStrategy):
         path = Path(path)
         if not is_sharded_checkpoint(path):
             return load_checkpoint_file(path, weights_only)  # a file, or a plain folder (named as one there)
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.api import CheckpointException
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
-        from tandem.strategies.sharded_reader import readers, refusal, refused_message
-
-        checkpoint = load_checkpoint_file(_meta_file(path), weights_only)
-        with self._reading():
-            target: dict[str, Any] = {"state_dict": get_model_state_dict(self.module)}
-            plain = checkpoint.get("optimizer_states")
-            if plain is not None and self._optimizers:
-                target["optimizer_states"] = {
-                    str(i): get_optimizer_state_dict(self.module, optimizer)
-                    for i, optimizer in enumerate(self._optimizers)
-                    if i < len(plain) and plain[i] is None
-                }
-        arguments = readers(path, trusted=weights_only is False)
-        try:
-            dcp.load(target, **arguments)
-        except (Exception, CheckpointException) as err:  # several types for a checkpoint that does not fit
-            refused = refusal(arguments)
-            if refused is not None:
-                raise CheckpointError(refused_message(path, refused)) from None
-            raise CheckpointError(
-                f"Sharded checkpoint {str(path)!r} does not fit {type(self.module).__name__}: "
-                f"{type(err).__name__}: {str(err).strip().splitlines()[0][:500]}"
-            ) from None
-        checkpoint["state_dict"] = target["state_dict"]
-        if plain is not None:
-            loaded = target.get("optimizer_states", {})
-            checkpoint["optimizer_states"] = [s if s is not None else loaded.get(str(i)) for i, s in enumerate(plain)]
-        return checkpoint
-
-
-# ---------------------------------------------------------------------------------------------- policies
-
-
-def _check_policy(what: str, policy: Policy) -> Callable[[nn.Module], bool] | frozenset[type] | None:
-    """A set of layer classes (or one class) becomes a frozenset; a callable stays; anything else is an error."""
-    if policy is None or callable(policy) and not isinstance(policy, type):
-        return policy
-    classes = [policy] if isinstance(policy, type) else list(policy) if isinstance(policy, Iterable) else [policy]
-    wrong = [c for c in classes if not (isinstance(c, type) and issubclass(c, nn.Module))]
-    if wrong or not classes:
-        raise TandemConfigError(
-            f"{what}={policy!r} must be a set of layer classes (torch.nn.Module subclasses, e.g. {{nn.Linear}}) "
-            f"or a callable taking a module and returning True to select it; got {wrong[0] if wrong else policy!r}."
-        )
-    return frozenset(classes)
-
-
-def _select(module: nn.Module, policy: Any, what: str) -> list[nn.Module]:
-    """The submodules ``policy`` selects, innermost first; a clear error for classes the module does not
-    contain or a policy that selects nothing."""
-    if policy is None:
-        return []
-    candidates = [m for m in module.modules() if m is not module and not _is_fsdp(m)]
-    if isinstance(policy, frozenset):
-        found = {c for c in policy if any(isinstance(m, c) for m in candidates)}
-        unknown = sorted(c.__name__ for c in policy - found)
-        if unknown:
-            present = sorted({type(m).__name__ for m in candidates})
-            raise TandemConfigError(
-                f"{what} names {', '.join(unknown)}, which {'is' if len(unknown) == 1 else 'are'} not a layer of "
-                f"{type(module).__name__} (its layer classes: {', '.join(present) or 'none'}). Pass the classes of "
-                "the blocks to shard, e.g. {TransformerBlock}."
-            )
-        selected = [m for m in candidates if isinstance(m, tuple(policy))]
-    else:
-        selected = [m for m in candidates if policy(m)]
-    selected = [m for m in selected if any(True for _ in m.parameters())]
-    if not selected:
-        raise TandemConfigError(
-            f"{what} selected no submodule of {type(module).__name__} that has parameters, so it would do nothing. "
-            f"Select the layers to {'shard' if what == 'auto_wrap_policy' else 'checkpoint'} (e.g. a set of their "
-            f"classes), or leave {what}=None."
-        )
-    return selected[::-1]  # children before parents: fully_shard works bottom-up
-
-
-def _check_dtypes(module: nn.Module, groups: list[nn.Module]) -> None:
-    """FSDP gathers each group's parameters as one buffer of one dtype: a group mixing dtypes is an error."""
-    assigned = {id(p) for m in module.modules() if _is_fsdp(m) for p in m.parameters()}
-    owners = {id(p): n for n, p in module.named_parameters()}
-    for group in [*groups, module]:
-        dtypes: dict[torch.dtype, list[str]] = {}
-        for param in group.parameters():
-            if id(param) not in assigned:
-                dtypes.setdefault(param.dtype, []).append(owners.get(id(param), "?"))
-                assigned.add(id(param))
-        if len(dtypes) > 1:
-            where = "the module" if group is module else f"the group {type(group).__name__}"
-            mix = "; ".join(f"{dtype}: {', '.join(names[:3])}" for dtype, names in dtypes.items())
-            raise TandemConfigError(
-                f"FSDP flattens each group's parameters into one buffer of one dtype, but {where} mixes "
-                f"{mix}. Give them one dtype (e.g. module.float()), or put the layers of another dtype in "
-                "groups of their own with auto_wrap_policy."
-            )
-
-
-def _batch_norms(module: nn.Module) -> list[nn.Module]:
-    """The BatchNorm layers with weights that no FSDP group (one ``configure_model`` made) holds yet."""
-    held = {id(m) for group in module.modules() if _is_fsdp(group) for m in group.modules()}
-    return [
-        m
-        for m in module.modules()
-        if isinstance(m, nn.modules.batchnorm._BatchNorm) and id(m) not in held and any(True for _ in m.parameters())
-    ]
-
-
-def _is_fsdp(module: object) -> TypeGuard[ShardedModule]:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(module, FSDPModule)
-
-
-def _is_dtensor(tensor: Any) -> bool:
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(tensor, DTensor)
-
-
-def _refuse_data_parallel(module: nn.Module) -> None:
-    for name, inner in module.named_modules():
-        if isinstance(inner, (nn.DataParallel, DistributedDataParallel)):
-            raise TandemConfigError(
-                f"{type(module).__name__}.{name} is a {type(inner).__name__}, which drives several devices "
-                "from one process; FSDP runs one process per device and shards the module itself. Remove the "
-                f"{type(inner).__name__} wrapper and keep the plain module."
-            )
-
-
-# ---------------------------------------------------------------------------------------------- between stages
-
-
-def _guard(module: nn.Module, world_size: int) -> None:
-    """Between stages, calling the sharded module (or a layer of it) or its ``state_dict()`` raises
-    ``_sharded_module_error``; the hooks cost nothing while a stage runs (they are removed then). The
-    strategy's own reads (``_reading``) pass."""
-    _unguard(module)
-    name = type(module).__name__
-    handles = [  # before FSDP's own pre-forward hook (a gather)
-        layer.register_forward_pre_hook(
-            functools.partial(_refuse_forward, name, world_size, f"{name}.{path}" if path else name), prepend=True
-        )
-        for path, layer in module.named_modules()
-        if any(True for _ in layer.parameters())
-    ]
-    handles.append(module.register_state_dict_post_hook(functools.partial(_refuse_state_dict, world_size)))
-    module.__dict__[_GUARD_ATTRIBUTE] = handles
-
-
-def _unguard(module: nn.Module) -> None:
-    for handle in module.__dict__.pop(_GUARD_ATTRIBUTE, []):
-        handle.remove()
-
-
-def _refuse_forward(name: str, world_size: int, path: str, layer: nn.Module, args: Any) -> None:
-    raise _sharded_module_error(name, world_size, f"calling {path}(...) outside the Trainer")
-
-
-def _refuse_state_dict(world_size: int, module: nn.Module, state_dict: Any, prefix: str, metadata: Any) -> None:
-    if not module.__dict__.get(_READING_ATTRIBUTE):
-        raise _sharded_module_error(type(module).__name__, world_size, f"{type(module).__name__}.state_dict()")
-
-
-def _sharded_module_error(name: str, world_size: int, what: str) -> TandemUserCodeError:
-    return TandemUserCodeError(
-        f"{name} is still sharded by FSDP after the Trainer's stage: its parameters are DTensor shards over "
-        f"{world_size} rank(s), each rank holding its part, so {what} would fail with DTensor errors, wait forever "
-        "for the other ranks' shards, or (state_dict) return this rank's shards, not the weights. On every rank, "
-        "call trainer.save_checkpoint('model.ckpt', weights_only=True) (one file with the whole weights: "
-        "model.load_state_dict(torch.load('model.ckpt')['state_dict']) in a plain module) or state_dict = "
-        "trainer.strategy.full_module_state_dict() (rank 0 receives the whole weights), then save or use them "
-        "under `if trainer.is_global_zero:`. To run the sharded module, use trainer.validate/test/predict."
-    )
-
-
-# ---------------------------------------------------------------------------------------------- meta init
-
-
-@contextlib.contextmanager
-def _parameters_on_meta() -> Iterator[None]:
-    """Parameters registered inside move to the meta device at once (their initialisation then costs
-    nothing); buffers and other tensors stay real."""
-    register = nn.Module.register_parameter
-
-    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
-        register(module, name, param)
-        if param is not None and type(param) is nn.Parameter and not param.is_meta:
-            module._parameters[name] = nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
-
-    nn.Module.register_parameter = on_meta  # type: ignore[method-assign, assignment]  # patched for the block
-    try:
-        yield
-    finally:
-        nn.Module.register_parameter = register  # type: ignore[method-assign]  # the method back
-
-
-def _has_meta(module: nn.Module) -> bool:
-    return any(p.is_meta for p in module.parameters(recurse=False))
-
-
-def _check_initialisable(module: nn.Module, meta: list[nn.Module]) -> None:
-    names = {m: n or type(module).__name__ for n, m in module.named_modules()}
-    missing = [m for m in meta if not callable(getattr(m, "reset_parameters", None))]
-    if missing:
-        shown = ", ".join(f"{names[m]} ({type(m).__name__})" for m in missing[:5])
-        raise TandemUserCodeError(
-            f"Parameters created under trainer.init_module(empty_init=True) are initialised by their module's "
-            f"reset_parameters(), which {shown} lack(s). Define reset_parameters(self) initialising that "
-            "module's own parameters, or build it outside init_module."
-        )
-
-
-# ---------------------------------------------------------------------------------------------- formats
-
-
-def _numbered(state: Mapping[str, Any]) -> dict[str, Any]:
-    """torch.distributed.checkpoint names parameters; torch's optimizers number them in param_groups order."""
-    index: dict[str, int] = {}
-    groups = []
-    for group in state["param_groups"]:
-        ids = []
-        for name in group["params"]:
-            index[name] = len(index)
-            ids.append(index[name])
-        groups.append({**group, "params": ids})
-    return {"state": {index[k]: v for k, v in state["state"].items()}, "param_groups": groups}
-
-
-def _named(state: Mapping[str, Any], names: list[str]) -> dict[str, Any]:
-    """The inverse of ``_numbered``, with the names of the optimizer's parameters in order."""
-    groups = [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]
-    return {"state": {names[i]: v for i, v in state["state"].items()}, "param_groups": groups}
-
-
-def _is_numbered(state: Mapping[str, Any]) -> bool:
-    return not state.get("state") or all(isinstance(k, int) for k in state["state"])
-
-
-def _meta_file(path: Path) -> Path:
-    meta = path / META_FILE
-    if not meta.is_file():
-        raise CheckpointError(
-            f"{str(path)!r} is a directory without {META_FILE}: not a tandem sharded checkpoint, or one whose "
-            "writing was interrupted (those are never renamed into place). Use another checkpoint."
-        )
-    return meta
+        return load_sharded_checkpoint(path, weights_only, self.module, self._optimizers, self._reading)
 
 
 register_strategy("fsdp", FSDPStrategy, "one process per device; parameters, gradients and optimizer state sharded")
-
-
-#: Lightning's (FSDP1) sharding strategies and tandem's (FSDP2) way to the same thing
-_FSDP1_EQUIVALENTS = {
-    "FULL_SHARD": "FSDPStrategy(reshard_after_forward=True), the default: leave the argument out",
-    "SHARD_GRAD_OP": "FSDPStrategy(reshard_after_forward=False): parameters stay gathered from forward to backward",
-    "NO_SHARD": "strategy='ddp': every rank holds the whole module",
-    "HYBRID_SHARD": "none: tandem's FSDP shards over all ranks (no 2-D device mesh); use reshard_after_forward",
-    "_HYBRID_SHARD_ZERO2": "none: tandem's FSDP shards over all ranks (no 2-D device mesh); use reshard_after_forward",
-}
-
-
-def _fsdp1_sharding(value: Any) -> TandemConfigError:
-    """``sharding_strategy=`` (Lightning's FSDP1 argument): the error naming tandem's equivalent."""
-    name = str(getattr(value, "name", value)).upper()
-    known = _FSDP1_EQUIVALENTS.get(name)
-    equivalent = f"here {name!r} is {known}" if known else "; ".join(f"{k}: {v}" for k, v in _FSDP1_EQUIVALENTS.items())
-    return TandemConfigError(
-        f"FSDPStrategy(sharding_strategy={value!r}) is Lightning's FSDP1 argument; tandem's fsdp is FSDP2 "
-        f"(torch's fully_shard), which shards parameters, gradients and optimizer state, and chooses when to "
-        f"reshard with reshard_after_forward: {equivalent}."
-    )

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from tandem.strategies.environments import ReplicaGroupEnvironment
+from tandem.strategies.environments.replica_group import ReplicaGroupEnvironment
 from tandem.strategies.replica_groups import require_torchft
 
 _POLL_S = 0.05

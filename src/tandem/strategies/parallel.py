@@ -1,13 +1,14 @@
 """The base of every strategy that runs one process per device (DDP, FSDP).
 
 What they share lives here: the environment (who started the processes, which rank this is), the
-launcher choice, joining and leaving the process group, the collectives, sharding the data, evening the
+launcher choice, joining the process group, the collectives, sharding the data, evening the
 training batch counts (counted ones here; an epoch of unknown length is evened by the loop, a batch at a
 time, with [`ParallelStrategy.ranks_with_batch`][tandem.strategies.Strategy.ranks_with_batch]), and gathering
 predictions. A subclass adds how the module is wrapped and how gradients are synchronised.
 
-Launch: see ``tandem.strategies.launchers`` (who starts the processes) and
-``tandem.strategies.environments`` (how a process learns its rank).
+Launch: see ``tandem.strategies.launchers`` (who starts the processes),
+``tandem.strategies.environments`` (how a process learns its rank) and ``tandem.strategies.process_group``
+(leaving the group tandem created).
 
 Data: see ``tandem.strategies.samplers``. The training loader is sharded with a DistributedSampler
 that keeps the user's shuffle / drop_last / custom sampler; evaluation and predict loaders give every
@@ -20,9 +21,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
-import gc
 import itertools
-import time
 from typing import Any
 
 import torch
@@ -31,15 +30,15 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
-from tandem.strategies import launchers
-from tandem.strategies.environments import (
-    ClusterEnvironment,
-    LocalEnvironment,
-    ProcessGroupEnvironment,
-    select_environment,
-    threads_per_process,
-)
+from tandem.strategies.environments.cluster_environment import ClusterEnvironment
+from tandem.strategies.environments.existing_group import ProcessGroupEnvironment
+from tandem.strategies.environments.local import LocalEnvironment
+from tandem.strategies.environments.machine import threads_per_process
+from tandem.strategies.environments.selection import select_environment
+from tandem.strategies.launchers.script import ScriptLauncher, processes_started
+from tandem.strategies.launchers.spawn import SpawnLauncher
 from tandem.strategies.precision import Precision
+from tandem.strategies.process_group import _GROUPS_CREATED, joined_external_group, leave_process_group
 from tandem.strategies.samplers import (
     FirstItems,
     evaluation_layout,
@@ -211,7 +210,7 @@ class ParallelStrategy(Strategy):
         return self.parallel_devices[min(self.local_rank, len(self.parallel_devices) - 1)]
 
     @property
-    def launcher(self) -> launchers.ScriptLauncher | launchers.SpawnLauncher | None:
+    def launcher(self) -> ScriptLauncher | SpawnLauncher | None:
         environment = self.environment
         if not isinstance(environment, LocalEnvironment) or self.world_size == 1:
             return None  # torchrun / srun started the processes, or there is only one
@@ -219,9 +218,9 @@ class ParallelStrategy(Strategy):
             return (
                 None
                 if environment.creates_processes_externally
-                else launchers.SpawnLauncher(environment, self.num_processes, self.start_method)
+                else SpawnLauncher(environment, self.num_processes, self.start_method)
             )
-        return launchers.ScriptLauncher(environment, self.num_processes)
+        return ScriptLauncher(environment, self.num_processes)
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, int] | None:
@@ -287,7 +286,7 @@ class ParallelStrategy(Strategy):
                 f"num_nodes={self.num_nodes} with tandem's launcher needs MASTER_ADDR, MASTER_PORT and "
                 "NODE_RANK set on every node. Set them, or start the job with torchrun or srun."
             )
-        started = environment.creates_processes_externally or launchers.processes_started()
+        started = environment.creates_processes_externally or processes_started()
         if self.world_size > 1 and self.num_processes > 1 and not started:
             raise TandemConfigError(
                 f"{type(self).__name__}.setup_environment() ran before the other ranks were started, so it would "
@@ -493,43 +492,6 @@ class ParallelStrategy(Strategy):
             return predictions
         local = apply_to_collection(predictions, torch.Tensor, lambda t: t.detach().cpu())
         return interleave_predictions(self.all_gather_object(local), layout)
-
-
-_GROUPS_CREATED: set[int] = set()  # ids of the default groups that setup_environment created
-
-
-def joined_external_group() -> bool:
-    """Whether this process is in a default process group that tandem did not create (Ray Train's
-    ``TorchTrainer``, or the script's own ``init_process_group``): tandem joins it, starts no processes and
-    never destroys it."""
-    return (
-        dist.is_available()
-        and dist.is_initialized()
-        and id(dist.distributed_c10d._get_default_group()) not in _GROUPS_CREATED
-    )
-
-
-#: how long the process waits at exit for gloo's worker threads to drop their last collective (see below)
-_WORKERS_SETTLE_S = 0.1
-
-
-def leave_process_group() -> None:
-    """Close the side channel and destroy the process group setup_environment created (one tandem did not create
-    stays): at exit, while the interpreter is still whole, and between the jobs of a Hydra sweep.
-
-    Two ways a gloo worker thread can need the GIL while the interpreter shuts down, which aborts the process
-    ("terminate called without an active exception", SIGABRT) after the script succeeded: DistributedDataParallel
-    wrappers in reference cycles that hold the group (collected here), and a worker that has finished the last
-    collective but not yet dropped it. That collective's tensors were made in Python; the worker drops its
-    reference after waking the caller, so on a busy machine the main thread can reach the interpreter's end
-    first (seen in a core dump: ``~AsyncAllgatherWork`` in ``ProcessGroupGloo::runLoop`` taking the GIL during
-    ``Py_FinalizeEx``; 2 of about 300 exits). A short sleep lets the workers take the GIL first.
-    """
-    gc.collect()
-    time.sleep(_WORKERS_SETTLE_S)
-    close_channel()
-    if dist.is_initialized() and not joined_external_group():
-        dist.destroy_process_group()
 
 
 def _shuffles(loader: DataLoader) -> bool:

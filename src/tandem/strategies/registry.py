@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tandem.strategies.checkpoint_io import AsyncCheckpointIO
-from tandem.strategies.environments import ClusterEnvironment
+from tandem.strategies.environments.cluster_environment import ClusterEnvironment
 from tandem.strategies.layer_sync import TorchSyncBatchNorm
 from tandem.strategies.precision import Precision
 from tandem.utilities.exceptions import TandemConfigError, bad_choice, incompatible, out_of_range

@@ -9,13 +9,12 @@ accepts and refuses the same inputs.
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, overload
 
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
@@ -24,10 +23,12 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from tandem.strategies.checkpoint_io import AsyncCheckpointIO
-from tandem.strategies.environments import ClusterEnvironment
+from tandem.strategies.environments.cluster_environment import ClusterEnvironment
 from tandem.strategies.precision import Precision, for_device
 from tandem.strategies.samplers import DATA_ORDERS, ordered_training
-from tandem.utilities.checkpoint import atomic_save, is_sharded_checkpoint, load_checkpoint_file, remove_file
+from tandem.strategies.steps import CompiledSteps, _start_graphs_at_the_steps
+from tandem.utilities.checkpoint import atomic_save, is_sharded_checkpoint, load_checkpoint_file
+from tandem.utilities.cloud_io import remove_file
 from tandem.utilities.compile import Compiler
 from tandem.utilities.data import end_workers_with_process, seed_workers
 from tandem.utilities.exceptions import (
@@ -42,6 +43,7 @@ from tandem.utilities.rank_zero import set_rank
 from tandem.utilities.seed import order_seed
 
 if TYPE_CHECKING:
+    from tandem.strategies.launchers.launcher import Launcher
     from tandem.strategies.replica_groups import ReplicaGroups
 
 _NO_CONTEXT = contextlib.nullcontext()
@@ -50,54 +52,6 @@ ReduceOp = str  # "mean" | "sum" | "max" | "min"
 REDUCE_OPS = ("mean", "sum", "max", "min")
 STAGES = ("fit", "validate", "test", "predict")
 CLIP_ALGORITHMS = ("norm", "value")
-
-
-class Launcher(Protocol):
-    """What starts the other processes of a job (``Strategy.launcher``): ``launch`` runs ``function`` in this
-    process and the processes it starts, and returns this process's result."""
-
-    def launch(self, function: Callable[..., Any], *args: Any, trainer: Any = None, **kwargs: Any) -> Any: ...
-
-
-class StepForward(nn.Module):
-    """Routes ``forward`` to the module's step method, so wrappers (DDP, FSDP, DataParallel) see each step
-    as a forward call: DDP prepares its gradient reduction there, FSDP gathers the parameters there,
-    DataParallel splits the batch there."""
-
-    def __init__(self, module: nn.Module) -> None:
-        super().__init__()
-        self.module = module
-
-    def forward(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.module, method)(*args, **kwargs)
-
-
-class CompiledSteps:
-    """A module's step methods, each compiled on its first call (as Lightning's ``from_compiled`` does), called
-    as a ``StepForward`` is: ``steps("training_step", batch, batch_idx)``."""
-
-    def __init__(self, module: nn.Module, compiler: Compiler) -> None:
-        self.module = module
-        self._compiler = compiler
-        self._steps: dict[str, Callable[..., Any]] = {}
-
-    def __call__(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        step = self._steps.get(method)
-        if step is None:
-            step = self._steps[method] = self._compiler(getattr(self.module, method))
-        return step(*args, **kwargs)
-
-
-@functools.cache
-def _start_graphs_at_the_steps() -> None:
-    """Dynamo compiles from the frames ``StepForward.forward`` calls (``training_step``, ...), not from that
-    one trampoline: each step method keeps its own cache of graphs (and its own recompile limit), as when the
-    methods themselves are compiled (Lightning's ``from_compiled``). Called once, when a module comes compiled."""
-    try:
-        from torch._dynamo.decorators import skip  # private: the frame is skipped, the frames it calls are not
-    except ImportError:  # graphs start at StepForward.forward: the same graphs, one cache for all step methods
-        return
-    skip(StepForward.forward)
 
 
 class Strategy:

@@ -7,18 +7,13 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from tandem.trainer.replicas import check_replicas
-from tandem.utilities.checkpoint import (
-    CHECKPOINT_MARKER,
-    from_plain,
-    glob_files,
-    is_url,
-    modified_time,
-    remove_stale_temporaries_in,
-    to_plain,
-)
+from tandem.utilities.checkpoint import CHECKPOINT_MARKER
+from tandem.utilities.checkpoint_format import from_plain, to_plain
+from tandem.utilities.cloud_io import glob_files, is_url, modified_time
 from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError, no_checkpoint_path
 from tandem.utilities.rank_zero import rank_zero_warn
 from tandem.utilities.seed import capture_rng_state
+from tandem.utilities.temporaries import remove_stale_temporaries_in
 from tandem.version import __version__
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from tandem.trainer.hooks import HookDispatcher
 from tandem.trainer.nonfinite import nonfinite_parameters
 from tandem.trainer.properties import TrainerProperties
 from tandem.trainer.trial import Trial, TrialParts, open_trial
-from tandem.utilities.checkpoint import to_plain
+from tandem.utilities.checkpoint_format import to_plain
 from tandem.utilities.exceptions import add_note
 from tandem.utilities.rank_zero import rank_zero_print
 

@@ -1,6 +1,7 @@
-"""DDP that follows the module (issue 30): five patterns of public Lightning programs, each trained here under
-``Trainer(strategy="ddp", devices=2)`` (run as a script: it starts rank 1 by re-running itself) and, by the tests, on
-one process with twice the batch. Both ranks save what they ended with to ``<out>/<pattern>-rank<r>.pt``.
+"""DDP that follows the module (issue 30): five patterns of public Lightning programs, each trained under
+``Trainer(strategy="ddp", devices=2)`` by the ``follow`` scenario of ``ddp_trainer_runs.py`` (the shared launch:
+``tests/conftest.py``) and, by the tests, on one process with twice the batch. :func:`fit` is one pattern's fit; each rank returns
+what it ended with.
 
     unfreeze   BaseFinetuning freezes the backbone before training and unfreezes it at epoch 1 (Lightning's own
                finetuning example); a checkpoint saved mid-epoch 2 is resumed to the same end
@@ -17,8 +18,6 @@ one process with twice the batch. Both ranks save what they ended with to ``<out
 
 from __future__ import annotations
 
-import argparse
-import faulthandler
 import os
 import sys
 import warnings
@@ -224,21 +223,3 @@ def fit(pattern: str, devices: int, rank: int = 0, root: Path | None = None) -> 
 
 
 PATTERNS = ("unfreeze", "head", "plateau", "gan", "target", "fsdp_unfreeze", "midway", "diverge")
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("patterns", nargs="+", choices=PATTERNS)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--hang-after", type=float, default=150.0)
-    arguments = parser.parse_args()
-    faulthandler.dump_traceback_later(arguments.hang_after, exit=True)  # a hang fails with its stack shown
-    tandem.seed_everything(0)
-    for pattern in arguments.patterns:
-        rank = int(os.environ.get("RANK", "0"))
-        result = fit(pattern, devices=2, rank=rank, root=arguments.out)
-        torch.save(result, arguments.out / f"{pattern}-rank{int(os.environ.get('RANK', '0'))}.pt")
-
-
-if __name__ == "__main__":
-    main()

@@ -7,8 +7,10 @@ Modes:
     crash     rank 1 raises at step 3; rank 0 is in a collective then (or asleep, --rank0-sleeps); each rank
               writes how its launch ended to exit{rank} from a context manager
     wait      the ranks write ready{r} and train slowly until a signal ends them
-    spawn     ddp_spawn twice in this process: the caller gets rank 0's return value, weights and metrics back
-              (spawn.pt); then rank 1 raises, and the caller's error goes to error.txt
+
+:func:`run_spawn` (ddp_spawn without a Trainer: the caller gets rank 0's return value, weights and metrics back, in
+``spawn.pt``; with ``crash``, rank 1 raises and the caller's error goes to ``error.txt``) runs in
+``spawn_runs.py``'s process, with the other ddp_spawn scenarios.
 """
 
 from __future__ import annotations
@@ -227,7 +229,7 @@ def spawned(strategy: DDPStrategy, module: nn.Module, trainer: types.SimpleNames
     }
 
 
-def run_spawn(args: argparse.Namespace, crash: bool = False) -> None:
+def run_spawn(out: Path, crash: bool = False) -> None:
     strategy = make_strategy(2, start_method="spawn")
     module = Regression()
     before = {k: v.clone() for k, v in module.state_dict().items()}
@@ -239,7 +241,7 @@ def run_spawn(args: argparse.Namespace, crash: bool = False) -> None:
     try:
         result = strategy.launcher.launch(spawned, strategy, module, trainer, crash, trainer=trainer)
     except RuntimeError as err:
-        (Path(args.out) / "error.txt").write_text(str(err))
+        (out / "error.txt").write_text(str(err))
         return
     assert not crash, "rank 1 raised: the launch should have failed"
     torch.save(
@@ -251,21 +253,17 @@ def run_spawn(args: argparse.Namespace, crash: bool = False) -> None:
             "best_model_path": trainer.checkpoint_callback.best_model_path,
             "progress": trainer.fit_loop.loaded,
         },
-        Path(args.out) / "spawn.pt",
+        out / "spawn.pt",
     )
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["train", "crash", "wait", "spawn"])
+    parser.add_argument("mode", choices=["train", "crash", "wait"])
     parser.add_argument("--out", required=True)
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--expect-torchrun", action="store_true")
     parser.add_argument("--rank0-sleeps", action="store_true")
     arguments = parser.parse_args()
-    if arguments.mode == "spawn":  # one process for both launches (each test process costs seconds to start)
-        run_spawn(arguments)
-        run_spawn(arguments, crash=True)
-    else:
-        {"train": run_train, "crash": run_crash, "wait": run_wait}[arguments.mode](arguments)
+    {"train": run_train, "crash": run_crash, "wait": run_wait}[arguments.mode](arguments)
     sys.exit(0)

@@ -17,7 +17,14 @@ group, and each rank saves what it saw to ``<out>/<scenario>-rank<r>.pt`` for th
     uneven       data of unknown length, 8 training batches on rank 0 and 5 on rank 1 (accumulate 1 and 3, a
                  limit), and 4 and 1 evaluation batches: fit, validate, test and predict
     true_half    precision="bf16-true": bfloat16 parameters, inputs and gradient all-reduce; the loss falls
+    follow       ddp_follow_runs.py's patterns (DDP that follows the module), a fit each (in ``<out>/follow``)
+    existing_group  existing_group.py's fit under tandem's own launch (one torch thread, as there): the weights of
+               its fits in a process group someone else initialised (the script itself, Ray Train) must equal
+    dirpath      tests/callbacks/scripts/ddp_dirpath.py: a ModelCheckpoint dirpath each rank builds from the clock
+               and its pid, then test(ckpt_path="best") (in ``<out>/dirpath``)
     mismatch     (last: it ends in an error on every rank) a torchmetrics Metric logged on one rank only
+
+``--hang-after`` bounds each scenario.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import ddp_follow_runs
+import existing_group as existing_group_programs
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -599,6 +608,42 @@ def true_half(out: Path) -> dict[str, Any]:
     }
 
 
+# ---------------------------------------------------------------------------------------------- follow
+
+
+def follow(out: Path) -> dict[str, Any]:
+    """Each pattern of ``ddp_follow_runs.py``, one fit after the other: what this rank ended with, by pattern."""
+    (out / "follow").mkdir(exist_ok=True)  # both ranks make it: the first one does
+    tandem.seed_everything(0)
+    rank = dist.get_rank()
+    return {p: ddp_follow_runs.fit(p, devices=2, rank=rank, root=out / "follow") for p in ddp_follow_runs.PATTERNS}
+
+
+# ---------------------------------------------------------------------------------------------- existing_group
+
+
+def existing_group(out: Path) -> dict[str, Any]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the fits it is compared with run with OMP_NUM_THREADS=1
+    try:
+        return {"weights": weights(existing_group_programs.fit())}
+    finally:
+        torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------------------------------------- dirpath
+
+
+def dirpath(out: Path) -> dict[str, Any]:
+    callback_scripts = str(Path(__file__).resolve().parents[2] / "callbacks" / "scripts")
+    sys.path.insert(0, callback_scripts)
+    try:
+        import ddp_dirpath
+    finally:
+        sys.path.remove(callback_scripts)
+    return ddp_dirpath.run(out / "dirpath")
+
+
 def mismatch(out: Path) -> dict[str, Any]:
     """Net logs a torchmetrics accuracy in validation; with one sample, rank 1 never logs it. Every rank
     must raise the same clear error (not hang in torchmetrics' collective). Run last: rank 0's error
@@ -624,6 +669,9 @@ SCENARIOS = {
         prediction_writer,
         uneven,
         true_half,
+        follow,
+        existing_group,
+        dirpath,
         mismatch,
     )
 }
@@ -634,9 +682,9 @@ if __name__ == "__main__":
     parser.add_argument("--out", required=True)
     parser.add_argument("--hang-after", type=float, default=120.0, help="print every thread's stack and exit")
     arguments = parser.parse_args()
-    faulthandler.dump_traceback_later(arguments.hang_after, exit=True)  # a hang fails with its stack shown
     folder = Path(arguments.out)
     for name in arguments.scenarios:
+        faulthandler.dump_traceback_later(arguments.hang_after, exit=True)  # a hang fails with its stack shown
         started = time.perf_counter()
         result = SCENARIOS[name](folder)
         result["seconds"] = time.perf_counter() - started

@@ -1,9 +1,10 @@
 """tandem inside a process group that the script initialised itself (as Ray Train's TorchTrainer does).
 
-``python existing_group.py own OUT``: spawns 2 processes; each calls init_process_group (gloo, a free port),
+``python existing_group.py OUT``: spawns 2 processes; each calls init_process_group (gloo, a free port),
 then fits with Trainer(strategy="ddp", devices=2), saves its weights to OUT/own_<rank>.pt, checks the group is
-still there and its side channel open, and that devices=3 is refused with both sizes named.
-``python existing_group.py ref OUT``: the same fit with tandem's own ddp launch; rank 0 saves OUT/ref.pt.
+still there and its side channel open, and that devices=3 is refused with both sizes named. The same :func:`fit`
+under tandem's own ddp launch, the weights these must equal, is the ``existing_group`` scenario of
+``ddp_trainer_runs.py`` (the shared launch: ``tests/conftest.py``).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import tandem  # noqa: E402
 from helpers import TinyModule, loader, quiet_trainer  # noqa: E402
-from tandem.strategies.environments import find_free_port  # noqa: E402
-from tandem.strategies.side_channel import current_channel  # noqa: E402
+from tandem.strategies.environments.machine import find_free_port  # noqa: E402
+from tandem.strategies.side_channel.group import current_channel  # noqa: E402
 from tandem.utilities.exceptions import TandemConfigError  # noqa: E402
 
 
@@ -45,10 +46,4 @@ def own(rank: int, port: int, out: str) -> None:
 
 
 if __name__ == "__main__":
-    mode, out = sys.argv[1], sys.argv[2]
-    if mode == "own":
-        mp.start_processes(own, args=(find_free_port(), out), nprocs=2, start_method="spawn")
-    else:
-        model = fit()
-        if dist.get_rank() == 0:
-            torch.save(model.state_dict(), Path(out) / "ref.pt")
+    mp.start_processes(own, args=(find_free_port(), sys.argv[1]), nprocs=2, start_method="spawn")

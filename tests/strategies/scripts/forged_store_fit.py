@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import tandem
 from tandem.strategies.ddp import DDPStrategy
-from tandem.strategies.side_channel import current_channel
+from tandem.strategies.side_channel.group import current_channel
 from tandem.utilities.preemption import PREEMPTION
 
 OUT = Path(sys.argv[1])

@@ -46,8 +46,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import tandem
 from tandem.callbacks.model_checkpoint import ModelCheckpoint
-from tandem.strategies import launchers
 from tandem.strategies.ddp import DDPStrategy
+from tandem.strategies.launchers import script as script_launcher
 
 STEPS = 12  # 8 batches per rank and epoch: the fit crosses an epoch boundary
 MODE = ""
@@ -170,8 +170,8 @@ def main(args: argparse.Namespace) -> None:
         trainer.fit(Classifier(), data(), ckpt_path="last" if args.mode == "restart" else None)
     except BaseException as err:
         (out / f"raised{trainer.global_rank}").write_text(f"{type(err).__name__}: {err}")
-        if launchers.processes_started():  # how the ranks it started ended: a teardown ends them at once
-            children = launchers._WATCHDOG.children
+        if script_launcher.processes_started():  # how the ranks it started ended: a teardown ends them at once
+            children = script_launcher._WATCHDOG.children
             (out / "ended0").write_text(repr([child.proc.returncode for child in children]))
         raise
     finally:
@@ -192,7 +192,7 @@ def main(args: argparse.Namespace) -> None:
         "global_step": trainer.global_step,
         "start_step": probe.start_step,
         "environment": type(trainer.strategy.environment).__name__,
-        "started_ranks": launchers.processes_started(),
+        "started_ranks": script_launcher.processes_started(),
         "launcher": type(trainer.strategy.launcher).__name__,
         "threads": torch.get_num_threads(),
         "restart_count": os.environ.get("TORCHELASTIC_RESTART_COUNT"),

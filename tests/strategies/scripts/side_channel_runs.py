@@ -16,7 +16,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from tandem.strategies.side_channel import CallSite, CollectiveMismatchError, SideChannel, new_secret
+from tandem.strategies.side_channel.channel import SideChannel
+from tandem.strategies.side_channel.group import new_secret
+from tandem.strategies.side_channel.places import CallSite
+from tandem.utilities.exceptions import CollectiveMismatchError
 
 
 def guard(name: str) -> SideChannel:

@@ -1,5 +1,9 @@
-"""Trainer(strategy="ddp_spawn", devices=2) scenarios, one after the other in this process; results go to ``--out``.
+"""Trainer(strategy="ddp_spawn", devices=2) scenarios, one after the other in this process (each test process costs
+seconds to start); results go to ``--out``.
 
+    launcher     ddp_spawn without a Trainer, twice (``ddp_steps.run_spawn``): rank 0's return value, weights and
+                 metrics back in the caller (spawn.pt); then rank 1 raises, and the caller's error goes to
+                 error.txt
     seeded       seed_everything(7), dropout, shuffled data: fit then test with the default TensorBoard logger
                  and checkpointing; what the caller sees afterwards (weights, current_epoch, global_step,
                  log_dir, version folders) goes to seeded.pt; then the module and Trainer are dropped with
@@ -22,6 +26,7 @@ import argparse
 import gc
 import os
 import signal
+import sys
 import threading
 import time
 import weakref
@@ -34,6 +39,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import tandem
 from tandem.utilities.exceptions import TandemUserCodeError
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ddp_steps  # noqa: E402  (its module-level launcher scenario; spawned children find it on the same path)
 
 
 class Classifier(tandem.TrainingModule):
@@ -147,6 +155,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     out = Path(parser.parse_args().out)
+    ddp_steps.run_spawn(out)
+    ddp_steps.run_spawn(out, crash=True)
     seeded(out)
     unpicklable(out)
     killed(out)

@@ -1,20 +1,17 @@
 """A dict of two shuffled training loaders under ``Trainer(strategy="ddp", devices=2, data_order="global")``, in each
-CombinedLoader mode, and a mid-epoch checkpoint of it resumed; the same with a ``training_step(self, dataloader_iter)``. Run as a script (rank 1 is started by re-running it);
-each rank saves what it saw to ``<out>/combined-rank<r>.pt``. ``tests/trainer/test_combined_loader_ddp.py`` runs the
-same programs on one process (``run(world=1)``) and compares.
-
-usage: combined_ddp_run.py --out FOLDER
+CombinedLoader mode, and a mid-epoch checkpoint of it resumed; the same with a ``training_step(self, dataloader_iter)``.
+``run(2, folder)`` is the ``combined`` scenario of the trainer tests' shared DDP launch (``core_ddp_runs.py``), where
+each rank saves what it saw; ``tests/trainer/test_combined_loader_ddp.py`` runs the same programs on one process
+(``run(world=1)``) and compares.
 """
 
 from __future__ import annotations
 
-import argparse
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -134,11 +131,3 @@ def _iter_fits(world: int, folder: Path) -> dict[str, Any]:
     model, trainer = _fit(world, "max_size_cycle", ckpt=ckpt, module=TakingTwo, max_epochs=2)
     result["iter_resumed"] = {"seen": model.seen, "weights": {k: v.clone() for k, v in model.state_dict().items()}}
     return result
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    folder = Path(parser.parse_args().out)
-    out = run(2, folder)
-    torch.save(out, folder / f"combined-rank{dist.get_rank()}.pt")

@@ -22,20 +22,33 @@ those files against single-process references.
     profiling  Trainer(profiler=...): a report file per rank, or one report printed by rank 0
     compiled   trainer.fit(torch.compile(module)) trains as the eager fit (the DDP module compiled)
     evaluation the programs of eval_ddp_programs.py (BatchNorm statistics in validation, shuffled evaluation loaders)
+    combined   combined_ddp_run.py's programs: a dict of two training loaders in each CombinedLoader mode, a
+               mid-epoch resume, the dataloader_iter step (in ``<out>/combined``)
+    elastic    elastic_loaders_run.py's two-process runs: each mode saving mid-epoch, and the one-process
+               checkpoints resumed (in ``<out>/elastic``, where the test process wrote those first)
+    lookahead  lookahead_program.py under ddp: when each rank reads its training batches
+    parity     parity_programs.py's ten programs under ddp (their values against Lightning's)
+    combined_parity  combined_parity_programs.py's modes and resume under ddp (against Lightning's)
     unused     (last) the GAN under plain ddp: a clear error naming ddp_find_unused_parameters_true
+
+The programs written for a launch of their own (the last five) run with one torch thread, as they did there
+(Lightning's values were recorded so); ``--hang-after`` bounds each scenario.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import gc
+import json
 import math
 import os
 import sys
 import time
 import warnings
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +57,14 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import combined_ddp_run  # noqa: E402
+import combined_parity_programs  # noqa: E402
+import elastic_loaders_run  # noqa: E402
 import eval_ddp_programs  # noqa: E402
 import lightning_programs as programs  # noqa: E402
+import lookahead_program  # noqa: E402
 import manual_modules as manual_modules  # noqa: E402
+import parity_programs  # noqa: E402
 
 import tandem  # noqa: E402
 from tandem.strategies import DDPStrategy  # noqa: E402
@@ -350,6 +368,48 @@ def _floats(trainer: tandem.Trainer) -> dict[str, float]:
     return {k: float(v) for k, v in trainer.callback_metrics.items()}
 
 
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """One torch thread inside (these programs' own launches set OMP_NUM_THREADS=1), the launch's count after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _as_json(value: Any) -> Any:
+    """``value`` as its JSON file reads back (tuples as lists): what the programs' own launches wrote."""
+    return json.loads(json.dumps(value))
+
+
+def combined(out: Path) -> dict[str, Any]:
+    (out / "combined").mkdir(exist_ok=True)  # both ranks make it: the first one does
+    with one_thread():
+        return combined_ddp_run.run(2, out / "combined")
+
+
+def elastic(out: Path) -> dict[str, Any]:
+    with one_thread():
+        return elastic_loaders_run.two_processes(out / "elastic")
+
+
+def lookahead(out: Path) -> dict[str, Any]:
+    with one_thread():
+        return {"seen": _as_json(lookahead_program.run("tandem", 2))}
+
+
+def parity(out: Path) -> dict[str, Any]:
+    with one_thread():
+        return {"programs": _as_json(parity_programs.run_all("tandem", 2, out / "parity"))}
+
+
+def combined_parity(out: Path) -> dict[str, Any]:
+    with one_thread():
+        return {"modes": _as_json(combined_parity_programs.run_all("tandem", 2, out / "combined_parity"))}
+
+
 def unused(out: Path) -> dict[str, Any]:
     """(Last: it ends in an error on every rank.) The GAN under ``DDPStrategy(find_unused_parameters=False)``:
     toggle_optimizer leaves the other network without gradients in each backward, which DDP refuses when told so
@@ -381,6 +441,11 @@ SCENARIOS = {
         profiling,
         compiled,
         evaluation,
+        combined,
+        elastic,
+        lookahead,
+        parity,
+        combined_parity,
         unused,
     )
 }
@@ -391,9 +456,9 @@ if __name__ == "__main__":
     parser.add_argument("--out", required=True)
     parser.add_argument("--hang-after", type=float, default=100.0, help="print every thread's stack and exit")
     arguments = parser.parse_args()
-    faulthandler.dump_traceback_later(arguments.hang_after, exit=True)  # a hang fails with its stack shown
     folder = Path(arguments.out)
     for scenario in arguments.scenarios:
+        faulthandler.dump_traceback_later(arguments.hang_after, exit=True)  # a hang fails with its stack shown
         started = time.perf_counter()
         result = SCENARIOS[scenario](folder)
         result["seconds"] = time.perf_counter() - started

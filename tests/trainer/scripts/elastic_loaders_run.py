@@ -1,17 +1,13 @@
 """Elastic resume of two training loaders between 1 and 2 processes, in each CombinedLoader mode: the programs of
 ``combined_ddp_run.py`` (a dict of two shuffled loaders, ``data_order="global"``, batch 4 on one process and 2 per
-rank on two: the same global batch). Run as a script under ``strategy="ddp", devices=2`` (rank 1 is started by
-re-running it): each mode's uninterrupted run saving mid-epoch, and the resume of the one-process checkpoint
-``<out>/one-<mode>.ckpt`` (written before the launch by :func:`one_process`); each rank saves what it saw to
-``<out>/elastic-rank<r>.pt``. ``tests/trainer/test_elastic_loaders_ddp.py`` resumes the two-process checkpoints on one
-process and compares.
-
-usage: elastic_loaders_run.py --out FOLDER
+rank on two: the same global batch). :func:`two_processes` is the ``elastic`` scenario of the trainer tests' shared
+DDP launch (``core_ddp_runs.py``): each mode's uninterrupted run saving mid-epoch, and the resume of the one-process
+checkpoint ``<folder>/one-<mode>.ckpt`` (written before the launch by :func:`one_process`).
+``tests/trainer/test_elastic_loaders_ddp.py`` resumes the two-process checkpoints on one process and compares.
 """
 
 from __future__ import annotations
 
-import argparse
 import shutil
 from pathlib import Path
 from typing import Any
@@ -72,11 +68,3 @@ def two_processes(folder: Path) -> dict[str, Any]:
     for mode in MODES:
         result[mode] = {"whole": _saved(2, mode, folder)[0], "resumed": resume(2, mode, folder / f"one-{mode}.ckpt")}
     return result
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    out = Path(parser.parse_args().out)
-    result = two_processes(out)
-    torch.save(result, out / f"elastic-rank{dist.get_rank()}.pt")

@@ -26,8 +26,8 @@ import tandem  # noqa: E402
 from helpers import TinyModule, loader  # noqa: E402
 from tandem.callbacks import ModelCheckpoint  # noqa: E402
 from tandem.strategies import AsyncCheckpointIO, FSDPStrategy  # noqa: E402
-from tandem.strategies.environments import find_free_port  # noqa: E402
-from tandem.utilities import checkpoint as checkpoint_io  # noqa: E402
+from tandem.strategies.environments.machine import find_free_port  # noqa: E402
+from tandem.utilities import atomic  # noqa: E402
 from tandem.utilities.checkpoint import CHECKPOINT_MARKER  # noqa: E402
 
 
@@ -78,7 +78,7 @@ if __name__ == "__main__":
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(find_free_port()))
         if kind == "swap":
-            checkpoint_io._swap_steps = stalling_swap(checkpoint_io._swap_steps)
+            atomic._swap_steps = stalling_swap(atomic._swap_steps)
         else:
             dcp.save = stalling(dcp.save)
         strategy = FSDPStrategy(state_dict_type="sharded")
