@@ -36,7 +36,7 @@ from torch.nn.parallel import replicate
 from tandem.strategies.precision import Precision
 from tandem.strategies.registry import register_strategy
 from tandem.strategies.strategy import Strategy
-from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError
+from tandem.utilities.exceptions import TandemConfigError, TandemUserCodeError, add_note
 from tandem.utilities.logged_values import is_metric, replica_log_buffer
 from tandem.utilities.rank_zero import rank_zero_warn
 
@@ -498,8 +498,7 @@ def _explain(err: BaseException, method: str, replica: int, device: torch.device
             "tensors on the device of an input instead: torch.zeros(n, device=x.device), x.new_zeros(n), "
             "torch.zeros_like(x)."
         )
-    if hasattr(err, "add_note"):
-        err.add_note(f"(raised in {method} in the DataParallel replica on {device}, replica {replica})")
+    add_note(err, f"(raised in {method} in the DataParallel replica on {device}, replica {replica})")
     return err
 
 

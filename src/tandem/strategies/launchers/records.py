@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 import traceback
 from typing import Any, NamedTuple
@@ -89,13 +88,6 @@ def _broken_collective(error: BaseException | None) -> BaseException | None:
 def _last_line(text: str) -> str:
     lines = text.strip().splitlines()
     return lines[-1].strip() if lines else ""
-
-
-def _add_note(error: BaseException, note: str) -> None:
-    if hasattr(error, "add_note"):  # Python 3.11+: printed under the traceback
-        error.add_note(note)
-    else:
-        print(note, file=sys.stderr, flush=True)
 
 
 def _how_it_ended(returncode: int) -> str:

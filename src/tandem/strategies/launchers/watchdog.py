@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from tandem.strategies.launchers.records import (
-    _add_note,
     _broken_collective,
     _exit_code,
     _failure_message,
@@ -34,7 +33,7 @@ from tandem.strategies.launchers.records import (
 )
 from tandem.strategies.side_channel import announce_teardown, current_channel, error_summary
 from tandem.utilities.excepthook import on_uncaught_exception
-from tandem.utilities.exceptions import CollectiveMismatchError, HangError, Preempted, RankFailedError
+from tandem.utilities.exceptions import CollectiveMismatchError, HangError, Preempted, RankFailedError, add_note
 from tandem.utilities.preemption import EXIT_CODES as PREEMPTED_EXIT_CODES
 from tandem.utilities.preemption import PREEMPTION
 from tandem.utilities.processes import end_with_parent
@@ -345,7 +344,7 @@ class _Watchdog:
         if failures and all(r is not None and _last_line(r[1]) == own for r in records):
             self.stop(reason)  # the same error on those ranks: shown once, rank 0's traceback
             ranks = ", ".join(str(r) for r in [self.rank, *(c.rank for c in failures)])
-            _add_note(error, f"[tandem] ranks {ranks} raised this error (only rank {self.rank}'s traceback is shown).")
+            add_note(error, f"[tandem] ranks {ranks} raised this error (only rank {self.rank}'s traceback is shown).")
             return None
         if failures:  # its record (or its exit) says it failed: the job's failure, whether or not it ended yet
             with contextlib.suppress(subprocess.TimeoutExpired):  # it wrote its traceback and is ending
